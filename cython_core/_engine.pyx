@@ -1,0 +1,190 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The Colibri engine in-process: the same C code as colibri-server, built
+generic (dimensions read from the weights file instead of compiled in)."""
+
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport int32_t, uint32_t
+from libc.string cimport memcpy
+
+import numpy as np
+
+
+cdef extern from "engine.h" nogil:
+    ctypedef struct cb_dims:
+        uint32_t arch, n_layers, hidden, n_heads, n_kv_heads, head_dim, vocab, n_experts, top_k
+        uint32_t expert_ffn, n_shared_experts, shared_ffn, context_len, router, weight_dtype
+        float norm_eps, rope_theta
+    ctypedef struct cb_tokenizer:
+        pass
+    ctypedef struct cb_engine:
+        pass
+    ctypedef struct cb_batch_item:
+        int32_t token, slot, pos, want_logits
+    cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, char *err, size_t err_len)
+    void cb_engine_close(cb_engine *e)
+    const cb_dims *cb_engine_dims(const cb_engine *e)
+    int cb_engine_max_batch(const cb_engine *e)
+    int cb_engine_n_slots(const cb_engine *e)
+    const char *cb_engine_model_name(const cb_engine *e)
+    const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e)
+    int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n_items, char *err, size_t err_len)
+    const float *cb_engine_logits(const cb_engine *e, int row)
+    const int32_t *cb_engine_routing(const cb_engine *e, int item, int layer)
+    int32_t cb_argmax(const float *logits, int n)
+
+cdef extern from "tokenizer.h" nogil:
+    int cb_tokenize(const cb_tokenizer *t, const char *text, size_t len, int32_t *out, int cap)
+    size_t cb_token_bytes(const cb_tokenizer *t, int32_t id, char *out, size_t cap)
+    int cb_is_end_token(const cb_tokenizer *t, int32_t id)
+
+cdef extern from "build_config.h":
+    const char *CB_KERNELS_NAME
+
+
+class EngineError(RuntimeError):
+    """The engine refused a model or a request (the message says why)."""
+
+
+cdef class Engine:
+    """Engine(model_dir, threads=0): a model folder loaded in-process.
+
+    forward(token_ids) -> float32 logits [len(token_ids), vocab]
+    generate(prompt, max_tokens) -> generated text (greedy)
+    """
+    cdef cb_engine *e
+    cdef cb_batch_item *items
+    cdef int max_batch
+    cdef public object model_dir
+    cdef object _routing
+
+    def __cinit__(self, model_dir, int threads=0):
+        cdef char err[1024]
+        err[0] = 0
+        path = str(model_dir).encode()
+        self.e = cb_engine_open(path, threads, 1, err, sizeof(err))
+        if self.e == NULL:
+            raise EngineError(err.decode(errors="replace"))
+        self.max_batch = cb_engine_max_batch(self.e)
+        self.items = <cb_batch_item *>PyMem_Malloc(sizeof(cb_batch_item) * self.max_batch)
+        if self.items == NULL:
+            raise MemoryError()
+        self.model_dir = str(model_dir)
+
+    def __dealloc__(self):
+        if self.e != NULL:
+            cb_engine_close(self.e)
+        PyMem_Free(self.items)
+
+    @property
+    def dims(self):
+        cdef const cb_dims *d = cb_engine_dims(self.e)
+        return dict(layers=d.n_layers, hidden_size=d.hidden, heads=d.n_heads, kv_heads=d.n_kv_heads,
+                    head_dim=d.head_dim, vocab_size=d.vocab, experts=d.n_experts, top_k=d.top_k,
+                    expert_ffn_size=d.expert_ffn, context_length=d.context_len, norm_eps=d.norm_eps,
+                    rope_theta=d.rope_theta)
+
+    @property
+    def name(self):
+        return cb_engine_model_name(self.e).decode()
+
+    @property
+    def kernels(self):
+        return CB_KERNELS_NAME.decode()
+
+    @property
+    def last_routing(self):
+        """Experts chosen by the last forward(): int32 [tokens, layers, top_k]."""
+        return self._routing
+
+    def forward(self, token_ids):
+        """Runs token_ids from position 0 and returns logits at every position."""
+        cdef const cb_dims *d = cb_engine_dims(self.e)
+        ids = np.ascontiguousarray(token_ids, dtype=np.int32).ravel()
+        cdef int n = ids.shape[0]
+        if n < 1:
+            raise ValueError("forward() needs at least one token")
+        if n > <int>d.context_len:
+            raise ValueError(f"{n} tokens exceed the context length {d.context_len}")
+        out = np.empty((n, d.vocab), dtype=np.float32)
+        routing = np.empty((n, d.n_layers, d.top_k), dtype=np.int32)
+        cdef float[:, ::1] out_v = out
+        cdef int32_t[:, :, ::1] route_v = routing
+        cdef int32_t[::1] ids_v = ids
+        cdef int start = 0, chunk, i, layer
+        cdef char err[1024]
+        while start < n:
+            chunk = min(self.max_batch, n - start)
+            for i in range(chunk):
+                self.items[i].token = ids_v[start + i]
+                self.items[i].slot = 0
+                self.items[i].pos = start + i
+                self.items[i].want_logits = 1
+            with nogil:
+                rc = cb_engine_forward(self.e, self.items, chunk, err, sizeof(err))
+            if rc != 0:
+                raise EngineError(err.decode(errors="replace"))
+            for i in range(chunk):
+                memcpy(&out_v[start + i, 0], cb_engine_logits(self.e, i), sizeof(float) * d.vocab)
+                for layer in range(<int>d.n_layers):
+                    memcpy(&route_v[start + i, layer, 0], cb_engine_routing(self.e, i, layer),
+                           sizeof(int32_t) * d.top_k)
+            start += chunk
+        self._routing = routing
+        return out
+
+    def generate_ids(self, prompt_ids, int max_tokens=16, bint stop_at_end=True):
+        """Greedy continuation of prompt_ids: the new token ids."""
+        cdef const cb_dims *d = cb_engine_dims(self.e)
+        logits = self.forward(prompt_ids)
+        cdef int pos = logits.shape[0]
+        cdef int32_t tok = cb_argmax(&(<float[:, ::1]>logits)[pos - 1, 0], d.vocab)
+        cdef char err[1024]
+        generated = []
+        routing = [self._routing]
+        while len(generated) < max_tokens:
+            generated.append(tok)
+            if stop_at_end and cb_is_end_token(cb_engine_tokenizer(self.e), tok):
+                break
+            if len(generated) == max_tokens or pos >= <int>d.context_len:
+                break
+            self.items[0].token = tok
+            self.items[0].slot = 0
+            self.items[0].pos = pos
+            self.items[0].want_logits = 1
+            with nogil:
+                rc = cb_engine_forward(self.e, self.items, 1, err, sizeof(err))
+            if rc != 0:
+                raise EngineError(err.decode(errors="replace"))
+            step = np.empty((1, d.n_layers, d.top_k), dtype=np.int32)
+            for layer in range(<int>d.n_layers):
+                memcpy(&(<int32_t[:1, :d.n_layers, :d.top_k]>step)[0, layer, 0],
+                       cb_engine_routing(self.e, 0, layer), sizeof(int32_t) * d.top_k)
+            routing.append(step)
+            tok = cb_argmax(cb_engine_logits(self.e, 0), d.vocab)
+            pos += 1
+        # Routing of every token that went through the model (prompt and generated).
+        self._routing = np.concatenate(routing)
+        return generated
+
+    def tokenize(self, text):
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef const cb_tokenizer *t = cb_engine_tokenizer(self.e)
+        out = np.empty(len(data) + 1, dtype=np.int32)
+        cdef int32_t[::1] out_v = out
+        cdef int n = cb_tokenize(t, data, len(data), &out_v[0], out.shape[0])
+        if n < 0:
+            raise EngineError("text too long to tokenize")
+        return out[:n].tolist()
+
+    def detokenize(self, ids):
+        cdef const cb_tokenizer *t = cb_engine_tokenizer(self.e)
+        cdef char buf[64]
+        pieces = []
+        for tok in ids:
+            n = cb_token_bytes(t, tok, buf, sizeof(buf))
+            pieces.append(buf[:n])
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    def generate(self, prompt, int max_tokens=16):
+        """Greedy continuation of a text prompt (no chat template): the new text."""
+        return self.detokenize(self.generate_ids(self.tokenize(prompt), max_tokens))

@@ -1,0 +1,69 @@
+/* Grouped-query attention with RoPE over each slot's KV cache. */
+#include <math.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "kernels/kernels.h"
+
+typedef struct {
+    cb_engine *e;
+    int layer;
+    const cb_batch_item *items;
+    int n;
+} attn_task;
+
+/* One (item, head) pair: softmax(q k^T / sqrt(d)) v over positions 0..pos. */
+static void attend_task(void *p, int worker, int n_workers) {
+    attn_task *t = p;
+    cb_engine *e = t->e;
+    const cb_dims *d = CB_DIMS(e);
+    const int nh = (int)d->n_heads, hd = (int)d->head_dim, group = (int)(d->n_heads / d->n_kv_heads);
+    const int q_dim = nh * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = e->scores + (size_t)worker * d->context_len;
+    int begin, end;
+    cb_split(t->n * nh, worker, n_workers, &begin, &end);
+    for (int job = begin; job < end; job++) {
+        const int i = job / nh, h = job % nh, kvh = h / group; /* HF repeat_kv: contiguous groups */
+        const cb_batch_item *it = &t->items[i];
+        const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
+        float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
+        for (int p = 0; p <= it->pos; p++) {
+            const float *k = cache_row(e, e->k_cache, it->slot, t->layer, p) + (size_t)kvh * hd;
+            scores[p] = cb_dot_f32(q, k, hd) * scale;
+        }
+        cb_softmax(scores, it->pos + 1);
+        memset(out, 0, sizeof(float) * hd);
+        for (int p = 0; p <= it->pos; p++) {
+            const float *v = cache_row(e, e->v_cache, it->slot, t->layer, p) + (size_t)kvh * hd;
+            cb_axpy(out, scores[p], v, hd);
+        }
+    }
+}
+
+void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
+    const cb_dims *d = CB_DIMS(e);
+    const cb_layer_weights *L = &e->w.layers[layer];
+    const int H = (int)d->hidden, hd = (int)d->head_dim;
+    const int q_dim = (int)d->n_heads * hd, kv_dim = (int)d->n_kv_heads * hd;
+    for (int i = 0; i < n; i++)
+        cb_rmsnorm(e->xn + (size_t)i * H, e->x + (size_t)i * H, L->attn_norm, H, d->norm_eps);
+    cb_parallel_matmul(e, &L->wq, e->xn, H, n, e->q, q_dim);
+    cb_parallel_matmul(e, &L->wk, e->xn, H, n, e->k, kv_dim);
+    cb_parallel_matmul(e, &L->wv, e->xn, H, n, e->v, kv_dim);
+    /* RoPE, then append k and v to each slot's cache before anyone attends,
+     * so tokens of one prefill chunk see each other causally. */
+    for (int i = 0; i < n; i++) {
+        const size_t off = (size_t)items[i].pos * (hd / 2);
+        float *q = e->q + (size_t)i * q_dim, *k = e->k + (size_t)i * kv_dim;
+        cb_rope_neox(q, (int)d->n_heads, hd, e->rope_cos + off, e->rope_sin + off);
+        cb_rope_neox(k, (int)d->n_kv_heads, hd, e->rope_cos + off, e->rope_sin + off);
+        memcpy(cache_row(e, e->k_cache, items[i].slot, layer, items[i].pos), k, sizeof(float) * kv_dim);
+        memcpy(cache_row(e, e->v_cache, items[i].slot, layer, items[i].pos), e->v + (size_t)i * kv_dim,
+               sizeof(float) * kv_dim);
+    }
+    attn_task task = {e, layer, items, n};
+    cb_threadpool_run(e->pool, attend_task, &task);
+    cb_parallel_matmul(e, &L->wo, e->attn, q_dim, n, e->proj, H);
+    for (int i = 0; i < n; i++) cb_axpy(e->x + (size_t)i * H, 1.0f, e->proj + (size_t)i * H, H);
+}

@@ -1,0 +1,225 @@
+/* Engine lifecycle and the forward pass:
+ *   x = embed[token]; per layer: x += Attn(RMSNorm(x)); x += MoE(RMSNorm(x));
+ *   logits = output(RMSNorm(x))                     (transformers' Mixtral) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "kernels/kernels.h"
+
+typedef struct {
+    const cb_tensor *W;
+    const float *X;
+    float *Y;
+    int x_stride, y_stride, n;
+} matmul_task;
+
+static void matmul_worker(void *p, int worker, int n_workers) {
+    matmul_task *t = p;
+    int begin, end;
+    cb_split((int)t->W->rows, worker, n_workers, &begin, &end);
+    cb_matmul_rows(t->W, begin, end, t->X, t->x_stride, t->n, t->Y, t->y_stride);
+}
+
+void cb_parallel_matmul(cb_engine *e, const cb_tensor *W, const float *X, int x_stride, int n,
+                        float *Y, int y_stride) {
+    matmul_task t = {W, X, Y, x_stride, y_stride, n};
+    cb_threadpool_run(e->pool, matmul_worker, &t);
+}
+
+/* Carves every buffer; called once to size the arena, once to fill it. */
+static void carve(cb_engine *e, int n_threads) {
+    const cb_dims *d = CB_DIMS(e);
+    cb_arena *a = &e->arena;
+    const size_t B = (size_t)e->max_batch, H = d->hidden, hd = d->head_dim;
+    const size_t q_dim = d->n_heads * hd, kv_dim = d->n_kv_heads * hd, E = d->n_experts, k = d->top_k;
+    const size_t I = d->expert_ffn, ctx = d->context_len;
+#define TAKE(field, count) e->field = cb_arena_take(a, sizeof(*e->field) * (count))
+    TAKE(x, B * H);
+    TAKE(xn, B * H);
+    TAKE(q, B * q_dim);
+    TAKE(k, B * kv_dim);
+    TAKE(v, B * kv_dim);
+    TAKE(attn, B * q_dim);
+    TAKE(proj, B * H);
+    TAKE(scores, (size_t)n_threads * ctx);
+    TAKE(router_logits, B * E);
+    TAKE(routing, B * d->n_layers * k);
+    TAKE(route_w, B * k);
+    TAKE(group_start, E + 1);
+    TAKE(group_items, B * k);
+    TAKE(group_w, B * k);
+    TAKE(xg, B * H);
+    TAKE(gate, B * I);
+    TAKE(up, B * I);
+    TAKE(expert_out, B * H);
+    TAKE(logits, B * d->vocab);
+    TAKE(logit_items, B);
+    TAKE(rope_cos, ctx * hd / 2);
+    TAKE(rope_sin, ctx * hd / 2);
+    TAKE(k_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim);
+    TAKE(v_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim);
+#undef TAKE
+    e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
+}
+
+static void fill_rope_tables(cb_engine *e) {
+    const cb_dims *d = CB_DIMS(e);
+    const int half = (int)d->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* inv_freq = theta^(-2i/d), as transformers' default RoPE. */
+        /* Like transformers: inv_freq and the angle are float32, cos/sin of it. */
+        float inv_freq = (float)(1.0 / pow((double)d->rope_theta, (double)(2 * i) / (double)d->head_dim));
+        for (uint32_t p = 0; p < d->context_len; p++) {
+            double angle = (double)((float)p * inv_freq);
+            e->rope_cos[(size_t)p * half + i] = (float)cos(angle);
+            e->rope_sin[(size_t)p * half + i] = (float)sin(angle);
+        }
+    }
+}
+
+cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, char *err, size_t err_len) {
+    char path[4096];
+    cb_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    /* The weights file's name is fixed by the toolkit (model-config.json
+     * "weights.file" is always weights.cbw for now). */
+    snprintf(path, sizeof path, "%s/weights.cbw", model_dir);
+    if (cb_weights_map(&e->w, path, err, err_len) != 0) goto fail;
+    e->dims = e->w.header->dims;
+#if CB_SPECIALISED
+    {
+        char why[512];
+        if (cb_dims_check(&cb_compiled_dims, &e->dims, why, sizeof why) != 0) {
+            snprintf(err, err_len, "%s: %s", path, why);
+            goto fail;
+        }
+    }
+#endif
+    const cb_dims *d = CB_DIMS(e);
+    if (d->arch != CB_ARCH_MIXTRAL || d->n_kv_heads == 0 || d->n_heads % d->n_kv_heads ||
+        d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2) {
+        snprintf(err, err_len, "%s: unsupported or inconsistent model dimensions in the header", path);
+        goto fail;
+    }
+    memcpy(e->model_name, e->w.header->model_name, sizeof e->model_name - 1);
+    if (n_threads <= 0) n_threads = cb_cpu_count();
+    e->n_slots = n_slots > 0 ? n_slots : CB_MAX_SLOTS;
+#if CB_SPECIALISED
+    if (e->n_slots > CB_MAX_SLOTS) e->n_slots = CB_MAX_SLOTS;
+#endif
+    e->max_batch = CB_MAX_BATCH;
+    carve(e, n_threads);
+    size_t expert_bytes = sizeof(cb_expert_weights) * d->n_layers * d->n_experts;
+    e->arena.used += expert_bytes + 64;
+    if (cb_arena_allocate(&e->arena) != 0) {
+        snprintf(err, err_len, "cannot allocate %.1f MiB for buffers and KV cache",
+                 (double)e->arena.cap / (1 << 20));
+        goto fail;
+    }
+    carve(e, n_threads);
+    cb_expert_weights *experts = cb_arena_take(&e->arena, expert_bytes);
+    if (cb_weights_bind(&e->w, e->w.layers, experts, err, err_len) != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, err_len, "%s: %s", path, why);
+        goto fail;
+    }
+    fill_rope_tables(e);
+    cb_tokenizer_init(&e->tokenizer, &e->w.header->tok, d->vocab);
+    e->pool = cb_threadpool_create(n_threads);
+    if (!e->pool) {
+        snprintf(err, err_len, "cannot start %d threads", n_threads);
+        goto fail;
+    }
+    return e;
+fail:
+    cb_engine_close(e);
+    return NULL;
+}
+
+void cb_engine_close(cb_engine *e) {
+    if (!e) return;
+    cb_threadpool_destroy(e->pool);
+    cb_weights_unmap(&e->w);
+    cb_arena_release(&e->arena);
+    free(e);
+}
+
+const cb_dims *cb_engine_dims(const cb_engine *e) { return CB_DIMS(e); }
+int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
+int cb_engine_max_batch(const cb_engine *e) { return e->max_batch; }
+const char *cb_engine_model_name(const cb_engine *e) { return e->model_name; }
+const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e) { return &e->tokenizer; }
+
+static int check_batch(const cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
+    const cb_dims *d = CB_DIMS(e);
+    if (n < 1 || n > e->max_batch) {
+        snprintf(err, err_len, "batch of %d tokens; expected 1..%d", n, e->max_batch);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const cb_batch_item *it = &items[i];
+        if (it->slot < 0 || it->slot >= e->n_slots) {
+            snprintf(err, err_len, "item %d: slot %d; expected 0..%d", i, it->slot, e->n_slots - 1);
+            return -1;
+        }
+        if (it->pos < 0 || (uint32_t)it->pos >= d->context_len) {
+            snprintf(err, err_len, "item %d: position %d is past the context of %u tokens", i, it->pos,
+                     d->context_len);
+            return -1;
+        }
+        if (it->token < 0 || (uint32_t)it->token >= d->vocab) {
+            snprintf(err, err_len, "item %d: token %d; expected 0..%u", i, it->token, d->vocab - 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
+    if (check_batch(e, items, n, err, err_len) != 0) return -1;
+    const cb_dims *d = CB_DIMS(e);
+    const int H = (int)d->hidden;
+    const float *embd = e->w.tok_embd.data;
+    for (int i = 0; i < n; i++)
+        memcpy(e->x + (size_t)i * H, embd + (size_t)items[i].token * H, sizeof(float) * H);
+    for (int l = 0; l < (int)d->n_layers; l++) {
+        cb_attention_layer(e, l, items, n);
+        cb_moe_layer(e, l, n);
+    }
+    /* Final norm and output head only for the rows whose logits are wanted. */
+    int rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (!items[i].want_logits) continue;
+        cb_rmsnorm(e->xn + (size_t)rows * H, e->x + (size_t)i * H, e->w.output_norm, H, d->norm_eps);
+        e->logit_items[rows++] = i;
+    }
+    if (rows) cb_parallel_matmul(e, &e->w.output, e->xn, H, rows, e->logits, (int)d->vocab);
+    e->n_items = n;
+    e->n_logit_rows = rows;
+    return 0;
+}
+
+const float *cb_engine_logits(const cb_engine *e, int row) {
+    if (row < 0 || row >= e->n_logit_rows) return NULL;
+    return e->logits + (size_t)row * CB_DIMS(e)->vocab;
+}
+
+const int32_t *cb_engine_routing(const cb_engine *e, int item, int layer) {
+    const cb_dims *d = CB_DIMS(e);
+    if (item < 0 || item >= e->n_items || layer < 0 || layer >= (int)d->n_layers) return NULL;
+    return e->routing + ((size_t)item * d->n_layers + layer) * d->top_k;
+}
+
+int32_t cb_argmax(const float *logits, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}

@@ -1,0 +1,56 @@
+/* Public API of the Colibri inference engine: what the server, the Cython
+ * binding and the tests use. Everything the engine needs is allocated by
+ * cb_engine_open(); no call below allocates memory. */
+#ifndef CB_ENGINE_H
+#define CB_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dims.h"
+#include "tokenizer.h"
+
+typedef struct cb_engine cb_engine;
+
+/* One token to run through the model: which slot's KV cache it belongs to,
+ * its position in that slot, and whether its logits are wanted. Tokens of one
+ * slot must be given in position order; a batch may mix slots. */
+typedef struct {
+    int32_t token;
+    int32_t slot;
+    int32_t pos;
+    int32_t want_logits;
+} cb_batch_item;
+
+/* Opens the model folder (model-config.json's weights, mapped, not read) and
+ * allocates every buffer. n_threads <= 0 means one per online CPU.
+ * n_slots <= 0 means the compiled-in number of slots. On failure returns NULL
+ * and writes a message naming the file and the problem into err. */
+cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots,
+                          char *err, size_t err_len);
+void cb_engine_close(cb_engine *e);
+
+const cb_dims *cb_engine_dims(const cb_engine *e);
+int cb_engine_n_slots(const cb_engine *e);
+/* Most tokens one cb_engine_forward() call accepts. */
+int cb_engine_max_batch(const cb_engine *e);
+/* The model's name from the weights header (model-config.json "name"). */
+const char *cb_engine_model_name(const cb_engine *e);
+
+const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e);
+
+/* Runs the batch; returns 0, or -1 with a message in err (bad slot, position
+ * past the context, batch too large, token out of the vocabulary). */
+int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n_items,
+                      char *err, size_t err_len);
+/* Logits [vocab] of the row-th item of the last batch that had want_logits
+ * set (rows counted in batch order). Valid until the next forward. */
+const float *cb_engine_logits(const cb_engine *e, int row);
+/* The experts the item-th token of the last batch was routed to in a layer,
+ * top_k entries, highest router weight first. */
+const int32_t *cb_engine_routing(const cb_engine *e, int item, int layer);
+
+/* Greedy choice: the highest logit, ties to the lowest token id. */
+int32_t cb_argmax(const float *logits, int n);
+
+#endif

@@ -1,0 +1,62 @@
+/* Portable kernels: correct on every target, and the reference the SIMD
+ * ones are tested against. */
+#include <math.h>
+
+#include "kernels.h"
+
+float cb_dot_f32_scalar(const float *a, const float *b, int n) {
+    /* Four partial sums: as accurate as a pairwise sum for these sizes, and
+     * the compiler can keep them in registers. */
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0; /* double: the sum of squares of a 4096-wide row loses bits in float */
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+void cb_softmax(float *x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    float sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void cb_swiglu(float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void cb_axpy(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void cb_rope_neox(float *vec, int n_heads, int head_dim, const float *cos_pos, const float *sin_pos) {
+    const int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * cos_pos[i] - b * sin_pos[i];
+            v[i + half] = b * cos_pos[i] + a * sin_pos[i];
+        }
+    }
+}

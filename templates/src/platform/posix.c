@@ -1,0 +1,141 @@
+/* POSIX implementation of platform.h (Linux, and other Unix-likes). */
+#define _GNU_SOURCE
+#include "platform.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int cb_map_file(const char *path, cb_mapped_file *out, char *err, size_t err_len) {
+    memset(out, 0, sizeof *out);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+        snprintf(err, err_len, "%s: empty or unreadable file", path);
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd); /* the mapping keeps the file alive */
+    if (p == MAP_FAILED) {
+        snprintf(err, err_len, "%s: cannot map: %s", path, strerror(errno));
+        return -1;
+    }
+    out->data = p;
+    out->size = (uint64_t)st.st_size;
+    return 0;
+}
+
+void cb_unmap_file(cb_mapped_file *m) {
+    if (m->data) munmap((void *)m->data, (size_t)m->size);
+    memset(m, 0, sizeof *m);
+}
+
+static void advise(const void *addr, size_t len, int advice) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)addr & ~(page - 1);
+    uintptr_t end = (uintptr_t)addr + len;
+    if (end > start) madvise((void *)start, end - start, advice);
+}
+
+void cb_map_advise_willneed(const void *addr, size_t len) { advise(addr, len, MADV_WILLNEED); }
+void cb_map_advise_random(const void *addr, size_t len) { advise(addr, len, MADV_RANDOM); }
+
+struct cb_thread { pthread_t id; void (*fn)(void *); void *arg; };
+struct cb_mutex { pthread_mutex_t m; };
+struct cb_cond { pthread_cond_t c; };
+
+static void *thread_main(void *p) {
+    cb_thread *t = p;
+    t->fn(t->arg);
+    return NULL;
+}
+
+cb_thread *cb_thread_start(void (*fn)(void *), void *arg) {
+    cb_thread *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->fn = fn;
+    t->arg = arg;
+    if (pthread_create(&t->id, NULL, thread_main, t) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void cb_thread_join(cb_thread *t) {
+    pthread_join(t->id, NULL);
+    free(t);
+}
+
+cb_mutex *cb_mutex_create(void) {
+    cb_mutex *m = calloc(1, sizeof *m);
+    if (m) pthread_mutex_init(&m->m, NULL);
+    return m;
+}
+void cb_mutex_destroy(cb_mutex *m) { pthread_mutex_destroy(&m->m); free(m); }
+void cb_mutex_lock(cb_mutex *m) { pthread_mutex_lock(&m->m); }
+void cb_mutex_unlock(cb_mutex *m) { pthread_mutex_unlock(&m->m); }
+cb_cond *cb_cond_create(void) {
+    cb_cond *c = calloc(1, sizeof *c);
+    if (c) pthread_cond_init(&c->c, NULL);
+    return c;
+}
+void cb_cond_destroy(cb_cond *c) { pthread_cond_destroy(&c->c); free(c); }
+void cb_cond_wait(cb_cond *c, cb_mutex *m) { pthread_cond_wait(&c->c, &m->m); }
+void cb_cond_broadcast(cb_cond *c) { pthread_cond_broadcast(&c->c); }
+
+void cb_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+int cb_cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+uint64_t cb_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void (*stop_callback)(void);
+static void on_signal(int sig) { (void)sig; if (stop_callback) stop_callback(); }
+
+void cb_install_stop_handler(void (*on_stop)(void)) {
+    stop_callback = on_stop;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+void *cb_aligned_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+void cb_aligned_free(void *p) { free(p); }

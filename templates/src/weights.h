@@ -1,0 +1,94 @@
+/* The weights file (.cbw) and the model's tensors mapped from it.
+ * Layout (little-endian), written by toolkit/weights.py:
+ *   cb_weights_header | pad to 8 | cb_tensor_entry[n_tensors] | data
+ * Dense tensors are 64-byte aligned; each expert's gate, up and down lie in
+ * one block that starts on a 4 KiB page, so an unrouted expert is never read. */
+#ifndef CB_WEIGHTS_H
+#define CB_WEIGHTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dims.h"
+#include "platform/platform.h"
+
+#define CB_WEIGHTS_MAGIC "COLIBRI"
+#define CB_WEIGHTS_VERSION 1
+#define CB_TENSOR_NAME_BYTES 48
+
+enum cb_tokenizer_kind { CB_TOKENIZER_BYTES = 1 };
+#define CB_NO_TOKEN 0xFFFFFFFFu
+
+typedef struct {
+    uint32_t kind;          /* enum cb_tokenizer_kind */
+    uint32_t bos_id, eos_id;
+    uint32_t role_system, role_user, role_assistant, end_of_turn; /* CB_NO_TOKEN if absent */
+    uint32_t reserved;
+} cb_tok_info;
+
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    uint32_t alignment;
+    uint32_t n_tensors;
+    uint32_t header_bytes;
+    cb_dims dims;
+    cb_tok_info tok;
+    char model_name[64];
+} cb_weights_header;
+
+typedef struct {
+    char name[CB_TENSOR_NAME_BYTES];
+    uint32_t dtype;
+    uint32_t ndim;
+    uint64_t shape[4];
+    uint64_t offset;
+    uint64_t nbytes;
+} cb_tensor_entry;
+
+_Static_assert(sizeof(cb_dims) == 68, "cb_dims must match toolkit/weights.py");
+_Static_assert(sizeof(cb_weights_header) == 188, "header must match toolkit/weights.py");
+_Static_assert(sizeof(cb_tensor_entry) == 104, "tensor entry must match toolkit/weights.py");
+
+/* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector. */
+typedef struct {
+    const void *data;
+    uint32_t dtype;
+    uint32_t rows, cols;
+} cb_tensor;
+
+typedef struct {
+    cb_tensor gate, up, down;   /* [I, H], [I, H], [H, I] */
+    const void *block;          /* the expert's page-aligned block */
+    size_t block_bytes;
+} cb_expert_weights;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;   /* [H] */
+    cb_tensor wq, wk, wv, wo;            /* [nh*d, H], [nkv*d, H] x2, [H, nh*d] */
+    cb_tensor router;                    /* [E, H] */
+    cb_expert_weights *experts;          /* [E] */
+} cb_layer_weights;
+
+typedef struct {
+    cb_mapped_file file;
+    const cb_weights_header *header;
+    cb_tensor tok_embd;                  /* [vocab, H] */
+    const float *output_norm;            /* [H] */
+    cb_tensor output;                    /* [vocab, H] */
+    cb_layer_weights *layers;            /* [n_layers], from the arena */
+} cb_weights;
+
+/* Maps path and checks magic, version, bounds and every tensor's shape
+ * against the header's dims. Returns 0 or -1 with a message in err. */
+int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len);
+/* Points layers/experts (storage from the caller) at the mapped tensors. */
+int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_expert_weights *experts,
+                    char *err, size_t err_len);
+void cb_weights_unmap(cb_weights *w);
+
+/* Compares a model's dims with the ones a server was built for; returns 0
+ * or -1 naming the first field that differs. */
+int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,127 @@
+"""The build as named stages: resolve config, select target, find toolchain,
+render, configure, compile, package. Each stage is a function; build() runs
+them in order and returns where the executable landed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, config as config_mod, toolchain
+from .render import RenderInputs, render_tree, template_tree_hash
+from .targets import Target, get_target
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"colibri-build: {message}\n")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    dist_dir: Path
+    executable: Path
+    build_info: dict
+
+
+def git_revision() -> str:
+    """The toolkit's git revision: from the checkout it runs from, or the one
+    recorded when the wheel was built."""
+    here = Path(__file__).resolve().parent
+    recorded = here / "_build_meta.json"
+    try:
+        out = subprocess.run(["git", "-C", str(here.parent), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=False)
+        if out.returncode == 0 and (here.parent / "templates").is_dir():
+            return out.stdout.strip()
+    except OSError:
+        pass
+    if recorded.is_file():
+        return json.loads(recorded.read_text()).get("git_revision", "unknown")
+    return "unknown"
+
+
+def build_dir_for(cfg: config_mod.ModelConfig, target: Target, root: Path) -> Path:
+    """Build folders are keyed by (config hash, target)."""
+    return root / f"{cfg.name}-{target.name}-{cfg.canonical_hash()[:12]}"
+
+
+def configure(src: Path, build: Path, compiler: toolchain.Compiler, quiet: bool) -> None:
+    cache = build / "CMakeCache.txt"
+    if cache.is_file() and f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n" not in cache.read_text():
+        shutil.rmtree(build)  # configured for another tree: start clean
+    cmd = [toolchain.cmake_exe(), "-S", str(src), "-B", str(build), "-G", "Ninja",
+           f"-DCMAKE_MAKE_PROGRAM={toolchain.ninja_exe()}", "-DCMAKE_BUILD_TYPE=Release",
+           f"-DCMAKE_C_COMPILER={compiler.path}"]
+    toolchain.run_streaming(cmd, quiet=quiet)
+
+
+def compile_tree(build: Path, quiet: bool) -> None:
+    toolchain.run_streaming([toolchain.ninja_exe(), "-C", str(build), "colibri-server"], quiet=quiet)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Compiler, kernels: str,
+            build: Path, dist_root: Path) -> BuildResult:
+    dist = dist_root / f"{cfg.name}-{target.name}"
+    if dist.exists():
+        shutil.rmtree(dist)
+    dist.mkdir(parents=True)
+    exe = dist / target.exe_name
+    shutil.copyfile(build / target.exe_name, exe)
+    os.chmod(exe, 0o755)
+    info = {
+        "toolkit_version": __version__,
+        "toolkit_git_revision": git_revision(),
+        "target": target.name,
+        "triple": target.triple,
+        "kernels": kernels,
+        "compiler": compiler.path,
+        "compiler_version": compiler.version,
+        "c_flags": list(target.c_flags),
+        "link_flags": list(target.link_flags),
+        "model_name": cfg.name,
+        "model_config_sha256": cfg.sha256,
+        "model_config_canonical_sha256": cfg.canonical_hash(),
+        "template_tree_sha256": template_tree_hash(),
+        "batch_slots": cfg["batch_slots"],
+        "executable": exe.name,
+        "executable_sha256": sha256_file(exe),
+    }
+    (dist / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    sums = "".join(f"{sha256_file(p)}  {p.name}\n" for p in sorted(dist.iterdir()) if p.name != "SHA256SUMS")
+    (dist / "SHA256SUMS").write_text(sums)
+    return BuildResult(dist_dir=dist, executable=exe, build_info=info)
+
+
+def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
+          build_root: Path = Path("build"), compiler_override: str | None = None,
+          quiet: bool = False) -> BuildResult:
+    cfg = config_mod.load(model)
+    target = get_target(target_name)
+    log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
+        f"{cfg['batch_slots']} slots)")
+    compiler = toolchain.find_compiler(target, compiler_override)
+    kernels = toolchain.resolve_kernels(target, compiler)
+    log(f"[2/5] target {target.name}: {compiler.version} ({compiler.path}), kernels {kernels}")
+    work = build_dir_for(cfg, target, build_root).resolve()
+    src = render_tree(RenderInputs(cfg, target, kernels, compiler.path), work / "project")
+    log(f"[3/5] rendered {src}")
+    log("[4/5] configure and compile (CMake + Ninja)")
+    configure(src, work / "build", compiler, quiet)
+    compile_tree(work / "build", quiet)
+    result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve())
+    log(f"[5/5] {result.executable}")
+    return result

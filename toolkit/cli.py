@@ -1,0 +1,138 @@
+"""colibri-build: a thin click layer; every command calls one toolkit function."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import ColibriError
+
+
+def _fail(exc: ColibriError) -> None:
+    click.echo(f"colibri-build: error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ColibriError as exc:
+            _fail(exc)
+
+
+def _build(model, target, dist, build_dir, toolchain, quiet):
+    from .build import build
+    result = build(model, target, dist_root=Path(dist), build_root=Path(build_dir),
+                   compiler_override=toolchain, quiet=quiet)
+    click.echo(str(result.executable))
+
+
+_build_options = [
+    click.option("--model", "model", type=click.Path(path_type=Path), help="model-config.json or its folder"),
+    click.option("--target", default="native", show_default=True, help="a target from 'colibri-build targets'"),
+    click.option("--dist", default="dist", show_default=True, help="where dist/<model>-<target>/ goes"),
+    click.option("--build-dir", default="build", show_default=True, help="where rendered trees are built"),
+    click.option("--toolchain", default=None, help="C compiler to use instead of the target's choice"),
+    click.option("--quiet", is_flag=True, help="hide compiler progress"),
+]
+
+
+def build_options(fn):
+    for opt in reversed(_build_options):
+        fn = opt(fn)
+    return fn
+
+
+@click.group(cls=_Group, invoke_without_command=True)
+@build_options
+@click.version_option(__version__, prog_name="colibri-build")
+@click.pass_context
+def main(ctx, model, target, dist, build_dir, toolchain, quiet):
+    """Bake a mixture-of-experts model into a static, specialised colibri-server.
+
+    \b
+    colibri-build --model models/tiny/model-config.json --target x86-64-v3
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        click.echo(ctx.get_help())
+        ctx.exit(0 if len(sys.argv) <= 1 else 2)
+    _build(model, target, dist, build_dir, toolchain, quiet)
+
+
+@main.command("build")
+@build_options
+def build_cmd(model, target, dist, build_dir, toolchain, quiet):
+    """Build dist/<model>-<target>/colibri-server (same as the top-level options)."""
+    if model is None:
+        raise click.UsageError("--model is required")
+    _build(model, target, dist, build_dir, toolchain, quiet)
+
+
+@main.command()
+@click.option("--model", required=True, type=click.Path(path_type=Path), help="model-config.json or its folder")
+@click.option("--target", default="native", show_default=True)
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="folder to write the project into")
+@click.option("--toolchain", default=None, help="C compiler to record in toolchain.cmake")
+def render(model, target, out, toolchain):
+    """Write the rendered C project (a standalone CMake tree) for audit."""
+    from . import config, render as render_mod, toolchain as tc, targets
+    cfg = config.load(model)
+    tgt = targets.get_target(target)
+    compiler = tc.find_compiler(tgt, toolchain)
+    render_mod.render_tree(render_mod.RenderInputs(cfg, tgt, tc.resolve_kernels(tgt, compiler), compiler.path), out)
+    click.echo(str(out))
+
+
+@main.command("targets")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def targets_cmd(as_json):
+    """List the build targets and whether their executables run here."""
+    from .targets import all_targets
+    rows = []
+    for t in all_targets().values():
+        missing = t.missing_cpu_features()
+        runs = "yes" if not missing else "no: CPU lacks " + ", ".join(missing)
+        rows.append((t, runs))
+    if as_json:
+        click.echo(json.dumps([{**t.as_dict(), "runs_here": not t.missing_cpu_features(), "note": t.note}
+                               for t, _ in rows], indent=2))
+        return
+    width = max(len(t.name) for t, _ in rows)
+    for t, runs in rows:
+        click.echo(f"{t.name:<{width}}  {t.description}")
+        click.echo(f"{'':<{width}}  triple {t.triple}, kernels {t.kernels}, runs here: {runs}")
+        if t.note:
+            click.echo(f"{'':<{width}}  note: {t.note}")
+
+
+@main.command()
+@click.option("--arch", default="mixtral", show_default=True, help="architecture of the model")
+@click.option("--preset", type=click.Choice(["tiny", "small", "bench"]), default="tiny", show_default=True)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--name", default=None, help="model name (default: the folder's name)")
+@click.option("--layers", type=int)
+@click.option("--hidden-size", type=int)
+@click.option("--heads", type=int)
+@click.option("--kv-heads", type=int)
+@click.option("--experts", type=int)
+@click.option("--top-k", type=int)
+@click.option("--expert-ffn-size", type=int)
+@click.option("--vocab-size", type=int)
+@click.option("--context-length", type=int)
+@click.argument("out", type=click.Path(path_type=Path))
+def synth(arch, preset, seed, name, out, **dims):
+    """Write a seeded random-weight model folder to OUT (no download)."""
+    from .synth import synth as synth_fn
+    folder = synth_fn(arch, preset, out, seed=seed, name=name, overrides=dims)
+    click.echo(str(folder / "model-config.json"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

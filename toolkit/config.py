@@ -1,0 +1,154 @@
+"""model-config.json: loading, validation against the bundled JSON Schema,
+defaults, and the hash that keys build folders."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from .errors import ConfigError
+from .resources import package_file
+
+SCHEMA_PATH = package_file("schema", "model-config.schema.json")
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def _field(path) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """One line: which field, what it holds, what was expected."""
+    field = _field(error.absolute_path)
+    got = json.dumps(error.instance)
+    if len(got) > 60:
+        got = got[:57] + "..."
+    v, kind = error.validator_value, error.validator
+    if kind == "required":
+        missing = [k for k in v if k not in error.instance]
+        where = "" if field == "(top level)" else f" in '{field}'"
+        return f"missing field '{missing[0]}'{where}"
+    if kind == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        where = "" if field == "(top level)" else f" in '{field}'"
+        return f"unknown field '{extra[0]}'{where}; expected one of: {', '.join(sorted(error.schema['properties']))}"
+    expected = {
+        "type": f"a value of type {v}",
+        "enum": "one of " + ", ".join(json.dumps(x) for x in v),
+        "const": json.dumps(v),
+        "minimum": f">= {v}",
+        "maximum": f"<= {v}",
+        "exclusiveMinimum": f"> {v}",
+        "multipleOf": f"a multiple of {v}",
+        "pattern": f"a string matching {v}",
+        "minLength": f"at least {v} characters",
+    }.get(kind, error.message)
+    return f"field '{field}': got {got}, expected {expected}"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A validated model-config.json with its defaults filled in."""
+    path: Path
+    data: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+    def canonical_hash(self) -> str:
+        """Hash of the filled-in config: same for reformatted files."""
+        text = json.dumps(self.data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fill_defaults(data: dict) -> dict:
+    data = copy.deepcopy(data)
+    data.setdefault("head_dim", data["hidden_size"] // data["heads"])
+    data.setdefault("shared_experts", 0)
+    data.setdefault("shared_expert_ffn_size", 0)
+    data.setdefault("batch_slots", 8)
+    data.setdefault("max_batch_tokens", 64)
+    data["rope"].setdefault("scaling", None)
+    return data
+
+
+def _check_relations(d: dict) -> list[str]:
+    """Rules across fields that JSON Schema cannot say."""
+    problems = []
+    if d["heads"] % d["kv_heads"]:
+        problems.append(f"field 'kv_heads': got {d['kv_heads']}, expected a divisor of heads ({d['heads']})")
+    if d["top_k"] > d["experts"]:
+        problems.append(f"field 'top_k': got {d['top_k']}, expected <= experts ({d['experts']})")
+    if "head_dim" not in d and d["hidden_size"] % d["heads"]:
+        problems.append(f"field 'head_dim': missing, and hidden_size ({d['hidden_size']}) is not a "
+                        f"multiple of heads ({d['heads']}); give head_dim explicitly")
+    tok = d["tokenizer"]
+    ids = {"tokenizer.bos_id": tok["bos_id"], "tokenizer.eos_id": tok["eos_id"]}
+    ids.update({f"tokenizer.chat_roles.{k}": v for k, v in tok.get("chat_roles", {}).items()})
+    for field, value in ids.items():
+        if value >= d["vocab_size"]:
+            problems.append(f"field '{field}': got {value}, expected < vocab_size ({d['vocab_size']})")
+    if tok["kind"] == "bytes" and d["vocab_size"] < 256:
+        problems.append(f"field 'vocab_size': got {d['vocab_size']}, expected >= 256 for a 'bytes' tokenizer")
+    if d.get("max_batch_tokens", 64) > d["context_length"]:
+        problems.append(f"field 'max_batch_tokens': got {d['max_batch_tokens']}, "
+                        f"expected <= context_length ({d['context_length']})")
+    return problems
+
+
+def validate(data: Any, source: str = "model-config.json") -> dict:
+    """Returns the config with defaults; raises ConfigError listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object at the top level, got {type(data).__name__}")
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.validator))
+    problems = [_describe(e) for e in errors]
+    if not problems:
+        problems = _check_relations(data)
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise ConfigError(f"{source}: invalid model config ({len(problems)} problem"
+                          f"{'s' if len(problems) > 1 else ''}):\n{listing}",
+                          hint=f"the schema is {SCHEMA_PATH}")
+    return fill_defaults(data)
+
+
+def load(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model-config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file", hint="pass a model folder or its model-config.json "
+                          "(colibri-build synth makes one)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return ModelConfig(path=path.resolve(), data=validate(data, source=str(path)))

@@ -1,0 +1,79 @@
+"""Seeded random-weight models, so demos, tests and benchmarks need no download."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from . import config as config_mod
+from .errors import ConfigError
+from .weights import expected_shapes, write_weights
+
+ARCHITECTURES = ("mixtral",)
+
+# Byte tokenizer layout: ids 0..255 are bytes, then these specials.
+BYTE_SPECIALS = {"bos_id": 256, "eos_id": 257}
+BYTE_CHAT_ROLES = {"system": 258, "user": 259, "assistant": 260, "end_of_turn": 261}
+BYTE_VOCAB = 262
+
+PRESETS = {
+    "tiny": dict(layers=2, hidden_size=64, heads=4, kv_heads=2, experts=8, top_k=2, expert_ffn_size=128,
+                 vocab_size=BYTE_VOCAB, context_length=256),
+    "small": dict(layers=4, hidden_size=256, heads=8, kv_heads=2, experts=16, top_k=2, expert_ffn_size=512,
+                  vocab_size=BYTE_VOCAB, context_length=1024),
+    # bench-mixtral of the speed issue: about 1.5 B parameters.
+    "bench": dict(layers=16, hidden_size=1024, heads=16, kv_heads=4, experts=8, top_k=2, expert_ffn_size=3584,
+                  vocab_size=32000, context_length=2048),
+}
+
+INIT_STD = 0.02  # transformers' initializer_range for these families
+
+
+def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict) -> dict:
+    if arch not in ARCHITECTURES:
+        raise ConfigError(f"synth: unknown architecture '{arch}'; expected one of {', '.join(ARCHITECTURES)}")
+    dims = dict(PRESETS[preset])
+    dims.update({k: v for k, v in overrides.items() if v is not None})
+    cfg = {
+        "format_version": 1,
+        "name": name,
+        "architecture": arch,
+        **dims,
+        "router": "softmax_topk_renorm",
+        "norm_eps": 1e-5,
+        "rope": {"theta": 10000.0},
+        "batch_slots": 8,
+        "weights": {"file": "weights.cbw", "dtype": "f32"},
+        "tokenizer": {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
+        "seed": seed,
+    }
+    return config_mod.validate(cfg, source=f"synth preset '{preset}'")
+
+
+def random_tensors(cfg: dict, seed: int):
+    rng = np.random.default_rng(seed)
+    for name, shape in expected_shapes(cfg):
+        if name.endswith("norm"):
+            yield name, np.ones(shape, np.float32)
+        else:
+            yield name, rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
+
+
+def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = None,
+          overrides: dict | None = None) -> Path:
+    """Writes a model folder (model-config.json + weights.cbw) and returns it.
+    Built in a temporary folder and renamed, so no half-written model remains."""
+    cfg = make_config(arch, preset, name or out.name, seed, overrides or {})
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], random_tensors(cfg, seed))
+    (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out

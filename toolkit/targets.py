@@ -1,0 +1,145 @@
+"""Build targets as data: one TOML file per target in targets/.
+
+A target says which compiler to look for, which flags to pass, which C kernel
+family to compile in, and how to run the result here. New targets (Windows via
+MinGW-w64, aarch64) are new files, not code."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from .errors import TargetError
+from .resources import data_dir
+
+KERNEL_FAMILIES = ("scalar", "avx2", "auto")
+OS_NAMES = ("linux", "windows")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    os: str
+    arch: str
+    triple: str
+    isa: tuple[str, ...]
+    kernels: str
+    exe_suffix: str
+    c_compilers: tuple[str, ...]
+    install_hint: str
+    c_flags: tuple[str, ...]
+    link_flags: tuple[str, ...]
+    run_wrapper: tuple[str, ...]
+    cpu_features: tuple[str, ...]
+    note: str = ""
+    path: Path = field(default=Path(), compare=False)
+
+    @property
+    def exe_name(self) -> str:
+        return "colibri-server" + self.exe_suffix
+
+    def missing_cpu_features(self) -> list[str]:
+        """CPU features the executable needs that this machine lacks."""
+        return [f for f in self.cpu_features if f not in host_cpu_flags()]
+
+    def runs_here(self) -> bool:
+        return not self.missing_cpu_features()
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "description": self.description, "os": self.os, "arch": self.arch,
+                "triple": self.triple, "isa": list(self.isa), "kernels": self.kernels,
+                "exe_suffix": self.exe_suffix, "c_flags": list(self.c_flags),
+                "link_flags": list(self.link_flags), "run_wrapper": list(self.run_wrapper)}
+
+
+_cpu_flags: set[str] | None = None
+
+
+def host_cpu_flags() -> set[str]:
+    global _cpu_flags
+    if _cpu_flags is None:
+        _cpu_flags = set()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith(("flags", "Features")):
+                    _cpu_flags = set(line.split(":", 1)[1].split())
+                    break
+        except OSError:
+            pass
+    return _cpu_flags
+
+
+def _require(table: dict, key: str, kind, where: str):
+    if key not in table:
+        raise TargetError(f"{where}: missing field '{key}'")
+    value = table[key]
+    if not isinstance(value, kind):
+        raise TargetError(f"{where}: field '{key}': got {value!r}, expected {kind.__name__}")
+    return value
+
+
+def _strings(table: dict, key: str, where: str) -> tuple[str, ...]:
+    value = _require(table, key, list, where)
+    if not all(isinstance(v, str) for v in value):
+        raise TargetError(f"{where}: field '{key}': expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def parse_target(path: Path) -> Target:
+    where = str(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TargetError(f"{where}: cannot read target file: {exc}") from None
+    toolchain = _require(raw, "toolchain", dict, where)
+    flags = _require(raw, "flags", dict, where)
+    run = _require(raw, "run", dict, where)
+    target = Target(
+        name=_require(raw, "name", str, where),
+        description=_require(raw, "description", str, where),
+        os=_require(raw, "os", str, where),
+        arch=_require(raw, "arch", str, where),
+        triple=_require(raw, "triple", str, where),
+        isa=_strings(raw, "isa", where),
+        kernels=_require(raw, "kernels", str, where),
+        exe_suffix=_require(raw, "exe_suffix", str, where),
+        c_compilers=_strings(toolchain, "c_compilers", where + " [toolchain]"),
+        install_hint=_require(toolchain, "install_hint", str, where + " [toolchain]"),
+        c_flags=_strings(flags, "c", where + " [flags]"),
+        link_flags=_strings(flags, "link", where + " [flags]"),
+        run_wrapper=_strings(run, "wrapper", where + " [run]"),
+        cpu_features=_strings(run, "cpu_features", where + " [run]"),
+        note=raw.get("note", ""),
+        path=path,
+    )
+    if target.name != path.stem:
+        raise TargetError(f"{where}: field 'name': got {target.name!r}, expected the file's stem {path.stem!r}")
+    if target.kernels not in KERNEL_FAMILIES:
+        raise TargetError(f"{where}: field 'kernels': got {target.kernels!r}, expected one of {', '.join(KERNEL_FAMILIES)}")
+    if target.os not in OS_NAMES:
+        raise TargetError(f"{where}: field 'os': got {target.os!r}, expected one of {', '.join(OS_NAMES)}")
+    return target
+
+
+def targets_dir() -> Path:
+    return data_dir("targets")
+
+
+def all_targets() -> dict[str, Target]:
+    return {p.stem: parse_target(p) for p in sorted(targets_dir().glob("*.toml"))}
+
+
+def get_target(name: str) -> Target:
+    path = targets_dir() / f"{name}.toml"
+    if not path.is_file():
+        valid = ", ".join(sorted(p.stem for p in targets_dir().glob("*.toml")))
+        raise TargetError(f"unknown target '{name}'; valid targets: {valid}",
+                          hint="'colibri-build targets' lists them with descriptions")
+    return parse_target(path)

@@ -1,0 +1,100 @@
+"""Finding and driving the tools: the C compiler a target names, and CMake and
+Ninja from their Python packages (no system CMake needed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ToolchainError
+from .targets import Target
+
+
+@dataclass(frozen=True)
+class Compiler:
+    path: str
+    version: str          # first line of `cc --version`
+    predefined: frozenset  # macros defined for the target's flags
+
+    def defines(self, macro: str) -> bool:
+        return macro in self.predefined
+
+
+def _python_tool(module: str, attr: str, exe: str) -> str | None:
+    try:
+        mod = __import__(module)
+        candidate = Path(getattr(mod, attr)) / exe
+        if candidate.is_file():
+            return str(candidate)
+    except (ImportError, AttributeError):
+        pass
+    return shutil.which(exe)
+
+
+def cmake_exe() -> str:
+    found = _python_tool("cmake", "CMAKE_BIN_DIR", "cmake")
+    if not found:
+        raise ToolchainError("CMake not found", hint="pip install cmake")
+    return found
+
+
+def ninja_exe() -> str:
+    found = _python_tool("ninja", "BIN_DIR", "ninja")
+    if not found:
+        raise ToolchainError("Ninja not found", hint="pip install ninja")
+    return found
+
+
+def find_compiler(target: Target, override: str | None = None) -> Compiler:
+    candidates = (override,) if override else target.c_compilers
+    for name in candidates:
+        path = shutil.which(name)
+        if path:
+            break
+    else:
+        raise ToolchainError(f"target '{target.name}' needs a C compiler ({' or '.join(candidates)}), "
+                             "none found on PATH", hint=target.install_hint)
+    version = run_capture([path, "--version"]).splitlines()[0].strip()
+    macros = run_capture([path, *target.c_flags, "-dM", "-E", "-x", "c", os.devnull])
+    predefined = frozenset(line.split()[1] for line in macros.splitlines() if line.startswith("#define "))
+    return Compiler(path=path, version=version, predefined=predefined)
+
+
+def resolve_kernels(target: Target, compiler: Compiler) -> str:
+    """The kernel family to compile: the target's, or for 'auto' the best the
+    compiler enables with the target's flags."""
+    if target.kernels != "auto":
+        return target.kernels
+    if compiler.defines("__AVX2__") and compiler.defines("__FMA__"):
+        return "avx2"
+    return "scalar"
+
+
+def run_capture(cmd: list[str]) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise ToolchainError(f"cannot run {cmd[0]}: {exc}") from None
+    if done.returncode != 0:
+        raise ToolchainError(f"command failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def run_streaming(cmd: list[str], cwd: Path | None = None, quiet: bool = False) -> None:
+    """Runs a build step, passing its progress lines through (Ninja's [n/m]).
+    On failure shows the command and everything it printed."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    captured = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        captured.append(line)
+        if not quiet:
+            sys.stderr.write("  " + line)
+    code = proc.wait()
+    if code != 0:
+        output = "".join(captured[-200:])
+        raise ToolchainError(f"build step failed ({code}): {' '.join(cmd)}\n{output}")

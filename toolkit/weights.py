@@ -1,0 +1,180 @@
+"""The engine's weights file (.cbw): a header the C loader checks, a tensor
+table, then tensor data. Each expert's tensors (gate, up, down) lie together
+in one block that starts on a page boundary, so an expert that is never
+routed to is never paged in. Layout mirrors templates/src/weights.h."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+import numpy as np
+
+from .errors import ModelError
+
+MAGIC = b"COLIBRI\0"
+VERSION = 1
+PAGE = 4096
+TENSOR_ALIGN = 64
+NAME_BYTES = 48
+
+ARCH_IDS = {"mixtral": 1}
+ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
+DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
+TOKENIZER_IDS = {"bytes": 1}
+
+# cb_weights_header in weights.h: magic, version, alignment, n_tensors,
+# header_bytes, then cb_dims (15 u32 + 2 f32), cb_tok_info (8 u32), name.
+DIMS_FIELDS = ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts",
+               "top_k", "expert_ffn", "n_shared_experts", "shared_ffn", "context_len", "router",
+               "weight_dtype")
+HEADER = struct.Struct("<8sIIII" + "I" * len(DIMS_FIELDS) + "ff" + "8I" + "64s")
+TENSOR_ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QQQ")
+assert HEADER.size == 188 and TENSOR_ENTRY.size == 104
+
+
+def _round_up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def dims_from_config(cfg: dict) -> dict:
+    return {
+        "arch": ARCH_IDS[cfg["architecture"]], "n_layers": cfg["layers"], "hidden": cfg["hidden_size"],
+        "n_heads": cfg["heads"], "n_kv_heads": cfg["kv_heads"], "head_dim": cfg["head_dim"],
+        "vocab": cfg["vocab_size"], "n_experts": cfg["experts"], "top_k": cfg["top_k"],
+        "expert_ffn": cfg["expert_ffn_size"], "n_shared_experts": cfg["shared_experts"],
+        "shared_ffn": cfg["shared_expert_ffn_size"], "context_len": cfg["context_length"],
+        "router": ROUTER_IDS[cfg["router"]], "weight_dtype": DTYPE_IDS[cfg["weights"]["dtype"]],
+        "norm_eps": float(np.float32(cfg["norm_eps"])), "rope_theta": float(np.float32(cfg["rope"]["theta"])),
+    }
+
+
+def tokenizer_info(cfg: dict) -> list[int]:
+    tok = cfg["tokenizer"]
+    roles = tok.get("chat_roles", {})
+    none = 0xFFFFFFFF
+    return [TOKENIZER_IDS[tok["kind"]], tok["bos_id"], tok["eos_id"], roles.get("system", none),
+            roles.get("user", none), roles.get("assistant", none), roles.get("end_of_turn", none), 0]
+
+
+def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor the engine reads, in file order: dense tensors first, then
+    one page-aligned block per (layer, expert)."""
+    H, d = cfg["hidden_size"], cfg["head_dim"]
+    nh, nkv, E, I = cfg["heads"], cfg["kv_heads"], cfg["experts"], cfg["expert_ffn_size"]
+    out = [("tok_embd", (cfg["vocab_size"], H))]
+    for layer in range(cfg["layers"]):
+        p = f"blk.{layer}."
+        out += [(p + "attn_norm", (H,)), (p + "attn_q", (nh * d, H)), (p + "attn_k", (nkv * d, H)),
+                (p + "attn_v", (nkv * d, H)), (p + "attn_o", (H, nh * d)), (p + "ffn_norm", (H,)),
+                (p + "ffn_router", (E, H))]
+    out += [("output_norm", (H,)), ("output", (cfg["vocab_size"], H))]
+    for layer in range(cfg["layers"]):
+        for e in range(E):
+            p = f"blk.{layer}.expert.{e}."
+            out += [(p + "gate", (I, H)), (p + "up", (I, H)), (p + "down", (H, I))]
+    return out
+
+
+def is_expert_block_start(name: str) -> bool:
+    return ".expert." in name and name.endswith(".gate")
+
+
+@dataclass
+class TensorEntry:
+    name: str
+    dtype: int
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def plan_layout(cfg: dict) -> tuple[int, list[TensorEntry]]:
+    shapes = expected_shapes(cfg)
+    header_bytes = _round_up(HEADER.size, 8) + TENSOR_ENTRY.size * len(shapes)
+    offset = _round_up(header_bytes, PAGE)
+    entries = []
+    for name, shape in shapes:
+        nbytes = int(np.prod(shape)) * 4
+        offset = _round_up(offset, PAGE if is_expert_block_start(name) else TENSOR_ALIGN)
+        entries.append(TensorEntry(name, DTYPE_IDS["f32"], shape, offset, nbytes))
+        offset += nbytes
+    return header_bytes, entries
+
+
+def _pack_header(cfg: dict, n_tensors: int, header_bytes: int) -> bytes:
+    dims = dims_from_config(cfg)
+    name = cfg["name"].encode()
+    return HEADER.pack(MAGIC, VERSION, PAGE, n_tensors, header_bytes,
+                       *(dims[f] for f in DIMS_FIELDS), dims["norm_eps"], dims["rope_theta"],
+                       *tokenizer_info(cfg), name)
+
+
+def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> str:
+    """Writes tensors (in expected_shapes order, any float dtype, cast to f32)
+    to path atomically; returns the file's sha256."""
+    header_bytes, entries = plan_layout(cfg)
+    tmp = path.with_name(path.name + ".partial")
+    digest = hashlib.sha256()
+    with open(tmp, "wb") as fh:
+        head = bytearray(_pack_header(cfg, len(entries), header_bytes))
+        head += b"\0" * (_round_up(HEADER.size, 8) - HEADER.size)
+        for ent in entries:
+            shape = list(ent.shape) + [0] * (4 - len(ent.shape))
+            head += TENSOR_ENTRY.pack(ent.name.encode(), ent.dtype, len(ent.shape), *shape, ent.offset, ent.nbytes)
+        _write(fh, digest, bytes(head))
+        pos = len(head)
+        it = iter(tensors)
+        for ent in entries:
+            try:
+                name, array = next(it)
+            except StopIteration:
+                raise ModelError(f"{path}: tensor '{ent.name}' was not supplied") from None
+            if name != ent.name or tuple(array.shape) != ent.shape:
+                raise ModelError(f"{path}: tensor '{name}' {tuple(array.shape)} given where "
+                                 f"'{ent.name}' {ent.shape} was expected")
+            _write(fh, digest, b"\0" * (ent.offset - pos))
+            _write(fh, digest, np.ascontiguousarray(array, dtype="<f4").tobytes())
+            pos = ent.offset + ent.nbytes
+        tail = _round_up(pos, PAGE) - pos  # whole pages, so the last expert maps cleanly
+        _write(fh, digest, b"\0" * tail)
+    os.replace(tmp, path)
+    return digest.hexdigest()
+
+
+def _write(fh: BinaryIO, digest, data: bytes) -> None:
+    fh.write(data)
+    digest.update(data)
+
+
+def read_header(path: Path) -> dict:
+    """The header and tensor table of a .cbw file (for tools and tests)."""
+    with open(path, "rb") as fh:
+        raw = fh.read(HEADER.size)
+        if len(raw) < HEADER.size or raw[:8] != MAGIC:
+            raise ModelError(f"{path}: not a Colibri weights file (bad magic)")
+        vals = HEADER.unpack(raw)
+        n_tensors, header_bytes = vals[3], vals[4]
+        fh.seek(_round_up(HEADER.size, 8))
+        table = fh.read(TENSOR_ENTRY.size * n_tensors)
+    dims = dict(zip(DIMS_FIELDS, vals[5:5 + len(DIMS_FIELDS)]))
+    dims["norm_eps"], dims["rope_theta"] = vals[5 + len(DIMS_FIELDS):7 + len(DIMS_FIELDS)]
+    tensors = {}
+    for i in range(n_tensors):
+        name, dtype, ndim, *rest = TENSOR_ENTRY.unpack_from(table, i * TENSOR_ENTRY.size)
+        shape, offset, nbytes = tuple(rest[:ndim]), rest[4], rest[5]
+        tensors[name.rstrip(b"\0").decode()] = TensorEntry(name.rstrip(b"\0").decode(), dtype, shape, offset, nbytes)
+    return {"version": vals[1], "alignment": vals[2], "header_bytes": header_bytes, "dims": dims,
+            "tensors": tensors}
+
+
+def load_tensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors as read-only float32 arrays over a memory map."""
+    info = read_header(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    return {name: mm[t.offset:t.offset + t.nbytes].view("<f4").reshape(t.shape)
+            for name, t in info["tensors"].items()}
