@@ -108,9 +108,8 @@ cdef class Engine:
         out = np.empty((n, d.vocab), dtype=np.float32)
         routing = np.empty((n, d.n_layers, d.top_k), dtype=np.int32)
         cdef float[:, ::1] out_v = out
-        cdef int32_t[:, :, ::1] route_v = routing
         cdef int32_t[::1] ids_v = ids
-        cdef int start = 0, chunk, i, layer
+        cdef int start = 0, chunk, i, rc
         cdef char err[1024]
         while start < n:
             chunk = min(self.max_batch, n - start)
@@ -125,20 +124,31 @@ cdef class Engine:
                 raise EngineError(err.decode(errors="replace"))
             for i in range(chunk):
                 memcpy(&out_v[start + i, 0], cb_engine_logits(self.e, i), sizeof(float) * d.vocab)
-                for layer in range(<int>d.n_layers):
-                    memcpy(&route_v[start + i, layer, 0], cb_engine_routing(self.e, i, layer),
-                           sizeof(int32_t) * d.top_k)
+                routing[start + i] = self._routing_of(i)
             start += chunk
         self._routing = routing
         return out
 
-    def generate_ids(self, prompt_ids, int max_tokens=16, bint stop_at_end=True):
-        """Greedy continuation of prompt_ids: the new token ids."""
+    cdef object _routing_of(self, int item):
+        """Experts of the item-th token of the last batch: int32 [layers, top_k]."""
         cdef const cb_dims *d = cb_engine_dims(self.e)
-        logits = self.forward(prompt_ids)
-        cdef int pos = logits.shape[0]
-        cdef int32_t tok = cb_argmax(&(<float[:, ::1]>logits)[pos - 1, 0], d.vocab)
+        out = np.empty((d.n_layers, d.top_k), dtype=np.int32)
+        cdef int32_t[:, ::1] out_v = out
+        cdef int layer
+        for layer in range(<int>d.n_layers):
+            memcpy(&out_v[layer, 0], cb_engine_routing(self.e, item, layer), sizeof(int32_t) * d.top_k)
+        return out
+
+    def generate_ids(self, prompt_ids, int max_tokens=16, bint stop_at_end=True):
+        """Greedy continuation of prompt_ids: the new token ids. Afterwards
+        last_routing holds the experts of every token fed (prompt and
+        generated)."""
+        cdef const cb_dims *d = cb_engine_dims(self.e)
+        cdef float[:, ::1] prompt_logits = self.forward(prompt_ids)
+        cdef int pos = prompt_logits.shape[0]
+        cdef int32_t tok = cb_argmax(&prompt_logits[pos - 1, 0], d.vocab)
         cdef char err[1024]
+        cdef int rc
         generated = []
         routing = [self._routing]
         while len(generated) < max_tokens:
@@ -155,14 +165,9 @@ cdef class Engine:
                 rc = cb_engine_forward(self.e, self.items, 1, err, sizeof(err))
             if rc != 0:
                 raise EngineError(err.decode(errors="replace"))
-            step = np.empty((1, d.n_layers, d.top_k), dtype=np.int32)
-            for layer in range(<int>d.n_layers):
-                memcpy(&(<int32_t[:1, :d.n_layers, :d.top_k]>step)[0, layer, 0],
-                       cb_engine_routing(self.e, 0, layer), sizeof(int32_t) * d.top_k)
-            routing.append(step)
+            routing.append(self._routing_of(0)[None])
             tok = cb_argmax(cb_engine_logits(self.e, 0), d.vocab)
             pos += 1
-        # Routing of every token that went through the model (prompt and generated).
         self._routing = np.concatenate(routing)
         return generated
 

@@ -43,17 +43,22 @@ def _describe(error: jsonschema.ValidationError) -> str:
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         where = "" if field == "(top level)" else f" in '{field}'"
         return f"unknown field '{extra[0]}'{where}; expected one of: {', '.join(sorted(error.schema['properties']))}"
-    expected = {
-        "type": f"a value of type {v}",
-        "enum": "one of " + ", ".join(json.dumps(x) for x in v),
-        "const": json.dumps(v),
-        "minimum": f">= {v}",
-        "maximum": f"<= {v}",
-        "exclusiveMinimum": f"> {v}",
-        "multipleOf": f"a multiple of {v}",
-        "pattern": f"a string matching {v}",
-        "minLength": f"at least {v} characters",
-    }.get(kind, error.message)
+    templates = {
+        "type": "a value of type {v}",
+        "const": "{v_json}",
+        "minimum": ">= {v}",
+        "maximum": "<= {v}",
+        "exclusiveMinimum": "> {v}",
+        "multipleOf": "a multiple of {v}",
+        "pattern": "a string matching {v}",
+        "minLength": "at least {v} characters",
+    }
+    if kind == "enum":
+        expected = "one of " + ", ".join(json.dumps(x) for x in v)
+    elif kind in templates:
+        expected = templates[kind].format(v=v, v_json=json.dumps(v))
+    else:
+        expected = error.message
     return f"field '{field}': got {got}, expected {expected}"
 
 

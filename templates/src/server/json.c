@@ -711,12 +711,15 @@ static void put_escaped(cb_jw *w, const char *str, size_t n)
             i++;
             continue;
         }
+        size_t skip = 1;
         if (c >= 0x80) {
             int k = utf8_seq_len(s + i, n - i);
             if (k > 0) {
                 i += (size_t)k;
                 continue;
             }
+            if (k < 0) /* a character cut by the end: one U+FFFD for all of it */
+                skip = n - i;
         }
         put(w, str + run, i - run); /* the clean run before this byte */
         switch (c) {
@@ -739,7 +742,7 @@ static void put_escaped(cb_jw *w, const char *str, size_t n)
             break;
         }
         put(w, rep, rep_len);
-        i++;
+        i += skip;
         run = i;
     }
     put(w, str + run, n - run);

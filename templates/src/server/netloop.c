@@ -874,7 +874,7 @@ int cb_netloop_poll(cb_netloop *loop, int timeout_ms)
         if (c == NULL)
             continue;
         if (ev->events & CB_POLL_HANGUP)
-            conn_close(loop, c, 1, "connection reset");
+            conn_close(loop, c, 1, "hung up");
         else if (ev->events & CB_POLL_READ)
             on_readable(loop, c);
         else if (ev->events & CB_POLL_WRITE)
