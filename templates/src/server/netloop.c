@@ -542,13 +542,14 @@ static void start_request(cb_netloop *loop, cb_conn *c, size_t head_len)
             fail_request(c, 501, "unsupported Transfer-Encoding");
         return;
     }
-    c->body_len = req->content_length > 0 ? (size_t)req->content_length : 0;
-    if ((uint64_t)(req->content_length > 0 ? req->content_length : 0) > loop->cfg.max_body_size) {
+    /* Checked before narrowing to size_t, which may be 32 bits. */
+    if (req->content_length > 0 && (uint64_t)req->content_length > loop->cfg.max_body_size) {
         snprintf(msg, sizeof msg, "request body of %lld bytes is over the limit of %zu bytes",
                  (long long)req->content_length, loop->cfg.max_body_size);
         fail_request(c, 413, msg);
         return;
     }
+    c->body_len = req->content_length > 0 ? (size_t)req->content_length : 0;
     if (head_len + c->body_len <= rcap) {
         c->body = c->rbuf + head_len;
         have = c->rlen - head_len;

@@ -645,8 +645,15 @@ typedef struct {
     atomic_int requests;
     atomic_ullong never_id;
     atomic_int never_closed;
-    cb_conn_id deferred; /* loop thread only */
+    atomic_int flood_full;   /* times the flood met a full write buffer */
+    atomic_int flood_closed; /* on_close seen for a flood */
+    cb_conn_id deferred;     /* loop thread only, like the flood fields */
+    cb_conn_id flood_id;
+    size_t flood_sent, flood_total;
 } echo_app;
+
+/* The flood's byte at offset i: a pattern a reader can check. */
+static char flood_byte(size_t i) { return (char)('A' + i % 53 % 26); }
 
 static void echo_on_request(void *arg, cb_conn *c, const cb_http_request *req, const char *body,
                             size_t body_len)
@@ -660,6 +667,14 @@ static void echo_on_request(void *arg, cb_conn *c, const cb_http_request *req, c
         cb_conn_stream_write(c, "", 0);
         cb_conn_stream_write(c, "data: [DONE]\n\n", 14);
         cb_conn_stream_end(c);
+    } else if (cb_http_path_is(req, "/flood")) {
+        /* Streamed by the loop thread between rounds, as fast as the
+         * write buffer takes it: ?n=<bytes>. */
+        const char *q = memchr(req->path, '=', req->path_len);
+        app->flood_total = q != NULL ? strtoul(q + 1, NULL, 10) : 0;
+        app->flood_sent = 0;
+        app->flood_id = cb_conn_handle(c);
+        cb_conn_stream_begin(c, 200, "application/octet-stream");
     } else if (cb_http_path_is(req, "/later")) {
         app->deferred = cb_conn_handle(c); /* answered after the next poll */
     } else if (cb_http_path_is(req, "/never")) {
@@ -683,6 +698,41 @@ static void echo_on_close(void *arg, cb_conn_id id)
     atomic_fetch_add(&app->closes, 1);
     if (id == (cb_conn_id)atomic_load(&app->never_id))
         atomic_store(&app->never_closed, 1);
+    if (id == app->flood_id)
+        atomic_fetch_add(&app->flood_closed, 1);
+}
+
+/* One "compute step" of the flood: write until the buffer is full. */
+static void flood_step(echo_app *app)
+{
+    char piece[4096];
+    cb_conn *c = cb_netloop_conn(app->loop, app->flood_id);
+    if (c == NULL) {
+        app->flood_id = 0;
+        return;
+    }
+    while (app->flood_sent < app->flood_total) {
+        size_t n = app->flood_total - app->flood_sent, k;
+        if (n > sizeof piece)
+            n = sizeof piece;
+        if (n > cb_conn_write_space(c))
+            n = cb_conn_write_space(c);
+        if (n == 0 || (n > 1 && n < sizeof piece && app->flood_sent + n < app->flood_total)) {
+            /* Wait for room rather than dribble: a full buffer is the
+             * signal of a slow reader. */
+            atomic_fetch_add(&app->flood_full, 1);
+            return;
+        }
+        for (k = 0; k < n; k++)
+            piece[k] = flood_byte(app->flood_sent + k);
+        if (cb_conn_stream_write(c, piece, n) != CB_CONN_OK) {
+            atomic_fetch_add(&app->flood_full, 1);
+            return;
+        }
+        app->flood_sent += n;
+    }
+    cb_conn_stream_end(c);
+    app->flood_id = 0;
 }
 
 static void *loop_thread(void *arg)
@@ -697,6 +747,8 @@ static void *loop_thread(void *arg)
                 cb_conn_respond(c, 200, "text/plain", "later", 5, NULL);
             app->deferred = 0;
         }
+        if (app->flood_id != 0)
+            flood_step(app);
     }
     return NULL;
 }
@@ -1088,6 +1140,81 @@ static void test_loop_slow_client(int port)
     client_close(&cl_s);
 }
 
+/* Reads a chunked flood of `total` bytes, checking every byte. */
+static int client_check_flood(client *cl, size_t total)
+{
+    response head;
+    size_t got = 0, used = 0;
+    const char *end;
+    int ok = 1;
+
+    while ((end = find_bytes(cl->buf, cl->len, "\r\n\r\n")) == NULL) {
+        if (client_fill(cl) <= 0)
+            return 0;
+    }
+    memset(&head, 0, sizeof head);
+    if (strncmp(cl->buf, "HTTP/1.1 200", 12) != 0 || find_bytes(cl->buf, (size_t)(end - cl->buf),
+                                                                "Transfer-Encoding: chunked") == NULL)
+        return 0;
+    used = (size_t)(end - cl->buf) + 4;
+    for (;;) {
+        const char *eol;
+        size_t size, k;
+        /* Keep the buffer small: drop what was checked. */
+        memmove(cl->buf, cl->buf + used, cl->len - used);
+        cl->len -= used;
+        used = 0;
+        while ((eol = find_bytes(cl->buf, cl->len, "\r\n")) == NULL) {
+            if (client_fill(cl) <= 0)
+                return 0;
+        }
+        size = strtoul(cl->buf, NULL, 16);
+        used = (size_t)(eol - cl->buf) + 2;
+        if (used + size + 2 > sizeof cl->buf)
+            return 0;
+        while (cl->len < used + size + 2) {
+            if (client_fill(cl) <= 0)
+                return 0;
+        }
+        for (k = 0; k < size; k++)
+            ok &= cl->buf[used + k] == flood_byte(got + k);
+        got += size;
+        used += size + 2;
+        if (size == 0)
+            break;
+    }
+    memmove(cl->buf, cl->buf + used, cl->len - used);
+    cl->len -= used;
+    return ok && got == total;
+}
+
+static void test_loop_backpressure(echo_app *app, int port)
+{
+    uint64_t until;
+
+    /* A reader that starts late: the server meets EAGAIN and a full
+     * buffer, waits for writability, and every byte still arrives. */
+    atomic_store(&app->flood_full, 0);
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET /flood?n=6000000 HTTP/1.1\r\n\r\n");
+    sleep_ms(300);
+    CHECK(client_check_flood(&cl_a, 6000000));
+    CHECK(atomic_load(&app->flood_full) > 0);
+    client_sends(&cl_a, "GET /again HTTP/1.1\r\n\r\n");
+    CHECK(client_response(&cl_a, &resp, 0) == 0 && body_is(&resp, "path=/again"));
+    client_close(&cl_a);
+
+    /* A reader that never reads: dropped after write_timeout_ms (1 s). */
+    atomic_store(&app->flood_closed, 0);
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET /flood?n=1000000000 HTTP/1.1\r\n\r\n");
+    until = now_ms() + 8000;
+    while (!atomic_load(&app->flood_closed) && now_ms() < until)
+        sleep_ms(10);
+    CHECK(atomic_load(&app->flood_closed) == 1);
+    client_close(&cl_a);
+}
+
 static void test_loop_disconnect(echo_app *app, int port)
 {
     uint64_t until;
@@ -1199,6 +1326,7 @@ static void test_loop(void)
     test_loop_errors(port);
     test_loop_slow_client(port);
     test_loop_disconnect(&app, port);
+    test_loop_backpressure(&app, port);
 
     atomic_store(&app.stop, 1);
     pthread_join(th, NULL);
