@@ -113,7 +113,10 @@ def targets_cmd(as_json):
 
 
 @main.command()
-@click.option("--arch", default="mixtral", show_default=True, help="architecture of the model")
+@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]), default="mixtral",
+              show_default=True, help="architecture of the model")
+@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32",
+              show_default=True, help="weight type of the matrices")
 @click.option("--preset", type=click.Choice(["tiny", "small", "bench"]), default="tiny", show_default=True)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--name", default=None, help="model name (default: the folder's name)")
@@ -127,10 +130,10 @@ def targets_cmd(as_json):
 @click.option("--vocab-size", type=int)
 @click.option("--context-length", type=int)
 @click.argument("out", type=click.Path(path_type=Path))
-def synth(arch, preset, seed, name, out, **dims):
+def synth(arch, dtype, preset, seed, name, out, **dims):
     """Write a seeded random-weight model folder to OUT (no download)."""
     from .synth import synth as synth_fn
-    folder = synth_fn(arch, preset, out, seed=seed, name=name, overrides=dims)
+    folder = synth_fn(arch, preset, out, seed=seed, name=name, overrides=dims, dtype=dtype)
     click.echo(str(folder / "model-config.json"))
 
 

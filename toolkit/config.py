@@ -96,6 +96,14 @@ def fill_defaults(data: dict) -> dict:
     data.setdefault("shared_expert_ffn_size", 0)
     data.setdefault("batch_slots", 8)
     data.setdefault("max_batch_tokens", 64)
+    data.setdefault("shared_expert_gate", False)
+    data.setdefault("dense_layers", [])
+    data.setdefault("dense_ffn_size", 0)
+    data.setdefault("tie_word_embeddings", False)
+    att = data.setdefault("attention", {})
+    att.setdefault("qkv_bias", False)
+    att.setdefault("qk_norm", "none")
+    att.setdefault("clip_qkv", None)
     data["rope"].setdefault("scaling", None)
     return data
 
@@ -110,8 +118,23 @@ def _check_relations(d: dict) -> list[str]:
     if "head_dim" not in d and d["hidden_size"] % d["heads"]:
         problems.append(f"field 'head_dim': missing, and hidden_size ({d['hidden_size']}) is not a "
                         f"multiple of heads ({d['heads']}); give head_dim explicitly")
+    if any(layer >= d["layers"] for layer in d.get("dense_layers", [])):
+        problems.append(f"field 'dense_layers': got {d['dense_layers']}, expected layer indices < layers ({d['layers']})")
+    if d.get("dense_layers") and not d.get("dense_ffn_size"):
+        problems.append("field 'dense_ffn_size': missing or 0, expected the dense MLP size since dense_layers is set")
+    if d.get("shared_experts") and not d.get("shared_expert_ffn_size"):
+        problems.append("field 'shared_expert_ffn_size': missing or 0, expected a size since shared_experts is 1")
+    if d["weights"]["dtype"] in ("q8_0", "q4_0"):
+        widths = {"hidden_size": d["hidden_size"], "expert_ffn_size": d["expert_ffn_size"],
+                  "heads * head_dim": d["heads"] * d.get("head_dim", d["hidden_size"] // d["heads"]),
+                  "shared_expert_ffn_size": d.get("shared_expert_ffn_size", 0),
+                  "dense_ffn_size": d.get("dense_ffn_size", 0)}
+        for field, value in widths.items():
+            if value % 32:
+                problems.append(f"field '{field}': got {value}, expected a multiple of 32 for "
+                                f"weights.dtype {d['weights']['dtype']}")
     tok = d["tokenizer"]
-    ids = {"tokenizer.bos_id": tok["bos_id"], "tokenizer.eos_id": tok["eos_id"]}
+    ids = {f"tokenizer.{k}": tok[k] for k in ("bos_id", "eos_id") if tok.get(k) is not None}
     ids.update({f"tokenizer.chat_roles.{k}": v for k, v in tok.get("chat_roles", {}).items()})
     for field, value in ids.items():
         if value >= d["vocab_size"]:

@@ -12,7 +12,16 @@ from . import config as config_mod
 from .errors import ConfigError
 from .weights import expected_shapes, write_weights
 
-ARCHITECTURES = ("mixtral",)
+ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+# What each architecture adds to the shared shape, as model-config fields.
+ARCH_FEATURES = {
+    "mixtral": {"router": "softmax_topk_renorm"},
+    "qwen2_moe": {"router": "softmax_topk", "attention": {"qkv_bias": True}, "shared_experts": 1,
+                  "shared_expert_gate": True},
+    "qwen3_moe": {"router": "softmax_topk_renorm", "attention": {"qk_norm": "per_head"}},
+    "olmoe": {"router": "softmax_topk", "attention": {"qk_norm": "whole"}},
+}
 
 # Byte tokenizer layout: ids 0..255 are bytes, then these specials.
 BYTE_SPECIALS = {"bos_id": 256, "eos_id": 257}
@@ -32,21 +41,24 @@ PRESETS = {
 INIT_STD = 0.02  # transformers' initializer_range for these families
 
 
-def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict) -> dict:
+def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, dtype: str = "f32") -> dict:
     if arch not in ARCHITECTURES:
         raise ConfigError(f"synth: unknown architecture '{arch}'; expected one of {', '.join(ARCHITECTURES)}")
     dims = dict(PRESETS[preset])
     dims.update({k: v for k, v in overrides.items() if v is not None})
+    features = dict(ARCH_FEATURES[arch])
+    if features.get("shared_experts"):
+        features["shared_expert_ffn_size"] = 2 * dims["expert_ffn_size"]
     cfg = {
         "format_version": 1,
         "name": name,
         "architecture": arch,
         **dims,
-        "router": "softmax_topk_renorm",
+        **features,
         "norm_eps": 1e-5,
         "rope": {"theta": 10000.0},
         "batch_slots": 8,
-        "weights": {"file": "weights.cbw", "dtype": "f32"},
+        "weights": {"file": "weights.cbw", "dtype": dtype},
         "tokenizer": {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
         "seed": seed,
     }
@@ -57,16 +69,17 @@ def random_tensors(cfg: dict, seed: int):
     rng = np.random.default_rng(seed)
     for name, shape in expected_shapes(cfg):
         if name.endswith("norm"):
-            yield name, np.ones(shape, np.float32)
+            # Near 1, not exactly: a norm weight read from the wrong place shows.
+            yield name, (1 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         else:
             yield name, rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
 
 
 def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = None,
-          overrides: dict | None = None) -> Path:
+          overrides: dict | None = None, dtype: str = "f32") -> Path:
     """Writes a model folder (model-config.json + weights.cbw) and returns it.
     Built in a temporary folder and renamed, so no half-written model remains."""
-    cfg = make_config(arch, preset, name or out.name, seed, overrides or {})
+    cfg = make_config(arch, preset, name or out.name, seed, overrides or {}, dtype)
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)

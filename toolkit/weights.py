@@ -14,6 +14,7 @@ from typing import BinaryIO, Iterable
 
 import numpy as np
 
+from . import quant
 from .errors import ModelError
 
 MAGIC = b"COLIBRI\0"
@@ -22,19 +23,22 @@ PAGE = 4096
 TENSOR_ALIGN = 64
 NAME_BYTES = 48
 
-ARCH_IDS = {"mixtral": 1}
+ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4}
+QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
 ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
 DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
-TOKENIZER_IDS = {"bytes": 1}
+DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
+TOKENIZER_IDS = {"bytes": 1, "none": 0}
 
 # cb_weights_header in weights.h: magic, version, alignment, n_tensors,
-# header_bytes, then cb_dims (15 u32 + 2 f32), cb_tok_info (8 u32), name.
+# header_bytes, then cb_dims (20 u32 + 3 f32), cb_tok_info (8 u32), name.
 DIMS_FIELDS = ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts",
                "top_k", "expert_ffn", "n_shared_experts", "shared_ffn", "context_len", "router",
-               "weight_dtype")
-HEADER = struct.Struct("<8sIIII" + "I" * len(DIMS_FIELDS) + "ff" + "8I" + "64s")
+               "weight_dtype", "qk_norm", "qkv_bias", "shared_gate", "dense_ffn", "tied_embeddings")
+DIMS_FLOATS = ("norm_eps", "rope_theta", "clip_qkv")
+HEADER = struct.Struct("<8sIIII" + "I" * len(DIMS_FIELDS) + "f" * len(DIMS_FLOATS) + "8I" + "64s")
 TENSOR_ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QQQ")
-assert HEADER.size == 188 and TENSOR_ENTRY.size == 104
+assert HEADER.size == 212 and TENSOR_ENTRY.size == 104
 
 
 def _round_up(n: int, align: int) -> int:
@@ -49,7 +53,11 @@ def dims_from_config(cfg: dict) -> dict:
         "expert_ffn": cfg["expert_ffn_size"], "n_shared_experts": cfg["shared_experts"],
         "shared_ffn": cfg["shared_expert_ffn_size"], "context_len": cfg["context_length"],
         "router": ROUTER_IDS[cfg["router"]], "weight_dtype": DTYPE_IDS[cfg["weights"]["dtype"]],
+        "qk_norm": QK_NORM_IDS[cfg["attention"]["qk_norm"]], "qkv_bias": int(cfg["attention"]["qkv_bias"]),
+        "shared_gate": int(cfg["shared_expert_gate"]), "dense_ffn": cfg["dense_ffn_size"],
+        "tied_embeddings": int(cfg["tie_word_embeddings"]),
         "norm_eps": float(np.float32(cfg["norm_eps"])), "rope_theta": float(np.float32(cfg["rope"]["theta"])),
+        "clip_qkv": float(np.float32(cfg["attention"]["clip_qkv"] or 0.0)),
     }
 
 
@@ -57,27 +65,60 @@ def tokenizer_info(cfg: dict) -> list[int]:
     tok = cfg["tokenizer"]
     roles = tok.get("chat_roles", {})
     none = 0xFFFFFFFF
-    return [TOKENIZER_IDS[tok["kind"]], tok["bos_id"], tok["eos_id"], roles.get("system", none),
+    bos, eos = tok.get("bos_id"), tok.get("eos_id")
+    return [TOKENIZER_IDS[tok["kind"]], none if bos is None else bos, none if eos is None else eos,
+            roles.get("system", none),
             roles.get("user", none), roles.get("assistant", none), roles.get("end_of_turn", none), 0]
 
 
 def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor the engine reads, in file order: dense tensors first, then
-    one page-aligned block per (layer, expert)."""
+    one page-aligned block per (layer, expert). Vectors (norms, biases,
+    gates) and routers are f32; matrices are in the weights dtype."""
     H, d = cfg["hidden_size"], cfg["head_dim"]
     nh, nkv, E, I = cfg["heads"], cfg["kv_heads"], cfg["experts"], cfg["expert_ffn_size"]
+    att = cfg["attention"]
+    dense = set(cfg["dense_layers"])
     out = [("tok_embd", (cfg["vocab_size"], H))]
     for layer in range(cfg["layers"]):
         p = f"blk.{layer}."
         out += [(p + "attn_norm", (H,)), (p + "attn_q", (nh * d, H)), (p + "attn_k", (nkv * d, H)),
-                (p + "attn_v", (nkv * d, H)), (p + "attn_o", (H, nh * d)), (p + "ffn_norm", (H,)),
-                (p + "ffn_router", (E, H))]
-    out += [("output_norm", (H,)), ("output", (cfg["vocab_size"], H))]
+                (p + "attn_v", (nkv * d, H)), (p + "attn_o", (H, nh * d))]
+        if att["qkv_bias"]:
+            out += [(p + "attn_q_bias", (nh * d,)), (p + "attn_k_bias", (nkv * d,)), (p + "attn_v_bias", (nkv * d,))]
+        if att["qk_norm"] == "per_head":
+            out += [(p + "attn_q_norm", (d,)), (p + "attn_k_norm", (d,))]
+        elif att["qk_norm"] == "whole":
+            out += [(p + "attn_q_norm", (nh * d,)), (p + "attn_k_norm", (nkv * d,))]
+        out.append((p + "ffn_norm", (H,)))
+        if layer in dense:
+            F = cfg["dense_ffn_size"]
+            out += [(p + "ffn_gate", (F, H)), (p + "ffn_up", (F, H)), (p + "ffn_down", (H, F))]
+            continue
+        out.append((p + "ffn_router", (E, H)))
+        if cfg["shared_experts"]:
+            S = cfg["shared_expert_ffn_size"]
+            out += [(p + "shexp.gate", (S, H)), (p + "shexp.up", (S, H)), (p + "shexp.down", (H, S))]
+            if cfg["shared_expert_gate"]:
+                out.append((p + "shexp_gate_inp", (H,)))
+    out.append(("output_norm", (H,)))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("output", (cfg["vocab_size"], H)))
     for layer in range(cfg["layers"]):
+        if layer in dense:
+            continue
         for e in range(E):
             p = f"blk.{layer}.expert.{e}."
             out += [(p + "gate", (I, H)), (p + "up", (I, H)), (p + "down", (H, I))]
     return out
+
+
+def tensor_dtype(cfg: dict, name: str, shape: tuple[int, ...]) -> str:
+    """Matrices take the model's weight type; vectors and routers stay f32
+    (small, and the router's choices are sensitive to rounding)."""
+    if len(shape) == 1 or name.endswith("ffn_router"):
+        return "f32"
+    return cfg["weights"]["dtype"]
 
 
 def is_expert_block_start(name: str) -> bool:
@@ -99,9 +140,11 @@ def plan_layout(cfg: dict) -> tuple[int, list[TensorEntry]]:
     offset = _round_up(header_bytes, PAGE)
     entries = []
     for name, shape in shapes:
-        nbytes = int(np.prod(shape)) * 4
+        dtype = tensor_dtype(cfg, name, shape)
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        nbytes = rows * quant.row_bytes(dtype, shape[-1])
         offset = _round_up(offset, PAGE if is_expert_block_start(name) else TENSOR_ALIGN)
-        entries.append(TensorEntry(name, DTYPE_IDS["f32"], shape, offset, nbytes))
+        entries.append(TensorEntry(name, DTYPE_IDS[dtype], shape, offset, nbytes))
         offset += nbytes
     return header_bytes, entries
 
@@ -109,14 +152,14 @@ def plan_layout(cfg: dict) -> tuple[int, list[TensorEntry]]:
 def _pack_header(cfg: dict, n_tensors: int, header_bytes: int) -> bytes:
     dims = dims_from_config(cfg)
     name = cfg["name"].encode()
-    return HEADER.pack(MAGIC, VERSION, PAGE, n_tensors, header_bytes,
-                       *(dims[f] for f in DIMS_FIELDS), dims["norm_eps"], dims["rope_theta"],
-                       *tokenizer_info(cfg), name)
+    return HEADER.pack(MAGIC, VERSION, PAGE, n_tensors, header_bytes, *(dims[f] for f in DIMS_FIELDS),
+                       *(dims[f] for f in DIMS_FLOATS), *tokenizer_info(cfg), name)
 
 
 def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> str:
-    """Writes tensors (in expected_shapes order, any float dtype, cast to f32)
-    to path atomically; returns the file's sha256."""
+    """Writes tensors (float arrays in expected_shapes order, encoded to each
+    tensor's dtype) to path atomically; returns the file's sha256. Tensors
+    are consumed one at a time, so a large model never sits in RAM whole."""
     header_bytes, entries = plan_layout(cfg)
     tmp = path.with_name(path.name + ".partial")
     digest = hashlib.sha256()
@@ -138,7 +181,9 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
                 raise ModelError(f"{path}: tensor '{name}' {tuple(array.shape)} given where "
                                  f"'{ent.name}' {ent.shape} was expected")
             _write(fh, digest, b"\0" * (ent.offset - pos))
-            _write(fh, digest, np.ascontiguousarray(array, dtype="<f4").tobytes())
+            data = quant.encode(array, DTYPE_NAMES[ent.dtype])
+            assert len(data) == ent.nbytes
+            _write(fh, digest, data)
             pos = ent.offset + ent.nbytes
         tail = _round_up(pos, PAGE) - pos  # whole pages, so the last expert maps cleanly
         _write(fh, digest, b"\0" * tail)
@@ -161,8 +206,8 @@ def read_header(path: Path) -> dict:
         n_tensors, header_bytes = vals[3], vals[4]
         fh.seek(_round_up(HEADER.size, 8))
         table = fh.read(TENSOR_ENTRY.size * n_tensors)
-    dims = dict(zip(DIMS_FIELDS, vals[5:5 + len(DIMS_FIELDS)]))
-    dims["norm_eps"], dims["rope_theta"] = vals[5 + len(DIMS_FIELDS):7 + len(DIMS_FIELDS)]
+    n = len(DIMS_FIELDS)
+    dims = dict(zip(DIMS_FIELDS + DIMS_FLOATS, vals[5:5 + n + len(DIMS_FLOATS)]))
     tensors = {}
     for i in range(n_tensors):
         name, dtype, ndim, *rest = TENSOR_ENTRY.unpack_from(table, i * TENSOR_ENTRY.size)
@@ -173,8 +218,8 @@ def read_header(path: Path) -> dict:
 
 
 def load_tensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors as read-only float32 arrays over a memory map."""
+    """All tensors as float32 arrays (dequantized), for tools and tests."""
     info = read_header(path)
     mm = np.memmap(path, dtype=np.uint8, mode="r")
-    return {name: mm[t.offset:t.offset + t.nbytes].view("<f4").reshape(t.shape)
+    return {name: quant.dequantize(np.asarray(mm[t.offset:t.offset + t.nbytes]), DTYPE_NAMES[t.dtype], t.shape)
             for name, t in info["tensors"].items()}

@@ -1,4 +1,7 @@
-/* Grouped-query attention with RoPE over each slot's KV cache. */
+/* Grouped-query attention with RoPE over each slot's KV cache, with the
+ * per-architecture extras settled by cb_dims: q/k/v biases (Qwen2-MoE), q/k
+ * RMSNorm per head (Qwen3-MoE) or over the whole projection (OLMoE), and
+ * OLMoE's clip_qkv. */
 #include <math.h>
 #include <string.h>
 
@@ -41,6 +44,10 @@ static void attend_task(void *p, int worker, int n_workers) {
     }
 }
 
+static void clamp(float *x, int n, float limit) {
+    for (int i = 0; i < n; i++) x[i] = x[i] > limit ? limit : x[i] < -limit ? -limit : x[i];
+}
+
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[layer];
@@ -51,16 +58,32 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     cb_parallel_matmul(e, &L->wq, e->xn, H, n, e->q, q_dim);
     cb_parallel_matmul(e, &L->wk, e->xn, H, n, e->k, kv_dim);
     cb_parallel_matmul(e, &L->wv, e->xn, H, n, e->v, kv_dim);
-    /* RoPE, then append k and v to each slot's cache before anyone attends,
-     * so tokens of one prefill chunk see each other causally. */
+    /* Extras, RoPE, then append k and v to each slot's cache before anyone
+     * attends, so tokens of one prefill chunk see each other causally. */
     for (int i = 0; i < n; i++) {
         const size_t off = (size_t)items[i].pos * (hd / 2);
-        float *q = e->q + (size_t)i * q_dim, *k = e->k + (size_t)i * kv_dim;
+        float *q = e->q + (size_t)i * q_dim, *k = e->k + (size_t)i * kv_dim, *v = e->v + (size_t)i * kv_dim;
+        if (L->bq) {
+            cb_axpy(q, 1.0f, L->bq, q_dim);
+            cb_axpy(k, 1.0f, L->bk, kv_dim);
+            cb_axpy(v, 1.0f, L->bv, kv_dim);
+        }
+        if (d->qk_norm == CB_QK_NORM_WHOLE) {
+            cb_rmsnorm(q, q, L->q_norm, q_dim, d->norm_eps);
+            cb_rmsnorm(k, k, L->k_norm, kv_dim, d->norm_eps);
+        } else if (d->qk_norm == CB_QK_NORM_PER_HEAD) {
+            for (int h = 0; h < (int)d->n_heads; h++) cb_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, d->norm_eps);
+            for (int h = 0; h < (int)d->n_kv_heads; h++) cb_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, d->norm_eps);
+        }
+        if (d->clip_qkv > 0) {
+            clamp(q, q_dim, d->clip_qkv);
+            clamp(k, kv_dim, d->clip_qkv);
+            clamp(v, kv_dim, d->clip_qkv);
+        }
         cb_rope_neox(q, (int)d->n_heads, hd, e->rope_cos + off, e->rope_sin + off);
         cb_rope_neox(k, (int)d->n_kv_heads, hd, e->rope_cos + off, e->rope_sin + off);
         memcpy(cache_row(e, e->k_cache, items[i].slot, layer, items[i].pos), k, sizeof(float) * kv_dim);
-        memcpy(cache_row(e, e->v_cache, items[i].slot, layer, items[i].pos), e->v + (size_t)i * kv_dim,
-               sizeof(float) * kv_dim);
+        memcpy(cache_row(e, e->v_cache, items[i].slot, layer, items[i].pos), v, sizeof(float) * kv_dim);
     }
     attn_task task = {e, layer, items, n};
     cb_threadpool_run(e->pool, attend_task, &task);

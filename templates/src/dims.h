@@ -1,23 +1,31 @@
 /* The shape of a model: what the weights header records and what a
- * specialised build compiles in (build_config.h). */
+ * specialised build compiles in (build_config.h). Architectures differ only
+ * through these fields (settled from the config at convert/render time),
+ * never through `if (arch == ...)` in the kernels. */
 #ifndef CB_DIMS_H
 #define CB_DIMS_H
 
 #include <stdint.h>
 
-enum cb_arch { CB_ARCH_MIXTRAL = 1 };
+enum cb_arch { CB_ARCH_MIXTRAL = 1, CB_ARCH_QWEN2_MOE = 2, CB_ARCH_QWEN3_MOE = 3, CB_ARCH_OLMOE = 4 };
 
-/* How router logits become expert weights (settled from the config at
- * render time, never by architecture name in the kernels). */
+/* How router logits become expert weights. */
 enum cb_router {
-    CB_ROUTER_SOFTMAX_TOPK_RENORM = 1, /* softmax over all, top-k, renormalise */
-    CB_ROUTER_SOFTMAX_TOPK = 2,        /* softmax over all, top-k, as is */
+    CB_ROUTER_SOFTMAX_TOPK_RENORM = 1, /* softmax over all, top-k, renormalise (Mixtral, norm_topk_prob) */
+    CB_ROUTER_SOFTMAX_TOPK = 2,        /* softmax over all, top-k, as is (OLMoE, Qwen2-MoE) */
+};
+
+/* RMSNorm on q and k before RoPE. */
+enum cb_qk_norm {
+    CB_QK_NORM_NONE = 0,
+    CB_QK_NORM_PER_HEAD = 1,  /* each head vector, weight [head_dim] (Qwen3-MoE) */
+    CB_QK_NORM_WHOLE = 2,     /* the whole projection, weight [heads*head_dim] (OLMoE) */
 };
 
 enum cb_dtype { CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4 };
 
 typedef struct {
-    uint32_t arch;          /* enum cb_arch */
+    uint32_t arch;          /* enum cb_arch (informational) */
     uint32_t n_layers;
     uint32_t hidden;        /* H */
     uint32_t n_heads;       /* query heads */
@@ -26,14 +34,20 @@ typedef struct {
     uint32_t vocab;
     uint32_t n_experts;
     uint32_t top_k;
-    uint32_t expert_ffn;    /* intermediate size of one expert */
-    uint32_t n_shared_experts;
-    uint32_t shared_ffn;
+    uint32_t expert_ffn;    /* intermediate size of one routed expert */
+    uint32_t n_shared_experts; /* 0 or 1 */
+    uint32_t shared_ffn;    /* intermediate size of the shared expert */
     uint32_t context_len;
     uint32_t router;        /* enum cb_router */
-    uint32_t weight_dtype;  /* enum cb_dtype */
+    uint32_t weight_dtype;  /* enum cb_dtype of the matrices */
+    uint32_t qk_norm;       /* enum cb_qk_norm */
+    uint32_t qkv_bias;      /* q, k and v projections carry biases */
+    uint32_t shared_gate;   /* shared expert scaled by sigmoid(x . w_gate) */
+    uint32_t dense_ffn;     /* intermediate size of dense (MLP-only) layers, 0 if none */
+    uint32_t tied_embeddings; /* output head is the embedding matrix */
     float norm_eps;
     float rope_theta;
+    float clip_qkv;         /* clamp q, k, v to +-clip_qkv; 0: no clamp */
 } cb_dims;
 
 #endif

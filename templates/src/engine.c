@@ -1,6 +1,7 @@
-/* Engine lifecycle and the forward pass:
- *   x = embed[token]; per layer: x += Attn(RMSNorm(x)); x += MoE(RMSNorm(x));
- *   logits = output(RMSNorm(x))                     (transformers' Mixtral) */
+/* Engine lifecycle and the forward pass (transformers' Mixtral, Qwen2-MoE,
+ * Qwen3-MoE and OLMoE share it; their differences are fields of cb_dims):
+ *   x = embed[token]; per layer: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x));
+ *   logits = output(RMSNorm(x)) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,22 +13,28 @@
 typedef struct {
     const cb_tensor *W;
     const float *X;
+    const cb_block_q8_0 *Xq;
     float *Y;
-    int x_stride, y_stride, n;
+    int x_stride, xq_stride, y_stride, n;
 } matmul_task;
 
 static void matmul_worker(void *p, int worker, int n_workers) {
     matmul_task *t = p;
     int begin, end;
     cb_split((int)t->W->rows, worker, n_workers, &begin, &end);
-    cb_matmul_rows(t->W, begin, end, t->X, t->x_stride, t->n, t->Y, t->y_stride);
+    cb_matmul_rows(t->W, begin, end, t->X, t->x_stride, t->Xq, t->xq_stride, t->n, t->Y, t->y_stride);
 }
 
 void cb_parallel_matmul(cb_engine *e, const cb_tensor *W, const float *X, int x_stride, int n,
                         float *Y, int y_stride) {
-    matmul_task t = {W, X, Y, x_stride, y_stride, n};
+    if (cb_wants_q8_activations(W)) /* once per matmul, shared by every row */
+        for (int t = 0; t < n; t++)
+            cb_quantize_row_q8_0(X + (size_t)t * x_stride, e->xq + (size_t)t * e->xq_stride, (int)W->cols);
+    matmul_task t = {W, X, e->xq, Y, x_stride, e->xq_stride, y_stride, n};
     cb_threadpool_run(e->pool, matmul_worker, &t);
 }
+
+static int max_int(int a, int b) { return a > b ? a : b; }
 
 /* Carves every buffer; called once to size the arena, once to fill it. */
 static void carve(cb_engine *e, int n_threads) {
@@ -35,7 +42,7 @@ static void carve(cb_engine *e, int n_threads) {
     cb_arena *a = &e->arena;
     const size_t B = (size_t)e->max_batch, H = d->hidden, hd = d->head_dim;
     const size_t q_dim = d->n_heads * hd, kv_dim = d->n_kv_heads * hd, E = d->n_experts, k = d->top_k;
-    const size_t I = d->expert_ffn, ctx = d->context_len;
+    const size_t I = (size_t)e->ffn_max, ctx = d->context_len;
 #define TAKE(field, count) e->field = cb_arena_take(a, sizeof(*e->field) * (count))
     TAKE(x, B * H);
     TAKE(xn, B * H);
@@ -55,6 +62,8 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(gate, B * I);
     TAKE(up, B * I);
     TAKE(expert_out, B * H);
+    TAKE(xq, B * (size_t)e->xq_stride);
+    TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);
     TAKE(logit_items, B);
     TAKE(rope_cos, ctx * hd / 2);
@@ -102,8 +111,9 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, cha
     }
 #endif
     const cb_dims *d = CB_DIMS(e);
-    if (d->arch != CB_ARCH_MIXTRAL || d->n_kv_heads == 0 || d->n_heads % d->n_kv_heads ||
-        d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2) {
+    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_OLMOE || d->n_kv_heads == 0 ||
+        d->n_heads % d->n_kv_heads || d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2 ||
+        d->weight_dtype > CB_Q4_0 || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {
         snprintf(err, err_len, "%s: unsupported or inconsistent model dimensions in the header", path);
         goto fail;
     }
@@ -114,8 +124,18 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, cha
     if (e->n_slots > CB_MAX_SLOTS) e->n_slots = CB_MAX_SLOTS;
 #endif
     e->max_batch = CB_MAX_BATCH;
+    e->ffn_max = max_int((int)d->expert_ffn, max_int((int)d->shared_ffn, (int)d->dense_ffn));
+    const int widest = max_int(max_int((int)d->hidden, (int)(d->n_heads * d->head_dim)), e->ffn_max);
+    e->xq_stride = (widest + CB_QK - 1) / CB_QK;
+    if ((d->weight_dtype == CB_Q8_0 || d->weight_dtype == CB_Q4_0) &&
+        (d->hidden % CB_QK || (d->n_heads * d->head_dim) % CB_QK || d->expert_ffn % CB_QK ||
+         d->shared_ffn % CB_QK || d->dense_ffn % CB_QK)) {
+        snprintf(err, err_len, "%s: block-quantized weights need every matrix width to be a multiple of %d",
+                 path, CB_QK);
+        goto fail;
+    }
     carve(e, n_threads);
-    size_t expert_bytes = sizeof(cb_expert_weights) * d->n_layers * d->n_experts;
+    size_t expert_bytes = sizeof(cb_ffn_weights) * d->n_layers * d->n_experts;
     e->arena.used += expert_bytes + 64;
     if (cb_arena_allocate(&e->arena) != 0) {
         snprintf(err, err_len, "cannot allocate %.1f MiB for buffers and KV cache",
@@ -123,7 +143,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, cha
         goto fail;
     }
     carve(e, n_threads);
-    cb_expert_weights *experts = cb_arena_take(&e->arena, expert_bytes);
+    cb_ffn_weights *experts = cb_arena_take(&e->arena, expert_bytes);
     if (cb_weights_bind(&e->w, e->w.layers, experts, err, err_len) != 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", err);
@@ -186,12 +206,14 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
     if (check_batch(e, items, n, err, err_len) != 0) return -1;
     const cb_dims *d = CB_DIMS(e);
     const int H = (int)d->hidden;
-    const float *embd = e->w.tok_embd.data;
+    const cb_tensor *embd = &e->w.tok_embd;
+    const size_t row_bytes = cb_row_bytes(embd->dtype, embd->cols);
     for (int i = 0; i < n; i++)
-        memcpy(e->x + (size_t)i * H, embd + (size_t)items[i].token * H, sizeof(float) * H);
+        cb_dequantize_row(embd->dtype, (const uint8_t *)embd->data + (size_t)items[i].token * row_bytes,
+                          e->x + (size_t)i * H, H);
     for (int l = 0; l < (int)d->n_layers; l++) {
         cb_attention_layer(e, l, items, n);
-        cb_moe_layer(e, l, n);
+        cb_ffn_layer(e, l, n);
     }
     /* Final norm and output head only for the rows whose logits are wanted. */
     int rows = 0;

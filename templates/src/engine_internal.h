@@ -6,6 +6,7 @@
 #include "arena.h"
 #include "build_config.h"
 #include "engine.h"
+#include "kernels/kernels.h"
 #include "threadpool.h"
 #include "weights.h"
 
@@ -35,8 +36,13 @@ struct cb_engine {
     int32_t *group_items;      /* [B*top_k] */
     float *group_w;            /* [B*top_k] */
     float *xg;                 /* gathered inputs of one expert [B][H] */
-    float *gate, *up;          /* [B][I] */
+    float *gate, *up;          /* [B][max FFN size] */
     float *expert_out;         /* [B][H] */
+
+    cb_block_q8_0 *xq;         /* activations quantized for q8_0/q4_0 weights [B][xq_stride] */
+    int xq_stride;             /* blocks per row: the widest matrix input / 32 */
+    int ffn_max;               /* widest FFN (routed, shared or dense) */
+    float *shared_scale;       /* sigmoid gate of the shared expert [B] */
 
     float *logits;             /* [B][vocab] */
     int32_t *logit_items;      /* batch item of each logits row [B] */
@@ -57,6 +63,7 @@ void cb_parallel_matmul(cb_engine *e, const cb_tensor *W, const float *X, int x_
                         float *Y, int y_stride);
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
-void cb_moe_layer(cb_engine *e, int layer, int n);
+/* The FFN half of a layer: MoE (routed + optional shared expert) or dense. */
+void cb_ffn_layer(cb_engine *e, int layer, int n);
 
 #endif

@@ -47,74 +47,150 @@ void cb_weights_unmap(cb_weights *w) {
     w->header = NULL;
 }
 
-/* Finds name with the given shape (rows x cols; cols 0 for a vector). */
-static int find(const cb_weights *w, const char *name, uint64_t rows, uint64_t cols, cb_tensor *out,
-                char *err, size_t err_len) {
-    const cb_tensor_entry *t = entries(w);
-    for (uint32_t i = 0; i < w->header->n_tensors; i++) {
-        if (strncmp(t[i].name, name, CB_TENSOR_NAME_BYTES) != 0) continue;
-        uint32_t want_ndim = cols ? 2 : 1;
-        if (t[i].ndim != want_ndim || t[i].shape[0] != rows || (cols && t[i].shape[1] != cols)) {
-            snprintf(err, err_len, "tensor '%s': shape [%llu%s%llu] in the file, expected [%llu%s%llu]", name,
-                     (unsigned long long)t[i].shape[0], t[i].ndim > 1 ? ", " : "",
-                     (unsigned long long)(t[i].ndim > 1 ? t[i].shape[1] : 0), (unsigned long long)rows,
-                     cols ? ", " : "", (unsigned long long)cols);
-            return -1;
-        }
-        if (t[i].dtype != CB_F32 || t[i].nbytes != rows * (cols ? cols : 1) * 4) {
-            snprintf(err, err_len, "tensor '%s': dtype %u with %llu bytes; this engine reads f32", name,
-                     t[i].dtype, (unsigned long long)t[i].nbytes);
-            return -1;
-        }
-        out->data = w->file.data + t[i].offset;
-        out->dtype = t[i].dtype;
-        out->rows = (uint32_t)rows;
-        out->cols = (uint32_t)(cols ? cols : 1);
-        return 0;
+size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
+    switch (dtype) {
+    case CB_F32: return (size_t)cols * 4;
+    case CB_F16:
+    case CB_BF16: return (size_t)cols * 2;
+    case CB_Q8_0: return (size_t)cols / 32 * 34; /* fp16 scale + 32 int8 */
+    case CB_Q4_0: return (size_t)cols / 32 * 18; /* fp16 scale + 16 bytes of nibbles */
+    default: return 0;
     }
-    snprintf(err, err_len, "tensor '%s' is missing", name);
-    return -1;
 }
 
-int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_expert_weights *experts,
+static const char *dtype_name(uint32_t dtype) {
+    static const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
+    return dtype < 5 ? names[dtype] : "unknown";
+}
+
+typedef struct {
+    const cb_weights *w;
+    char *err;
+    size_t err_len;
+    int failed;
+} binder;
+
+static const cb_tensor_entry *lookup(const cb_weights *w, const char *name) {
+    const cb_tensor_entry *t = entries(w);
+    for (uint32_t i = 0; i < w->header->n_tensors; i++)
+        if (strncmp(t[i].name, name, CB_TENSOR_NAME_BYTES) == 0) return &t[i];
+    return NULL;
+}
+
+/* Binds name, checking shape [rows, cols] (cols 0: a vector of rows) and
+ * dtype. Missing and optional: returns 0 with out zeroed. */
+static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint32_t dtype, int optional,
+                cb_tensor *out) {
+    memset(out, 0, sizeof *out);
+    if (b->failed) return -1;
+    const cb_tensor_entry *t = lookup(b->w, name);
+    if (!t) {
+        if (optional) return 0;
+        snprintf(b->err, b->err_len, "tensor '%s' is missing", name);
+        b->failed = 1;
+        return -1;
+    }
+    uint32_t want_ndim = cols ? 2 : 1;
+    if (t->ndim != want_ndim || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
+        snprintf(b->err, b->err_len, "tensor '%s': shape [%llu%s%llu] in the file, expected [%llu%s%llu]", name,
+                 (unsigned long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                 (unsigned long long)(t->ndim > 1 ? t->shape[1] : 0), (unsigned long long)rows, cols ? ", " : "",
+                 (unsigned long long)cols);
+        b->failed = 1;
+        return -1;
+    }
+    uint64_t inner = cols ? cols : rows, outer = cols ? rows : 1;
+    size_t row_bytes = cb_row_bytes(dtype, (uint32_t)inner);
+    if (t->dtype != dtype || row_bytes == 0 || t->nbytes != outer * row_bytes) {
+        snprintf(b->err, b->err_len, "tensor '%s': %s, %llu bytes in the file; expected %s, %llu bytes", name,
+                 dtype_name(t->dtype), (unsigned long long)t->nbytes, dtype_name(dtype),
+                 (unsigned long long)(outer * row_bytes));
+        b->failed = 1;
+        return -1;
+    }
+    out->data = b->w->file.data + t->offset;
+    out->dtype = dtype;
+    out->rows = (uint32_t)(cols ? rows : 1);
+    out->cols = (uint32_t)inner;
+    return 0;
+}
+
+static const float *bind_vector(binder *b, const char *name, uint64_t n, int optional) {
+    cb_tensor t;
+    bind(b, name, n, 0, CB_F32, optional, &t);
+    return t.data;
+}
+
+static void bind_ffn(binder *b, const char *prefix, uint64_t H, uint64_t I, uint32_t dtype, int optional,
+                     cb_ffn_weights *f) {
+    char name[CB_TENSOR_NAME_BYTES];
+    memset(f, 0, sizeof *f);
+    snprintf(name, sizeof name, "%sgate", prefix);
+    bind(b, name, I, H, dtype, optional, &f->gate);
+    if (!f->gate.data) return;
+    snprintf(name, sizeof name, "%sup", prefix);
+    bind(b, name, I, H, dtype, 0, &f->up);
+    snprintf(name, sizeof name, "%sdown", prefix);
+    bind(b, name, H, I, dtype, 0, &f->down);
+}
+
+int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len) {
     const cb_dims *d = &w->header->dims;
+    const uint32_t dt = d->weight_dtype;
     const uint64_t H = d->hidden, q_dim = (uint64_t)d->n_heads * d->head_dim,
                    kv_dim = (uint64_t)d->n_kv_heads * d->head_dim, I = d->expert_ffn;
+    binder b = {w, err, err_len, 0};
     char name[CB_TENSOR_NAME_BYTES];
-    cb_tensor vec;
-    if (find(w, "tok_embd", d->vocab, H, &w->tok_embd, err, err_len)) return -1;
-    if (find(w, "output", d->vocab, H, &w->output, err, err_len)) return -1;
-    if (find(w, "output_norm", H, 0, &vec, err, err_len)) return -1;
-    w->output_norm = vec.data;
+    bind(&b, "tok_embd", d->vocab, H, dt, 0, &w->tok_embd);
+    if (d->tied_embeddings) w->output = w->tok_embd;
+    else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
+    w->output_norm = bind_vector(&b, "output_norm", H, 0);
     w->layers = layers;
-    for (uint32_t l = 0; l < d->n_layers; l++) {
+    const uint64_t q_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? d->head_dim : q_dim;
+    const uint64_t k_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? d->head_dim : kv_dim;
+    for (uint32_t l = 0; l < d->n_layers && !b.failed; l++) {
         cb_layer_weights *L = &layers[l];
-#define FIND(suffix, r, c, dst)                                              \
-        snprintf(name, sizeof name, "blk.%u." suffix, l);                    \
-        if (find(w, name, r, c, dst, err, err_len)) return -1;
-        FIND("attn_norm", H, 0, &vec) L->attn_norm = vec.data;
-        FIND("ffn_norm", H, 0, &vec) L->ffn_norm = vec.data;
-        FIND("attn_q", q_dim, H, &L->wq)
-        FIND("attn_k", kv_dim, H, &L->wk)
-        FIND("attn_v", kv_dim, H, &L->wv)
-        FIND("attn_o", H, q_dim, &L->wo)
-        FIND("ffn_router", d->n_experts, H, &L->router)
-#undef FIND
+#define NAME(fmt, ...) (snprintf(name, sizeof name, "blk.%u." fmt, l, ##__VA_ARGS__), name)
+        L->attn_norm = bind_vector(&b, NAME("attn_norm"), H, 0);
+        L->ffn_norm = bind_vector(&b, NAME("ffn_norm"), H, 0);
+        bind(&b, NAME("attn_q"), q_dim, H, dt, 0, &L->wq);
+        bind(&b, NAME("attn_k"), kv_dim, H, dt, 0, &L->wk);
+        bind(&b, NAME("attn_v"), kv_dim, H, dt, 0, &L->wv);
+        bind(&b, NAME("attn_o"), H, q_dim, dt, 0, &L->wo);
+        if (d->qkv_bias) {
+            L->bq = bind_vector(&b, NAME("attn_q_bias"), q_dim, 0);
+            L->bk = bind_vector(&b, NAME("attn_k_bias"), kv_dim, 0);
+            L->bv = bind_vector(&b, NAME("attn_v_bias"), kv_dim, 0);
+        }
+        if (d->qk_norm != CB_QK_NORM_NONE) {
+            L->q_norm = bind_vector(&b, NAME("attn_q_norm"), q_norm_len, 0);
+            L->k_norm = bind_vector(&b, NAME("attn_k_norm"), k_norm_len, 0);
+        }
+        /* A layer with a router is a MoE layer; one without is a dense MLP. */
+        bind(&b, NAME("ffn_router"), d->n_experts, H, CB_F32, 1, &L->router);
+        L->is_moe = L->router.data != NULL;
+        if (!L->is_moe) {
+            if (!d->dense_ffn && !b.failed) {
+                snprintf(err, err_len, "layer %u has no router and the model has no dense FFN size", l);
+                return -1;
+            }
+            bind_ffn(&b, NAME("ffn_"), H, d->dense_ffn, dt, 0, &L->dense);
+            continue;
+        }
+        if (d->n_shared_experts) {
+            bind_ffn(&b, NAME("shexp."), H, d->shared_ffn, dt, 0, &L->shared);
+            if (d->shared_gate) L->shared_gate = bind_vector(&b, NAME("shexp_gate_inp"), H, 0);
+        }
         L->experts = &experts[(size_t)l * d->n_experts];
-        for (uint32_t e = 0; e < d->n_experts; e++) {
-            cb_expert_weights *X = &L->experts[e];
-#define FIND_EXPERT(suffix, r, c, dst)                                       \
-            snprintf(name, sizeof name, "blk.%u.expert.%u." suffix, l, e);   \
-            if (find(w, name, r, c, dst, err, err_len)) return -1;
-            FIND_EXPERT("gate", I, H, &X->gate)
-            FIND_EXPERT("up", I, H, &X->up)
-            FIND_EXPERT("down", H, I, &X->down)
-#undef FIND_EXPERT
+        for (uint32_t e = 0; e < d->n_experts && !b.failed; e++) {
+            cb_ffn_weights *X = &L->experts[e];
+            bind_ffn(&b, NAME("expert.%u.", e), H, I, dt, 0, X);
+            if (b.failed) break;
             const uint8_t *start = X->gate.data;
-            const uint8_t *end = (const uint8_t *)X->down.data + H * I * 4;
+            const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(dt, (uint32_t)I);
             if (((uintptr_t)start & 4095) != 0 || (const uint8_t *)X->up.data < start ||
-                (const uint8_t *)X->down.data < start || end - start > (ptrdiff_t)(3 * H * I * 4 + 256)) {
+                (const uint8_t *)X->down.data < start) {
                 snprintf(err, err_len, "expert %u of layer %u is not one page-aligned block", e, l);
                 return -1;
             }
@@ -123,8 +199,9 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_expert_weights *
             /* Experts are paged in on first use, a page at a time. */
             cb_map_advise_random(X->block, X->block_bytes);
         }
+#undef NAME
     }
-    return 0;
+    return b.failed ? -1 : 0;
 }
 
 int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t err_len) {
@@ -149,8 +226,14 @@ int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t 
     FIELD(context_len, "context_length")
     FIELD(router, "router kind")
     FIELD(weight_dtype, "weight dtype id")
+    FIELD(qk_norm, "attention.qk_norm id")
+    FIELD(qkv_bias, "attention.qkv_bias")
+    FIELD(shared_gate, "shared_expert_gate")
+    FIELD(dense_ffn, "dense_ffn_size")
+    FIELD(tied_embeddings, "tie_word_embeddings")
     FIELD(norm_eps, "norm_eps")
     FIELD(rope_theta, "rope.theta")
+    FIELD(clip_qkv, "attention.clip_qkv")
 #undef FIELD
     return 0;
 }

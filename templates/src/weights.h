@@ -46,28 +46,40 @@ typedef struct {
     uint64_t nbytes;
 } cb_tensor_entry;
 
-_Static_assert(sizeof(cb_dims) == 68, "cb_dims must match toolkit/weights.py");
-_Static_assert(sizeof(cb_weights_header) == 188, "header must match toolkit/weights.py");
+_Static_assert(sizeof(cb_dims) == 92, "cb_dims must match toolkit/weights.py");
+_Static_assert(sizeof(cb_weights_header) == 212, "header must match toolkit/weights.py");
 _Static_assert(sizeof(cb_tensor_entry) == 104, "tensor entry must match toolkit/weights.py");
 
-/* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector. */
+/* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector, in any
+ * enum cb_dtype. Quantized rows are runs of 32-weight blocks (GGML layout). */
 typedef struct {
     const void *data;
     uint32_t dtype;
     uint32_t rows, cols;
 } cb_tensor;
 
+/* Bytes of one row of cols weights of a dtype (cols a multiple of 32 for
+ * the block types). */
+size_t cb_row_bytes(uint32_t dtype, uint32_t cols);
+
+/* One SwiGLU FFN: a routed expert, the shared expert or a dense MLP. */
 typedef struct {
     cb_tensor gate, up, down;   /* [I, H], [I, H], [H, I] */
-    const void *block;          /* the expert's page-aligned block */
+    const void *block;          /* a routed expert's page-aligned block */
     size_t block_bytes;
-} cb_expert_weights;
+} cb_ffn_weights;
 
 typedef struct {
     const float *attn_norm, *ffn_norm;   /* [H] */
     cb_tensor wq, wk, wv, wo;            /* [nh*d, H], [nkv*d, H] x2, [H, nh*d] */
-    cb_tensor router;                    /* [E, H] */
-    cb_expert_weights *experts;          /* [E] */
+    const float *bq, *bk, *bv;           /* biases, NULL unless qkv_bias */
+    const float *q_norm, *k_norm;        /* [d] per head or [nh*d] / [nkv*d] whole, NULL if none */
+    int is_moe;                          /* MoE layer, or a dense MLP layer */
+    cb_tensor router;                    /* F32 [E, H] */
+    cb_ffn_weights *experts;             /* [E] */
+    cb_ffn_weights shared;               /* shared expert (gate.data NULL if none) */
+    const float *shared_gate;            /* [H]: sigmoid(x . w) scales it; NULL if ungated */
+    cb_ffn_weights dense;                /* MLP-only layers */
 } cb_layer_weights;
 
 typedef struct {
@@ -75,7 +87,7 @@ typedef struct {
     const cb_weights_header *header;
     cb_tensor tok_embd;                  /* [vocab, H] */
     const float *output_norm;            /* [H] */
-    cb_tensor output;                    /* [vocab, H] */
+    cb_tensor output;                    /* [vocab, H]: tok_embd when tied */
     cb_layer_weights *layers;            /* [n_layers], from the arena */
 } cb_weights;
 
@@ -83,7 +95,7 @@ typedef struct {
  * against the header's dims. Returns 0 or -1 with a message in err. */
 int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len);
 /* Points layers/experts (storage from the caller) at the mapped tensors. */
-int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_expert_weights *experts,
+int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len);
 void cb_weights_unmap(cb_weights *w);
 

@@ -1,26 +1,81 @@
 /* Numeric kernels. Every SIMD kernel has a scalar reference beside it
- * (kernels/scalar.c) that is compiled on every target and tested against it;
- * build_config.h picks the family the target file names. */
+ * (kernels/scalar.c, quants.c) that is compiled on every target and tested
+ * against it; build_config.h picks the family the target file names.
+ * Block formats are GGML's, so GGUF tensors can be used bit for bit. */
 #ifndef CB_KERNELS_H
 #define CB_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "build_config.h"
 #include "weights.h"
 
+#define CB_QK 32 /* weights per quantization block */
+
+typedef uint16_t cb_half; /* IEEE binary16 bits */
+
+typedef struct {
+    cb_half d;            /* scale: x = d * q */
+    int8_t qs[CB_QK];
+} cb_block_q8_0;
+
+typedef struct {
+    cb_half d;            /* scale: x = d * (q - 8) */
+    uint8_t qs[CB_QK / 2]; /* element j in the low nibble of byte j, element j+16 in its high nibble */
+} cb_block_q4_0;
+
+_Static_assert(sizeof(cb_block_q8_0) == 34, "q8_0 block is 34 bytes on disk");
+_Static_assert(sizeof(cb_block_q4_0) == 18, "q4_0 block is 18 bytes on disk");
+
+float cb_half_to_float(cb_half h);
+cb_half cb_float_to_half(float f);   /* round to nearest even, like numpy */
+static inline float cb_bf16_to_float(uint16_t b) {
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+
+/* Reference quantizers (n a multiple of 32). q8_0 also quantizes activations
+ * before integer dot products. */
+void cb_quantize_row_q8_0(const float *x, cb_block_q8_0 *y, int n);
+void cb_quantize_row_q4_0(const float *x, cb_block_q4_0 *y, int n);
+/* Any dtype's row back to float32. */
+void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n);
+
+/* Dot products of one weight row with one activation row: float rows, or
+ * for the block types the activation quantized to q8_0. */
 float cb_dot_f32_scalar(const float *a, const float *b, int n);
+float cb_dot_f16_scalar(const cb_half *w, const float *x, int n);
+float cb_dot_bf16_scalar(const uint16_t *w, const float *x, int n);
+float cb_dot_q8_0_scalar(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
+float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
 #if CB_KERNELS_AVX2
 float cb_dot_f32_avx2(const float *a, const float *b, int n);
-#define cb_dot_f32 cb_dot_f32_avx2
+float cb_dot_f16_avx2(const cb_half *w, const float *x, int n);
+float cb_dot_bf16_avx2(const uint16_t *w, const float *x, int n);
+float cb_dot_q8_0_avx2(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
+float cb_dot_q4_0_avx2(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+#define CB_KERNEL(name) name##_avx2
 #else
-#define cb_dot_f32 cb_dot_f32_scalar
+#define CB_KERNEL(name) name##_scalar
 #endif
+#define cb_dot_f32 CB_KERNEL(cb_dot_f32)
+#define cb_dot_f16 CB_KERNEL(cb_dot_f16)
+#define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
+#define cb_dot_q8_0 CB_KERNEL(cb_dot_q8_0)
+#define cb_dot_q4_0 CB_KERNEL(cb_dot_q4_0)
+
+/* 1 when W's kernel wants the activations quantized to q8_0 first. */
+static inline int cb_wants_q8_activations(const cb_tensor *W) {
+    return W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0;
+}
 
 /* Y[t][r] = W[r] . X[t] for rows [row_begin, row_end) and n_tok tokens.
- * Each weight row is read once for all tokens (they share the read). */
+ * Xq: X quantized to q8_0 (x_blocks_stride blocks a row) when
+ * cb_wants_q8_activations(W), else unused. Each weight row is read once
+ * for all tokens (they share the read). */
 void cb_matmul_rows(const cb_tensor *W, int row_begin, int row_end, const float *X, int x_stride,
-                    int n_tok, float *Y, int y_stride);
+                    const cb_block_q8_0 *Xq, int xq_stride, int n_tok, float *Y, int y_stride);
 
 /* out = x / sqrt(mean(x^2) + eps) * w, in float32 like transformers. */
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);

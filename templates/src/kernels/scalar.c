@@ -19,6 +19,41 @@ float cb_dot_f32_scalar(const float *a, const float *b, int n) {
     return (s0 + s1) + (s2 + s3);
 }
 
+float cb_dot_f16_scalar(const cb_half *w, const float *x, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += cb_half_to_float(w[i]) * x[i];
+    return s;
+}
+
+float cb_dot_bf16_scalar(const uint16_t *w, const float *x, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += cb_bf16_to_float(w[i]) * x[i];
+    return s;
+}
+
+float cb_dot_q8_0_scalar(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) {
+    float s = 0;
+    for (int b = 0; b < n / CB_QK; b++) {
+        int sum = 0;
+        for (int j = 0; j < CB_QK; j++) sum += w[b].qs[j] * x[b].qs[j];
+        s += (float)sum * (cb_half_to_float(w[b].d) * cb_half_to_float(x[b].d));
+    }
+    return s;
+}
+
+float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) {
+    float s = 0;
+    for (int b = 0; b < n / CB_QK; b++) {
+        int sum = 0;
+        for (int j = 0; j < CB_QK / 2; j++) {
+            sum += ((w[b].qs[j] & 0xF) - 8) * x[b].qs[j];
+            sum += ((w[b].qs[j] >> 4) - 8) * x[b].qs[j + CB_QK / 2];
+        }
+        s += (float)sum * (cb_half_to_float(w[b].d) * cb_half_to_float(x[b].d));
+    }
+    return s;
+}
+
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     double ss = 0; /* double: the sum of squares of a 4096-wide row loses bits in float */
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];

@@ -458,7 +458,7 @@ int cb_app_step(cb_app *a) {
         for (int l = 0; l < L; l++) {
             const int32_t *experts = cb_engine_routing(a->engine, i, l);
             for (int j = 0; j < k; j++) {
-                st->expert_counts[(size_t)l * E + experts[j]]++;
+                if (experts[j] >= 0) st->expert_counts[(size_t)l * E + experts[j]]++; /* -1: dense layer */
                 st->trace_experts[((size_t)pos * L + l) * k + j] = experts[j];
             }
         }

@@ -1,0 +1,94 @@
+"""Weight encodings of the .cbw file, in NumPy: f32, f16, bf16 and GGML's
+q8_0 / q4_0 blocks (32 weights with an fp16 scale). Bit-exact with the C
+reference quantizers in templates/src/kernels/quants.c."""
+
+from __future__ import annotations
+
+import numpy as np
+
+QK = 32
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}
+
+
+def row_bytes(dtype: str, cols: int) -> int:
+    if dtype == "f32":
+        return 4 * cols
+    if dtype in ("f16", "bf16"):
+        return 2 * cols
+    return cols // QK * BLOCK_BYTES[dtype]
+
+
+def _round_half_away(v: np.ndarray) -> np.ndarray:
+    """C roundf; in float64 so that adding 0.5 is exact."""
+    a = np.abs(v.astype(np.float64))
+    return (np.sign(v) * np.floor(a + 0.5)).astype(np.int64)
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, round to nearest even (as torch does); NaN kept."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    return np.where(np.isnan(x), (bits >> 16) | np.uint32(0x40), rounded).astype(np.uint16)
+
+
+def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    """[..., n] float32 -> [..., n/32] q8_0 blocks as raw bytes [..., n/32, 34]."""
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, QK)
+    amax = np.abs(blocks).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = _round_half_away(blocks * inv[:, None]).astype(np.int8)
+    out = np.empty((blocks.shape[0], 34), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // QK, 34)
+
+
+def quantize_q4_0(x: np.ndarray) -> np.ndarray:
+    """[..., n] float32 -> q4_0 blocks as raw bytes [..., n/32, 18]."""
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, QK)
+    idx = np.abs(blocks).argmax(axis=1)  # first of equal magnitudes, as the C loop
+    vmax = blocks[np.arange(blocks.shape[0]), idx]
+    d = (vmax / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = (blocks * inv[:, None] + np.float32(8.5)).astype(np.float32)
+    q = np.minimum(np.trunc(q), 15).astype(np.uint8)
+    out = np.empty((blocks.shape[0], 18), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q[:, : QK // 2] | (q[:, QK // 2:] << 4)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // QK, 18)
+
+
+def dequantize(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw bytes of a tensor -> float32 array of shape."""
+    if dtype == "f32":
+        return raw.view("<f4").reshape(shape)
+    if dtype == "f16":
+        return raw.view("<f2").astype(np.float32).reshape(shape)
+    if dtype == "bf16":
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    blocks = raw.reshape(-1, BLOCK_BYTES[dtype])
+    d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+    if dtype == "q8_0":
+        q = blocks[:, 2:].view(np.int8).astype(np.float32)
+    else:
+        packed = blocks[:, 2:]
+        q = np.concatenate([packed & 0xF, packed >> 4], axis=1).astype(np.float32) - 8
+    return (d * q).reshape(shape)
+
+
+def encode(x: np.ndarray, dtype: str) -> bytes:
+    """A float tensor in the .cbw encoding of dtype."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "f32":
+        return x.astype("<f4").tobytes()
+    if dtype == "f16":
+        return x.astype("<f2").tobytes()
+    if dtype == "bf16":
+        return to_bf16_bits(x).astype("<u2").tobytes()
+    if x.shape[-1] % QK:
+        raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK}, got {x.shape[-1]}")
+    return (quantize_q8_0(x) if dtype == "q8_0" else quantize_q4_0(x)).tobytes()
