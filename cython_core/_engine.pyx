@@ -3,7 +3,7 @@
 generic (dimensions read from the weights file instead of compiled in)."""
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.stdint cimport int32_t, uint32_t
+from libc.stdint cimport int32_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
 import numpy as np
@@ -193,3 +193,125 @@ cdef class Engine:
     def generate(self, prompt, int max_tokens=16):
         """Greedy continuation of a text prompt (no chat template): the new text."""
         return self.detokenize(self.generate_ids(self.tokenize(prompt), max_tokens))
+
+
+# ---- kernels, for tests: the build's own kernels and the scalar references ----
+
+cdef extern from "kernels/kernels.h" nogil:
+    ctypedef struct cb_block_q8_0:
+        pass
+    ctypedef struct cb_block_q4_0:
+        pass
+    void cb_quantize_row_q8_0(const float *x, cb_block_q8_0 *y, int n)
+    void cb_quantize_row_q4_0(const float *x, cb_block_q4_0 *y, int n)
+    void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n)
+    float cb_dot_f32_scalar(const float *a, const float *b, int n)
+    float cb_dot_f16_scalar(const uint16_t *w, const float *x, int n)
+    float cb_dot_bf16_scalar(const uint16_t *w, const float *x, int n)
+    float cb_dot_q8_0_scalar(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n)
+    float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
+    float cb_dot_f32(const float *a, const float *b, int n)
+    float cb_dot_f16(const uint16_t *w, const float *x, int n)
+    float cb_dot_bf16(const uint16_t *w, const float *x, int n)
+    float cb_dot_q8_0(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n)
+    float cb_dot_q4_0(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
+    void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+    void cb_rope_neox(float *vec, int n_heads, int head_dim, const float *cos_pos, const float *sin_pos)
+    void cb_softmax(float *x, int n)
+
+cdef extern from "router.h" nogil:
+    void cb_topk(const float *values, int n, int k, int32_t *ids)
+
+_DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
+
+
+def _f32(x):
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def quantize(x, dtype):
+    """One row of float32 -> the C quantizer's bytes (q8_0 or q4_0)."""
+    cdef float[::1] xv = _f32(x).ravel()
+    cdef int n = xv.shape[0]
+    if n % 32:
+        raise ValueError("length must be a multiple of 32")
+    out = np.zeros(n // 32 * (34 if dtype == "q8_0" else 18), dtype=np.uint8)
+    cdef unsigned char[::1] ov = out
+    if dtype == "q8_0":
+        cb_quantize_row_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)
+    elif dtype == "q4_0":
+        cb_quantize_row_q4_0(&xv[0], <cb_block_q4_0 *>&ov[0], n)
+    else:
+        raise ValueError(dtype)
+    return out
+
+
+def dequantize(raw, dtype, int n):
+    """A row in any dtype's bytes -> float32 [n]."""
+    data = np.ascontiguousarray(raw, dtype=np.uint8)
+    cdef const unsigned char[::1] rv = data
+    out = np.empty(n, dtype=np.float32)
+    cdef float[::1] ov = out
+    cb_dequantize_row(_DTYPE_IDS[dtype], &rv[0], &ov[0], n)
+    return out
+
+
+def dot(dtype, w_raw, x, bint scalar=False):
+    """One weight row (dtype bytes) . x (float32; quantized to q8_0 first for
+    the block types), with this build's kernel or the scalar reference."""
+    cdef const float[::1] xv = _f32(x).ravel()
+    cdef int n = xv.shape[0]
+    data = np.ascontiguousarray(w_raw, dtype=np.uint8)
+    cdef const unsigned char[::1] wv = data
+    cdef const unsigned char[::1] qv
+    if dtype == "f32":
+        return cb_dot_f32_scalar(<const float *>&wv[0], &xv[0], n) if scalar else cb_dot_f32(<const float *>&wv[0], &xv[0], n)
+    if dtype == "f16":
+        return cb_dot_f16_scalar(<const uint16_t *>&wv[0], &xv[0], n) if scalar else cb_dot_f16(<const uint16_t *>&wv[0], &xv[0], n)
+    if dtype == "bf16":
+        return cb_dot_bf16_scalar(<const uint16_t *>&wv[0], &xv[0], n) if scalar else cb_dot_bf16(<const uint16_t *>&wv[0], &xv[0], n)
+    qv = quantize(np.asarray(xv), "q8_0")
+    if dtype == "q8_0":
+        if scalar:
+            return cb_dot_q8_0_scalar(<const cb_block_q8_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
+        return cb_dot_q8_0(<const cb_block_q8_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
+    if dtype == "q4_0":
+        if scalar:
+            return cb_dot_q4_0_scalar(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
+        return cb_dot_q4_0(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
+    raise ValueError(dtype)
+
+
+def topk(values, int k):
+    """The router's top-k: indices, highest first, ties to the lower index."""
+    cdef const float[::1] v = _f32(values).ravel()
+    out = np.empty(k, dtype=np.int32)
+    cdef int32_t[::1] ov = out
+    cb_topk(&v[0], v.shape[0], k, &ov[0])
+    return out
+
+
+def rmsnorm(x, w, float eps):
+    cdef const float[::1] xv = _f32(x).ravel()
+    cdef const float[::1] wv = _f32(w).ravel()
+    out = np.empty(xv.shape[0], dtype=np.float32)
+    cdef float[::1] ov = out
+    cb_rmsnorm(&ov[0], &xv[0], &wv[0], xv.shape[0], eps)
+    return out
+
+
+def rope(x, int n_heads, int head_dim, cos_pos, sin_pos):
+    """x [n_heads * head_dim] rotated by one position's cos/sin [head_dim/2]."""
+    out = _f32(x).ravel().copy()
+    cdef float[::1] ov = out
+    cdef const float[::1] cv = _f32(cos_pos).ravel()
+    cdef const float[::1] sv = _f32(sin_pos).ravel()
+    cb_rope_neox(&ov[0], n_heads, head_dim, &cv[0], &sv[0])
+    return out
+
+
+def softmax(x):
+    out = _f32(x).ravel().copy()
+    cdef float[::1] ov = out
+    cb_softmax(&ov[0], ov.shape[0])
+    return out

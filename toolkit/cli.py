@@ -137,5 +137,21 @@ def synth(arch, dtype, preset, seed, name, out, **dims):
     click.echo(str(folder / "model-config.json"))
 
 
+@main.command()
+@click.argument("hf_dir", type=click.Path(path_type=Path))
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32", show_default=True,
+              help="weight type of the matrices (norms, biases and routers stay f32)")
+@click.option("--name", default=None, help="model name (default: OUT_DIR's name)")
+@click.option("--context-length", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
+@click.option("--batch-slots", type=int, default=8, show_default=True, help="concurrent sequences the server holds")
+@click.option("--allow-field", multiple=True, help="a config.json field known not to change the math")
+def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field):
+    """Convert a Hugging Face checkpoint folder into a Colibri model folder."""
+    from .convert import convert as convert_fn
+    folder = convert_fn(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field)
+    click.echo(str(folder / "model-config.json"))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,121 @@
+"""What the four supported architectures share when importing a Hugging Face
+config.json: field spellings of transformers 4 and 5, the checks that keep
+the engine from silently computing something else, and tensor naming."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+# Fields that do not change inference math.
+HARMLESS = {
+    "architectures", "model_type", "dtype", "torch_dtype", "transformers_version", "bos_token_id",
+    "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "output_router_logits",
+    "router_aux_loss_coef", "router_jitter_noise", "attention_dropout", "_name_or_path", "return_dict",
+    "output_hidden_states", "output_attentions", "is_decoder", "tokenizer_class", "max_window_layers",
+    "generation_config", "chunk_size_feed_forward", "problem_type", "id2label", "label2id",
+}
+
+
+@dataclass
+class HFConfig:
+    """config.json with a record of which fields the importer consumed."""
+    data: dict
+    source: str
+    used: set = field(default_factory=set)
+
+    def get(self, *names, default=None, required=False):
+        for name in names:
+            if name in self.data:
+                self.used.add(name)
+                return self.data[name]
+        if required:
+            raise ConfigError(f"{self.source}: missing field '{names[0]}'")
+        return default
+
+    def require(self, name, allowed, why):
+        """A field whose only supported values are allowed."""
+        value = self.get(name)
+        if value not in allowed:
+            raise ConfigError(f"{self.source}: field '{name}' is {value!r}; Colibri's engine supports only "
+                              f"{' or '.join(map(repr, allowed))} ({why})")
+        return value
+
+    def check_all_used(self, extra_allowed=()):
+        unknown = sorted(set(self.data) - self.used - HARMLESS - set(extra_allowed))
+        if unknown:
+            raise ConfigError(f"{self.source}: field '{unknown[0]}' ({self.data[unknown[0]]!r}) is not implemented "
+                              f"by Colibri's engine for {self.data.get('model_type')}",
+                              hint="if it does not change the model's math, pass --allow-field "
+                                   f"{unknown[0]} to colibri-build convert")
+
+
+def rope_theta(hf: HFConfig) -> float:
+    """rope_theta (transformers 4) or rope_parameters.rope_theta (5); only the
+    default RoPE is implemented."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling")
+    kind = (params.get("rope_type") or params.get("type") or "default") if params else "default"
+    if scaling:
+        kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise ConfigError(f"{hf.source}: RoPE scaling type '{kind}' is not implemented by Colibri's engine "
+                          "(only the default RoPE)")
+    theta = params.get("rope_theta") if params else None
+    if theta is None:
+        theta = hf.get("rope_theta", default=10000.0)
+    return float(theta)
+
+
+def base_fields(hf: HFConfig, context_length: int | None) -> dict:
+    """The fields every supported architecture has."""
+    hidden = hf.get("hidden_size", required=True)
+    heads = hf.get("num_attention_heads", required=True)
+    hf.require("hidden_act", ["silu"], "SwiGLU experts with SiLU")
+    max_pos = hf.get("max_position_embeddings", default=4096)
+    ctx = min(max_pos, context_length or 4096)
+    window = hf.get("sliding_window")
+    if hf.get("use_sliding_window", default=False):
+        raise ConfigError(f"{hf.source}: use_sliding_window is true; sliding-window attention is not implemented")
+    if window and hf.data.get("model_type") == "mixtral" and window < ctx:
+        raise ConfigError(f"{hf.source}: sliding_window {window} is shorter than the context ({ctx}); "
+                          "sliding-window attention is not implemented (pass --context-length <= the window)")
+    layer_types = hf.get("layer_types")
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        raise ConfigError(f"{hf.source}: layer_types {sorted(set(layer_types))}: only full attention is implemented")
+    return {
+        "layers": hf.get("num_hidden_layers", required=True),
+        "hidden_size": hidden,
+        "heads": heads,
+        "kv_heads": hf.get("num_key_value_heads", default=heads),
+        "head_dim": hf.get("head_dim", default=None) or hidden // heads,
+        "vocab_size": hf.get("vocab_size", required=True),
+        "norm_eps": hf.get("rms_norm_eps", required=True),
+        "rope": {"theta": rope_theta(hf)},
+        "context_length": ctx,
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
+    }
+
+
+def sparse_layers(hf: HFConfig, n_layers: int, n_experts: int) -> list[int]:
+    """Dense (MLP-only) layers of Qwen2/3-MoE: transformers' rule is MoE iff
+    i not in mlp_only_layers and experts > 0 and (i + 1) % decoder_sparse_step == 0."""
+    only = set(hf.get("mlp_only_layers", default=[]) or [])
+    step = hf.get("decoder_sparse_step", default=1) or 1
+    return [i for i in range(n_layers) if i in only or n_experts == 0 or (i + 1) % step != 0]
+
+
+# Engine name of each per-layer tensor -> candidate checkpoint names, by family.
+ATTENTION = {
+    "attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_layernorm.weight",
+    "attn_q": "self_attn.q_proj.weight", "attn_k": "self_attn.k_proj.weight",
+    "attn_v": "self_attn.v_proj.weight", "attn_o": "self_attn.o_proj.weight",
+    "attn_q_bias": "self_attn.q_proj.bias", "attn_k_bias": "self_attn.k_proj.bias",
+    "attn_v_bias": "self_attn.v_proj.bias", "attn_q_norm": "self_attn.q_norm.weight",
+    "attn_k_norm": "self_attn.k_norm.weight",
+}
+EXPERT_NAMES = {  # role -> spellings of one expert's projection
+    "gate": ("w1", "gate_proj"), "up": ("w3", "up_proj"), "down": ("w2", "down_proj"),
+}
+MOE_PREFIXES = ("mlp", "block_sparse_moe")

@@ -1,0 +1,17 @@
+"""OLMoE (OlmoeForCausalLM): RMSNorm over the whole q and k projections,
+optional clip_qkv after the norms, softmax top-k (renormalised only with
+norm_topk_prob)."""
+
+from .common import HFConfig, base_fields
+
+
+def model_fields(hf: HFConfig, context_length: int | None) -> dict:
+    fields = base_fields(hf, context_length)
+    hf.require("attention_bias", [False, None], "no attention biases")
+    fields.update(
+        experts=hf.get("num_experts", required=True), top_k=hf.get("num_experts_per_tok", required=True),
+        expert_ffn_size=hf.get("intermediate_size", required=True),
+        router="softmax_topk_renorm" if hf.get("norm_topk_prob", default=False) else "softmax_topk",
+        attention={"qk_norm": "whole", "clip_qkv": hf.get("clip_qkv")},
+    )
+    return fields

@@ -1,0 +1,159 @@
+"""colibri-build convert: a Hugging Face model folder (config.json,
+*.safetensors, tokenizer files) -> a Colibri model folder (model-config.json,
+weights.cbw in the engine's layout, tokenizer). Tensors stream through one at
+a time; the output appears only when complete."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from . import config as config_mod
+from .archs import BY_MODEL_TYPE
+from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
+from .errors import ConfigError, ModelError
+from .safetensors_io import Checkpoint
+from .weights import expected_shapes, write_weights
+
+IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # derived buffers some checkpoints carry
+
+
+class TensorSource:
+    """Finds each engine tensor in the checkpoint, whatever the release's
+    naming: per-expert w1/w2/w3 or gate/up/down_proj, or fused 3-D experts."""
+
+    def __init__(self, ckpt: Checkpoint):
+        self.ckpt = ckpt
+        self.used: set[str] = set()
+
+    def _take(self, name, shape, index=None):
+        self.used.add(name)
+        return self.ckpt.read(name, shape, index)
+
+    def _first(self, candidates, what):
+        for name in candidates:
+            if name in self.ckpt:
+                return name
+        raise ModelError(f"tensor for '{what}' is missing from the checkpoint (looked for {', '.join(candidates)})")
+
+    def expert(self, layer: int, expert: int, role: str, shape):
+        base = f"model.layers.{layer}"
+        per_expert = [f"{base}.{p}.experts.{expert}.{n}.weight" for p in MOE_PREFIXES for n in EXPERT_NAMES[role]]
+        for name in per_expert:
+            if name in self.ckpt:
+                return self._take(name, shape)
+        if role == "down":
+            fused = self._first([f"{base}.{p}.experts.down_proj" for p in MOE_PREFIXES], f"layer {layer} expert {expert} down")
+            return self._take(fused, shape, expert)
+        fused = self._first([f"{base}.{p}.experts.gate_up_proj" for p in MOE_PREFIXES] + per_expert,
+                            f"layer {layer} expert {expert} {role}")
+        both = self._take(fused, None, expert)  # [2I, H]: gate rows, then up rows
+        if both.shape != (2 * shape[0], shape[1]):
+            raise ModelError(f"tensor '{fused}' has expert slices of shape {list(both.shape)}, "
+                             f"expected {[2 * shape[0], shape[1]]}")
+        return both[: shape[0]] if role == "gate" else both[shape[0]:]
+
+    def get(self, name: str, shape):
+        if name == "tok_embd":
+            return self._take("model.embed_tokens.weight", shape)
+        if name == "output":
+            return self._take("lm_head.weight", shape)
+        if name == "output_norm":
+            return self._take("model.norm.weight", shape)
+        _, layer, rest = name.split(".", 2)
+        layer = int(layer)
+        base = f"model.layers.{layer}"
+        if rest in ATTENTION:
+            return self._take(f"{base}.{ATTENTION[rest]}", shape)
+        if rest == "ffn_router":
+            return self._take(self._first([f"{base}.{p}.gate.weight" for p in MOE_PREFIXES], name), shape)
+        if rest.startswith("expert."):
+            _, expert, role = rest.split(".")
+            return self.expert(layer, int(expert), role, shape)
+        if rest.startswith("shexp."):
+            return self._take(f"{base}.mlp.shared_expert.{rest.split('.')[1]}_proj.weight", shape)
+        if rest == "shexp_gate_inp":
+            return self._take(f"{base}.mlp.shared_expert_gate.weight", (1, shape[0])).reshape(shape)
+        if rest in ("ffn_gate", "ffn_up", "ffn_down"):
+            return self._take(f"{base}.mlp.{rest[4:]}_proj.weight", shape)
+        raise ModelError(f"no checkpoint mapping for engine tensor '{name}'")
+
+    def unused(self) -> list[str]:
+        return sorted(n for n in self.ckpt.names() if n not in self.used and not n.endswith(IGNORED_TENSORS))
+
+
+def model_config(hf_dir: Path, dtype: str, name: str, context_length: int | None, batch_slots: int,
+                 allow_fields=()) -> tuple[dict, dict]:
+    path = hf_dir / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (is {hf_dir} a Hugging Face model folder?)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    hf = HFConfig(raw, str(path))
+    model_type = hf.get("model_type")
+    if model_type not in BY_MODEL_TYPE:
+        raise ConfigError(f"{path}: architecture '{model_type}' is not supported; supported: "
+                          f"{', '.join(sorted(BY_MODEL_TYPE))}")
+    fields = BY_MODEL_TYPE[model_type].model_fields(hf, context_length)
+    hf.check_all_used(allow_fields)
+    cfg = {"format_version": 1, "name": name, "architecture": model_type, **fields,
+           "batch_slots": batch_slots, "weights": {"file": "weights.cbw", "dtype": dtype},
+           "tokenizer": {"kind": "none", "bos_id": raw.get("bos_token_id"), "eos_id": _first_id(raw.get("eos_token_id"))},
+           "source": {"format": "huggingface", "model_type": model_type}}
+    return cfg, raw
+
+
+def _first_id(value):
+    return value[0] if isinstance(value, list) and value else value
+
+
+def _tokenizer(hf_dir: Path, out: Path, cfg: dict) -> dict:
+    """The tokenizer section: converted when the folder has one and the
+    tokenizer converter is available, else ids only."""
+    if not (hf_dir / "tokenizer.json").is_file():
+        return cfg["tokenizer"]
+    try:
+        from .tokenizer import convert_tokenizer  # the C tokenizers' converter
+    except ImportError:
+        sys.stderr.write("colibri-build: warning: tokenizer.json not converted (no tokenizer support in this "
+                         "build); the model serves token ids only\n")
+        return cfg["tokenizer"]
+    return convert_tokenizer(hf_dir, out)
+
+
+def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None,
+            context_length: int | None = None, batch_slots: int = 8, allow_fields=(),
+            progress: bool = True) -> Path:
+    hf_dir, out = Path(hf_dir), Path(out)
+    cfg, _ = model_config(hf_dir, dtype, name or out.name, context_length, batch_slots, allow_fields)
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        cfg["tokenizer"] = _tokenizer(hf_dir, tmp, cfg)
+        cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
+        source = TensorSource(Checkpoint(hf_dir))
+        shapes = expected_shapes(cfg)
+        with click.progressbar(shapes, label=f"converting to {dtype}", file=sys.stderr,
+                               show_pos=True, hidden=not progress) as bar:
+            sha = write_weights(cfg, tmp / "weights.cbw", ((n, source.get(n, s)) for n, s in bar))
+        leftover = source.unused()
+        if leftover:
+            raise ModelError(f"{hf_dir}: checkpoint tensor '{leftover[0]}' is not used by the engine for this "
+                             f"config ({len(leftover)} unused): the config and the weights disagree")
+        cfg["weights"]["sha256"] = sha
+        (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

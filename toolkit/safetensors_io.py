@@ -1,0 +1,111 @@
+"""Reading Hugging Face safetensors checkpoints without loading them: the
+JSON header is parsed, tensors are views over a memory map and converted to
+float32 one at a time. Single files and sharded ones (with or without
+model.safetensors.index.json)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelError
+
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+_MAX_HEADER = 100 << 20
+
+
+class SafetensorsFile:
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as fh:
+                raw = fh.read(8)
+                if len(raw) < 8:
+                    raise ModelError(f"{path}: truncated safetensors file (no header)")
+                (n,) = struct.unpack("<Q", raw)
+                if n > min(_MAX_HEADER, size - 8):
+                    raise ModelError(f"{path}: header length {n} exceeds the file ({size} bytes): truncated or not safetensors")
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise ModelError(f"{path}: cannot read safetensors header: {exc}") from None
+        header.pop("__metadata__", None)
+        self.data_start = 8 + n
+        self.tensors: dict[str, dict] = {}
+        for name, info in header.items():
+            begin, end = info["data_offsets"]
+            if info["dtype"] not in _DTYPES:
+                raise ModelError(f"{path}: tensor '{name}' has dtype {info['dtype']}; expected F32, F16 or BF16")
+            expected = int(np.prod(info["shape"], dtype=np.int64)) * _DTYPES[info["dtype"]].itemsize
+            if end - begin != expected:
+                raise ModelError(f"{path}: tensor '{name}' holds {end - begin} bytes, its shape "
+                                 f"{info['shape']} needs {expected}")
+            if self.data_start + end > size:
+                raise ModelError(f"{path}: tensor '{name}' ends at byte {self.data_start + end} but the file "
+                                 f"has {size}: the file is truncated")
+            self.tensors[name] = info
+        self._map = np.memmap(path, dtype=np.uint8, mode="r") if size else None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name]["shape"])
+
+    def read(self, name: str, index: int | None = None) -> np.ndarray:
+        """The tensor as float32 (a copy of just this tensor, or of its
+        index-th slice along the first axis: one expert of a fused tensor)."""
+        info = self.tensors[name]
+        begin, end = info["data_offsets"]
+        shape = list(info["shape"])
+        if index is not None:
+            step = (end - begin) // shape[0]
+            begin, end, shape = begin + index * step, begin + (index + 1) * step, shape[1:]
+        raw = self._map[self.data_start + begin:self.data_start + end].view(_DTYPES[info["dtype"]])
+        if info["dtype"] == "BF16":
+            out = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            out = raw.astype(np.float32)
+        return out.reshape(shape)
+
+
+class Checkpoint:
+    """All tensors of a checkpoint folder, by name."""
+
+    def __init__(self, folder: Path):
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in folder.glob("*.safetensors"))
+        if not files:
+            raise ModelError(f"{folder}: no *.safetensors files")
+        self.files = [SafetensorsFile(folder / f) for f in files]
+        self.where: dict[str, SafetensorsFile] = {}
+        for f in self.files:
+            for name in f.tensors:
+                self.where[name] = f
+        if index.is_file():
+            missing = sorted(set(weight_map) - set(self.where))
+            if missing:
+                raise ModelError(f"{index}: lists tensor '{missing[0]}' that no shard holds"
+                                 f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def names(self) -> list[str]:
+        return list(self.where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.where[name].shape(name)
+
+    def read(self, name: str, shape: tuple[int, ...] | None = None, index: int | None = None) -> np.ndarray:
+        if name not in self.where:
+            raise ModelError(f"tensor '{name}' is missing from the checkpoint")
+        array = self.where[name].read(name, index)
+        if shape is not None and tuple(array.shape) != tuple(shape):
+            raise ModelError(f"tensor '{name}' has shape {list(array.shape)}, expected {list(shape)} "
+                             f"({self.where[name].path.name})")
+        return array
