@@ -82,8 +82,14 @@ class TensorSource:
             return self._take(f"{base}.mlp.{rest[4:]}_proj.weight", shape)
         raise ModelError(f"no checkpoint mapping for engine tensor '{name}'")
 
-    def unused(self) -> list[str]:
-        return sorted(n for n in self.ckpt.names() if n not in self.used and not n.endswith(IGNORED_TENSORS))
+    def unused(self, cfg: dict) -> list[str]:
+        def ignorable(name):
+            if name.endswith(IGNORED_TENSORS) or 0 in self.ckpt.shape(name):
+                return True
+            # Qwen2-MoE with shared_expert_intermediate_size 0 still saves the
+            # gate of its empty shared expert: it scales a zero vector.
+            return not cfg["shared_experts"] and name.endswith("mlp.shared_expert_gate.weight")
+        return sorted(n for n in self.ckpt.names() if n not in self.used and not ignorable(n))
 
 
 def model_config(hf_dir: Path, dtype: str, name: str, context_length: int | None, batch_slots: int,
@@ -144,7 +150,7 @@ def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None
         with click.progressbar(shapes, label=f"converting to {dtype}", file=sys.stderr,
                                show_pos=True, hidden=not progress) as bar:
             sha = write_weights(cfg, tmp / "weights.cbw", ((n, source.get(n, s)) for n, s in bar))
-        leftover = source.unused()
+        leftover = source.unused(cfg)
         if leftover:
             raise ModelError(f"{hf_dir}: checkpoint tensor '{leftover[0]}' is not used by the engine for this "
                              f"config ({len(leftover)} unused): the config and the weights disagree")

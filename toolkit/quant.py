@@ -86,7 +86,8 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
     if dtype == "f32":
         return x.astype("<f4").tobytes()
     if dtype == "f16":
-        return x.astype("<f2").tobytes()
+        with np.errstate(over="ignore"):  # beyond the f16 range is inf, as in torch
+            return x.astype("<f2").tobytes()
     if dtype == "bf16":
         return to_bf16_bits(x).astype("<u2").tobytes()
     if x.shape[-1] % QK:
