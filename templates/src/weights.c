@@ -10,6 +10,10 @@ static const cb_tensor_entry *entries(const cb_weights *w) {
 int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
     memset(w, 0, sizeof *w);
     if (cb_map_file(path, &w->file, err, err_len) != 0) return -1;
+    /* Before the first touch: no readahead anywhere, so a fault reads only
+     * its page (a fault on the header must not read-around megabytes of
+     * experts). The dense part is asked for explicitly in cb_weights_bind. */
+    cb_map_advise_random(w->file.data, w->file.size);
     const cb_weights_header *h = (const cb_weights_header *)w->file.data;
     size_t table_end = ((sizeof *h + 7) & ~(size_t)7);
     if (w->file.size < sizeof *h || memcmp(h->magic, CB_WEIGHTS_MAGIC, 8) != 0) {
@@ -142,6 +146,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
                    kv_dim = (uint64_t)d->n_kv_heads * d->head_dim, I = d->expert_ffn;
     binder b = {w, err, err_len, 0};
     char name[CB_TENSOR_NAME_BYTES];
+    const uint8_t *first_expert = NULL;
     bind(&b, "tok_embd", d->vocab, H, dt, 0, &w->tok_embd);
     if (d->tied_embeddings) w->output = w->tok_embd;
     else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
@@ -196,10 +201,15 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
             }
             X->block = start;
             X->block_bytes = (size_t)(end - start);
-            /* Experts are paged in on first use, a page at a time. */
-            cb_map_advise_random(X->block, X->block_bytes);
+            if (!first_expert || start < first_expert) first_expert = start;
         }
 #undef NAME
+    }
+    /* Dense tensors come first in the file and every token reads them: read
+     * them ahead. Experts are paged in on first use, a page at a time. */
+    if (!b.failed && first_expert) {
+        const uint8_t *dense = w->file.data + w->header->header_bytes;
+        cb_map_advise_willneed(dense, (size_t)(first_expert - dense));
     }
     return b.failed ? -1 : 0;
 }
