@@ -47,12 +47,12 @@ def tiny_config(tiny_model) -> dict:
     return json.loads((tiny_model / "model-config.json").read_text())
 
 
-def build_server(workdir: Path, model: Path, target: str, tag: str = "") -> Path:
+def build_server(workdir: Path, model: Path, target: str, tag: str = "", sanitize: bool = False) -> Path:
     dist = workdir / f"dist{tag}"
     run_cli("--model", model / "model-config.json", "--target", target, "--dist", dist,
-            "--build-dir", workdir / f"build{tag}", "--quiet")
+            "--build-dir", workdir / f"build{tag}", "--quiet", *(["--sanitize"] if sanitize else []))
     cfg = json.loads((model / "model-config.json").read_text())
-    return dist / f"{cfg['name']}-{target}"
+    return dist / f"{cfg['name']}-{target}{'-asan' if sanitize else ''}"
 
 
 @pytest.fixture(scope="session")
@@ -60,10 +60,22 @@ def native_server_dist(workdir, tiny_model) -> Path:
     return build_server(workdir, tiny_model, "native")
 
 
+@pytest.fixture(scope="session")
+def asan_server_dist(workdir, tiny_model) -> Path:
+    """The same server built with AddressSanitizer and UBSan."""
+    return build_server(workdir, tiny_model, "native", sanitize=True)
+
+
+# What a sanitizer prints when it finds something.
+SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|SUMMARY: \w+Sanitizer")
+
+
 class RunningServer:
-    def __init__(self, exe: Path, model: Path, *args: str):
+    def __init__(self, exe: Path, model: Path, *args: str, env: dict | None = None):
         self.proc = subprocess.Popen([str(exe), "--model", str(model), "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.stderr = ""  # the rest of stderr, once stopped
         self.port = self._wait_for_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -85,13 +97,21 @@ class RunningServer:
     def post(self, path: str, body, **kw):
         return requests.post(self.url + path, json=body, timeout=60, **kw)
 
+    def get(self, path: str, **kw):
+        return requests.get(self.url + path, timeout=60, **kw)
+
     def stop(self) -> int:
         self.proc.terminate()
         try:
-            return self.proc.wait(timeout=20)
+            _, self.stderr = self.proc.communicate(timeout=20)
+            return self.proc.returncode
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+
+    def sanitizer_report(self) -> str | None:
+        """The stderr of a stopped server when a sanitizer complained."""
+        return self.stderr if SANITIZER_REPORT.search(self.stderr) else None
 
 
 @pytest.fixture
@@ -115,3 +135,32 @@ def cpu_has_avx2() -> bool:
 
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture(scope="module", params=["plain", "asan"])
+def server_exe(request) -> Path:
+    """The server executable: each module using this runs once against the
+    normal build and once against the AddressSanitizer + UBSan build."""
+    dist = request.getfixturevalue("native_server_dist" if request.param == "plain" else "asan_server_dist")
+    return dist / "colibri-server"
+
+
+def stop_checked(server: RunningServer) -> None:
+    """Stops a server; fails on a non-zero exit or a sanitizer report."""
+    code = server.stop()
+    report = server.sanitizer_report()
+    assert report is None, f"sanitizer report:\n{report[-6000:]}"
+    assert code == 0, f"exit code {code}:\n{server.stderr[-3000:]}"
+
+
+def sse_events(response) -> list:
+    """The JSON payloads of a server-sent event stream, then the string
+    "[DONE]" if it came."""
+    events = []
+    for line in response.iter_lines():
+        if not line:
+            continue
+        assert line.startswith(b"data: "), line
+        payload = line[6:].decode()
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events

@@ -19,11 +19,11 @@ HELLO = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}
 
 
 @pytest.fixture(scope="module")
-def server(native_server_dist, tiny_model):
-    from conftest import RunningServer
-    srv = RunningServer(native_server_dist / "colibri-server", tiny_model, "--threads", "2")
+def server(server_exe, tiny_model):
+    from conftest import RunningServer, stop_checked
+    srv = RunningServer(server_exe, tiny_model, "--threads", "2")
     yield srv
-    srv.stop()
+    stop_checked(srv)
 
 
 def test_health_and_models(server, tiny_config):

@@ -46,18 +46,18 @@ def git_revision() -> str:
     return "unknown"
 
 
-def build_dir_for(cfg: config_mod.ModelConfig, target: Target, root: Path) -> Path:
-    """Build folders are keyed by (config hash, target)."""
-    return root / f"{cfg.name}-{target.name}-{cfg.canonical_hash()[:12]}"
+def build_dir_for(cfg: config_mod.ModelConfig, target: Target, root: Path, sanitize: bool = False) -> Path:
+    """Build folders are keyed by (config hash, target, sanitizers or not)."""
+    return root / f"{cfg.name}-{target.name}{'-asan' if sanitize else ''}-{cfg.canonical_hash()[:12]}"
 
 
-def configure(src: Path, build: Path, compiler: toolchain.Compiler, quiet: bool) -> None:
+def configure(src: Path, build: Path, compiler: toolchain.Compiler, quiet: bool, sanitize: bool = False) -> None:
     cache = build / "CMakeCache.txt"
     if cache.is_file() and f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n" not in cache.read_text():
         shutil.rmtree(build)  # configured for another tree: start clean
     cmd = [toolchain.cmake_exe(), "-S", str(src), "-B", str(build), "-G", "Ninja",
            f"-DCMAKE_MAKE_PROGRAM={toolchain.ninja_exe()}", "-DCMAKE_BUILD_TYPE=Release",
-           f"-DCMAKE_C_COMPILER={compiler.path}"]
+           f"-DCMAKE_C_COMPILER={compiler.path}", f"-DCOLIBRI_SANITIZE={'ON' if sanitize else 'OFF'}"]
     toolchain.run_streaming(cmd, quiet=quiet)
 
 
@@ -74,8 +74,8 @@ def sha256_file(path: Path) -> str:
 
 
 def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Compiler, kernels: str,
-            build: Path, dist_root: Path) -> BuildResult:
-    dist = dist_root / f"{cfg.name}-{target.name}"
+            build: Path, dist_root: Path, sanitize: bool = False) -> BuildResult:
+    dist = dist_root / f"{cfg.name}-{target.name}{'-asan' if sanitize else ''}"
     if dist.exists():
         shutil.rmtree(dist)
     dist.mkdir(parents=True)
@@ -97,6 +97,7 @@ def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Com
         "model_config_canonical_sha256": cfg.canonical_hash(),
         "template_tree_sha256": template_tree_hash(),
         "batch_slots": cfg["batch_slots"],
+        "sanitizers": ["address", "undefined"] if sanitize else [],
         "executable": exe.name,
         "executable_sha256": sha256_file(exe),
     }
@@ -108,7 +109,9 @@ def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Com
 
 def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
           build_root: Path = Path("build"), compiler_override: str | None = None,
-          quiet: bool = False) -> BuildResult:
+          quiet: bool = False, sanitize: bool = False) -> BuildResult:
+    """sanitize: a debug build with AddressSanitizer and UBSan (dynamically
+    linked, slower), packaged as dist/<model>-<target>-asan/."""
     cfg = config_mod.load(model)
     target = get_target(target_name)
     log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
@@ -116,12 +119,12 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
     compiler = toolchain.find_compiler(target, compiler_override)
     kernels = toolchain.resolve_kernels(target, compiler)
     log(f"[2/5] target {target.name}: {compiler.version} ({compiler.path}), kernels {kernels}")
-    work = build_dir_for(cfg, target, build_root).resolve()
+    work = build_dir_for(cfg, target, build_root, sanitize).resolve()
     src = render_tree(RenderInputs(cfg, target, kernels, compiler.path), work / "project")
     log(f"[3/5] rendered {src}")
     log("[4/5] configure and compile (CMake + Ninja)")
-    configure(src, work / "build", compiler, quiet)
+    configure(src, work / "build", compiler, quiet, sanitize)
     compile_tree(work / "build", quiet)
-    result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve())
+    result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve(), sanitize)
     log(f"[5/5] {result.executable}")
     return result

@@ -25,10 +25,10 @@ class _Group(click.Group):
             _fail(exc)
 
 
-def _build(model, target, dist, build_dir, toolchain, quiet):
+def _build(model, target, dist, build_dir, toolchain, quiet, sanitize):
     from .build import build
     result = build(model, target, dist_root=Path(dist), build_root=Path(build_dir),
-                   compiler_override=toolchain, quiet=quiet)
+                   compiler_override=toolchain, quiet=quiet, sanitize=sanitize)
     click.echo(str(result.executable))
 
 
@@ -39,6 +39,8 @@ _build_options = [
     click.option("--build-dir", default="build", show_default=True, help="where rendered trees are built"),
     click.option("--toolchain", default=None, help="C compiler to use instead of the target's choice"),
     click.option("--quiet", is_flag=True, help="hide compiler progress"),
+    click.option("--sanitize", is_flag=True,
+                 help="debug build with AddressSanitizer + UBSan, into dist/<model>-<target>-asan/"),
 ]
 
 
@@ -52,7 +54,7 @@ def build_options(fn):
 @build_options
 @click.version_option(__version__, prog_name="colibri-build")
 @click.pass_context
-def main(ctx, model, target, dist, build_dir, toolchain, quiet):
+def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize):
     """Bake a mixture-of-experts model into a static, specialised colibri-server.
 
     \b
@@ -63,16 +65,16 @@ def main(ctx, model, target, dist, build_dir, toolchain, quiet):
     if model is None:
         click.echo(ctx.get_help())
         ctx.exit(0 if len(sys.argv) <= 1 else 2)
-    _build(model, target, dist, build_dir, toolchain, quiet)
+    _build(model, target, dist, build_dir, toolchain, quiet, sanitize)
 
 
 @main.command("build")
 @build_options
-def build_cmd(model, target, dist, build_dir, toolchain, quiet):
+def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize):
     """Build dist/<model>-<target>/colibri-server (same as the top-level options)."""
     if model is None:
         raise click.UsageError("--model is required")
-    _build(model, target, dist, build_dir, toolchain, quiet)
+    _build(model, target, dist, build_dir, toolchain, quiet, sanitize)
 
 
 @main.command()

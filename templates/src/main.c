@@ -15,12 +15,19 @@ static void request_stop(void) { stop_requested = 1; }
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: colibri-server --model DIR [--host ADDR] [--port N] [--threads N] [--slots N]\n"
-            "  --model DIR    model folder (model-config.json, weights.cbw)\n"
-            "  --host ADDR    address to bind (default 127.0.0.1)\n"
-            "  --port N       TCP port, 0 for any free one (default 8080)\n"
-            "  --threads N    compute threads (default: one per CPU)\n"
-            "  --slots N      concurrent requests, at most %d (default %d)\n"
+            "usage: colibri-server --model DIR [options]\n"
+            "  --model DIR               model folder (model-config.json, weights.cbw)\n"
+            "  --host ADDR               address to bind (default 127.0.0.1)\n"
+            "  --port N                  TCP port, 0 for any free one (default 8080)\n"
+            "  --threads N               compute threads (default: one per CPU)\n"
+            "  --slots N                 concurrent generations, at most %d (default %d)\n"
+            "  --queue N                 requests that may wait for a slot; more get 429 (default 2 x slots)\n"
+            "  --max-conns N             open connections; more get 503 (default 64)\n"
+            "  --request-timeout-ms N    a request must arrive within this (default 10000)\n"
+            "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
+            "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
+            "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/ (also $COLIBRI_API_KEY)\n"
+            "  --verbose                 log connection events\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
             CB_MAX_SLOTS, CB_MAX_SLOTS, CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
             CB_KERNELS_NAME, CB_TOOLKIT_VERSION);
@@ -38,8 +45,9 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *host = "127.0.0.1";
-    int port = 8080, threads = 0, slots = 0;
+    const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
+    int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
+    int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -50,26 +58,39 @@ int main(int argc, char **argv) {
             printf("colibri-server %s (%s, %s)\n", CB_TOOLKIT_VERSION, CB_TARGET_NAME, CB_MODEL_CONFIG_HASH);
             return 0;
         }
+        if (!strcmp(arg, "--verbose")) {
+            verbose = 1;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "colibri-server: %s needs a value (see --help)\n", arg);
             return 2;
         }
         const char *value = argv[++i];
+        int bad = 0;
         if (!strcmp(arg, "--model")) model = value;
         else if (!strcmp(arg, "--host")) host = value;
-        else if (!strcmp(arg, "--port")) { if (parse_int(arg, value, 0, 65535, &port)) return 2; }
-        else if (!strcmp(arg, "--threads")) { if (parse_int(arg, value, 0, 1024, &threads)) return 2; }
-        else if (!strcmp(arg, "--slots")) { if (parse_int(arg, value, 1, CB_MAX_SLOTS, &slots)) return 2; }
+        else if (!strcmp(arg, "--api-key")) api_key = value;
+        else if (!strcmp(arg, "--port")) bad = parse_int(arg, value, 0, 65535, &port);
+        else if (!strcmp(arg, "--threads")) bad = parse_int(arg, value, 0, 1024, &threads);
+        else if (!strcmp(arg, "--slots")) bad = parse_int(arg, value, 1, CB_MAX_SLOTS, &slots);
+        else if (!strcmp(arg, "--queue")) bad = parse_int(arg, value, 0, 65536, &queue);
+        else if (!strcmp(arg, "--max-conns")) bad = parse_int(arg, value, 1, 65536, &max_conns);
+        else if (!strcmp(arg, "--request-timeout-ms")) bad = parse_int(arg, value, 1, 3600000, &request_timeout);
+        else if (!strcmp(arg, "--idle-timeout-ms")) bad = parse_int(arg, value, 1, 3600000, &idle_timeout);
+        else if (!strcmp(arg, "--grace-ms")) bad = parse_int(arg, value, 0, 3600000, &grace_ms);
         else {
             fprintf(stderr, "colibri-server: unknown option '%s' (see --help)\n", arg);
             return 2;
         }
+        if (bad) return 2;
     }
     if (!model) {
         fprintf(stderr, "colibri-server: --model DIR is required\n");
         usage(stderr);
         return 2;
     }
+    if (api_key && !*api_key) api_key = NULL;
 
     char err[1024];
     cb_engine *engine = cb_engine_open(model, threads, slots, err, sizeof err);
@@ -77,7 +98,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "colibri-server: %s\n", err);
         return 1;
     }
-    cb_app *app = cb_app_create(engine);
+    cb_app_options opt = {queue >= 0 ? queue : 2 * cb_engine_n_slots(engine), api_key};
+    cb_app *app = cb_app_create(engine, &opt);
     if (!app) {
         fprintf(stderr, "colibri-server: out of memory for request buffers\n");
         cb_engine_close(engine);
@@ -88,7 +110,10 @@ int main(int argc, char **argv) {
     cfg.host = host;
     cfg.port = port;
     cfg.write_buf_size = 1u << 20; /* a whole response (with trace) must fit */
-    cfg.max_conns = 32;
+    cfg.max_conns = max_conns;
+    cfg.request_timeout_ms = request_timeout;
+    cfg.idle_timeout_ms = idle_timeout;
+    cfg.verbose = verbose;
     cfg.app = app;
     cfg.on_request = cb_app_on_request;
     cfg.on_close = cb_app_on_close;
@@ -102,23 +127,39 @@ int main(int argc, char **argv) {
     cb_app_attach(app, loop);
     cb_install_stop_handler(request_stop);
     const cb_dims *d = cb_engine_dims(engine);
-    fprintf(stderr, "colibri-server: model %s (%u layers, %u experts top-%u), %d slots, kernels %s\n",
+    fprintf(stderr, "colibri-server: model %s (%u layers, %u experts top-%u), %d slots, queue %d, kernels %s%s\n",
             cb_engine_model_name(engine), d->n_layers, d->n_experts, d->top_k, cb_engine_n_slots(engine),
-            CB_KERNELS_NAME);
+            opt.queue_cap, CB_KERNELS_NAME, api_key ? ", API key required" : "");
     fprintf(stderr, "colibri-server: listening on http://%s:%d\n", host, cb_netloop_port(loop));
 
     int status = 0;
-    while (!stop_requested) {
+    uint64_t stop_at = 0; /* when draining: the end of the grace period */
+    for (;;) {
+        if (stop_requested && !stop_at) {
+            /* Graceful: refuse new work, let running requests finish. */
+            fprintf(stderr, "colibri-server: stopping: %d running requests get up to %d ms\n", cb_app_busy(app),
+                    grace_ms);
+            cb_app_drain(app);
+            stop_at = cb_now_ns() + (uint64_t)grace_ms * 1000000u + 1;
+        }
+        if (stop_at) {
+            if (cb_now_ns() >= stop_at) cb_app_cancel_all(app);
+            if (!cb_app_busy(app)) break;
+        }
         /* Busy: poll without waiting, then run the next step. Idle: sleep in
          * the poller until a request arrives. */
-        if (cb_netloop_poll(loop, cb_app_busy(app) ? 0 : 200) < 0) {
+        if (cb_netloop_poll(loop, cb_app_busy(app) || cb_app_queued(app) ? 0 : 200) < 0) {
             fprintf(stderr, "colibri-server: network poller failed\n");
             status = 1;
             break;
         }
         cb_app_step(app);
     }
-    fprintf(stderr, "colibri-server: shutting down\n");
+    /* Let the last answers leave (bounded: a client that does not read
+     * loses them). */
+    for (uint64_t until = cb_now_ns() + 500000000u; !status && cb_netloop_unsent(loop) && cb_now_ns() < until;)
+        cb_netloop_poll(loop, 10);
+    fprintf(stderr, "colibri-server: shut down\n");
     cb_netloop_destroy(loop);
     cb_app_destroy(app);
     cb_engine_close(engine);

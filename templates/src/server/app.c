@@ -1,49 +1,12 @@
-#include "app.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "chat.h"
-#include "json.h"
+#include "app_internal.h"
+#include "platform/platform.h"
 
-#define MAX_JSON_TOKENS 65536
-#define MAX_MESSAGES 256
-#define RESPONSE_BYTES (1u << 20)
-#define DEFAULT_MAX_TOKENS 256
-
-typedef struct {
-    int busy;
-    cb_conn_id conn;
-    uint64_t request_no;
-    int trace;                 /* opt-in per-token trace in the response */
-    int32_t *prompt;           /* [context] */
-    int n_prompt, n_fed;       /* prompt tokens, tokens already in the KV cache */
-    int32_t *generated;        /* [context] */
-    int n_generated, max_tokens;
-    int32_t next_token;        /* sampled, not yet fed */
-    const char *finish_reason;
-    uint32_t *expert_counts;   /* [layers][experts] over every token fed */
-    float *trace_logits;       /* [context]: logit of each generated token */
-    int32_t *trace_experts;    /* [context][layers][top_k] */
-} slot_state;
-
-struct cb_app {
-    cb_engine *engine;
-    cb_netloop *loop;
-    const cb_dims *dims;
-    int n_slots;
-    slot_state *slots;
-    cb_batch_item *batch;
-    int *batch_slot;           /* slot of each batch item */
-    cb_json_tok *toks;
-    char *scratch;             /* unescaped message text */
-    size_t scratch_cap;
-    cb_chat_message *messages;
-    char *response;
-    uint64_t requests;
-};
+/* ---- lifecycle ---- */
 
 static void *alloc_zeroed(size_t count, size_t size, int *ok) {
     void *p = calloc(count ? count : 1, size);
@@ -51,30 +14,47 @@ static void *alloc_zeroed(size_t count, size_t size, int *ok) {
     return p;
 }
 
-cb_app *cb_app_create(cb_engine *engine) {
+cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     int ok = 1;
     cb_app *a = alloc_zeroed(1, sizeof *a, &ok);
     if (!a) return NULL;
     a->engine = engine;
     a->dims = cb_engine_dims(engine);
     a->n_slots = cb_engine_n_slots(engine);
-    const size_t ctx = a->dims->context_len, L = a->dims->n_layers;
+    a->api_key = opt->api_key;
+    const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
-    a->batch = alloc_zeroed((size_t)cb_engine_max_batch(engine), sizeof *a->batch, &ok);
-    a->batch_slot = alloc_zeroed((size_t)cb_engine_max_batch(engine), sizeof *a->batch_slot, &ok);
-    a->toks = alloc_zeroed(MAX_JSON_TOKENS, sizeof *a->toks, &ok);
+    a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
+    a->batch_slot = alloc_zeroed(B, sizeof *a->batch_slot, &ok);
+    a->toks = alloc_zeroed(CB_MAX_JSON_TOKENS, sizeof *a->toks, &ok);
     a->scratch_cap = 1u << 20;
     a->scratch = alloc_zeroed(a->scratch_cap, 1, &ok);
-    a->messages = alloc_zeroed(MAX_MESSAGES, sizeof *a->messages, &ok);
-    a->response = alloc_zeroed(RESPONSE_BYTES, 1, &ok);
+    a->messages = alloc_zeroed(CB_MAX_MESSAGES, sizeof *a->messages, &ok);
+    a->response = alloc_zeroed(CB_RESPONSE_BYTES, 1, &ok);
     for (int s = 0; ok && s < a->n_slots; s++) {
-        slot_state *st = &a->slots[s];
-        st->prompt = alloc_zeroed(ctx, sizeof(int32_t), &ok);
+        cb_slot *st = &a->slots[s];
         st->generated = alloc_zeroed(ctx, sizeof(int32_t), &ok);
         st->expert_counts = alloc_zeroed(L * a->dims->n_experts, sizeof(uint32_t), &ok);
         st->trace_logits = alloc_zeroed(ctx, sizeof(float), &ok);
         st->trace_experts = alloc_zeroed(ctx * L * a->dims->top_k, sizeof(int32_t), &ok);
+        st->lp = alloc_zeroed(ctx, sizeof(float), &ok);
+        st->top_ids = alloc_zeroed(ctx * CB_MAX_TOP_LOGPROBS, sizeof(int32_t), &ok);
+        st->top_lp = alloc_zeroed(ctx * CB_MAX_TOP_LOGPROBS, sizeof(float), &ok);
+        /* Text of a whole answer; a token is a few bytes on average. */
+        st->text_cap = ctx * 16 + CB_TOKEN_BYTES;
+        st->text = alloc_zeroed(st->text_cap, 1, &ok);
     }
+    a->queue_cap = opt->queue_cap > 0 ? opt->queue_cap : 0;
+    a->pool_size = a->n_slots + a->queue_cap;
+    a->pool = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool, &ok);
+    a->pool_free = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool_free, &ok);
+    a->queue = alloc_zeroed((size_t)a->queue_cap, sizeof *a->queue, &ok);
+    for (int i = 0; ok && i < a->pool_size; i++) {
+        a->pool[i].prompt = alloc_zeroed(ctx, sizeof(int32_t), &ok);
+        a->pool_free[a->n_pool_free++] = a->pool_size - 1 - i;
+    }
+    if (ok && cb_sampler_init(&a->sampler, (int)a->dims->vocab) != 0) ok = 0;
+    if (ok && cb_metrics_init(&a->metrics, (int)L, (int)a->dims->n_experts) != 0) ok = 0;
     if (!ok) {
         cb_app_destroy(a);
         return NULL;
@@ -85,12 +65,20 @@ cb_app *cb_app_create(cb_engine *engine) {
 void cb_app_destroy(cb_app *a) {
     if (!a) return;
     for (int s = 0; a->slots && s < a->n_slots; s++) {
-        free(a->slots[s].prompt);
-        free(a->slots[s].generated);
-        free(a->slots[s].expert_counts);
-        free(a->slots[s].trace_logits);
-        free(a->slots[s].trace_experts);
+        cb_slot *st = &a->slots[s];
+        free(st->generated);
+        free(st->expert_counts);
+        free(st->trace_logits);
+        free(st->trace_experts);
+        free(st->lp);
+        free(st->top_ids);
+        free(st->top_lp);
+        free(st->text);
     }
+    for (int i = 0; a->pool && i < a->pool_size; i++) free(a->pool[i].prompt);
+    free(a->pool);
+    free(a->pool_free);
+    free(a->queue);
     free(a->slots);
     free(a->batch);
     free(a->batch_slot);
@@ -98,6 +86,8 @@ void cb_app_destroy(cb_app *a) {
     free(a->scratch);
     free(a->messages);
     free(a->response);
+    cb_sampler_free(&a->sampler);
+    cb_metrics_free(&a->metrics);
     free(a);
 }
 
@@ -105,39 +95,56 @@ void cb_app_attach(cb_app *a, cb_netloop *loop) { a->loop = loop; }
 
 int cb_app_busy(const cb_app *a) {
     int n = 0;
-    for (int s = 0; s < a->n_slots; s++) n += a->slots[s].busy;
+    for (int s = 0; s < a->n_slots; s++) n += a->slots[s].req != NULL;
     return n;
+}
+
+int cb_app_queued(const cb_app *a) { return a->queue_len; }
+
+/* ---- the request pool and the queue ---- */
+
+static void pool_put(cb_app *a, cb_request *q) { a->pool_free[a->n_pool_free++] = (int)(q - a->pool); }
+
+static void release_slot(cb_app *a, int s) {
+    cb_slot *st = &a->slots[s];
+    if (!st->req) return;
+    pool_put(a, st->req);
+    st->req = NULL;
+}
+
+static cb_request *queue_at(const cb_app *a, int i) { return &a->pool[a->queue[(a->queue_head + i) % a->queue_cap]]; }
+
+static void queue_remove(cb_app *a, int i) {
+    for (; i + 1 < a->queue_len; i++)
+        a->queue[(a->queue_head + i) % a->queue_cap] = a->queue[(a->queue_head + i + 1) % a->queue_cap];
+    a->queue_len--;
 }
 
 /* ---- simple endpoints ---- */
 
-static void respond_json(cb_app *a, cb_conn *c, int status, cb_jw *w) {
-    if (w->overflow) {
-        cb_conn_respond_error(c, 500, NULL, "response too large");
-        return;
-    }
-    if (cb_conn_respond(c, status, "application/json", w->buf, w->len, NULL) != CB_CONN_OK)
-        cb_conn_respond_error(c, 500, NULL, "response too large for the connection buffer");
-    (void)a;
-}
-
-static void handle_health(cb_app *a, cb_conn *c) {
+static void handle_health(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    (void)body, (void)len;
     cb_jw w;
-    cb_jw_init(&w, a->response, RESPONSE_BYTES);
+    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
     cb_jw_begin_object(&w);
     cb_jw_key(&w, "status");
-    cb_jw_str(&w, "ok");
+    cb_jw_str(&w, a->draining ? "draining" : "ok");
     cb_jw_key(&w, "slots");
     cb_jw_int(&w, a->n_slots);
     cb_jw_key(&w, "busy_slots");
     cb_jw_int(&w, cb_app_busy(a));
+    cb_jw_key(&w, "queue_length");
+    cb_jw_int(&w, a->queue_len);
+    cb_jw_key(&w, "queue_capacity");
+    cb_jw_int(&w, a->queue_cap);
     cb_jw_end_object(&w);
-    respond_json(a, c, 200, &w);
+    cb_respond_json(a, c, 200, &w);
 }
 
-static void handle_models(cb_app *a, cb_conn *c) {
+static void handle_models(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    (void)body, (void)len;
     cb_jw w;
-    cb_jw_init(&w, a->response, RESPONSE_BYTES);
+    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
     cb_jw_begin_object(&w);
     cb_jw_key(&w, "object");
     cb_jw_str(&w, "list");
@@ -155,264 +162,300 @@ static void handle_models(cb_app *a, cb_conn *c) {
     cb_jw_end_object(&w);
     cb_jw_end_array(&w);
     cb_jw_end_object(&w);
-    respond_json(a, c, 200, &w);
+    cb_respond_json(a, c, 200, &w);
 }
 
-/* ---- chat completions ---- */
-
-static int bad_request(cb_conn *c, const char *fmt, const char *detail) {
-    char msg[512];
-    snprintf(msg, sizeof msg, fmt, detail);
-    cb_conn_respond_error(c, 400, "invalid_request_error", msg);
-    return -1;
-}
-
-/* Reads messages into a->messages (text unescaped into a->scratch). */
-static int read_messages(cb_app *a, cb_conn *c, const char *body, int arr, int *n_out) {
-    const cb_json_tok *t = a->toks;
-    if (arr < 0) return bad_request(c, "'messages' is required%s", "");
-    if (t[arr].type != CB_JSON_ARRAY) return bad_request(c, "'messages' must be an array%s", "");
-    if (t[arr].size == 0) return bad_request(c, "'messages' must not be empty%s", "");
-    if (t[arr].size > MAX_MESSAGES) return bad_request(c, "'messages' has more than 256 entries%s", "");
-    size_t used = 0;
-    for (int i = 0; i < t[arr].size; i++) {
-        char where[48];
-        snprintf(where, sizeof where, "messages[%d]", i);
-        int m = cb_json_array_at(t, arr, i);
-        if (t[m].type != CB_JSON_OBJECT) return bad_request(c, "'%s' must be an object", where);
-        int role = cb_json_find(body, t, m, "role"), content = cb_json_find(body, t, m, "content");
-        if (role < 0 || t[role].type != CB_JSON_STRING)
-            return bad_request(c, "'%s.role' must be a string", where);
-        if (content < 0 || t[content].type != CB_JSON_STRING)
-            return bad_request(c, "'%s.content' must be a string", where);
-        cb_chat_message *msg = &a->messages[i];
-        for (int part = 0; part < 2; part++) {
-            int tok = part ? content : role;
-            int n = cb_json_unescape(body, &t[tok], a->scratch + used, a->scratch_cap - used);
-            if (n < 0) return bad_request(c, "'%s' holds an invalid string", where);
-            if (part) msg->content = a->scratch + used, msg->content_len = (size_t)n;
-            else msg->role = a->scratch + used, msg->role_len = (size_t)n;
-            used += (size_t)n + 1;
-        }
+static void handle_metrics(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    (void)body, (void)len;
+    cb_metrics_gauges g = {a->n_slots, cb_app_busy(a), a->queue_len, a->queue_cap,
+                           a->loop ? cb_netloop_active(a->loop) : 0};
+    size_t n = cb_metrics_write(&a->metrics, &g, a->response, CB_RESPONSE_BYTES);
+    if (n == 0) {
+        cb_respond_error(a, c, 500, NULL, "metrics do not fit the response buffer");
+        return;
     }
-    *n_out = t[arr].size;
-    return 0;
+    cb_metrics_status(&a->metrics, 200);
+    cb_conn_respond(c, 200, "text/plain; version=0.0.4", a->response, n, NULL);
+}
+
+/* ---- generation requests ---- */
+
+static void admit(cb_app *a, int s, cb_request *q) {
+    cb_slot *st = &a->slots[s];
+    const int ctx = (int)a->dims->context_len;
+    st->req = q;
+    st->n_fed = st->n_generated = 0;
+    st->max_tokens = q->max_tokens > ctx - q->n_prompt ? ctx - q->n_prompt : q->max_tokens;
+    st->finish_reason = NULL;
+    st->stopped = 0;
+    st->held_len = st->text_len = st->stream_text_len = 0;
+    cb_rng_seed(&st->rng, q->sampling.seed);
+    memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
+    a->metrics.prompt_tokens += (uint64_t)q->n_prompt;
+    if (!q->stream) return;
+    cb_conn *c = cb_netloop_conn(a->loop, q->conn);
+    if (c && cb_conn_stream_begin(c, 200, "text/event-stream") == CB_CONN_OK &&
+        cb_stream_delta(a, c, st, "", 0, -1) == CB_CONN_OK) {
+        cb_metrics_status(&a->metrics, 200);
+        return;
+    }
+    if (c) cb_conn_close(c);
+    release_slot(a, s);
 }
 
 static int free_slot(const cb_app *a) {
     for (int s = 0; s < a->n_slots; s++)
-        if (!a->slots[s].busy) return s;
+        if (!a->slots[s].req) return s;
     return -1;
 }
 
-static void handle_chat(cb_app *a, cb_conn *c, const char *body, size_t len) {
-    size_t err_at = 0;
-    int n_tok = cb_json_parse(body, len, a->toks, MAX_JSON_TOKENS, &err_at);
-    if (n_tok < 0) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "request body is not valid JSON: %s at byte %zu", cb_json_strerror(n_tok), err_at);
-        cb_conn_respond_error(c, 400, "invalid_request_error", msg);
-        return;
+static void admit_queued(cb_app *a) {
+    int s;
+    while (a->queue_len > 0 && (s = free_slot(a)) >= 0) {
+        cb_request *q = queue_at(a, 0);
+        a->queue_head = (a->queue_head + 1) % a->queue_cap;
+        a->queue_len--;
+        admit(a, s, q);
     }
-    const cb_json_tok *t = a->toks;
-    if (t[0].type != CB_JSON_OBJECT) {
-        bad_request(c, "request body must be a JSON object%s", "");
-        return;
-    }
-    int64_t max_tokens = DEFAULT_MAX_TOKENS;
-    const char *int_fields[] = {"max_tokens", "max_completion_tokens"};
-    for (int f = 0; f < 2; f++) {
-        int v = cb_json_find(body, t, 0, int_fields[f]);
-        if (v < 0 || t[v].type == CB_JSON_NULL) continue;
-        if (cb_json_get_int64(body, &t[v], &max_tokens) != 0 || max_tokens < 1) {
-            bad_request(c, "'%s' must be a positive integer", int_fields[f]);
-            return;
-        }
-    }
-    int stream = cb_json_find(body, t, 0, "stream"), trace = cb_json_find(body, t, 0, "colibri_trace");
-    int flag = 0;
-    if (stream >= 0 && (cb_json_get_bool(&t[stream], &flag) != 0 || flag)) {
-        bad_request(c, "'stream' is not supported by this server yet; send stream: false%s", "");
-        return;
-    }
-    int want_trace = 0;
-    if (trace >= 0 && cb_json_get_bool(&t[trace], &want_trace) != 0) {
-        bad_request(c, "'colibri_trace' must be a boolean%s", "");
-        return;
-    }
-    int n_messages = 0;
-    if (read_messages(a, c, body, cb_json_find(body, t, 0, "messages"), &n_messages) != 0) return;
+}
 
-    int s = free_slot(a);
-    if (s < 0) {
-        static const char busy[] = "{\"error\":{\"message\":\"all slots are busy; retry shortly\","
-                                   "\"type\":\"rate_limit_error\",\"param\":null,\"code\":null}}";
+static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *body, size_t len) {
+    if (a->draining) {
+        cb_respond_error(a, c, 503, NULL, "the server is shutting down");
+        return;
+    }
+    if (a->n_pool_free == 0) {
+        static const char busy[] = "{\"error\":{\"message\":\"all slots are busy and the queue is full; "
+                                   "retry shortly\",\"type\":\"rate_limit_error\",\"param\":null,\"code\":null}}";
+        cb_metrics_status(&a->metrics, 429);
         cb_conn_respond(c, 429, "application/json", busy, sizeof busy - 1, "Retry-After: 1\r\n");
         return;
     }
-    slot_state *st = &a->slots[s];
-    const int ctx = (int)a->dims->context_len;
-    char err[256];
-    /* Leave room for at least one generated token. */
-    int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, n_messages, st->prompt, ctx - 1, err,
-                           sizeof err);
-    if (n < 0) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "%s (context_length %d)", err, ctx);
-        cb_conn_respond_error(c, 400, "invalid_request_error", msg);
+    cb_request *q = &a->pool[a->pool_free[--a->n_pool_free]];
+    char err[512];
+    int status = cb_request_read(a, q, ep, body, len, err, sizeof err);
+    if (status) {
+        pool_put(a, q);
+        cb_respond_error(a, c, status, "invalid_request_error", err);
         return;
     }
-    st->busy = 1;
-    st->conn = cb_conn_handle(c);
-    st->request_no = ++a->requests;
-    st->trace = want_trace;
-    st->n_prompt = n;
-    st->n_fed = 0;
-    st->n_generated = 0;
-    st->max_tokens = max_tokens > ctx - n ? ctx - n : (int)max_tokens;
-    st->finish_reason = NULL;
-    memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
+    q->conn = cb_conn_handle(c);
+    q->request_no = ++a->requests;
+    q->arrived_ns = cb_now_ns();
+    q->created = (int64_t)time(NULL);
+    int s = free_slot(a);
+    if (s >= 0 && a->queue_len == 0) {
+        admit(a, s, q);
+        return;
+    }
+    a->queue[(a->queue_head + a->queue_len++) % a->queue_cap] = (int)(q - a->pool);
+}
+
+static void handle_chat(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    handle_generate(a, c, CB_EP_CHAT, body, len);
+}
+
+static void handle_completions(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    handle_generate(a, c, CB_EP_COMPLETION, body, len);
+}
+
+/* ---- routing ---- */
+
+typedef void (*route_fn)(cb_app *a, cb_conn *c, const char *body, size_t len);
+
+/* One line per endpoint. auth: needs the API key when one is set. */
+static const struct {
+    const char *method, *path;
+    route_fn fn;
+    int auth;
+} routes[] = {
+    {"GET", "/health", handle_health, 0},
+    {"GET", "/metrics", handle_metrics, 0},
+    {"GET", "/v1/models", handle_models, 1},
+    {"POST", "/v1/chat/completions", handle_chat, 1},
+    {"POST", "/v1/completions", handle_completions, 1},
+};
+
+/* "Bearer KEY" equals the key; compared in constant time. */
+static int authorized(const cb_app *a, const cb_http_request *req) {
+    if (!a->api_key) return 1;
+    const size_t klen = strlen(a->api_key);
+    if (!req->authorization || req->authorization_len != klen + 7 ||
+        strncmp(req->authorization, "Bearer ", 7) != 0)
+        return 0;
+    unsigned diff = 0;
+    for (size_t i = 0; i < klen; i++) diff |= (unsigned char)(req->authorization[7 + i] ^ a->api_key[i]);
+    return diff == 0;
 }
 
 void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const char *body, size_t len) {
     cb_app *a = app;
-    if (cb_http_path_is(req, "/health")) {
-        if (cb_http_method_is(req, "GET")) handle_health(a, c);
-        else cb_conn_respond_error(c, 405, NULL, "use GET /health");
-    } else if (cb_http_path_is(req, "/v1/models")) {
-        if (cb_http_method_is(req, "GET")) handle_models(a, c);
-        else cb_conn_respond_error(c, 405, NULL, "use GET /v1/models");
-    } else if (cb_http_path_is(req, "/v1/chat/completions")) {
-        if (cb_http_method_is(req, "POST")) handle_chat(a, c, body, len);
-        else cb_conn_respond_error(c, 405, NULL, "use POST /v1/chat/completions");
-    } else {
-        cb_conn_respond_error(c, 404, NULL, "no such endpoint");
+    int path_known = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        if (!cb_http_path_is(req, routes[i].path)) continue;
+        path_known = 1;
+        if (!cb_http_method_is(req, routes[i].method)) continue;
+        if (routes[i].auth && !authorized(a, req)) {
+            cb_respond_error(a, c, 401, "invalid_request_error",
+                             "missing or incorrect API key: send 'Authorization: Bearer <key>'");
+            return;
+        }
+        routes[i].fn(a, c, body, len);
+        return;
     }
+    if (path_known) cb_respond_error(a, c, 405, NULL, "method not allowed for this endpoint");
+    else cb_respond_error(a, c, 404, NULL, "no such endpoint");
 }
 
 void cb_app_on_close(void *app, cb_conn_id id) {
     cb_app *a = app;
-    /* The client left: its slot is free at once. */
+    /* The client left: its slot, or its place in the queue, is free at once. */
     for (int s = 0; s < a->n_slots; s++)
-        if (a->slots[s].busy && a->slots[s].conn == id) a->slots[s].busy = 0;
-}
-
-/* ---- the response ---- */
-
-static void write_expert_activations(cb_app *a, cb_jw *w, const slot_state *st) {
-    const int L = (int)a->dims->n_layers, E = (int)a->dims->n_experts;
-    cb_jw_key(w, "expert_activations");
-    cb_jw_begin_array(w);
-    for (int l = 0; l < L; l++) {
-        const uint32_t *counts = st->expert_counts + (size_t)l * E;
-        cb_jw_begin_object(w);
-        cb_jw_key(w, "layer");
-        cb_jw_int(w, l);
-        cb_jw_key(w, "experts");
-        cb_jw_begin_array(w);
-        for (int e = 0; e < E; e++)
-            if (counts[e]) cb_jw_int(w, e);
-        cb_jw_end_array(w);
-        cb_jw_key(w, "counts");
-        cb_jw_begin_array(w);
-        for (int e = 0; e < E; e++)
-            if (counts[e]) cb_jw_int(w, counts[e]);
-        cb_jw_end_array(w);
-        cb_jw_end_object(w);
+        if (a->slots[s].req && a->slots[s].req->conn == id) release_slot(a, s);
+    for (int i = 0; i < a->queue_len; i++) {
+        cb_request *q = queue_at(a, i);
+        if (q->conn != id) continue;
+        queue_remove(a, i);
+        pool_put(a, q);
+        break;
     }
-    cb_jw_end_array(w);
 }
 
-static void write_trace(cb_app *a, cb_jw *w, const slot_state *st) {
-    const int L = (int)a->dims->n_layers, k = (int)a->dims->top_k;
-    cb_jw_key(w, "colibri_trace");
-    cb_jw_begin_object(w);
-    cb_jw_key(w, "prompt_tokens");
-    cb_jw_begin_array(w);
-    for (int i = 0; i < st->n_prompt; i++) cb_jw_int(w, st->prompt[i]);
-    cb_jw_end_array(w);
-    cb_jw_key(w, "completion_tokens");
-    cb_jw_begin_array(w);
-    for (int i = 0; i < st->n_generated; i++) cb_jw_int(w, st->generated[i]);
-    cb_jw_end_array(w);
-    cb_jw_key(w, "completion_logits");
-    cb_jw_begin_array(w);
-    for (int i = 0; i < st->n_generated; i++) cb_jw_double(w, st->trace_logits[i]);
-    cb_jw_end_array(w);
-    /* [position][layer][k]: experts of every token that went through the model. */
-    cb_jw_key(w, "experts");
-    cb_jw_begin_array(w);
-    for (int p = 0; p < st->n_fed; p++) {
-        cb_jw_begin_array(w);
-        for (int l = 0; l < L; l++) {
-            cb_jw_begin_array(w);
-            for (int j = 0; j < k; j++) cb_jw_int(w, st->trace_experts[((size_t)p * L + l) * k + j]);
-            cb_jw_end_array(w);
-        }
-        cb_jw_end_array(w);
+void cb_app_drain(cb_app *a) {
+    a->draining = 1;
+    while (a->queue_len > 0) {
+        cb_request *q = queue_at(a, 0);
+        a->queue_head = (a->queue_head + 1) % a->queue_cap;
+        a->queue_len--;
+        cb_conn *c = cb_netloop_conn(a->loop, q->conn);
+        if (c) cb_respond_error(a, c, 503, NULL, "the server is shutting down");
+        pool_put(a, q);
     }
-    cb_jw_end_array(w);
-    cb_jw_end_object(w);
 }
+
+void cb_app_cancel_all(cb_app *a) {
+    for (int s = 0; s < a->n_slots; s++) {
+        cb_slot *st = &a->slots[s];
+        if (!st->req) continue;
+        cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
+        if (c && st->req->stream) cb_conn_close(c); /* a stream cannot change its status any more */
+        else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
+        release_slot(a, s);
+    }
+}
+
+/* ---- text: stop sequences and UTF-8 ---- */
+
+static size_t find(const char *hay, size_t n, const char *needle, size_t m) {
+    for (size_t i = 0; i + m <= n; i++)
+        if (hay[i] == needle[0] && !memcmp(hay + i, needle, m)) return i;
+    return SIZE_MAX;
+}
+
+/* Bytes at the end of s[0..n) that start a UTF-8 character not complete
+ * yet (0 when the tail is complete, or invalid: invalid bytes go out and
+ * become U+FFFD rather than wait forever). */
+static size_t utf8_incomplete_tail(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        const unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: look for the lead */
+        size_t need = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+        return need > back ? back : 0;
+    }
+    return 0;
+}
+
+/* How much of held[] may go to the client now. A stop sequence found ends
+ * the text before it (st->stopped); otherwise hold back a tail that may
+ * still become a stop sequence or an incomplete character. */
+static size_t releasable(cb_slot *st, int final) {
+    const cb_request *q = st->req;
+    const size_t n = st->held_len;
+    size_t first = SIZE_MAX;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t at = find(st->held, n, q->stop_text + q->stop_off[i], q->stop_len[i]);
+        if (at < first) first = at;
+    }
+    if (first != SIZE_MAX) {
+        st->stopped = 1;
+        st->held_len = first;
+        return first;
+    }
+    if (final) return n;
+    size_t hold = utf8_incomplete_tail(st->held, n);
+    for (int i = 0; i < q->n_stop; i++) {
+        const char *stop = q->stop_text + q->stop_off[i];
+        size_t m = (size_t)q->stop_len[i] - 1 < n ? (size_t)q->stop_len[i] - 1 : n;
+        for (; m > hold; m--)
+            if (!memcmp(st->held + n - m, stop, m)) break;
+        if (m > hold) hold = m;
+    }
+    return n - hold;
+}
+
+/* ---- finishing ---- */
 
 static void finish(cb_app *a, int s) {
-    slot_state *st = &a->slots[s];
-    cb_conn *c = cb_netloop_conn(a->loop, st->conn);
-    st->busy = 0;
-    if (!c) return;
-    const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
-    size_t text_len = 0;
-    for (int i = 0; i < st->n_generated; i++) {
-        if (cb_is_end_token(tok, st->generated[i])) break;
-        text_len += cb_token_bytes(tok, st->generated[i], a->scratch + text_len, a->scratch_cap - text_len);
+    cb_slot *st = &a->slots[s];
+    cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
+    if (c && st->req->stream) {
+        if (cb_stream_finish(a, c, st) != CB_CONN_OK) cb_conn_close(c);
+    } else if (c) {
+        cb_respond_final(a, c, st);
     }
-    char id[48];
-    snprintf(id, sizeof id, "chatcmpl-%llu", (unsigned long long)st->request_no);
-    cb_jw w;
-    cb_jw_init(&w, a->response, RESPONSE_BYTES);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "id");
-    cb_jw_str(&w, id);
-    cb_jw_key(&w, "object");
-    cb_jw_str(&w, "chat.completion");
-    cb_jw_key(&w, "created");
-    cb_jw_int(&w, (int64_t)time(NULL));
-    cb_jw_key(&w, "model");
-    cb_jw_str(&w, cb_engine_model_name(a->engine));
-    cb_jw_key(&w, "choices");
-    cb_jw_begin_array(&w);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "index");
-    cb_jw_int(&w, 0);
-    cb_jw_key(&w, "message");
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "role");
-    cb_jw_str(&w, "assistant");
-    cb_jw_key(&w, "content");
-    cb_jw_str_n(&w, a->scratch, text_len);
-    cb_jw_end_object(&w);
-    cb_jw_key(&w, "finish_reason");
-    cb_jw_str(&w, st->finish_reason);
-    cb_jw_end_object(&w);
-    cb_jw_end_array(&w);
-    cb_jw_key(&w, "usage");
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "prompt_tokens");
-    cb_jw_int(&w, st->n_prompt);
-    cb_jw_key(&w, "completion_tokens");
-    cb_jw_int(&w, st->n_generated);
-    cb_jw_key(&w, "total_tokens");
-    cb_jw_int(&w, st->n_prompt + st->n_generated);
-    cb_jw_end_object(&w);
-    write_expert_activations(a, &w, st);
-    if (st->trace) write_trace(a, &w, st);
-    cb_jw_end_object(&w);
-    respond_json(a, c, 200, &w);
+    release_slot(a, s);
+}
+
+/* A new token for slot s: sample, record, release its text. */
+static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
+    cb_slot *st = &a->slots[s];
+    const cb_request *q = st->req;
+    const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
+    const int i = st->n_generated;
+    int32_t token = cb_sample(&a->sampler, logits, &q->sampling, st->generated, i, &st->rng);
+    st->trace_logits[i] = logits[token];
+    if (q->logprobs)
+        st->lp[i] = cb_logprobs(&a->sampler, logits, token, q->top_logprobs,
+                                st->top_ids + (size_t)i * CB_MAX_TOP_LOGPROBS,
+                                st->top_lp + (size_t)i * CB_MAX_TOP_LOGPROBS);
+    st->generated[st->n_generated++] = token;
+    st->next_token = token;
+    a->metrics.generated_tokens++;
+    if (i == 0) cb_hist_observe(&a->metrics.ttft, (double)(now - q->arrived_ns) * 1e-9);
+    else cb_hist_observe(&a->metrics.itl, (double)(now - st->last_token_ns) * 1e-9);
+    st->last_token_ns = now;
+
+    const int end = cb_is_end_token(tok, token);
+    if (!end) st->held_len += cb_token_bytes(tok, token, st->held + st->held_len, CB_TOKEN_BYTES);
+    if (end) st->finish_reason = "stop";
+    else if (st->n_generated >= st->max_tokens) st->finish_reason = "length";
+    size_t n = releasable(st, st->finish_reason != NULL);
+    if (st->stopped) st->finish_reason = "stop";
+
+    if (q->stream) {
+        cb_conn *c = cb_netloop_conn(a->loop, q->conn);
+        st->stream_text_len += n;
+        /* An event per token when logprobs are wanted, else per text. */
+        if (c && (n > 0 || q->logprobs) && cb_stream_delta(a, c, st, st->held, n, i) != CB_CONN_OK) {
+            /* The client reads slower than we write: give up on it. */
+            cb_conn_close(c);
+            release_slot(a, s);
+            return;
+        }
+    } else {
+        size_t room = st->text_cap - st->text_len, take = n < room ? n : room;
+        memcpy(st->text + st->text_len, st->held, take);
+        st->text_len += take;
+    }
+    memmove(st->held, st->held + n, st->held_len - n);
+    st->held_len -= n;
+    if (st->finish_reason) finish(a, s);
 }
 
 /* ---- the scheduler ---- */
 
 int cb_app_step(cb_app *a) {
+    admit_queued(a);
     const int max_batch = cb_engine_max_batch(a->engine);
     const int L = (int)a->dims->n_layers, E = (int)a->dims->n_experts, k = (int)a->dims->top_k;
     int n = 0;
@@ -420,18 +463,18 @@ int cb_app_step(cb_app *a) {
      * then prompt chunks fill the rest of the step. */
     for (int pass = 0; pass < 2; pass++) {
         for (int s = 0; s < a->n_slots && n < max_batch; s++) {
-            slot_state *st = &a->slots[s];
-            if (!st->busy) continue;
-            int prefilling = st->n_fed < st->n_prompt;
+            cb_slot *st = &a->slots[s];
+            if (!st->req) continue;
+            const int n_prompt = st->req->n_prompt, prefilling = st->n_fed < n_prompt;
             if (pass == 0 && !prefilling) {
                 a->batch[n] = (cb_batch_item){st->next_token, s, st->n_fed, 1};
                 a->batch_slot[n++] = s;
             } else if (pass == 1 && prefilling) {
-                int take = st->n_prompt - st->n_fed;
+                int take = n_prompt - st->n_fed;
                 if (take > max_batch - n) take = max_batch - n;
                 for (int i = 0; i < take; i++) {
                     int pos = st->n_fed + i;
-                    a->batch[n] = (cb_batch_item){st->prompt[pos], s, pos, pos == st->n_prompt - 1};
+                    a->batch[n] = (cb_batch_item){st->req->prompt[pos], s, pos, pos == n_prompt - 1};
                     a->batch_slot[n++] = s;
                 }
             }
@@ -443,36 +486,35 @@ int cb_app_step(cb_app *a) {
         /* A bug, not a client error: fail the requests of this step loudly. */
         fprintf(stderr, "colibri-server: forward failed: %s\n", err);
         for (int i = 0; i < n; i++) {
-            slot_state *st = &a->slots[a->batch_slot[i]];
-            if (!st->busy) continue;
-            cb_conn *c = cb_netloop_conn(a->loop, st->conn);
-            if (c) cb_conn_respond_error(c, 500, NULL, err);
-            st->busy = 0;
+            cb_slot *st = &a->slots[a->batch_slot[i]];
+            if (!st->req) continue;
+            cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
+            if (c && st->req->stream) cb_conn_close(c);
+            else if (c) cb_respond_error(a, c, 500, NULL, err);
+            release_slot(a, a->batch_slot[i]);
         }
         return 0;
     }
+    const uint64_t now = cb_now_ns();
     int row = 0;
     for (int i = 0; i < n; i++) {
-        slot_state *st = &a->slots[a->batch_slot[i]];
+        const int s = a->batch_slot[i];
+        cb_slot *st = &a->slots[s];
         const int pos = a->batch[i].pos;
+        const float *logits = a->batch[i].want_logits ? cb_engine_logits(a->engine, row++) : NULL;
+        if (!st->req) continue;
         for (int l = 0; l < L; l++) {
             const int32_t *experts = cb_engine_routing(a->engine, i, l);
             for (int j = 0; j < k; j++) {
-                if (experts[j] >= 0) st->expert_counts[(size_t)l * E + experts[j]]++; /* -1: dense layer */
+                if (experts[j] >= 0) { /* -1: a dense layer routes nowhere */
+                    st->expert_counts[(size_t)l * E + experts[j]]++;
+                    a->metrics.expert_tokens[(size_t)l * E + experts[j]]++;
+                }
                 st->trace_experts[((size_t)pos * L + l) * k + j] = experts[j];
             }
         }
         st->n_fed = pos + 1;
-        if (!a->batch[i].want_logits) continue;
-        const float *logits = cb_engine_logits(a->engine, row++);
-        if (!st->busy) continue; /* client left during the step */
-        int32_t token = cb_argmax(logits, (int)a->dims->vocab);
-        st->trace_logits[st->n_generated] = logits[token];
-        st->generated[st->n_generated++] = token;
-        st->next_token = token;
-        if (cb_is_end_token(cb_engine_tokenizer(a->engine), token)) st->finish_reason = "stop";
-        else if (st->n_generated >= st->max_tokens) st->finish_reason = "length";
-        if (st->finish_reason) finish(a, a->batch_slot[i]);
+        if (logits) take_token(a, s, logits, now);
     }
-    return cb_app_busy(a) > 0;
+    return cb_app_busy(a) > 0 || a->queue_len > 0;
 }

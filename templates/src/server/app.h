@@ -1,6 +1,7 @@
-/* The HTTP application: routes, request validation, and the scheduler that
+/* The HTTP application: routes, the request queue, and the scheduler that
  * runs every busy slot's next tokens as one engine batch per step
- * (continuous batching: a new request joins at the next step). */
+ * (continuous batching: a new request joins at the next step, a finished
+ * or abandoned one frees its slot at once). */
 #ifndef CB_APP_H
 #define CB_APP_H
 
@@ -9,8 +10,13 @@
 
 typedef struct cb_app cb_app;
 
-/* Allocates every per-slot buffer; NULL on failure. */
-cb_app *cb_app_create(cb_engine *engine);
+typedef struct {
+    int queue_cap;       /* requests that may wait for a slot; more get 429 */
+    const char *api_key; /* NULL: no auth; else "Authorization: Bearer KEY" on /v1/ */
+} cb_app_options;
+
+/* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */
+cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt);
 void cb_app_destroy(cb_app *app);
 void cb_app_attach(cb_app *app, cb_netloop *loop);
 
@@ -20,6 +26,13 @@ void cb_app_on_close(void *app, cb_conn_id id);
 
 /* Runs one engine step over all busy slots; returns 1 while work remains. */
 int cb_app_step(cb_app *app);
+/* Slots generating, and requests waiting. */
 int cb_app_busy(const cb_app *app);
+int cb_app_queued(const cb_app *app);
+
+/* Shutdown: refuse new requests (503) and drop the queue; running ones go
+ * on. cb_app_cancel_all() then ends whatever still runs. */
+void cb_app_drain(cb_app *app);
+void cb_app_cancel_all(cb_app *app);
 
 #endif

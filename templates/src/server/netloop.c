@@ -160,6 +160,16 @@ int cb_netloop_active(const cb_netloop *loop)
     return loop->cfg.max_conns - loop->n_free;
 }
 
+int cb_netloop_unsent(const cb_netloop *loop)
+{
+    int i, n = 0;
+    for (i = 0; i < loop->cfg.max_conns; i++) {
+        const cb_conn *c = &loop->conns[i];
+        n += c->state != ST_FREE && (c->wpos < c->wlen || c->state == ST_SENDING);
+    }
+    return n;
+}
+
 /* ---- small helpers ---- */
 
 static uint64_t deadline_after(const cb_netloop *loop, int ms)

@@ -86,6 +86,8 @@ void cb_netloop_destroy(cb_netloop *loop);
 int cb_netloop_port(const cb_netloop *loop);
 /* Open connections. */
 int cb_netloop_active(const cb_netloop *loop);
+/* Connections with response bytes not yet sent (for a graceful exit). */
+int cb_netloop_unsent(const cb_netloop *loop);
 
 /* One round: accept, read, write, enforce time limits, call back. Waits at
  * most timeout_ms (0: do not wait, -1: until something happens) for the

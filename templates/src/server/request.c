@@ -1,0 +1,261 @@
+/* Reading a /v1/chat/completions or /v1/completions body into a cb_request:
+ * every field OpenAI defines is either honoured, ignored because it does
+ * not change the answer (user, metadata...), or refused by name; unknown
+ * fields are ignored. Errors name the field and what was expected. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "app_internal.h"
+
+typedef struct {
+    cb_app *a;
+    const char *body;
+    const cb_json_tok *t;
+    char *err;
+    size_t err_len;
+} reader;
+
+static int fail(reader *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, r->err_len, fmt, ap);
+    va_end(ap);
+    return 400;
+}
+
+/* The value of a top-level field, or -1 when absent or null. */
+static int field(reader *r, const char *name) {
+    int v = cb_json_find(r->body, r->t, 0, name);
+    return v >= 0 && r->t[v].type != CB_JSON_NULL ? v : -1;
+}
+
+static int read_number(reader *r, const char *name, double lo, double hi, float *out) {
+    int v = field(r, name);
+    double x;
+    if (v < 0) return 0;
+    if (cb_json_get_double(r->body, &r->t[v], &x) != 0 || x < lo || x > hi)
+        return fail(r, "'%s' must be a number from %g to %g", name, lo, hi);
+    *out = (float)x;
+    return 0;
+}
+
+static int read_int(reader *r, const char *name, int64_t lo, int64_t hi, int64_t *out) {
+    int v = field(r, name);
+    if (v < 0) return 0;
+    if (cb_json_get_int64(r->body, &r->t[v], out) != 0 || *out < lo || *out > hi)
+        return fail(r, "'%s' must be an integer from %lld to %lld", name, (long long)lo, (long long)hi);
+    return 0;
+}
+
+static int read_bool(reader *r, const char *name, int *out) {
+    int v = field(r, name);
+    if (v >= 0 && cb_json_get_bool(&r->t[v], out) != 0) return fail(r, "'%s' must be true or false", name);
+    return 0;
+}
+
+/* Parameters that would change the answer in ways this server does not
+ * implement: refused together, by name. */
+static int refuse_unsupported(reader *r, cb_endpoint ep) {
+    static const char *never[] = {"tools", "tool_choice", "functions", "function_call", "audio", "modalities",
+                                  "prediction", "suffix"};
+    char names[256] = "";
+    size_t used = 0;
+#define ADD(name) used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "", name)
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+        if (field(r, never[i]) >= 0) ADD(never[i]);
+    int v = field(r, "logit_bias");
+    if (v >= 0 && !(r->t[v].type == CB_JSON_OBJECT && r->t[v].size == 0)) ADD("logit_bias");
+    v = field(r, "response_format");
+    if (v >= 0) {
+        int type = cb_json_find(r->body, r->t, v, "type");
+        if (type < 0 || !cb_json_str_eq(r->body, &r->t[type], "text")) ADD("response_format");
+    }
+    int64_t x;
+    v = field(r, "best_of");
+    if (v >= 0 && (cb_json_get_int64(r->body, &r->t[v], &x) != 0 || x != 1)) ADD("best_of");
+    int flag = 0;
+    v = field(r, "echo");
+    if (ep == CB_EP_COMPLETION && v >= 0 && (cb_json_get_bool(&r->t[v], &flag) != 0 || flag)) ADD("echo");
+#undef ADD
+    if (used) return fail(r, "unsupported parameters: %s", names);
+    v = field(r, "n");
+    if (v >= 0 && (cb_json_get_int64(r->body, &r->t[v], &x) != 0 || x != 1))
+        return fail(r, "'n': only n=1 is supported");
+    return 0;
+}
+
+static int read_stop(reader *r, cb_request *q) {
+    int v = field(r, "stop");
+    q->n_stop = 0;
+    if (v < 0) return 0;
+    const cb_json_tok *t = r->t;
+    int one = t[v].type == CB_JSON_STRING, n = one ? 1 : t[v].size;
+    if (!one && t[v].type != CB_JSON_ARRAY) return fail(r, "'stop' must be a string or an array of strings");
+    if (n > CB_MAX_STOP) return fail(r, "'stop' has %d entries; at most %d are allowed", n, CB_MAX_STOP);
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        int s = one ? v : cb_json_array_at(t, v, i);
+        if (t[s].type != CB_JSON_STRING) return fail(r, "'stop[%d]' must be a string", i);
+        int len = cb_json_unescape(r->body, &t[s], q->stop_text + used, sizeof q->stop_text - used);
+        if (len == -1) return fail(r, "'stop' holds more than %d bytes in all", CB_STOP_BYTES - CB_MAX_STOP);
+        if (len < 0) return fail(r, "'stop[%d]' holds an invalid string", i);
+        if (len == 0) return fail(r, "'stop[%d]' must not be empty", i);
+        q->stop_off[i] = (uint16_t)used;
+        q->stop_len[i] = (uint16_t)len;
+        used += (size_t)len + 1;
+    }
+    q->n_stop = n;
+    return 0;
+}
+
+static int read_messages(reader *r, cb_request *q, int ctx) {
+    cb_app *a = r->a;
+    const cb_json_tok *t = r->t;
+    int arr = cb_json_find(r->body, t, 0, "messages");
+    if (arr < 0) return fail(r, "'messages' is required");
+    if (t[arr].type != CB_JSON_ARRAY) return fail(r, "'messages' must be an array");
+    if (t[arr].size == 0) return fail(r, "'messages' must not be empty");
+    if (t[arr].size > CB_MAX_MESSAGES) return fail(r, "'messages' has more than %d entries", CB_MAX_MESSAGES);
+    size_t used = 0;
+    for (int i = 0; i < t[arr].size; i++) {
+        int m = cb_json_array_at(t, arr, i);
+        if (t[m].type != CB_JSON_OBJECT) return fail(r, "'messages[%d]' must be an object", i);
+        int role = cb_json_find(r->body, t, m, "role"), content = cb_json_find(r->body, t, m, "content");
+        if (role < 0 || t[role].type != CB_JSON_STRING) return fail(r, "'messages[%d].role' must be a string", i);
+        cb_chat_message *msg = &a->messages[i];
+        int n = cb_json_unescape(r->body, &t[role], a->scratch + used, a->scratch_cap - used);
+        if (n < 0) return fail(r, "'messages[%d].role' holds an invalid string", i);
+        msg->role = a->scratch + used, msg->role_len = (size_t)n;
+        used += (size_t)n + 1;
+        /* content: a string, or an array of {"type":"text","text":...} parts
+         * (joined); null for an assistant turn without text. */
+        msg->content = a->scratch + used, msg->content_len = 0;
+        if (content >= 0 && t[content].type == CB_JSON_STRING) {
+            n = cb_json_unescape(r->body, &t[content], a->scratch + used, a->scratch_cap - used);
+            if (n < 0) return fail(r, "'messages[%d].content' holds an invalid string", i);
+            msg->content_len = (size_t)n;
+        } else if (content >= 0 && t[content].type == CB_JSON_ARRAY) {
+            for (int p = 0; p < t[content].size; p++) {
+                int part = cb_json_array_at(t, content, p);
+                int type = cb_json_find(r->body, t, part, "type"), text = cb_json_find(r->body, t, part, "text");
+                if (type < 0 || !cb_json_str_eq(r->body, &t[type], "text") || text < 0 ||
+                    t[text].type != CB_JSON_STRING)
+                    return fail(r, "'messages[%d].content[%d]' must be a {\"type\": \"text\", \"text\": ...} part", i,
+                                p);
+                n = cb_json_unescape(r->body, &t[text], a->scratch + used + msg->content_len,
+                                     a->scratch_cap - used - msg->content_len);
+                if (n < 0) return fail(r, "'messages[%d].content[%d].text' holds an invalid string", i, p);
+                msg->content_len += (size_t)n;
+            }
+        } else if (!(content >= 0 && t[content].type == CB_JSON_NULL)) {
+            return fail(r, "'messages[%d].content' must be a string or an array of text parts", i);
+        }
+        used += msg->content_len + 1;
+    }
+    char err[256];
+    /* Leave room for at least one generated token. */
+    int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, t[arr].size, q->prompt, ctx - 1, err,
+                           sizeof err);
+    if (n < 0) return fail(r, "%s (context_length %d, so at most %d prompt tokens)", err, ctx, ctx - 1);
+    q->n_prompt = n;
+    return 0;
+}
+
+static int read_prompt(reader *r, cb_request *q, int ctx) {
+    const cb_json_tok *t = r->t;
+    const cb_tokenizer *tok = cb_engine_tokenizer(r->a->engine);
+    int v = cb_json_find(r->body, t, 0, "prompt");
+    if (v < 0) return fail(r, "'prompt' is required");
+    if (t[v].type == CB_JSON_STRING) {
+        /* BOS, then the text, as a plain completion would start. */
+        q->prompt[0] = (int32_t)tok->info.bos_id;
+        int n = cb_json_unescape(r->body, &t[v], r->a->scratch, r->a->scratch_cap);
+        if (n < 0) return fail(r, "'prompt' holds an invalid string");
+        int got = cb_tokenize(tok, r->a->scratch, (size_t)n, q->prompt + 1, ctx - 2);
+        if (got < 0)
+            return fail(r, "the prompt is longer than %d tokens (context_length %d, so at most %d prompt tokens)",
+                        ctx - 1, ctx, ctx - 1);
+        q->n_prompt = got + 1;
+        return 0;
+    }
+    if (t[v].type != CB_JSON_ARRAY) return fail(r, "'prompt' must be a string or an array of token ids");
+    const int n = t[v].size;
+    if (n == 0) return fail(r, "'prompt' must not be empty");
+    if (n > ctx - 1)
+        return fail(r, "the prompt is %d tokens (context_length %d, so at most %d prompt tokens)", n, ctx, ctx - 1);
+    for (int i = 0, e = v + 1; i < n; i++, e = t[e].next) {
+        int64_t id;
+        if (cb_json_get_int64(r->body, &t[e], &id) != 0 || id < 0 || id >= (int64_t)r->a->dims->vocab)
+            return fail(r, "'prompt[%d]' must be a token id from 0 to %u", i, r->a->dims->vocab - 1);
+        q->prompt[i] = (int32_t)id;
+    }
+    q->n_prompt = n;
+    return 0;
+}
+
+int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, size_t len, char *err,
+                    size_t err_len) {
+    size_t err_at = 0;
+    int n_tok = cb_json_parse(body, len, a->toks, CB_MAX_JSON_TOKENS, &err_at);
+    reader rd = {a, body, a->toks, err, err_len}, *r = &rd;
+    if (n_tok < 0) return fail(r, "request body is not valid JSON: %s at byte %zu", cb_json_strerror(n_tok), err_at);
+    if (a->toks[0].type != CB_JSON_OBJECT) return fail(r, "request body must be a JSON object");
+    const int ctx = (int)a->dims->context_len;
+    int status;
+    memset(&q->sampling, 0, sizeof q->sampling);
+    q->sampling.top_p = 1.0f;
+    q->sampling.seed = CB_DEFAULT_SEED;
+    q->endpoint = ep;
+    q->stream = q->include_usage = q->trace = q->logprobs = q->top_logprobs = 0;
+    q->max_tokens = ctx;
+    if ((status = refuse_unsupported(r, ep))) return status;
+
+    int64_t x;
+    const char *len_fields[] = {"max_tokens", "max_completion_tokens"};
+    for (int f = 0; f < 2; f++) {
+        x = 0;
+        if ((status = read_int(r, len_fields[f], 1, INT32_MAX, &x))) return status;
+        if (x > 0 && x < q->max_tokens) q->max_tokens = (int)x;
+    }
+    cb_sampling *s = &q->sampling;
+    if ((status = read_number(r, "temperature", 0, 2, &s->temperature))) return status;
+    if ((status = read_number(r, "top_p", 0, 1, &s->top_p))) return status;
+    if ((status = read_number(r, "min_p", 0, 1, &s->min_p))) return status;
+    if ((status = read_number(r, "presence_penalty", -2, 2, &s->presence_penalty))) return status;
+    if ((status = read_number(r, "frequency_penalty", -2, 2, &s->frequency_penalty))) return status;
+    if (s->top_p <= 0.0f) return fail(r, "'top_p' must be a number from 0 (excluded) to 1");
+    x = 0;
+    if ((status = read_int(r, "top_k", 0, INT32_MAX, &x))) return status;
+    s->top_k = (int)x;
+    x = CB_DEFAULT_SEED;
+    if ((status = read_int(r, "seed", INT64_MIN, INT64_MAX, &x))) return status;
+    s->seed = (uint64_t)x;
+
+    if ((status = read_bool(r, "stream", &q->stream))) return status;
+    int so = field(r, "stream_options");
+    if (so >= 0) {
+        int inc = cb_json_find(body, a->toks, so, "include_usage");
+        if (a->toks[so].type != CB_JSON_OBJECT ||
+            (inc >= 0 && cb_json_get_bool(&a->toks[inc], &q->include_usage) != 0))
+            return fail(r, "'stream_options' must be an object like {\"include_usage\": true}");
+    }
+    if ((status = read_bool(r, "colibri_trace", &q->trace))) return status;
+    if (ep == CB_EP_CHAT) {
+        if ((status = read_bool(r, "logprobs", &q->logprobs))) return status;
+        x = 0;
+        if ((status = read_int(r, "top_logprobs", 0, CB_MAX_TOP_LOGPROBS, &x))) return status;
+        q->top_logprobs = (int)x;
+        if (q->top_logprobs && !q->logprobs) return fail(r, "'top_logprobs' needs 'logprobs': true");
+    } else {
+        /* Legacy completions: logprobs is how many top tokens to list. */
+        x = -1;
+        if ((status = read_int(r, "logprobs", 0, 5, &x))) return status;
+        q->logprobs = x >= 0;
+        q->top_logprobs = x > 0 ? (int)x : 0;
+    }
+    int model = field(r, "model");
+    if (model >= 0 && a->toks[model].type != CB_JSON_STRING) return fail(r, "'model' must be a string");
+    if ((status = read_stop(r, q))) return status;
+    return ep == CB_EP_CHAT ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);
+}

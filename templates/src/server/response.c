@@ -1,0 +1,340 @@
+/* Writing answers in OpenAI's shapes: chat.completion, text_completion and
+ * their stream chunks (server-sent events), plus Colibri's additions:
+ * expert_activations always, colibri_trace on request. All JSON is built in
+ * the app's preallocated response buffer. */
+#include <stdio.h>
+#include <string.h>
+
+#include "app_internal.h"
+
+void cb_respond_json(cb_app *a, cb_conn *c, int status, cb_jw *w) {
+    if (w->overflow) {
+        cb_respond_error(a, c, 500, NULL, "response too large");
+        return;
+    }
+    if (cb_conn_respond(c, status, "application/json", w->buf, w->len, NULL) != CB_CONN_OK) {
+        cb_respond_error(a, c, 500, NULL, "response too large for the connection buffer");
+        return;
+    }
+    cb_metrics_status(&a->metrics, status);
+}
+
+void cb_respond_error(cb_app *a, cb_conn *c, int status, const char *type, const char *message) {
+    cb_metrics_status(&a->metrics, status);
+    cb_conn_respond_error(c, status, type, message);
+}
+
+/* ---- pieces ---- */
+
+static void write_head(cb_app *a, cb_jw *w, const cb_request *q, int chunk) {
+    char id[48];
+    snprintf(id, sizeof id, "%s-%llu", q->endpoint == CB_EP_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)q->request_no);
+    cb_jw_key(w, "id");
+    cb_jw_str(w, id);
+    cb_jw_key(w, "object");
+    cb_jw_str(w, q->endpoint == CB_EP_COMPLETION ? "text_completion"
+                 : chunk                         ? "chat.completion.chunk"
+                                                 : "chat.completion");
+    cb_jw_key(w, "created");
+    cb_jw_int(w, q->created);
+    cb_jw_key(w, "model");
+    cb_jw_str(w, cb_engine_model_name(a->engine));
+}
+
+static void write_usage(cb_jw *w, const cb_slot *st) {
+    cb_jw_key(w, "usage");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "prompt_tokens");
+    cb_jw_int(w, st->req->n_prompt);
+    cb_jw_key(w, "completion_tokens");
+    cb_jw_int(w, st->n_generated);
+    cb_jw_key(w, "total_tokens");
+    cb_jw_int(w, st->req->n_prompt + st->n_generated);
+    cb_jw_end_object(w);
+}
+
+static void write_expert_activations(cb_app *a, cb_jw *w, const cb_slot *st) {
+    const int L = (int)a->dims->n_layers, E = (int)a->dims->n_experts;
+    cb_jw_key(w, "expert_activations");
+    cb_jw_begin_array(w);
+    for (int l = 0; l < L; l++) {
+        const uint32_t *counts = st->expert_counts + (size_t)l * E;
+        cb_jw_begin_object(w);
+        cb_jw_key(w, "layer");
+        cb_jw_int(w, l);
+        cb_jw_key(w, "experts");
+        cb_jw_begin_array(w);
+        for (int e = 0; e < E; e++)
+            if (counts[e]) cb_jw_int(w, e);
+        cb_jw_end_array(w);
+        cb_jw_key(w, "counts");
+        cb_jw_begin_array(w);
+        for (int e = 0; e < E; e++)
+            if (counts[e]) cb_jw_int(w, counts[e]);
+        cb_jw_end_array(w);
+        cb_jw_end_object(w);
+    }
+    cb_jw_end_array(w);
+}
+
+static void write_trace(cb_app *a, cb_jw *w, const cb_slot *st) {
+    const int L = (int)a->dims->n_layers, k = (int)a->dims->top_k;
+    const cb_request *q = st->req;
+    cb_jw_key(w, "colibri_trace");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "prompt_tokens");
+    cb_jw_begin_array(w);
+    for (int i = 0; i < q->n_prompt; i++) cb_jw_int(w, q->prompt[i]);
+    cb_jw_end_array(w);
+    cb_jw_key(w, "completion_tokens");
+    cb_jw_begin_array(w);
+    for (int i = 0; i < st->n_generated; i++) cb_jw_int(w, st->generated[i]);
+    cb_jw_end_array(w);
+    cb_jw_key(w, "completion_logits");
+    cb_jw_begin_array(w);
+    for (int i = 0; i < st->n_generated; i++) cb_jw_double(w, st->trace_logits[i]);
+    cb_jw_end_array(w);
+    /* [position][layer][k]: experts of every token that went through the model. */
+    cb_jw_key(w, "experts");
+    cb_jw_begin_array(w);
+    for (int p = 0; p < st->n_fed; p++) {
+        cb_jw_begin_array(w);
+        for (int l = 0; l < L; l++) {
+            cb_jw_begin_array(w);
+            for (int j = 0; j < k; j++) cb_jw_int(w, st->trace_experts[((size_t)p * L + l) * k + j]);
+            cb_jw_end_array(w);
+        }
+        cb_jw_end_array(w);
+    }
+    cb_jw_end_array(w);
+    cb_jw_end_object(w);
+}
+
+static size_t token_text(cb_app *a, int32_t id, char *buf) {
+    return cb_token_bytes(cb_engine_tokenizer(a->engine), id, buf, CB_TOKEN_BYTES);
+}
+
+static void write_token_entry(cb_app *a, cb_jw *w, int32_t id, float lp) {
+    char text[CB_TOKEN_BYTES];
+    size_t n = token_text(a, id, text);
+    cb_jw_key(w, "token");
+    cb_jw_str_n(w, text, n);
+    cb_jw_key(w, "logprob");
+    cb_jw_double(w, lp);
+    cb_jw_key(w, "bytes");
+    cb_jw_begin_array(w);
+    for (size_t i = 0; i < n; i++) cb_jw_int(w, (uint8_t)text[i]);
+    cb_jw_end_array(w);
+}
+
+/* Chat: {"content": [{token, logprob, bytes, top_logprobs}]} over tokens
+ * [from, to). */
+static void write_chat_logprobs(cb_app *a, cb_jw *w, const cb_slot *st, int from, int to) {
+    const int top = st->req->top_logprobs;
+    cb_jw_key(w, "logprobs");
+    if (!st->req->logprobs) {
+        cb_jw_null(w);
+        return;
+    }
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "content");
+    cb_jw_begin_array(w);
+    for (int i = from; i < to; i++) {
+        cb_jw_begin_object(w);
+        write_token_entry(a, w, st->generated[i], st->lp[i]);
+        cb_jw_key(w, "top_logprobs");
+        cb_jw_begin_array(w);
+        for (int j = 0; j < top; j++) {
+            cb_jw_begin_object(w);
+            write_token_entry(a, w, st->top_ids[(size_t)i * CB_MAX_TOP_LOGPROBS + j],
+                              st->top_lp[(size_t)i * CB_MAX_TOP_LOGPROBS + j]);
+            cb_jw_end_object(w);
+        }
+        cb_jw_end_array(w);
+        cb_jw_end_object(w);
+    }
+    cb_jw_end_array(w);
+    cb_jw_end_object(w);
+}
+
+/* Legacy completions: {"tokens", "token_logprobs", "top_logprobs",
+ * "text_offset"} over tokens [from, to); offsets start at text_offset. */
+static void write_legacy_logprobs(cb_app *a, cb_jw *w, const cb_slot *st, int from, int to, size_t text_offset) {
+    char text[CB_TOKEN_BYTES + 1];
+    cb_jw_key(w, "logprobs");
+    if (!st->req->logprobs) {
+        cb_jw_null(w);
+        return;
+    }
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "tokens");
+    cb_jw_begin_array(w);
+    for (int i = from; i < to; i++) cb_jw_str_n(w, text, token_text(a, st->generated[i], text));
+    cb_jw_end_array(w);
+    cb_jw_key(w, "token_logprobs");
+    cb_jw_begin_array(w);
+    for (int i = from; i < to; i++) cb_jw_double(w, st->lp[i]);
+    cb_jw_end_array(w);
+    cb_jw_key(w, "top_logprobs");
+    cb_jw_begin_array(w);
+    for (int i = from; i < to; i++) {
+        cb_jw_begin_object(w);
+        for (int j = 0; j < st->req->top_logprobs; j++) {
+            size_t n = token_text(a, st->top_ids[(size_t)i * CB_MAX_TOP_LOGPROBS + j], text);
+            text[n] = 0; /* a key is a C string; a NUL byte token shows as "" */
+            cb_jw_key(w, text);
+            cb_jw_double(w, st->top_lp[(size_t)i * CB_MAX_TOP_LOGPROBS + j]);
+        }
+        cb_jw_end_object(w);
+    }
+    cb_jw_end_array(w);
+    cb_jw_key(w, "text_offset");
+    cb_jw_begin_array(w);
+    for (int i = from; i < to; i++) {
+        cb_jw_int(w, (int64_t)text_offset);
+        text_offset += token_text(a, st->generated[i], text);
+    }
+    cb_jw_end_array(w);
+    cb_jw_end_object(w);
+}
+
+/* ---- non-streaming ---- */
+
+void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) {
+    const cb_request *q = st->req;
+    cb_jw w;
+    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    write_head(a, &w, q, 0);
+    cb_jw_key(&w, "choices");
+    cb_jw_begin_array(&w);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "index");
+    cb_jw_int(&w, 0);
+    if (q->endpoint == CB_EP_CHAT) {
+        cb_jw_key(&w, "message");
+        cb_jw_begin_object(&w);
+        cb_jw_key(&w, "role");
+        cb_jw_str(&w, "assistant");
+        cb_jw_key(&w, "content");
+        cb_jw_str_n(&w, st->text, st->text_len);
+        cb_jw_end_object(&w);
+        write_chat_logprobs(a, &w, st, 0, st->n_generated);
+    } else {
+        cb_jw_key(&w, "text");
+        cb_jw_str_n(&w, st->text, st->text_len);
+        write_legacy_logprobs(a, &w, st, 0, st->n_generated, 0);
+    }
+    cb_jw_key(&w, "finish_reason");
+    cb_jw_str(&w, st->finish_reason);
+    cb_jw_end_object(&w);
+    cb_jw_end_array(&w);
+    write_usage(&w, st);
+    write_expert_activations(a, &w, st);
+    if (q->trace) write_trace(a, &w, st);
+    cb_jw_end_object(&w);
+    cb_respond_json(a, c, 200, &w);
+}
+
+/* ---- streaming ---- */
+
+/* Sends a->response[0..len) framed as one event: "data: <json>\n\n". The
+ * JSON was written at a->response + 6. */
+static int send_event(cb_app *a, cb_conn *c, cb_jw *w) {
+    if (w->overflow) return CB_CONN_ERR_FULL;
+    memcpy(a->response, "data: ", 6);
+    memcpy(a->response + 6 + w->len, "\n\n", 2);
+    return cb_conn_stream_write(c, a->response, w->len + 8);
+}
+
+static void begin_event(cb_app *a, cb_jw *w) { cb_jw_init(w, a->response + 6, CB_RESPONSE_BYTES - 8); }
+
+int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token) {
+    const cb_request *q = st->req;
+    cb_jw w;
+    begin_event(a, &w);
+    cb_jw_begin_object(&w);
+    write_head(a, &w, q, 1);
+    cb_jw_key(&w, "choices");
+    cb_jw_begin_array(&w);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "index");
+    cb_jw_int(&w, 0);
+    if (q->endpoint == CB_EP_CHAT) {
+        cb_jw_key(&w, "delta");
+        cb_jw_begin_object(&w);
+        if (token < 0) { /* the opening event */
+            cb_jw_key(&w, "role");
+            cb_jw_str(&w, "assistant");
+        }
+        cb_jw_key(&w, "content");
+        cb_jw_str_n(&w, text, len);
+        cb_jw_end_object(&w);
+        if (token >= 0) write_chat_logprobs(a, &w, st, token, token + 1);
+        else {
+            cb_jw_key(&w, "logprobs");
+            cb_jw_null(&w);
+        }
+    } else {
+        cb_jw_key(&w, "text");
+        cb_jw_str_n(&w, text, len);
+        if (token >= 0) write_legacy_logprobs(a, &w, st, token, token + 1, st->stream_text_len - len);
+        else {
+            cb_jw_key(&w, "logprobs");
+            cb_jw_null(&w);
+        }
+    }
+    cb_jw_key(&w, "finish_reason");
+    cb_jw_null(&w);
+    cb_jw_end_object(&w);
+    cb_jw_end_array(&w);
+    cb_jw_end_object(&w);
+    return send_event(a, c, &w);
+}
+
+int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
+    const cb_request *q = st->req;
+    cb_jw w;
+    begin_event(a, &w);
+    cb_jw_begin_object(&w);
+    write_head(a, &w, q, 1);
+    cb_jw_key(&w, "choices");
+    cb_jw_begin_array(&w);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "index");
+    cb_jw_int(&w, 0);
+    if (q->endpoint == CB_EP_CHAT) {
+        cb_jw_key(&w, "delta");
+        cb_jw_begin_object(&w);
+        cb_jw_end_object(&w);
+    } else {
+        cb_jw_key(&w, "text");
+        cb_jw_str(&w, "");
+    }
+    cb_jw_key(&w, "logprobs");
+    cb_jw_null(&w);
+    cb_jw_key(&w, "finish_reason");
+    cb_jw_str(&w, st->finish_reason);
+    cb_jw_end_object(&w);
+    cb_jw_end_array(&w);
+    write_expert_activations(a, &w, st);
+    if (q->trace) write_trace(a, &w, st);
+    cb_jw_end_object(&w);
+    int r = send_event(a, c, &w);
+    if (r == CB_CONN_OK && q->include_usage) {
+        /* OpenAI's last chunk: no choices, the usage. */
+        begin_event(a, &w);
+        cb_jw_begin_object(&w);
+        write_head(a, &w, q, 1);
+        cb_jw_key(&w, "choices");
+        cb_jw_begin_array(&w);
+        cb_jw_end_array(&w);
+        write_usage(&w, st);
+        cb_jw_end_object(&w);
+        r = send_event(a, c, &w);
+    }
+    if (r == CB_CONN_OK) r = cb_conn_stream_write(c, "data: [DONE]\n\n", 14);
+    if (r == CB_CONN_OK) r = cb_conn_stream_end(c);
+    return r;
+}

@@ -1,0 +1,56 @@
+/* Token sampling: penalties, temperature, top-k, top-p, min-p, and a
+ * per-request PRNG, so a request's tokens depend only on its logits and its
+ * seed. Nothing here allocates after cb_sampler_init(): candidates are kept
+ * in a preallocated index buffer, ordered by partial selection and an
+ * in-place heap sort (no qsort, which may allocate). The order is total
+ * (higher value first, ties to the lower token id), so the result never
+ * depends on the algorithm's path. */
+#ifndef CB_SAMPLER_H
+#define CB_SAMPLER_H
+
+#include <stdint.h>
+
+/* xoshiro256** seeded through splitmix64 (Blackman and Vigna). */
+typedef struct {
+    uint64_t s[4];
+} cb_rng;
+
+void cb_rng_seed(cb_rng *r, uint64_t seed);
+uint64_t cb_rng_next(cb_rng *r);
+/* Uniform in [0, 1), 53 random bits. */
+double cb_rng_uniform(cb_rng *r);
+
+typedef struct {
+    float temperature;       /* <= 0: greedy (argmax, ties to the lowest id) */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off; relative to the most likely token */
+    float presence_penalty;  /* OpenAI's: subtracted once from every token */
+    float frequency_penalty; /* ... and this times its count, over the tokens
+                                generated so far */
+    int top_k;               /* 0: off */
+    uint64_t seed;
+} cb_sampling;
+
+/* Scratch shared by every slot (sampling runs on the loop thread, one slot
+ * at a time). */
+typedef struct {
+    int vocab;
+    float *work;      /* [vocab] */
+    int32_t *idx;     /* [vocab] */
+    uint32_t *counts; /* [vocab], zero between calls */
+} cb_sampler;
+
+int cb_sampler_init(cb_sampler *s, int vocab); /* 0, or -1 out of memory */
+void cb_sampler_free(cb_sampler *s);
+
+/* The next token. history: the tokens generated so far (for penalties). */
+int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
+                  int n_history, cb_rng *rng);
+
+/* Log-probability of `chosen` under the model's distribution (log-softmax
+ * of the raw logits, before penalties and temperature), and the n_top most
+ * likely tokens with theirs, best first. */
+float cb_logprobs(cb_sampler *s, const float *logits, int32_t chosen, int n_top, int32_t *top_ids,
+                  float *top_lp);
+
+#endif

@@ -1,0 +1,200 @@
+"""Continuous batching under load: concurrent clients get their solo
+answers bit for bit, outputs do not depend on --threads or restarts, the
+queue answers 429 when full, clients that leave free their slot or queue
+place, and memory does not grow with requests."""
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from conftest import RunningServer, stop_checked
+
+pytestmark = pytest.mark.slow
+
+
+def request_body(i: int) -> dict:
+    """Different prompts, lengths and sampling settings per client."""
+    body = {"messages": [{"role": "user", "content": f"Client {i} says " + "hi " * (i % 5)}],
+            "max_tokens": 8 + 3 * (i % 4), "colibri_trace": True}
+    if i % 2:
+        body.update(temperature=0.7 + 0.1 * (i % 3), top_p=0.9, seed=100 + i)
+    return body
+
+
+def answer(server, body) -> dict:
+    reply = server.post("/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    return {"text": data["choices"][0]["message"]["content"], "trace": data["colibri_trace"],
+            "experts": data["expert_activations"]}
+
+
+def test_concurrent_clients_get_their_solo_answers(server_exe, tiny_model, tiny_config):
+    """slots x 2 clients at once (the queue holds the rest): every answer is
+    bit-identical (tokens, logits, experts) to the same request run alone."""
+    srv = RunningServer(server_exe, tiny_model, "--threads", "2")
+    try:
+        n = tiny_config["batch_slots"] * 2
+        solo = [answer(srv, request_body(i)) for i in range(n)]
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+        def run(i):
+            body = request_body(i)
+            messages = body.pop("messages")
+            done = client.chat.completions.create(model=tiny_config["name"], messages=messages,
+                                                  extra_body=body)
+            return {"text": done.choices[0].message.content, "trace": done.model_extra["colibri_trace"],
+                    "experts": done.model_extra["expert_activations"]}
+
+        with ThreadPoolExecutor(n) as pool:
+            together = list(pool.map(run, range(n)))
+        for i in range(n):
+            assert together[i] == solo[i], f"client {i} differs when batched"
+    finally:
+        stop_checked(srv)
+
+
+def test_outputs_do_not_depend_on_threads_slots_or_restarts(native_server_dist, tiny_model):
+    exe = native_server_dist / "colibri-server"
+    bodies = [request_body(i) for i in range(4)]
+    results = []
+    for args in (["--threads", "1"], ["--threads", "2", "--slots", "2"], ["--threads", "3"]):
+        srv = RunningServer(exe, tiny_model, *args)
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                results.append(list(pool.map(lambda b: answer(srv, b), bodies)))
+        finally:
+            stop_checked(srv)
+    assert results[0] == results[1] == results[2]
+
+
+def send_raw(port: int, body: dict, path="/v1/chat/completions") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    data = json.dumps(body).encode()
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def read_status(sock: socket.socket) -> tuple[int, str]:
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return int(head.split(b" ", 2)[1]), head.decode(errors="replace")
+
+
+class Paused:
+    """SIGSTOP the server while clients connect and send, so that it sees
+    all of them in one round of its event loop."""
+
+    def __init__(self, srv):
+        self.srv = srv
+
+    def __enter__(self):
+        self.srv.proc.send_signal(signal.SIGSTOP)
+
+    def __exit__(self, *exc):
+        self.srv.proc.send_signal(signal.SIGCONT)
+
+
+def metric(srv, name: str) -> float:
+    return float(re.search(rf"^{name} (\S+)$", srv.get("/metrics").text, re.M).group(1))
+
+
+def test_a_full_queue_answers_429_with_retry_after(native_server_dist, tiny_model):
+    srv = RunningServer(native_server_dist / "colibri-server", tiny_model, "--slots", "1", "--queue", "1")
+    try:
+        long = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 200}
+        with Paused(srv):
+            socks = [send_raw(srv.port, long) for _ in range(3)]
+            time.sleep(0.2)
+        heads = [read_status(s) for s in socks]
+        statuses = sorted(status for status, _ in heads)
+        assert statuses == [200, 200, 429], heads
+        refused = next(head for status, head in heads if status == 429)
+        assert re.search(r"(?im)^Retry-After: \d+", refused) and "rate_limit_error" in refused
+        for s in socks:
+            s.close()
+    finally:
+        stop_checked(srv)
+
+
+def test_clients_that_leave_free_their_slot_and_queue_place(native_server_dist, tiny_model):
+    srv = RunningServer(native_server_dist / "colibri-server", tiny_model, "--slots", "1", "--queue", "2")
+    try:
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 240, "stream": True}
+        prompt_before = metric(srv, "colibri_prompt_tokens_total")
+        # A streams; B waits in the queue and leaves before the server looks.
+        a = send_raw(srv.port, body)
+        assert read_status(a)[0] == 200
+        with Paused(srv):
+            b = send_raw(srv.port, body)
+            b.close()
+            time.sleep(0.1)
+        # A leaves mid-stream.
+        generated_before = metric(srv, "colibri_generated_tokens_total")
+        a.close()
+        deadline = time.monotonic() + 10
+        while srv.get("/health").json()["busy_slots"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        health = srv.get("/health").json()
+        assert health["busy_slots"] == 0 and health["queue_length"] == 0
+        assert metric(srv, "colibri_prompt_tokens_total") == prompt_before + 5  # only A was admitted (5 tokens)
+        assert metric(srv, "colibri_generated_tokens_total") - generated_before < 200, "A ran to its end"
+        assert srv.post("/v1/chat/completions", {**body, "stream": False, "max_tokens": 4}).status_code == 200
+    finally:
+        stop_checked(srv)
+
+
+def rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_memory_does_not_grow_with_requests(native_server_dist, tiny_model):
+    """Nothing is allocated per request: RSS after 2,000 requests equals RSS
+    after 100 within two pages."""
+    srv = RunningServer(native_server_dist / "colibri-server", tiny_model, "--threads", "2")
+    session = requests.Session()
+    kinds = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Yo"}], "max_tokens": 4,
+                                  "stream": True, "temperature": 1, "seed": 3, "logprobs": True,
+                                  "top_logprobs": 2, "stop": ["a"]}),
+        ("/v1/completions", {"prompt": [256, 72, 105], "max_tokens": 4, "top_k": 5, "temperature": 0.5}),
+        ("/v1/chat/completions", {"messages": []}),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "colibri_trace": True, "top_p": 0.5,
+                             "temperature": 1}),
+    ]
+
+    def run(count):
+        for i in range(count):
+            path, body = kinds[i % len(kinds)]
+            reply = session.post(srv.url + path, json=body, timeout=30)
+            assert reply.status_code in (200, 400)
+            reply.content
+        session.get(srv.url + "/metrics").content
+
+    try:
+        run(100)
+        early = rss_kib(srv.proc.pid)
+        run(1900)
+        late = rss_kib(srv.proc.pid)
+        page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
+        assert late - early <= 2 * page_kib, f"RSS grew from {early} KiB to {late} KiB"
+    finally:
+        session.close()
+        stop_checked(srv)
