@@ -152,3 +152,20 @@ def test_reduced_precision(checkpoints, shape_id, dtype):
         assert flipped.sum() <= 2
     if dtype == "q8_0":
         assert agree >= 30
+
+
+@pytest.mark.parametrize("shape_id", [s[0] for s in SHAPES])
+def test_built_server_generates_the_same_greedy_tokens(checkpoints, shape_id, tmp_path):
+    """The same converted model through a built colibri-server (specialised
+    build, /v1/completions with token ids, greedy)."""
+    from conftest import RunningServer, build_server
+    ref = checkpoints(shape_id)
+    model_dir, _ = engine_for(ref, "f32")
+    dist = build_server(tmp_path, model_dir, "native")
+    server = RunningServer(dist / "colibri-server", model_dir, "--threads", "2")
+    try:
+        body = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 32, "ignore_eos": True,
+                                               "colibri_trace": True}).json()
+    finally:
+        server.stop()
+    assert body["colibri_trace"]["completion_tokens"] == ref["greedy"]

@@ -172,7 +172,8 @@ def test_api_key(server_exe, tiny_model):
 
 
 def stream_then_sigterm(srv, max_tokens):
-    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens, "stream": True}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
     with requests.post(srv.url + "/v1/chat/completions", json=body, stream=True, timeout=30) as reply:
         assert reply.status_code == 200
         srv.proc.send_signal(signal.SIGTERM)

@@ -425,7 +425,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     else cb_hist_observe(&a->metrics.itl, (double)(now - st->last_token_ns) * 1e-9);
     st->last_token_ns = now;
 
-    const int end = cb_is_end_token(tok, token);
+    const int end = !q->ignore_eos && cb_is_end_token(tok, token);
     if (!end) st->held_len += cb_token_bytes(tok, token, st->held + st->held_len, CB_TOKEN_BYTES);
     if (end) st->finish_reason = "stop";
     else if (st->n_generated >= st->max_tokens) st->finish_reason = "length";

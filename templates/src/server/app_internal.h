@@ -31,6 +31,7 @@ typedef struct {
     uint64_t arrived_ns;
     int64_t created;             /* Unix time of arrival, in every answer */
     int stream, include_usage, trace;
+    int ignore_eos;            /* keep generating past end-of-sequence tokens (as llama.cpp, vLLM) */
     int logprobs, top_logprobs;  /* logprobs: 0/1; top: 0..CB_MAX_TOP_LOGPROBS */
     int max_tokens;              /* requested, > 0 (clamped to the context later) */
     cb_sampling sampling;

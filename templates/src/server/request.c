@@ -207,7 +207,7 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     q->sampling.top_p = 1.0f;
     q->sampling.seed = CB_DEFAULT_SEED;
     q->endpoint = ep;
-    q->stream = q->include_usage = q->trace = q->logprobs = q->top_logprobs = 0;
+    q->stream = q->include_usage = q->trace = q->ignore_eos = q->logprobs = q->top_logprobs = 0;
     q->max_tokens = ctx;
     if ((status = refuse_unsupported(r, ep))) return status;
 
@@ -241,6 +241,7 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
             return fail(r, "'stream_options' must be an object like {\"include_usage\": true}");
     }
     if ((status = read_bool(r, "colibri_trace", &q->trace))) return status;
+    if ((status = read_bool(r, "ignore_eos", &q->ignore_eos))) return status;
     if (ep == CB_EP_CHAT) {
         if ((status = read_bool(r, "logprobs", &q->logprobs))) return status;
         x = 0;
