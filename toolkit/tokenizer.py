@@ -21,7 +21,7 @@ NO_TOKEN = 0xFFFFFFFF
 
 KINDS = {"bpe": 2, "spm": 3}              # enum cb_tokenizer_kind (weights.h)
 PRETOKS = {"none": 0, "gpt2": 1, "llama3": 2, "qwen2": 3}
-FLAGS = {"ignore_merges": 1, "dummy_prefix": 2, "strip_space": 4, "byte_fallback": 8, "split_words": 16}
+FLAGS = {"ignore_merges": 1, "dummy_prefix": 2, "strip_space": 4, "byte_fallback": 8, "split_words": 16, "nfc": 32}
 ATTR_NORMAL, ATTR_SPECIAL, ATTR_USER, ATTR_BYTE, ATTR_UNUSED = range(5)
 ADDED_SPECIAL = 1
 
@@ -48,7 +48,6 @@ class Vocab:
     unk: int | None = None
     eot: int | None = None
     add_bos: bool = False
-    normalizer: str | None = None               # "nfc" where the source normalises
     chat_template: str | None = None            # the Jinja source, if any
     source: str = ""
 

@@ -22,10 +22,10 @@ REGEXES = {
     # llama.cpp writes the case-insensitive group out by hand:
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])" + _LLAMA3_TAIL: "llama3",
 }
-# GGUF tokenizer.ggml.pre -> (pre-tokenizer, ignore_merges)
-GGUF_PRE = {"gpt-2": ("gpt2", False), "mpt": ("gpt2", False), "default": ("gpt2", False), "gpt-neox": ("gpt2", False),
-            "olmo": ("gpt2", False), "llama-bpe": ("llama3", True), "llama3": ("llama3", True),
-            "qwen2": ("qwen2", False)}
+# GGUF tokenizer.ggml.pre -> (pre-tokenizer, ignore_merges, NFC as the original tokenizer.json)
+GGUF_PRE = {"gpt-2": ("gpt2", False, False), "default": ("gpt2", False, False), "mpt": ("gpt2", False, True),
+            "gpt-neox": ("gpt2", False, True), "olmo": ("gpt2", False, True), "llama-bpe": ("llama3", True, False),
+            "llama3": ("llama3", True, False), "qwen2": ("qwen2", False, True)}
 GGUF_TYPES = {1: ATTR_NORMAL, 2: ATTR_SPECIAL, 3: ATTR_SPECIAL, 4: ATTR_USER, 5: ATTR_UNUSED, 6: ATTR_BYTE}
 
 
@@ -163,7 +163,8 @@ def from_hf_json(path: Path) -> Vocab:
               added=added_out, byte_ids=_byte_ids_bytelevel(index, where), source=where)
     if model.get("ignore_merges"):
         v.flags.add("ignore_merges")
-    v.normalizer = "nfc" if norm else None
+    if norm:
+        v.flags.add("nfc")
     by_text = {a["content"]: a["id"] for a in added}
     for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
         name = _config_token(cfg.get(key))
@@ -195,7 +196,12 @@ def from_gguf(path: Path) -> Vocab:
     f = reader.fields
 
     def get(key, default=None):
-        return f[key].contents() if key in f else default
+        if key not in f:
+            return default
+        field = f[key]
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):  # contents() is slow on big arrays
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        return field.contents()
 
     model = get("tokenizer.ggml.model")
     tokens = get("tokenizer.ggml.tokens")
@@ -208,7 +214,7 @@ def from_gguf(path: Path) -> Vocab:
         if pre not in GGUF_PRE:
             raise TokenizerError(f"{where}: pre-tokenizer '{pre}' is not supported",
                                  hint=f"supported: {', '.join(sorted(GGUF_PRE))}")
-        pretok, ignore = GGUF_PRE[pre]
+        pretok, ignore, nfc = GGUF_PRE[pre]
         toks = _byte_level(tokens, attrs, where)
         index = {t: i for i, t in reversed(list(enumerate(tokens)))}
         v = Vocab(kind="bpe", pretok=pretok, tokens=toks,
@@ -216,6 +222,8 @@ def from_gguf(path: Path) -> Vocab:
                   added=[], byte_ids=_byte_ids_bytelevel(index, where), source=where)
         if ignore:
             v.flags.add("ignore_merges")
+        if nfc:
+            v.flags.add("nfc")
     elif model == "llama":
         scores = get("tokenizer.ggml.scores") or [0.0] * len(tokens)
         pieces = [(t, s, {ATTR_NORMAL: spm_model.NORMAL, ATTR_SPECIAL: spm_model.CONTROL,

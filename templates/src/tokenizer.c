@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "pretok.h"
+#include "unicode_nfc.h"
 
 #define DEAD 0xFFFFFFFEu
 #define MAX_SYMS (CB_TOK_MAX_WORD + 1)
@@ -20,6 +21,8 @@ struct cb_tok_work {
     int32_t *prev, *next;   /* [MAX_SYMS] linked list of live symbols */
     uint64_t *heap;         /* [3 * MAX_SYMS] (rank << 32 | position) */
     uint8_t *word;          /* [3 * CB_TOK_MAX_WORD + 3] the word as the model sees it */
+    uint32_t *nfc_cps;      /* [CB_TOK_MAX_NFC] code points being normalised */
+    uint8_t *nfc;           /* [4 * CB_TOK_MAX_NFC] the normalised chunk */
 };
 
 /* ---- loading ---- */
@@ -197,6 +200,11 @@ static int alloc_work(cb_tokenizer *t) {
     w->next = malloc(sizeof(int32_t) * MAX_SYMS);
     w->heap = malloc(sizeof(uint64_t) * 3 * MAX_SYMS);
     w->word = malloc(3 * CB_TOK_MAX_WORD + 3);
+    if (t->flags & CB_TOKF_NFC) {
+        w->nfc_cps = malloc(sizeof(uint32_t) * CB_TOK_MAX_NFC);
+        w->nfc = malloc(4 * (size_t)CB_TOK_MAX_NFC);
+        if (!w->nfc_cps || !w->nfc) return -1;
+    }
     return w->id && w->start && w->prev && w->next && w->heap && w->word ? 0 : -1;
 }
 
@@ -273,6 +281,8 @@ void cb_tokenizer_close(cb_tokenizer *t) {
         free(t->work->next);
         free(t->work->heap);
         free(t->work->word);
+        free(t->work->nfc_cps);
+        free(t->work->nfc);
         free(t->work);
     }
     free(t->str_table);
@@ -403,6 +413,16 @@ static int word_too_long(char *err, size_t err_len) {
 
 static int encode_chunk(const cb_tokenizer *t, const uint8_t *s, size_t len, sink *o, char *err, size_t err_len) {
     cb_tok_work *w = t->work;
+    if ((t->flags & CB_TOKF_NFC) && cb_nfc_needed(s, len)) {
+        long n = cb_nfc(s, len, w->nfc_cps, CB_TOK_MAX_NFC, w->nfc, 4 * (size_t)CB_TOK_MAX_NFC);
+        if (n < 0) {
+            snprintf(err, err_len, "more than %u characters that need Unicode normalisation (NFC) in one run",
+                     CB_TOK_MAX_NFC);
+            return -2;
+        }
+        s = w->nfc;
+        len = (size_t)n;
+    }
     if (t->kind == CB_TOKENIZER_BPE) {
         for (size_t i = 0; i < len;) {
             size_t end = t->pretok == CB_PRETOK_NONE ? len : cb_pretok_next((int)t->pretok, s, len, i);

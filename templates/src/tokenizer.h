@@ -25,7 +25,8 @@
  *   u32 chat_off[n_chat+1], chat bytes    reduced chat template (chat.h) */
 #define CB_TOK_MAGIC "CBTOKEN"
 #define CB_TOK_VERSION 1
-#define CB_TOK_MAX_WORD (1u << 17) /* longest pre-token, in bytes, one encode handles */
+#define CB_TOK_MAX_WORD (1u << 16) /* longest pre-token, in bytes, one encode handles */
+#define CB_TOK_MAX_NFC (1u << 18)  /* longest text chunk, in code points, that needs NFC */
 #define CB_CHAT_MAX_STRINGS 16
 
 enum cb_pretok { CB_PRETOK_NONE = 0, CB_PRETOK_GPT2 = 1, CB_PRETOK_LLAMA3 = 2, CB_PRETOK_QWEN2 = 3 };
@@ -36,6 +37,7 @@ enum cb_tok_flag {
     CB_TOKF_BYTE_FALLBACK = 8,  /* spm: unknown characters become <0xXX> byte tokens */
     CB_TOKF_SPLIT_WORDS = 16,   /* spm: no piece holds U+2581 after another character, so
                                    words (split before such a U+2581) merge independently */
+    CB_TOKF_NFC = 32,           /* text is NFC-normalised before splitting (Qwen, OLMo) */
 };
 enum cb_tok_attr { CB_TOKA_NORMAL = 0, CB_TOKA_SPECIAL = 1, CB_TOKA_USER = 2, CB_TOKA_BYTE = 3, CB_TOKA_UNUSED = 4 };
 enum cb_tok_added_flag { CB_ADDED_SPECIAL = 1 }; /* parsed only when special tokens are */
@@ -103,7 +105,8 @@ void cb_tokenizer_init(cb_tokenizer *t, const cb_tok_info *info, uint32_t vocab)
 /* Encodes text into out. parse_special: special added tokens written in the
  * text become their ids (other added tokens always do). Returns the count,
  * or -1 with a message in err (more than cap ids, a pre-token longer than
- * CB_TOK_MAX_WORD bytes). Invalid UTF-8 is encoded byte by byte, never an error. */
+ * CB_TOK_MAX_WORD bytes, over CB_TOK_MAX_NFC characters needing NFC between
+ * two added tokens). Invalid UTF-8 is encoded byte by byte, never an error. */
 int cb_tokenize_ex(const cb_tokenizer *t, const char *text, size_t len, int parse_special, int32_t *out,
                    int cap, char *err, size_t err_len);
 /* cb_tokenize_ex with special tokens parsed and no message. */
