@@ -185,23 +185,11 @@ def from_hf_json(path: Path) -> Vocab:
 
 def from_gguf(path: Path) -> Vocab:
     where = str(path)
-    try:
-        import gguf
-    except ImportError:
-        raise TokenizerError(f"{where}: reading GGUF needs the 'gguf' package", hint="pip install gguf") from None
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # the reader raises assorted errors on a bad file
-        raise TokenizerError(f"{where}: not a readable GGUF file: {exc}") from None
-    f = reader.fields
+    from .gguf_meta import read_gguf_metadata
+    meta = read_gguf_metadata(path)
 
     def get(key, default=None):
-        if key not in f:
-            return default
-        field = f[key]
-        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):  # contents() is slow on big arrays
-            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        return field.contents()
+        return meta.get(key, default)
 
     model = get("tokenizer.ggml.model")
     tokens = get("tokenizer.ggml.tokens")
