@@ -46,6 +46,16 @@ cdef extern from "tokenizer.h" nogil:
     uint32_t cb_tokenizer_size(const cb_tokenizer *t)
     int cb_is_end_token(const cb_tokenizer *t, int32_t id)
 
+cdef extern from "chat.h" nogil:
+    ctypedef struct cb_chat_message:
+        const char *role
+        size_t role_len
+        const char *content
+        size_t content_len
+    long cb_chat_render(const cb_tokenizer *t, const cb_chat_message *msgs, int n, char *text, size_t cap,
+                        char *err, size_t err_len)
+
+
 cdef extern from "build_config.h":
     const char *CB_KERNELS_NAME
 
@@ -111,6 +121,31 @@ cdef list _decode_stream(const cb_tokenizer *t, ids):
     return pieces
 
 
+cdef str _format_chat(const cb_tokenizer *t, messages):
+    """The prompt text the server makes of messages with the model's template."""
+    cdef int n = len(messages)
+    parts = [(m["role"].encode(), m["content"].encode()) for m in messages]
+    cdef cb_chat_message *msgs = <cb_chat_message *>PyMem_Malloc(sizeof(cb_chat_message) * max(n, 1))
+    if msgs == NULL:
+        raise MemoryError()
+    cdef size_t cap = 4096 + 2 * sum(len(r) + len(c) for r, c in parts)
+    buf = bytearray(cap * 4)
+    cdef char err[512]
+    cdef long got
+    try:
+        for i, (role, content) in enumerate(parts):
+            msgs[i].role = role
+            msgs[i].role_len = len(role)
+            msgs[i].content = content
+            msgs[i].content_len = len(content)
+        got = cb_chat_render(t, msgs, n, buf, len(buf), err, sizeof(err))
+    finally:
+        PyMem_Free(msgs)
+    if got < 0:
+        raise EngineError(err.decode(errors="replace"))
+    return bytes(buf[:got]).decode("utf-8")
+
+
 cdef class Tokenizer:
     """Tokenizer(path): a tokenizer.cbt (or the model folder holding one),
     run by the engine's C code.
@@ -153,6 +188,11 @@ cdef class Tokenizer:
 
     def is_end_token(self, int tok):
         return bool(cb_is_end_token(self.t, tok))
+
+    def format_chat(self, messages):
+        """The prompt text of messages ({"role", "content"} dicts) as the
+        server formats it, from the reduced chat template."""
+        return _format_chat(self.t, messages)
 
 
 cdef class Engine:
@@ -289,6 +329,10 @@ cdef class Engine:
     def detokenize(self, ids):
         """The text of ids (invalid UTF-8 across them becomes U+FFFD)."""
         return _decode(cb_engine_tokenizer(self.e), ids)
+
+    def format_chat(self, messages):
+        """The prompt text the server makes of chat messages (real tokenizers)."""
+        return _format_chat(cb_engine_tokenizer(self.e), messages)
 
     def generate(self, prompt, int max_tokens=16):
         """Greedy continuation of a text prompt (no chat template): the new text."""

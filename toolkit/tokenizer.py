@@ -128,7 +128,7 @@ def convert_tokenizer(src_dir: Path, out_dir: Path, chat_template: str | Path | 
         vocab.eot = reduced.eot
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = pack(vocab, reduced.strings() if reduced else [])
+    data = pack(vocab, reduced.strings_list() if reduced else [])
     tmp = out_dir / (FILE_NAME + ".partial")
     tmp.write_bytes(data)
     tmp.replace(out_dir / FILE_NAME)

@@ -41,6 +41,9 @@ struct cb_app {
     char *scratch;             /* unescaped message text */
     size_t scratch_cap;
     cb_chat_message *messages;
+    char *text;                /* a formatted prompt or detokenized text [text_cap] */
+    size_t text_cap;
+    int32_t *ids;              /* /tokenize and /detokenize [scratch_cap] */
     char *response;
     uint64_t requests;
 };
@@ -66,6 +69,9 @@ cb_app *cb_app_create(cb_engine *engine) {
     a->scratch_cap = 1u << 20;
     a->scratch = alloc_zeroed(a->scratch_cap, 1, &ok);
     a->messages = alloc_zeroed(MAX_MESSAGES, sizeof *a->messages, &ok);
+    a->text_cap = a->scratch_cap + (1u << 16);
+    a->text = alloc_zeroed(a->text_cap, 1, &ok);
+    a->ids = alloc_zeroed(a->scratch_cap, sizeof(int32_t), &ok);
     a->response = alloc_zeroed(RESPONSE_BYTES, 1, &ok);
     for (int s = 0; ok && s < a->n_slots; s++) {
         slot_state *st = &a->slots[s];
@@ -97,6 +103,8 @@ void cb_app_destroy(cb_app *a) {
     free(a->toks);
     free(a->scratch);
     free(a->messages);
+    free(a->text);
+    free(a->ids);
     free(a->response);
     free(a);
 }
@@ -254,8 +262,8 @@ static void handle_chat(cb_app *a, cb_conn *c, const char *body, size_t len) {
     const int ctx = (int)a->dims->context_len;
     char err[256];
     /* Leave room for at least one generated token. */
-    int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, n_messages, st->prompt, ctx - 1, err,
-                           sizeof err);
+    int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, n_messages, a->text, a->text_cap,
+                           st->prompt, ctx - 1, err, sizeof err);
     if (n < 0) {
         char msg[400];
         snprintf(msg, sizeof msg, "%s (context_length %d)", err, ctx);
@@ -274,9 +282,125 @@ static void handle_chat(cb_app *a, cb_conn *c, const char *body, size_t len) {
     memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
 }
 
+/* ---- /tokenize, /detokenize, /apply-template (llama.cpp's shapes) ---- */
+
+/* Parses body as a JSON object into a->toks; 0, or -1 after answering 400. */
+static int parse_object(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    size_t err_at = 0;
+    int n_tok = cb_json_parse(body, len, a->toks, MAX_JSON_TOKENS, &err_at);
+    if (n_tok < 0) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "request body is not valid JSON: %s at byte %zu", cb_json_strerror(n_tok), err_at);
+        cb_conn_respond_error(c, 400, "invalid_request_error", msg);
+        return -1;
+    }
+    if (a->toks[0].type != CB_JSON_OBJECT) return bad_request(c, "request body must be a JSON object%s", "");
+    return 0;
+}
+
+static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    if (parse_object(a, c, body, len) != 0) return;
+    int content = cb_json_find(body, a->toks, 0, "content");
+    if (content < 0 || a->toks[content].type != CB_JSON_STRING) {
+        bad_request(c, "'content' must be a string%s", "");
+        return;
+    }
+    int special = 1, sp = cb_json_find(body, a->toks, 0, "parse_special");
+    if (sp >= 0 && cb_json_get_bool(&a->toks[sp], &special) != 0) {
+        bad_request(c, "'parse_special' must be a boolean%s", "");
+        return;
+    }
+    int n = cb_json_unescape(body, &a->toks[content], a->scratch, a->scratch_cap);
+    if (n < 0) {
+        bad_request(c, "'content' holds an invalid string%s", "");
+        return;
+    }
+    char err[256];
+    int got = cb_tokenize_ex(cb_engine_tokenizer(a->engine), a->scratch, (size_t)n, special, a->ids,
+                             (int)a->scratch_cap, err, sizeof err);
+    if (got < 0) {
+        bad_request(c, "%s", err);
+        return;
+    }
+    cb_jw w;
+    cb_jw_init(&w, a->response, RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "tokens");
+    cb_jw_begin_array(&w);
+    for (int i = 0; i < got; i++) cb_jw_int(&w, a->ids[i]);
+    cb_jw_end_array(&w);
+    cb_jw_end_object(&w);
+    respond_json(a, c, 200, &w);
+}
+
+static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    if (parse_object(a, c, body, len) != 0) return;
+    const cb_json_tok *t = a->toks;
+    int arr = cb_json_find(body, t, 0, "tokens");
+    if (arr < 0 || t[arr].type != CB_JSON_ARRAY) {
+        bad_request(c, "'tokens' must be an array of token ids%s", "");
+        return;
+    }
+    const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
+    int n = t[arr].size;
+    if ((size_t)n > a->scratch_cap) {
+        bad_request(c, "'tokens' has too many entries%s", "");
+        return;
+    }
+    for (int i = 0, el = arr + 1; i < n; i++, el = cb_json_skip(t, el)) {
+        int64_t v;
+        if (cb_json_get_int64(body, &t[el], &v) != 0 || v < 0 || v >= (int64_t)cb_tokenizer_size(tok)) {
+            char what[64];
+            snprintf(what, sizeof what, "%d", i);
+            bad_request(c, "'tokens[%s]' is not a token id of this model", what);
+            return;
+        }
+        a->ids[i] = (int32_t)v;
+    }
+    long got = cb_detokenize(tok, a->ids, n, a->text, a->text_cap, NULL);
+    if (got < 0) {
+        bad_request(c, "the text of 'tokens' is too long%s", "");
+        return;
+    }
+    cb_jw w;
+    cb_jw_init(&w, a->response, RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "content");
+    cb_jw_str_n(&w, a->text, (size_t)got);
+    cb_jw_end_object(&w);
+    respond_json(a, c, 200, &w);
+}
+
+/* The prompt text the chat template makes of messages (no inference). */
+static void handle_apply_template(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    if (parse_object(a, c, body, len) != 0) return;
+    int n_messages = 0;
+    if (read_messages(a, c, body, cb_json_find(body, a->toks, 0, "messages"), &n_messages) != 0) return;
+    char err[256];
+    long got = cb_chat_render(cb_engine_tokenizer(a->engine), a->messages, n_messages, a->text, a->text_cap, err,
+                              sizeof err);
+    if (got < 0) {
+        bad_request(c, "%s", err);
+        return;
+    }
+    cb_jw w;
+    cb_jw_init(&w, a->response, RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "prompt");
+    cb_jw_str_n(&w, a->text, (size_t)got);
+    cb_jw_end_object(&w);
+    respond_json(a, c, 200, &w);
+}
+
 void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const char *body, size_t len) {
     cb_app *a = app;
-    if (cb_http_path_is(req, "/health")) {
+    if (cb_http_path_is(req, "/tokenize") || cb_http_path_is(req, "/detokenize") ||
+        cb_http_path_is(req, "/apply-template")) {
+        if (!cb_http_method_is(req, "POST")) cb_conn_respond_error(c, 405, NULL, "use POST");
+        else if (cb_http_path_is(req, "/tokenize")) handle_tokenize(a, c, body, len);
+        else if (cb_http_path_is(req, "/detokenize")) handle_detokenize(a, c, body, len);
+        else handle_apply_template(a, c, body, len);
+    } else if (cb_http_path_is(req, "/health")) {
         if (cb_http_method_is(req, "GET")) handle_health(a, c);
         else cb_conn_respond_error(c, 405, NULL, "use GET /health");
     } else if (cb_http_path_is(req, "/v1/models")) {
@@ -361,11 +485,11 @@ static void finish(cb_app *a, int s) {
     st->busy = 0;
     if (!c) return;
     const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
-    size_t text_len = 0;
-    for (int i = 0; i < st->n_generated; i++) {
-        if (cb_is_end_token(tok, st->generated[i])) break;
-        text_len += cb_token_bytes(tok, st->generated[i], a->scratch + text_len, a->scratch_cap - text_len);
-    }
+    int n_text = 0;
+    while (n_text < st->n_generated && !cb_is_end_token(tok, st->generated[n_text])) n_text++;
+    /* Whole UTF-8 characters only; a cut one at the end becomes U+FFFD. */
+    long got = cb_detokenize(tok, st->generated, n_text, a->scratch, a->scratch_cap, NULL);
+    size_t text_len = got > 0 ? (size_t)got : 0;
     char id[48];
     snprintf(id, sizeof id, "chatcmpl-%llu", (unsigned long long)st->request_no);
     cb_jw w;
