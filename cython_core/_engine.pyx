@@ -116,8 +116,8 @@ cdef list _decode_stream(const cb_tokenizer *t, ids):
             raise EngineError("token text longer than 4096 bytes")
         pieces.append(buf[:n].decode("utf-8"))
     n = cb_detok_flush(&st, buf, sizeof(buf))
-    if pieces and n > 0:
-        pieces[-1] += buf[:n].decode("utf-8")
+    if pieces and n > 0:  # (wraparound is off in this module: no [-1])
+        pieces[len(pieces) - 1] += buf[:n].decode("utf-8")
     return pieces
 
 

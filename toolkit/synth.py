@@ -32,11 +32,13 @@ PRESETS = {
 INIT_STD = 0.02  # transformers' initializer_range for these families
 
 
-def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict) -> dict:
+def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, tokenizer: dict | None = None) -> dict:
     if arch not in ARCHITECTURES:
         raise ConfigError(f"synth: unknown architecture '{arch}'; expected one of {', '.join(ARCHITECTURES)}")
     dims = dict(PRESETS[preset])
     dims.update({k: v for k, v in overrides.items() if v is not None})
+    if tokenizer is not None:  # a real vocabulary: the embedding has one row per token
+        dims["vocab_size"] = max(tokenizer["tokens"], overrides.get("vocab_size") or 0)
     cfg = {
         "format_version": 1,
         "name": name,
@@ -47,7 +49,7 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict) -
         "rope": {"theta": 10000.0},
         "batch_slots": 8,
         "weights": {"file": "weights.cbw", "dtype": "f32"},
-        "tokenizer": {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
+        "tokenizer": tokenizer or {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
         "seed": seed,
     }
     return config_mod.validate(cfg, source=f"synth preset '{preset}'")
@@ -63,14 +65,20 @@ def random_tensors(cfg: dict, seed: int):
 
 
 def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = None,
-          overrides: dict | None = None) -> Path:
+          overrides: dict | None = None, tokenizer: Path | None = None, chat_template: str | None = None) -> Path:
     """Writes a model folder (model-config.json + weights.cbw) and returns it.
-    Built in a temporary folder and renamed, so no half-written model remains."""
-    cfg = make_config(arch, preset, name or out.name, seed, overrides or {})
+    Built in a temporary folder and renamed, so no half-written model remains.
+    tokenizer: a real tokenizer's source (toolkit.tokenizer.convert_tokenizer)
+    instead of the byte tokenizer."""
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    section = None
+    if tokenizer is not None:
+        from .tokenizer import convert_tokenizer
+        section = convert_tokenizer(tokenizer, tmp, chat_template=chat_template)
+    cfg = make_config(arch, preset, name or out.name, seed, overrides or {}, section)
     cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], random_tensors(cfg, seed))
     (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if out.exists():

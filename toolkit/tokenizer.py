@@ -7,7 +7,6 @@ reduced chat template."""
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +140,3 @@ def convert_tokenizer(src_dir: Path, out_dir: Path, chat_template: str | Path | 
 
 def _first_special(vocab: Vocab) -> int:
     return next((i for i, t in enumerate(vocab.tokens) if t[2] == ATTR_SPECIAL), 0)
-
-
-def main_json(section: dict) -> str:
-    return json.dumps(section, indent=2)

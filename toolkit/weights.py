@@ -25,7 +25,7 @@ NAME_BYTES = 48
 ARCH_IDS = {"mixtral": 1}
 ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
 DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
-TOKENIZER_IDS = {"bytes": 1}
+TOKENIZER_IDS = {"bytes": 1, "bpe": 2, "spm": 3}  # enum cb_tokenizer_kind
 
 # cb_weights_header in weights.h: magic, version, alignment, n_tensors,
 # header_bytes, then cb_dims (15 u32 + 2 f32), cb_tok_info (8 u32), name.
