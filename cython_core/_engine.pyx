@@ -33,9 +33,28 @@ cdef extern from "engine.h" nogil:
     int32_t cb_argmax(const float *logits, int n)
 
 cdef extern from "tokenizer.h" nogil:
-    int cb_tokenize(const cb_tokenizer *t, const char *text, size_t len, int32_t *out, int cap)
-    size_t cb_token_bytes(const cb_tokenizer *t, int32_t id, char *out, size_t cap)
+    ctypedef struct cb_detok_state:
+        pass
+    int cb_tokenizer_load(cb_tokenizer *t, const char *path, char *err, size_t err_len)
+    void cb_tokenizer_close(cb_tokenizer *t)
+    int cb_tokenize_ex(const cb_tokenizer *t, const char *text, size_t len, int parse_special, int32_t *out,
+                       int cap, char *err, size_t err_len)
+    long cb_detokenize(const cb_tokenizer *t, const int32_t *ids, int n, char *out, size_t cap, int *bad)
+    void cb_detok_init(cb_detok_state *s)
+    int cb_detok_step(const cb_tokenizer *t, cb_detok_state *s, int32_t id, char *out, size_t cap)
+    int cb_detok_flush(cb_detok_state *s, char *out, size_t cap)
+    uint32_t cb_tokenizer_size(const cb_tokenizer *t)
     int cb_is_end_token(const cb_tokenizer *t, int32_t id)
+
+cdef extern from "chat.h" nogil:
+    ctypedef struct cb_chat_message:
+        const char *role
+        size_t role_len
+        const char *content
+        size_t content_len
+    long cb_chat_render(const cb_tokenizer *t, const cb_chat_message *msgs, int n, char *text, size_t cap,
+                        char *err, size_t err_len)
+
 
 cdef extern from "build_config.h":
     const char *CB_KERNELS_NAME
@@ -43,6 +62,137 @@ cdef extern from "build_config.h":
 
 class EngineError(RuntimeError):
     """The engine refused a model or a request (the message says why)."""
+
+
+cdef list _encode(const cb_tokenizer *t, text, bint special):
+    """Token ids of text (str, or bytes taken as they are)."""
+    cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    cdef Py_ssize_t cap = 2 * len(data) + 2
+    if cap > 0x7FFFFFFF:
+        raise EngineError(f"text of {len(data)} bytes is too long to tokenize")
+    out = np.empty(cap, dtype=np.int32)
+    cdef int32_t[::1] out_v = out
+    cdef char err[256]
+    cdef const char *p = data
+    cdef size_t n_bytes = len(data)
+    cdef int n
+    with nogil:
+        n = cb_tokenize_ex(t, p, n_bytes, special, &out_v[0], <int>cap, err, sizeof(err))
+    if n < 0:
+        raise EngineError(err.decode(errors="replace"))
+    return out[:n].tolist()
+
+
+cdef str _decode(const cb_tokenizer *t, ids):
+    """Text of ids; bytes that are not valid UTF-8 become U+FFFD."""
+    arr = np.ascontiguousarray(ids, dtype=np.int64).ravel()
+    if arr.size and (arr.min() < 0 or arr.max() >= cb_tokenizer_size(t)):
+        bad = int(arr[(arr < 0) | (arr >= cb_tokenizer_size(t))][0])
+        raise ValueError(f"token id {bad} is outside the vocabulary (0..{cb_tokenizer_size(t) - 1})")
+    ids32 = arr.astype(np.int32)
+    cdef int32_t[::1] ids_v = ids32
+    cdef size_t cap = 64
+    cdef int bad_at = -1
+    cdef long n = -1
+    while n == -1:
+        cap *= 4
+        buf = bytearray(cap)
+        n = cb_detokenize(t, &ids_v[0] if ids32.size else NULL, <int>ids32.size, buf, cap, &bad_at)
+    return bytes(buf[:n]).decode("utf-8")
+
+
+cdef list _decode_stream(const cb_tokenizer *t, ids):
+    """The text each token adds when streamed: never a cut UTF-8 character."""
+    cdef cb_detok_state st
+    cdef char buf[4096]
+    cdef int n
+    cb_detok_init(&st)
+    pieces = []
+    for tok in ids:
+        n = cb_detok_step(t, &st, <int32_t>tok, buf, sizeof(buf))
+        if n == -2:
+            raise ValueError(f"token id {tok} is outside the vocabulary")
+        if n < 0:
+            raise EngineError("token text longer than 4096 bytes")
+        pieces.append(buf[:n].decode("utf-8"))
+    n = cb_detok_flush(&st, buf, sizeof(buf))
+    if pieces and n > 0:  # (wraparound is off in this module: no [-1])
+        pieces[len(pieces) - 1] += buf[:n].decode("utf-8")
+    return pieces
+
+
+cdef str _format_chat(const cb_tokenizer *t, messages):
+    """The prompt text the server makes of messages with the model's template."""
+    cdef int n = len(messages)
+    parts = [(m["role"].encode(), m["content"].encode()) for m in messages]
+    cdef cb_chat_message *msgs = <cb_chat_message *>PyMem_Malloc(sizeof(cb_chat_message) * max(n, 1))
+    if msgs == NULL:
+        raise MemoryError()
+    cdef size_t cap = 4096 + 2 * sum(len(r) + len(c) for r, c in parts)
+    buf = bytearray(cap * 4)
+    cdef char err[512]
+    cdef long got
+    try:
+        for i, (role, content) in enumerate(parts):
+            msgs[i].role = role
+            msgs[i].role_len = len(role)
+            msgs[i].content = content
+            msgs[i].content_len = len(content)
+        got = cb_chat_render(t, msgs, n, buf, len(buf), err, sizeof(err))
+    finally:
+        PyMem_Free(msgs)
+    if got < 0:
+        raise EngineError(err.decode(errors="replace"))
+    return bytes(buf[:got]).decode("utf-8")
+
+
+cdef class Tokenizer:
+    """Tokenizer(path): a tokenizer.cbt (or the model folder holding one),
+    run by the engine's C code.
+
+    encode(text, special=True) -> ids; decode(ids) -> str;
+    decode_stream(ids) -> the text each token adds when streamed.
+    """
+    cdef cb_tokenizer *t
+
+    def __cinit__(self, path):
+        from pathlib import Path
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.cbt"
+        cdef char err[1024]
+        self.t = <cb_tokenizer *>PyMem_Malloc(sizeof(cb_tokenizer))
+        if self.t == NULL:
+            raise MemoryError()
+        if cb_tokenizer_load(self.t, str(p).encode(), err, sizeof(err)) != 0:
+            PyMem_Free(self.t)
+            self.t = NULL
+            raise EngineError(err.decode(errors="replace"))
+
+    def __dealloc__(self):
+        if self.t != NULL:
+            cb_tokenizer_close(self.t)
+            PyMem_Free(self.t)
+
+    def __len__(self):
+        return cb_tokenizer_size(self.t)
+
+    def encode(self, text, bint special=True):
+        return _encode(self.t, text, special)
+
+    def decode(self, ids):
+        return _decode(self.t, ids)
+
+    def decode_stream(self, ids):
+        return _decode_stream(self.t, ids)
+
+    def is_end_token(self, int tok):
+        return bool(cb_is_end_token(self.t, tok))
+
+    def format_chat(self, messages):
+        """The prompt text of messages ({"role", "content"} dicts) as the
+        server formats it, from the reduced chat template."""
+        return _format_chat(self.t, messages)
 
 
 cdef class Engine:
@@ -171,24 +321,18 @@ cdef class Engine:
         self._routing = np.concatenate(routing)
         return generated
 
-    def tokenize(self, text):
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        cdef const cb_tokenizer *t = cb_engine_tokenizer(self.e)
-        out = np.empty(len(data) + 1, dtype=np.int32)
-        cdef int32_t[::1] out_v = out
-        cdef int n = cb_tokenize(t, data, len(data), &out_v[0], out.shape[0])
-        if n < 0:
-            raise EngineError("text too long to tokenize")
-        return out[:n].tolist()
+    def tokenize(self, text, bint special=True):
+        """Token ids of text with the model's tokenizer (special tokens
+        written in the text are parsed unless special=False)."""
+        return _encode(cb_engine_tokenizer(self.e), text, special)
 
     def detokenize(self, ids):
-        cdef const cb_tokenizer *t = cb_engine_tokenizer(self.e)
-        cdef char buf[64]
-        pieces = []
-        for tok in ids:
-            n = cb_token_bytes(t, tok, buf, sizeof(buf))
-            pieces.append(buf[:n])
-        return b"".join(pieces).decode("utf-8", errors="replace")
+        """The text of ids (invalid UTF-8 across them becomes U+FFFD)."""
+        return _decode(cb_engine_tokenizer(self.e), ids)
+
+    def format_chat(self, messages):
+        """The prompt text the server makes of chat messages (real tokenizers)."""
+        return _format_chat(cb_engine_tokenizer(self.e), messages)
 
     def generate(self, prompt, int max_tokens=16):
         """Greedy continuation of a text prompt (no chat template): the new text."""

@@ -3,6 +3,6 @@
 __version__ = "0.1.0"
 
 try:  # the compiled engine binding; absent when run from a source checkout
-    from ._engine import Engine  # noqa: F401
+    from ._engine import Engine, Tokenizer  # noqa: F401
 except ImportError:  # pragma: no cover
-    Engine = None  # type: ignore[assignment,misc]
+    Engine = Tokenizer = None  # type: ignore[assignment,misc]

@@ -131,11 +131,15 @@ def targets_cmd(as_json):
 @click.option("--expert-ffn-size", type=int)
 @click.option("--vocab-size", type=int)
 @click.option("--context-length", type=int)
+@click.option("--tokenizer", "tokenizer_src", type=click.Path(path_type=Path, exists=True),
+              help="a real tokenizer (tokenizer.json folder, .gguf, tokenizer.model) instead of bytes")
+@click.option("--chat-template", default=None, help="with --tokenizer: a .jinja file, or 'none'")
 @click.argument("out", type=click.Path(path_type=Path))
-def synth(arch, dtype, preset, seed, name, out, **dims):
+def synth(arch, dtype, preset, seed, name, out, tokenizer_src, chat_template, **dims):
     """Write a seeded random-weight model folder to OUT (no download)."""
     from .synth import synth as synth_fn
-    folder = synth_fn(arch, preset, out, seed=seed, name=name, overrides=dims, dtype=dtype)
+    folder = synth_fn(arch, preset, out, seed=seed, name=name, overrides=dims, dtype=dtype, tokenizer=tokenizer_src,
+                      chat_template=chat_template)
     click.echo(str(folder / "model-config.json"))
 
 
@@ -153,6 +157,20 @@ def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_fie
     from .convert import convert as convert_fn
     folder = convert_fn(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field)
     click.echo(str(folder / "model-config.json"))
+
+
+@main.command("tokenizer")
+@click.argument("src", type=click.Path(path_type=Path, exists=True))
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--chat-template", default=None,
+              help="a .jinja file to use instead of the source's template, or 'none' for no template")
+def tokenizer_cmd(src, out_dir, chat_template):
+    """Write OUT_DIR/tokenizer.cbt from SRC (a Hugging Face folder with
+    tokenizer.json, a .gguf file or a SentencePiece tokenizer.model) and print
+    model-config.json's tokenizer section."""
+    from .tokenizer import convert_tokenizer
+    section = convert_tokenizer(src, out_dir, chat_template=chat_template)
+    click.echo(json.dumps(section, indent=2, ensure_ascii=False))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -139,6 +139,14 @@ def _check_relations(d: dict) -> list[str]:
     for field, value in ids.items():
         if value >= d["vocab_size"]:
             problems.append(f"field '{field}': got {value}, expected < vocab_size ({d['vocab_size']})")
+    if tok["kind"] != "bytes":
+        if "file" not in tok or "tokens" not in tok:
+            problems.append(f"field 'tokenizer': kind '{tok['kind']}' needs 'file' and 'tokens' "
+                            "(colibri-build tokenizer writes them)")
+        elif tok["tokens"] > d["vocab_size"]:
+            problems.append(f"field 'tokenizer.tokens': got {tok['tokens']}, expected <= vocab_size ({d['vocab_size']})")
+        if "chat_roles" in tok:
+            problems.append("field 'tokenizer.chat_roles': only the 'bytes' tokenizer has chat role tokens")
     if tok["kind"] == "bytes" and d["vocab_size"] < 256:
         problems.append(f"field 'vocab_size': got {d['vocab_size']}, expected >= 256 for a 'bytes' tokenizer")
     if d.get("max_batch_tokens", 64) > d["context_length"]:

@@ -41,7 +41,8 @@ PRESETS = {
 INIT_STD = 0.02  # transformers' initializer_range for these families
 
 
-def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, dtype: str = "f32") -> dict:
+def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, dtype: str = "f32",
+                tokenizer: dict | None = None) -> dict:
     if arch not in ARCHITECTURES:
         raise ConfigError(f"synth: unknown architecture '{arch}'; expected one of {', '.join(ARCHITECTURES)}")
     dims = dict(PRESETS[preset])
@@ -49,6 +50,8 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
     features = dict(ARCH_FEATURES[arch])
     if features.get("shared_experts"):
         features["shared_expert_ffn_size"] = 2 * dims["expert_ffn_size"]
+    if tokenizer is not None:  # a real vocabulary: the embedding has one row per token
+        dims["vocab_size"] = max(tokenizer["tokens"], overrides.get("vocab_size") or 0)
     cfg = {
         "format_version": 1,
         "name": name,
@@ -59,7 +62,7 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
         "rope": {"theta": 10000.0},
         "batch_slots": 8,
         "weights": {"file": "weights.cbw", "dtype": dtype},
-        "tokenizer": {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
+        "tokenizer": tokenizer or {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
         "seed": seed,
     }
     return config_mod.validate(cfg, source=f"synth preset '{preset}'")
@@ -76,14 +79,21 @@ def random_tensors(cfg: dict, seed: int):
 
 
 def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = None,
-          overrides: dict | None = None, dtype: str = "f32") -> Path:
+          overrides: dict | None = None, dtype: str = "f32", tokenizer: Path | None = None,
+          chat_template: str | None = None) -> Path:
     """Writes a model folder (model-config.json + weights.cbw) and returns it.
-    Built in a temporary folder and renamed, so no half-written model remains."""
-    cfg = make_config(arch, preset, name or out.name, seed, overrides or {}, dtype)
+    Built in a temporary folder and renamed, so no half-written model remains.
+    tokenizer: a real tokenizer's source (toolkit.tokenizer.convert_tokenizer)
+    instead of the byte tokenizer."""
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    section = None
+    if tokenizer is not None:
+        from .tokenizer import convert_tokenizer
+        section = convert_tokenizer(tokenizer, tmp, chat_template=chat_template)
+    cfg = make_config(arch, preset, name or out.name, seed, overrides or {}, dtype, section)
     cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], random_tensors(cfg, seed))
     (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if out.exists():

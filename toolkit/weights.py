@@ -28,7 +28,7 @@ QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
 ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
 DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
 DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
-TOKENIZER_IDS = {"bytes": 1, "none": 0}
+TOKENIZER_IDS = {"none": 0, "bytes": 1, "bpe": 2, "spm": 3}  # enum cb_tokenizer_kind
 
 # cb_weights_header in weights.h: magic, version, alignment, n_tensors,
 # header_bytes, then cb_dims (20 u32 + 3 f32), cb_tok_info (8 u32), name.

@@ -151,7 +151,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, cha
         goto fail;
     }
     fill_rope_tables(e);
-    cb_tokenizer_init(&e->tokenizer, &e->w.header->tok, d->vocab);
+    if (cb_tokenizer_open(&e->tokenizer, model_dir, &e->w.header->tok, d->vocab, err, err_len) != 0) goto fail;
     e->pool = cb_threadpool_create(n_threads);
     if (!e->pool) {
         snprintf(err, err_len, "cannot start %d threads", n_threads);
@@ -167,6 +167,7 @@ void cb_engine_close(cb_engine *e) {
     if (!e) return;
     cb_threadpool_destroy(e->pool);
     cb_weights_unmap(&e->w);
+    cb_tokenizer_close(&e->tokenizer);
     cb_arena_release(&e->arena);
     free(e);
 }

@@ -16,7 +16,9 @@
 #define CB_WEIGHTS_VERSION 1
 #define CB_TENSOR_NAME_BYTES 48
 
-enum cb_tokenizer_kind { CB_TOKENIZER_BYTES = 1 };
+/* bytes: synthetic; bpe, spm: model_dir/tokenizer.cbt (tokenizer.h). */
+/* NONE: a model converted without a tokenizer serves token ids only. */
+enum cb_tokenizer_kind { CB_TOKENIZER_NONE = 0, CB_TOKENIZER_BYTES = 1, CB_TOKENIZER_BPE = 2, CB_TOKENIZER_SPM = 3 };
 #define CB_NO_TOKEN 0xFFFFFFFFu
 
 typedef struct {

@@ -31,6 +31,9 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->scratch = alloc_zeroed(a->scratch_cap, 1, &ok);
     a->messages = alloc_zeroed(CB_MAX_MESSAGES, sizeof *a->messages, &ok);
     a->response = alloc_zeroed(CB_RESPONSE_BYTES, 1, &ok);
+    a->text_cap = a->scratch_cap + (1u << 16);
+    a->text = alloc_zeroed(a->text_cap, 1, &ok);
+    a->ids = alloc_zeroed(a->scratch_cap, sizeof(int32_t), &ok);
     for (int s = 0; ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
         st->generated = alloc_zeroed(ctx, sizeof(int32_t), &ok);
@@ -85,6 +88,8 @@ void cb_app_destroy(cb_app *a) {
     free(a->toks);
     free(a->scratch);
     free(a->messages);
+    free(a->text);
+    free(a->ids);
     free(a->response);
     cb_sampler_free(&a->sampler);
     cb_metrics_free(&a->metrics);
@@ -189,6 +194,7 @@ static void admit(cb_app *a, int s, cb_request *q) {
     st->finish_reason = NULL;
     st->stopped = 0;
     st->held_len = st->text_len = st->stream_text_len = 0;
+    cb_detok_init(&st->detok);
     cb_rng_seed(&st->rng, q->sampling.seed);
     memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
     a->metrics.prompt_tokens += (uint64_t)q->n_prompt;
@@ -263,6 +269,110 @@ static void handle_completions(cb_app *a, cb_conn *c, const char *body, size_t l
 
 typedef void (*route_fn)(cb_app *a, cb_conn *c, const char *body, size_t len);
 
+/* ---- /tokenize, /detokenize, /apply-template (llama.cpp's shapes) ---- */
+
+static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    char err[256];
+    if (cb_request_parse_object(a, body, len, err, sizeof err)) {
+        cb_respond_error(a, c, 400, "invalid_request_error", err);
+        return;
+    }
+    int content = cb_json_find(body, a->toks, 0, "content");
+    if (content < 0 || a->toks[content].type != CB_JSON_STRING) {
+        cb_respond_error(a, c, 400, "invalid_request_error", "'content' must be a string");
+        return;
+    }
+    int special = 1, sp = cb_json_find(body, a->toks, 0, "parse_special");
+    if (sp >= 0 && cb_json_get_bool(&a->toks[sp], &special) != 0) {
+        cb_respond_error(a, c, 400, "invalid_request_error", "'parse_special' must be a boolean");
+        return;
+    }
+    int n = cb_json_unescape(body, &a->toks[content], a->scratch, a->scratch_cap);
+    if (n < 0) {
+        cb_respond_error(a, c, 400, "invalid_request_error", "'content' holds an invalid string");
+        return;
+    }
+    int got = cb_tokenize_ex(cb_engine_tokenizer(a->engine), a->scratch, (size_t)n, special, a->ids,
+                             (int)a->scratch_cap, err, sizeof err);
+    if (got < 0) {
+        cb_respond_error(a, c, 400, "invalid_request_error", err);
+        return;
+    }
+    cb_jw w;
+    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "tokens");
+    cb_jw_begin_array(&w);
+    for (int i = 0; i < got; i++) cb_jw_int(&w, a->ids[i]);
+    cb_jw_end_array(&w);
+    cb_jw_end_object(&w);
+    cb_respond_json(a, c, 200, &w);
+}
+
+static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    char err[256];
+    if (cb_request_parse_object(a, body, len, err, sizeof err)) {
+        cb_respond_error(a, c, 400, "invalid_request_error", err);
+        return;
+    }
+    const cb_json_tok *t = a->toks;
+    int arr = cb_json_find(body, t, 0, "tokens");
+    if (arr < 0 || t[arr].type != CB_JSON_ARRAY) {
+        cb_respond_error(a, c, 400, "invalid_request_error", "'tokens' must be an array of token ids");
+        return;
+    }
+    const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
+    int n = t[arr].size;
+    if ((size_t)n > a->scratch_cap) {
+        cb_respond_error(a, c, 400, "invalid_request_error", "'tokens' has too many entries");
+        return;
+    }
+    for (int i = 0, el = arr + 1; i < n; i++, el = cb_json_skip(t, el)) {
+        int64_t v;
+        if (cb_json_get_int64(body, &t[el], &v) != 0 || v < 0 || v >= (int64_t)cb_tokenizer_size(tok)) {
+            snprintf(err, sizeof err, "'tokens[%d]' is not a token id of this model", i);
+            cb_respond_error(a, c, 400, "invalid_request_error", err);
+            return;
+        }
+        a->ids[i] = (int32_t)v;
+    }
+    long got = cb_detokenize(tok, a->ids, n, a->text, a->text_cap, NULL);
+    if (got < 0) {
+        cb_respond_error(a, c, 400, "invalid_request_error", "the text of 'tokens' is too long");
+        return;
+    }
+    cb_jw w;
+    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "content");
+    cb_jw_str_n(&w, a->text, (size_t)got);
+    cb_jw_end_object(&w);
+    cb_respond_json(a, c, 200, &w);
+}
+
+/* The prompt text the chat template makes of messages (no inference). */
+static void handle_apply_template(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    char err[256];
+    int n_messages = 0;
+    if (cb_request_messages(a, body, len, &n_messages, err, sizeof err)) {
+        cb_respond_error(a, c, 400, "invalid_request_error", err);
+        return;
+    }
+    long got = cb_chat_render(cb_engine_tokenizer(a->engine), a->messages, n_messages, a->text, a->text_cap, err,
+                              sizeof err);
+    if (got < 0) {
+        cb_respond_error(a, c, 400, "invalid_request_error", err);
+        return;
+    }
+    cb_jw w;
+    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "prompt");
+    cb_jw_str_n(&w, a->text, (size_t)got);
+    cb_jw_end_object(&w);
+    cb_respond_json(a, c, 200, &w);
+}
+
 /* One line per endpoint. auth: needs the API key when one is set. */
 static const struct {
     const char *method, *path;
@@ -274,6 +384,9 @@ static const struct {
     {"GET", "/v1/models", handle_models, 1},
     {"POST", "/v1/chat/completions", handle_chat, 1},
     {"POST", "/v1/completions", handle_completions, 1},
+    {"POST", "/tokenize", handle_tokenize, 1},
+    {"POST", "/detokenize", handle_detokenize, 1},
+    {"POST", "/apply-template", handle_apply_template, 1},
 };
 
 /* "Bearer KEY" equals the key; compared in constant time. */
@@ -426,9 +539,16 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     st->last_token_ns = now;
 
     const int end = !q->ignore_eos && cb_is_end_token(tok, token);
-    if (!end) st->held_len += cb_token_bytes(tok, token, st->held + st->held_len, CB_TOKEN_BYTES);
+    if (!end) {
+        int got = cb_detok_step(tok, &st->detok, token, st->held + st->held_len, CB_TOKEN_BYTES);
+        if (got > 0) st->held_len += (size_t)got;
+    }
     if (end) st->finish_reason = "stop";
     else if (st->n_generated >= st->max_tokens) st->finish_reason = "length";
+    if (st->finish_reason) { /* a character cut off at the end becomes U+FFFD */
+        int got = cb_detok_flush(&st->detok, st->held + st->held_len, CB_TOKEN_BYTES);
+        if (got > 0) st->held_len += (size_t)got;
+    }
     size_t n = releasable(st, st->finish_reason != NULL);
     if (st->stopped) st->finish_reason = "stop";
 

@@ -63,6 +63,7 @@ typedef struct {
      * non-streaming answer. */
     char held[CB_STOP_BYTES + CB_TOKEN_BYTES + 8];
     size_t held_len;
+    cb_detok_state detok;        /* whole characters across token boundaries, SentencePiece spaces */
     char *text;                  /* [text_cap] */
     size_t text_len, text_cap;
     size_t stream_text_len;      /* text released so far by a stream */
@@ -90,6 +91,9 @@ struct cb_app {
     char *scratch;               /* unescaped message text */
     size_t scratch_cap;
     cb_chat_message *messages;
+    char *text;                  /* a formatted prompt or detokenized text [text_cap] */
+    size_t text_cap;
+    int32_t *ids;                /* /tokenize and /detokenize [scratch_cap] */
     char *response;              /* [CB_RESPONSE_BYTES] */
     cb_sampler sampler;
     cb_metrics metrics;
@@ -100,6 +104,10 @@ struct cb_app {
 
 /* request.c: reads body into r. Returns 0, or an HTTP status with a message
  * (naming the field) in err. */
+/* The body as a JSON object in a->toks: 0, or 400 with a message. */
+int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, size_t err_len);
+/* The body's "messages" into a->messages: 0 with the count, or 400. */
+int cb_request_messages(cb_app *a, const char *body, size_t len, int *n_messages, char *err, size_t err_len);
 int cb_request_read(cb_app *a, cb_request *r, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len);
 

@@ -109,7 +109,9 @@ static int read_stop(reader *r, cb_request *q) {
     return 0;
 }
 
-static int read_messages(reader *r, cb_request *q, int ctx) {
+/* "messages" into a->messages (their text in a->scratch); returns the count
+ * through *n_out. */
+static int parse_messages(reader *r, int *n_out) {
     cb_app *a = r->a;
     const cb_json_tok *t = r->t;
     int arr = cb_json_find(r->body, t, 0, "messages");
@@ -153,10 +155,18 @@ static int read_messages(reader *r, cb_request *q, int ctx) {
         }
         used += msg->content_len + 1;
     }
+    *n_out = t[arr].size;
+    return 0;
+}
+
+static int read_messages(reader *r, cb_request *q, int ctx) {
+    cb_app *a = r->a;
+    int n_messages, status;
+    if ((status = parse_messages(r, &n_messages))) return status;
     char err[256];
     /* Leave room for at least one generated token. */
-    int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, t[arr].size, q->prompt, ctx - 1, err,
-                           sizeof err);
+    int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, n_messages, a->text, a->text_cap,
+                           q->prompt, ctx - 1, err, sizeof err);
     if (n < 0) return fail(r, "%s (context_length %d, so at most %d prompt tokens)", err, ctx, ctx - 1);
     q->n_prompt = n;
     return 0;
@@ -194,13 +204,26 @@ static int read_prompt(reader *r, cb_request *q, int ctx) {
     return 0;
 }
 
-int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, size_t len, char *err,
-                    size_t err_len) {
+int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, size_t err_len) {
     size_t err_at = 0;
     int n_tok = cb_json_parse(body, len, a->toks, CB_MAX_JSON_TOKENS, &err_at);
     reader rd = {a, body, a->toks, err, err_len}, *r = &rd;
     if (n_tok < 0) return fail(r, "request body is not valid JSON: %s at byte %zu", cb_json_strerror(n_tok), err_at);
     if (a->toks[0].type != CB_JSON_OBJECT) return fail(r, "request body must be a JSON object");
+    return 0;
+}
+
+int cb_request_messages(cb_app *a, const char *body, size_t len, int *n_messages, char *err, size_t err_len) {
+    int status = cb_request_parse_object(a, body, len, err, err_len);
+    reader rd = {a, body, a->toks, err, err_len};
+    return status ? status : parse_messages(&rd, n_messages);
+}
+
+int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, size_t len, char *err,
+                    size_t err_len) {
+    reader rd = {a, body, a->toks, err, err_len}, *r = &rd;
+    int parsed = cb_request_parse_object(a, body, len, err, err_len);
+    if (parsed) return parsed;
     const int ctx = (int)a->dims->context_len;
     int status;
     memset(&q->sampling, 0, sizeof q->sampling);

@@ -1,0 +1,81 @@
+"""The server with a real tokenizer and chat template: /tokenize,
+/detokenize (llama.cpp's shapes), /apply-template and chat completions agree
+with the Python binding of the same C code and with jinja2."""
+
+from __future__ import annotations
+
+import pytest
+
+from colibri_build import Engine, Tokenizer
+from colibri_build.chat_template import render
+from conftest import build_server, run_cli
+from tokenizer_cases import TESTDATA, TOKENIZERS
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TOKENIZERS.exists(), reason="testdata is missing")]
+TEMPLATE = TESTDATA / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Grüße 🦙, again"}]
+
+
+@pytest.fixture(scope="module")
+def qwen_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen") / "qwen-tiny"
+    run_cli("synth", "--preset", "tiny", "--seed", "3", "--tokenizer", TOKENIZERS / "qwen3", "--chat-template",
+            TEMPLATE, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(qwen_model, tmp_path_factory):
+    from conftest import RunningServer
+    dist = build_server(tmp_path_factory.mktemp("qwen-build"), qwen_model, "native")
+    srv = RunningServer(dist / "colibri-server", qwen_model, "--threads", "2")
+    yield srv
+    srv.stop()
+
+
+def test_engine_uses_the_model_tokenizer(qwen_model):
+    engine = Engine(qwen_model)
+    ids = engine.tokenize("<|im_start|>user\nHello")
+    assert ids == [151644, 872, 198, 9707]
+    assert engine.detokenize(ids) == "<|im_start|>user\nHello"
+    assert engine.tokenize("<|im_start|>", special=False) != [151644]
+    assert engine.format_chat(MESSAGES) == render(TEMPLATE.read_text(), MESSAGES, "", "<|im_end|>")
+
+
+def test_tokenize_and_detokenize_endpoints(server, qwen_model):
+    tok = Tokenizer(qwen_model)
+    text = "Grüße, 世界! 🦙 <|im_end|> 12345"
+    reply = server.post("/tokenize", {"content": text})
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"tokens": tok.encode(text)}
+    assert server.post("/tokenize", {"content": text, "parse_special": False}).json()["tokens"] == \
+        tok.encode(text, special=False)
+    back = server.post("/detokenize", {"tokens": reply.json()["tokens"]})
+    assert back.status_code == 200 and back.json() == {"content": text}
+    # a token cut inside a character decodes to U+FFFD, never to broken UTF-8
+    assert server.post("/detokenize", {"tokens": [11162]}).json()["content"] == " \ufffd"
+
+
+def test_bad_requests_get_clear_errors(server):
+    assert server.post("/tokenize", {"text": "x"}).status_code == 400
+    bad = server.post("/detokenize", {"tokens": [1, 999999999]})
+    assert bad.status_code == 400 and "tokens[1]" in bad.json()["error"]["message"]
+    assert server.post("/detokenize", {"tokens": ["a"]}).status_code == 400
+    nul = server.post("/tokenize", {"content": "a\u0000b"})
+    assert nul.status_code == 200 and len(nul.json()["tokens"]) == 3
+    wrong = server.post("/v1/chat/completions", {"messages": MESSAGES[:3], "max_tokens": 2})
+    assert wrong.status_code == 400 and "last message" in wrong.json()["error"]["message"]
+
+
+def test_chat_prompt_is_the_template_then_the_tokenizer(server, qwen_model):
+    tok = Tokenizer(qwen_model)
+    prompt = server.post("/apply-template", {"messages": MESSAGES}).json()["prompt"]
+    assert prompt == render(TEMPLATE.read_text(), MESSAGES, "", "<|im_end|>")
+    reply = server.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, "colibri_trace": True})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["colibri_trace"]["prompt_tokens"] == tok.encode(prompt)
+    completion = body["colibri_trace"]["completion_tokens"]
+    ends = [i for i, t in enumerate(completion) if tok.is_end_token(t)]
+    assert body["choices"][0]["message"]["content"] == tok.decode(completion[:ends[0]] if ends else completion)

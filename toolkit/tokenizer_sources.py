@@ -1,0 +1,289 @@
+"""Readers that turn a tokenizer source into a tokenizer.Vocab: Hugging Face
+tokenizer.json (BPE, byte-level), GGUF vocabulary metadata (`gpt2` and
+`llama` models) and SentencePiece BPE tokenizer.model files. Anything else is
+refused here, at convert time, with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import spm_model
+from .tokenizer import (ADDED_SPECIAL, ATTR_BYTE, ATTR_NORMAL, ATTR_SPECIAL, ATTR_UNUSED, ATTR_USER, NO_TOKEN,
+                        TokenizerError, Vocab)
+
+# The pre-tokenizer regexes the engine implements (templates/src/pretok.c).
+_CONTRACTIONS = "'s|'t|'re|'ve|'m|'ll|'d"
+_LLAMA3_TAIL = r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+REGEXES = {
+    _CONTRACTIONS + r"| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+": "gpt2",
+    "(?i:" + _CONTRACTIONS + ")" + _LLAMA3_TAIL: "llama3",
+    "(?i:" + _CONTRACTIONS + ")" + _LLAMA3_TAIL.replace(r"\p{N}{1,3}", r"\p{N}"): "qwen2",
+    # llama.cpp writes the case-insensitive group out by hand:
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])" + _LLAMA3_TAIL: "llama3",
+}
+# GGUF tokenizer.ggml.pre -> (pre-tokenizer, ignore_merges, NFC as the original tokenizer.json)
+GGUF_PRE = {"gpt-2": ("gpt2", False, False), "default": ("gpt2", False, False), "mpt": ("gpt2", False, True),
+            "gpt-neox": ("gpt2", False, True), "olmo": ("gpt2", False, True), "llama-bpe": ("llama3", True, False),
+            "llama3": ("llama3", True, False), "qwen2": ("qwen2", False, True)}
+GGUF_TYPES = {1: ATTR_NORMAL, 2: ATTR_SPECIAL, 3: ATTR_SPECIAL, 4: ATTR_USER, 5: ATTR_UNUSED, 6: ATTR_BYTE}
+
+
+def byte_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map that byte-level vocabularies are written in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_UNBYTE = {c: b for b, c in byte_unicode().items()}
+
+
+def unbyte(text: str) -> bytes | None:
+    """A byte-level token's raw bytes, or None if it is not in that alphabet."""
+    try:
+        return bytes(_UNBYTE[c] for c in text)
+    except KeyError:
+        return None
+
+
+def _byte_level(tokens: list[str], attrs: list[int], where: str) -> list[tuple[bytes, bytes, int]]:
+    out = []
+    for i, (text, attr) in enumerate(zip(tokens, attrs)):
+        raw = unbyte(text) if attr in (ATTR_NORMAL, ATTR_BYTE) else None
+        if raw is None:
+            raw = text.encode()
+            if attr == ATTR_NORMAL:
+                attr = ATTR_USER  # not byte-level text: only ever matched whole, like llama.cpp
+        out.append((raw, raw, attr))
+    return out
+
+
+def _merges(merges: list, index: dict[str, int], where: str) -> list[tuple[int, int, int, int]]:
+    out = []
+    for rank, m in enumerate(merges):
+        left, right = m.split(" ", 1) if isinstance(m, str) else m
+        try:
+            out.append((index[left], index[right], index[left + right], rank))
+        except KeyError:
+            raise TokenizerError(f"{where}: merge {rank} ({left!r} {right!r}) names a token not in the vocabulary") from None
+    return out
+
+
+def _byte_ids_bytelevel(index: dict[str, int], where: str) -> list[int]:
+    table = byte_unicode()
+    ids = [index.get(table[b], NO_TOKEN) for b in range(256)]
+    # Some vocabularies lack bytes that never occur in UTF-8 (0xC0, 0xF5..); any other gap is an error.
+    missing = [b for b, i in enumerate(ids) if i == NO_TOKEN and b not in (0xC0, 0xC1) and b < 0xF5]
+    if missing:
+        raise TokenizerError(f"{where}: byte-level vocabulary lacks the token of byte 0x{missing[0]:02X}")
+    return ids
+
+
+# ---- Hugging Face tokenizer.json ----
+
+def _find(node, kind: str) -> list[dict]:
+    """Every component of a (possibly Sequence) normaliser/pre-tokeniser of this type."""
+    if not node:
+        return []
+    if node.get("type") == "Sequence":
+        children = node.get("pretokenizers") or node.get("normalizers") or node.get("decoders") or []
+        return [c for child in children for c in _find(child, kind)]
+    return [node] if node.get("type") == kind else []
+
+
+def _hf_pretok(j: dict, where: str) -> str:
+    pre = j.get("pre_tokenizer")
+    splits = _find(pre, "Split")
+    levels = _find(pre, "ByteLevel")
+    if not levels:
+        raise TokenizerError(f"{where}: pre_tokenizer {json.dumps(pre)[:120]} is not byte-level; only byte-level "
+                             "BPE tokenizer.json files are supported (SentencePiece: give tokenizer.model or a GGUF)")
+    if any(lv.get("add_prefix_space") for lv in levels):
+        raise TokenizerError(f"{where}: ByteLevel add_prefix_space=true is not supported")
+    if splits:
+        if len(splits) > 1 or splits[0].get("behavior") != "Isolated" or splits[0].get("invert"):
+            raise TokenizerError(f"{where}: unsupported Split pre-tokenizer {json.dumps(splits)[:160]}")
+        regex = splits[0]["pattern"].get("Regex", "")
+    elif levels[0].get("use_regex", True):
+        regex = next(iter(REGEXES))
+    else:
+        return "none"
+    if regex not in REGEXES:
+        raise TokenizerError(f"{where}: unsupported pre-tokenizer regex {regex!r}",
+                             hint="the engine implements the GPT-2, Llama 3 and Qwen2 split rules")
+    return REGEXES[regex]
+
+
+def _config_token(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def from_hf_json(path: Path) -> Vocab:
+    where = str(path)
+    try:
+        j = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{where}: cannot read: {exc}") from None
+    model = j.get("model") or {}
+    if model.get("type") != "BPE":
+        raise TokenizerError(f"{where}: model.type {model.get('type')!r} is not supported; expected 'BPE'",
+                             hint="WordPiece and Unigram tokenizers are not implemented")
+    norm = j.get("normalizer")
+    if norm and norm.get("type") != "NFC":
+        raise TokenizerError(f"{where}: normalizer {norm.get('type')!r} is not supported (only NFC)")
+    pretok = _hf_pretok(j, where)
+    vocab: dict[str, int] = model["vocab"]
+    added = j.get("added_tokens", [])
+    n = max([*vocab.values(), *(a["id"] for a in added)]) + 1
+    texts, attrs = [""] * n, [ATTR_UNUSED] * n
+    for text, i in vocab.items():
+        texts[i], attrs[i] = text, ATTR_NORMAL
+    tokens = _byte_level(texts, attrs, where)
+    added_out = []
+    for a in added:
+        for opt in ("lstrip", "rstrip", "single_word"):
+            if a.get(opt):
+                raise TokenizerError(f"{where}: added token {a['content']!r} has {opt}=true, which is not supported")
+        raw = a["content"].encode()
+        tokens[a["id"]] = (raw, raw, ATTR_SPECIAL if a.get("special") else ATTR_USER)
+        added_out.append((a["id"], ADDED_SPECIAL if a.get("special") else 0))
+    cfg_path = path.with_name("tokenizer_config.json")
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    index = {t: i for t, i in vocab.items()}
+    v = Vocab(kind="bpe", pretok=pretok, tokens=tokens, merges=_merges(model.get("merges", []), index, where),
+              added=added_out, byte_ids=_byte_ids_bytelevel(index, where), source=where)
+    if model.get("ignore_merges"):
+        v.flags.add("ignore_merges")
+    if norm:
+        v.flags.add("nfc")
+    by_text = {a["content"]: a["id"] for a in added}
+    for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
+        name = _config_token(cfg.get(key))
+        if name is not None:
+            setattr(v, attr, by_text.get(name, vocab.get(name)))
+    post = j.get("post_processor") or {}
+    single = post.get("single") or []
+    v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    jinja = path.with_name("chat_template.jinja")
+    v.chat_template = jinja.read_text() if jinja.exists() else template
+    return v
+
+
+# ---- GGUF ----
+
+def from_gguf(path: Path) -> Vocab:
+    where = str(path)
+    from .gguf_meta import read_gguf_metadata
+    meta = read_gguf_metadata(path)
+
+    def get(key, default=None):
+        return meta.get(key, default)
+
+    model = get("tokenizer.ggml.model")
+    tokens = get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise TokenizerError(f"{where}: no tokenizer.ggml.tokens; this GGUF carries no vocabulary")
+    types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    attrs = [GGUF_TYPES.get(t, ATTR_NORMAL) for t in types]
+    if model == "gpt2":
+        pre = get("tokenizer.ggml.pre", "default")
+        if pre not in GGUF_PRE:
+            raise TokenizerError(f"{where}: pre-tokenizer '{pre}' is not supported",
+                                 hint=f"supported: {', '.join(sorted(GGUF_PRE))}")
+        pretok, ignore, nfc = GGUF_PRE[pre]
+        toks = _byte_level(tokens, attrs, where)
+        index = {t: i for i, t in reversed(list(enumerate(tokens)))}
+        v = Vocab(kind="bpe", pretok=pretok, tokens=toks,
+                  merges=_merges(get("tokenizer.ggml.merges", []), index, where),
+                  added=[], byte_ids=_byte_ids_bytelevel(index, where), source=where)
+        if ignore:
+            v.flags.add("ignore_merges")
+        if nfc:
+            v.flags.add("nfc")
+    elif model == "llama":
+        scores = get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        pieces = [(t, s, {ATTR_NORMAL: spm_model.NORMAL, ATTR_SPECIAL: spm_model.CONTROL,
+                          ATTR_USER: spm_model.USER_DEFINED, ATTR_UNUSED: spm_model.UNUSED,
+                          ATTR_BYTE: spm_model.BYTE}[a]) for t, s, a in zip(tokens, scores, attrs)]
+        v = _spm_vocab(pieces, where, dummy_prefix=bool(get("tokenizer.ggml.add_space_prefix", True)),
+                       byte_fallback=any(a == ATTR_BYTE for a in attrs))
+    else:
+        raise TokenizerError(f"{where}: tokenizer.ggml.model '{model}' is not supported; expected 'gpt2' "
+                             "(byte-level BPE) or 'llama' (SentencePiece BPE)")
+    v.added = [(i, ADDED_SPECIAL if a == ATTR_SPECIAL else 0) for i, a in enumerate(attrs)
+               if a in (ATTR_SPECIAL, ATTR_USER) and tokens[i]]
+    v.bos = get("tokenizer.ggml.bos_token_id", v.bos)
+    v.eos = get("tokenizer.ggml.eos_token_id", v.eos)
+    v.unk = get("tokenizer.ggml.unknown_token_id", v.unk)
+    v.add_bos = bool(get("tokenizer.ggml.add_bos_token", model == "llama"))
+    v.chat_template = get("tokenizer.chat_template")
+    return v
+
+
+# ---- SentencePiece ----
+
+def _spm_vocab(pieces: list[tuple[str, float, int]], where: str, dummy_prefix: bool, byte_fallback: bool) -> Vocab:
+    """SentencePiece BPE as merges: every split of a normal piece into two
+    normal pieces, ranked by the merged piece's score (higher first)."""
+    tokens, byte_ids = [], [NO_TOKEN] * 256
+    normal = {}
+    for i, (piece, _, kind) in enumerate(pieces):
+        if kind == spm_model.BYTE:
+            b = int(piece[3:5], 16)
+            byte_ids[b] = i
+            tokens.append((piece.encode(), bytes([b]), ATTR_BYTE))
+            continue
+        attr = {spm_model.NORMAL: ATTR_NORMAL, spm_model.USER_DEFINED: ATTR_USER,
+                spm_model.UNUSED: ATTR_UNUSED}.get(kind, ATTR_SPECIAL)
+        tokens.append((piece.encode(), piece.replace("\u2581", " ").encode(), attr))
+        if kind == spm_model.NORMAL:
+            normal.setdefault(piece, i)
+    ranks = {s: r for r, s in enumerate(sorted({s for _, s, k in pieces if k == spm_model.NORMAL}, reverse=True))}
+    merges = []
+    for piece, i in normal.items():
+        for k in range(1, len(piece)):
+            left, right = normal.get(piece[:k]), normal.get(piece[k:])
+            if left is not None and right is not None:
+                merges.append((left, right, i, ranks[pieces[i][1]]))
+    v = Vocab(kind="spm", pretok="none", tokens=tokens, merges=merges, added=[], byte_ids=byte_ids, source=where)
+    if dummy_prefix:
+        v.flags |= {"dummy_prefix", "strip_space"}
+    if byte_fallback:
+        v.flags.add("byte_fallback")
+    if not any("\u2581" in p.lstrip("\u2581") for p in normal):
+        v.flags.add("split_words")
+    return v
+
+
+def from_spm_model(path: Path) -> Vocab:
+    where = str(path)
+    m = spm_model.read_spm_model(path)
+    if spm_model.MODEL_TYPES.get(m.model_type) != "bpe":
+        raise TokenizerError(f"{where}: SentencePiece model type '{spm_model.MODEL_TYPES.get(m.model_type)}' is not "
+                             "supported; expected bpe")
+    if m.normalizer != "identity" or m.remove_extra_whitespaces or not m.escape_whitespaces:
+        raise TokenizerError(f"{where}: normaliser '{m.normalizer}' (remove_extra_whitespaces="
+                             f"{m.remove_extra_whitespaces}) is not supported; expected identity")
+    v = _spm_vocab(m.pieces, where, m.add_dummy_prefix, m.byte_fallback)
+    v.added = [(i, ADDED_SPECIAL if k == spm_model.CONTROL else 0) for i, (p, _, k) in enumerate(m.pieces)
+               if k in (spm_model.CONTROL, spm_model.USER_DEFINED)]
+    v.unk = m.unk_id if m.unk_id >= 0 else None
+    v.bos = m.bos_id if m.bos_id >= 0 else None
+    v.eos = m.eos_id if m.eos_id >= 0 else None
+    v.add_bos = True
+    cfg = path.with_name("tokenizer_config.json")
+    if cfg.exists():
+        v.chat_template = json.loads(cfg.read_text()).get("chat_template")
+    return v
