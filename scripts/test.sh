@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-system-deps.sh
-python3 -m pip install -q ".[test]"
+# torch first and pinned: the CPU build (any other spelling pulls a CUDA build).
+python3 -m pip install -q "torch==2.13.0"
+python3 -m pip install -q ".[test,parity]"
 python3 -m pytest -q "$@"

@@ -139,7 +139,7 @@ def _check_relations(d: dict) -> list[str]:
     for field, value in ids.items():
         if value >= d["vocab_size"]:
             problems.append(f"field '{field}': got {value}, expected < vocab_size ({d['vocab_size']})")
-    if tok["kind"] != "bytes":
+    if tok["kind"] in ("bpe", "spm"):
         if "file" not in tok or "tokens" not in tok:
             problems.append(f"field 'tokenizer': kind '{tok['kind']}' needs 'file' and 'tokens' "
                             "(colibri-build tokenizer writes them)")
