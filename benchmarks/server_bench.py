@@ -2,7 +2,7 @@
 for 1 client and for `slots` concurrent clients, aggregate tokens/s, and
 RSS at idle and under load.
 
-    colibri-build synth --preset bench models/bench        # or --preset small
+    colibri-build synth --arch olmoe --preset bench-olmoe --dtype q8_0 models/bench  # or --preset small
     colibri-build --model models/bench --target native
     python benchmarks/server_bench.py --server dist/bench-native/colibri-server --model models/bench
 

@@ -119,7 +119,8 @@ def targets_cmd(as_json):
               show_default=True, help="architecture of the model")
 @click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32",
               show_default=True, help="weight type of the matrices")
-@click.option("--preset", type=click.Choice(["tiny", "small", "bench"]), default="tiny", show_default=True)
+@click.option("--preset", type=click.Choice(["tiny", "small", "bench-mixtral", "bench-olmoe"]), default="tiny",
+              show_default=True, help="dimensions (bench-*: the speed benchmark's models, GBs)")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--name", default=None, help="model name (default: the folder's name)")
 @click.option("--layers", type=int)
