@@ -160,6 +160,39 @@ def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_fie
     click.echo(str(folder / "model-config.json"))
 
 
+@main.command()
+@click.option("--presets", default="bench-olmoe,bench-mixtral", show_default=True,
+              help="comma-separated synth presets (small: a quick smoke run)")
+@click.option("--dtypes", default="q8_0,q4_0,f16", show_default=True, help="comma-separated weight types")
+@click.option("--models-dir", type=click.Path(path_type=Path), default=Path("models"), show_default=True,
+              help="where the benchmark models are made (reused when present)")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("build/bench"), show_default=True)
+@click.option("--threads", type=int, default=2, show_default=True, help="server compute threads")
+@click.option("--repeats", type=int, default=5, show_default=True, help="decode/prefill repetitions")
+@click.option("--quick", is_flag=True, help="fewer requests (a smoke run, not figures to quote)")
+@click.option("--target", default="native", show_default=True)
+@click.option("--membw", type=click.Path(path_type=Path), default=None,
+              help="membw.c to measure bandwidth with (default: ../shared/tools/membw.c if present)")
+@click.option("--update-benchmarks-md", is_flag=True, help="put the table into BENCHMARKS.md")
+def bench(presets, dtypes, models_dir, out, threads, repeats, quick, target, membw, update_benchmarks_md):
+    """Measure decode/prefill speed, latency, RSS and cold start against this
+    machine's memory bandwidth (BENCHMARKS.md)."""
+    from . import bench as bench_mod
+    if membw is None:
+        candidate = Path.cwd().parent / "shared" / "tools" / "membw.c"
+        membw = candidate if candidate.is_file() else None
+    results = bench_mod.run(presets.split(","), dtypes.split(","), models_dir, out, threads, repeats, quick,
+                            target, membw)
+    table = bench_mod.markdown(results)
+    click.echo(table)
+    if update_benchmarks_md:
+        path = Path("BENCHMARKS.md")
+        text = path.read_text() if path.is_file() else "# Benchmarks\n\n<!-- bench:begin -->\n<!-- bench:end -->\n"
+        head, rest = text.split("<!-- bench:begin -->", 1)
+        _, tail = rest.split("<!-- bench:end -->", 1)
+        path.write_text(f"{head}<!-- bench:begin -->\n{table}<!-- bench:end -->{tail}")
+
+
 @main.command("tokenizer")
 @click.argument("src", type=click.Path(path_type=Path, exists=True))
 @click.argument("out_dir", type=click.Path(path_type=Path))

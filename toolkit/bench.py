@@ -1,0 +1,325 @@
+"""colibri-build bench: the speed benchmark of BENCHMARKS.md.
+
+For each benchmark model (synthetic, seeded) and weight type it builds a
+native server and measures, with a fixed thread count: decode tokens/s at
+batch 1, prefill tokens/s, aggregate decode with 2/4/8 concurrent requests,
+time to first token and inter-token latency percentiles, RSS, cold start,
+and this machine's streaming read bandwidth in the same run (interleaved with
+the decode runs) to give the decode ceiling and the fraction of it reached.
+Figures are printed and written as JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .weights import read_header
+
+# llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
+LLAMA_CPP = {"bench-olmoe": {"decode": 63, "prefill": 156, "ttft_ms": 139},
+             "bench-mixtral": {"decode": 49, "prefill": 111, "ttft_ms": 194}}
+ARCH_OF = {"bench-olmoe": "olmoe", "bench-mixtral": "mixtral", "small": "mixtral", "tiny": "mixtral"}
+MEMBW_KERNELS = ("sum4", "sum8pf", "2stream", "f16dot")
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"bench: {msg}\n")
+    sys.stderr.flush()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
+
+
+def rss_mib(pid: int) -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", text, re.M).group(1)) / 1024
+
+
+def active_bytes_per_token(model: Path) -> int:
+    """Weight bytes one decoded token reads: every dense matrix and vector,
+    top_k experts of each MoE layer, one embedding row, the output head."""
+    cfg = json.loads((model / "model-config.json").read_text())
+    tensors = read_header(model / cfg["weights"]["file"])["tensors"]
+    total, expert_bytes = 0, {}
+    for name, t in tensors.items():
+        if ".expert." in name:
+            layer = int(name.split(".")[1])
+            expert_bytes[layer] = expert_bytes.get(layer, 0) + t.nbytes
+        elif name == "tok_embd":
+            total += t.nbytes // t.shape[0]
+            if cfg.get("tie_word_embeddings"):
+                total += t.nbytes
+        else:
+            total += t.nbytes
+    for layer, nbytes in expert_bytes.items():
+        total += nbytes * cfg["top_k"] // cfg["experts"]  # experts are equal in size
+    return total
+
+
+class MemoryBandwidth:
+    """../shared/tools/membw.c: streaming read GB/s with n threads, best
+    kernel, median of its passes."""
+
+    def __init__(self, source: Path | None, workdir: Path, threads: int):
+        self.exe = None
+        self.threads = threads
+        if source and source.is_file() and shutil.which("gcc"):
+            exe = workdir / "membw"
+            done = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", str(source), "-o", str(exe)],
+                                  capture_output=True, text=True)
+            if done.returncode == 0:
+                self.exe = exe
+            else:
+                log(f"membw did not build: {done.stderr.strip()[:200]}")
+
+    def measure(self, mib: int = 2048, passes: int = 5) -> float | None:
+        if not self.exe:
+            return None
+        best = 0.0
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads)}
+        for kernel in MEMBW_KERNELS:
+            out = subprocess.run([str(self.exe), str(mib), str(passes), kernel], capture_output=True, text=True,
+                                 env=env).stdout
+            match = re.search(r"median\D+([\d.]+)", out)
+            if match:
+                best = max(best, float(match.group(1)))
+        return best or None
+
+
+@dataclass
+class Server:
+    exe: Path
+    model: Path
+    threads: int
+    proc: subprocess.Popen | None = None
+    url: str = ""
+    start_s: float = 0.0
+    stderr: list = field(default_factory=list)
+
+    def start(self) -> "Server":
+        import requests
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen([str(self.exe), "--model", str(self.model), "--port", "0", "--threads",
+                                      str(self.threads)], stderr=subprocess.PIPE, text=True)
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            match = re.search(r"listening on (http://[^\s]+)", line)
+            if match:
+                self.url = match.group(1)
+                break
+        if not self.url:
+            raise RuntimeError("server did not start:\n" + "".join(self.stderr))
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        while requests.get(self.url + "/health", timeout=10).status_code != 200:
+            time.sleep(0.001)
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+def stream(url: str, path: str, body: dict) -> dict:
+    """One streamed request: send time, token arrival times, token count."""
+    import requests
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}, "logprobs": True}
+    if path == "/v1/completions":
+        body["logprobs"] = 0  # legacy completions: an int (top tokens to list)
+    stamps, usage = [], {}
+    start = time.perf_counter()
+    with requests.post(url + path, json=body, stream=True, timeout=600) as reply:
+        reply.raise_for_status()
+        pending = b""
+        # Each HTTP chunk as it arrives (iter_lines would wait for 512 bytes).
+        for data in reply.iter_content(chunk_size=None):
+            now = time.perf_counter()
+            pending += data
+            *events, pending = pending.split(b"\n\n")
+            for raw in events:
+                if not raw.startswith(b"data: {"):
+                    continue
+                event = json.loads(raw[6:])
+                if event.get("usage"):
+                    usage = event["usage"]
+                if event.get("choices") and event["choices"][0].get("logprobs"):
+                    stamps.append(now)  # one event per generated token
+    return {"start": start, "stamps": stamps, "tokens": usage.get("completion_tokens", len(stamps))}
+
+
+def decode_request(url: str, prompt_len: int, tokens: int, seed: int = 0) -> dict:
+    prompt = [(7 * i + seed) % 200 + 1 for i in range(prompt_len)]
+    return stream(url, "/v1/completions", {"prompt": prompt, "max_tokens": tokens, "ignore_eos": True})
+
+
+def decode_rate(res: dict) -> float:
+    s = res["stamps"]
+    return (len(s) - 1) / (s[-1] - s[0]) if len(s) > 1 else float("nan")
+
+
+def concurrent(fn, n: int) -> tuple[list, float]:
+    results: list = [None] * n
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, fn(i))) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
+def chat_request(url: str, i: int) -> dict:
+    # About 20 prompt tokens for a byte tokenizer (19 bytes + chat framing).
+    return stream(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Hello, how are {i:4d}?"}],
+                                                 "max_tokens": 32, "ignore_eos": True})
+
+
+def latency(results: list[dict]) -> dict:
+    ttft = [r["stamps"][0] - r["start"] for r in results if r["stamps"]]
+    itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
+    return {"ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3,
+            "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3,
+            "itl_p99_over_p50": percentile(itl, 99) / percentile(itl, 50) if itl else float("nan")}
+
+
+def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBandwidth, quick: bool) -> dict:
+    res: dict = {"active_bytes_per_token": active_bytes_per_token(model)}
+    warm = Server(exe, model, threads).start()  # pages the weights in: cold start is measured warm
+    decode_request(warm.url, 16, 8)
+    warm.stop()
+    srv = Server(exe, model, threads).start()
+    res["cold_start_ms"] = srv.start_s * 1e3
+    try:
+        pid = srv.proc.pid
+        res["rss_idle_start_mib"] = rss_mib(pid)
+        decode_request(srv.url, 16, 32)  # touch every code path once
+        rates, bws = [], []
+        for _ in range(repeats):  # interleaved: the machine is shared and noisy
+            bw = membw.measure(passes=3 if quick else 5)
+            if bw:
+                bws.append(bw)
+            rates.append(decode_rate(decode_request(srv.url, 16, 128)))
+        res["decode_tok_s"] = spread(rates)
+        if bws:
+            res["bandwidth_gb_s"] = spread(bws)
+            ceiling = statistics.median(bws) * 1e9 / res["active_bytes_per_token"]
+            res["decode_ceiling_tok_s"] = ceiling
+            res["decode_fraction_of_ceiling"] = statistics.median(rates) / ceiling
+        prefill = []
+        for i in range(max(1, repeats)):
+            r = decode_request(srv.url, 512, 1, seed=i)
+            prefill.append(512 / (r["stamps"][0] - r["start"]))
+        res["prefill_tok_s"] = spread(prefill)
+        res["aggregate_decode_tok_s"] = {}
+        for n in (2, 4, 8):
+            out, wall = concurrent(lambda i: decode_request(srv.url, 16, 64 if quick else 128, seed=i), n)
+            first = min(r["stamps"][0] for r in out)
+            last = max(r["stamps"][-1] for r in out)
+            res["aggregate_decode_tok_s"][str(n)] = sum(len(r["stamps"]) - 1 for r in out) / (last - first)
+        res["aggregate_over_batch1_at_8"] = res["aggregate_decode_tok_s"]["8"] / statistics.median(rates)
+        seq = [chat_request(srv.url, i) for i in range(10 if quick else 30)]
+        res["sequential_chat"] = latency(seq)
+        peak = [0.0]
+        done = threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_mib(pid))
+                time.sleep(0.02)
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        conc = []
+        for round_no in range(1 if quick else 3):
+            out, _ = concurrent(lambda i: chat_request(srv.url, 100 * round_no + i), 8)
+            conc += out
+        done.set()
+        sampler.join()
+        res["concurrent_8_chat"] = latency(conc)
+        res["rss_under_load_mib"] = peak[0]
+        time.sleep(0.5)
+        res["rss_idle_after_mib"] = rss_mib(pid)
+    finally:
+        srv.stop()
+    return res
+
+
+def ensure_model(models_dir: Path, preset: str, dtype: str) -> Path:
+    from .synth import synth
+    folder = models_dir / f"{preset}-{dtype.replace('_', '')}"
+    if not (folder / "model-config.json").is_file():
+        log(f"synthesising {folder} (seeded random weights; a minute or two)")
+        synth(ARCH_OF[preset], preset, folder, seed=0, dtype=dtype)
+    return folder
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def markdown(results: dict) -> str:
+    rows = ["| model | weights | decode tok/s (min-max) | GB/s | ceiling tok/s | of ceiling | prefill 512 tok/s "
+            "| 2 / 4 / 8 concurrent tok/s | TTFT P50 ms | ITL P50 / P99 ms (1) | ITL P50 / P99 ms (8) "
+            "| RSS idle / load / after MiB | cold start ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in results["runs"].items():
+        preset, dtype = key.rsplit(":", 1)
+        d, p = r["decode_tok_s"], r["prefill_tok_s"]
+        agg = r["aggregate_decode_tok_s"]
+        s, c = r["sequential_chat"], r["concurrent_8_chat"]
+        bw = r.get("bandwidth_gb_s", {}).get("median")
+        rows.append(
+            f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | "
+            f"{bw:.1f} | {r['decode_ceiling_tok_s']:.0f} | {r['decode_fraction_of_ceiling']:.0%} | " if bw else
+            f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | - | - | - | ")
+        rows[-1] += (f"{p['median']:.0f} | {agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
+                     f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} | "
+                     f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} | {r['rss_idle_start_mib']:.0f} / "
+                     f"{r['rss_under_load_mib']:.0f} / {r['rss_idle_after_mib']:.0f} | {r['cold_start_ms']:.0f} |")
+    m = results["machine"]
+    return (f"Command: `{results['command']}`  \nMachine: {m['cpu']}, {m['cpus']} CPUs; server threads: "
+            f"{results['threads']}; {results['date']}\n\n" + "\n".join(rows) + "\n")
+
+
+def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, threads: int, repeats: int,
+        quick: bool, target: str, membw_source: Path | None) -> dict:
+    from .build import build
+    out.mkdir(parents=True, exist_ok=True)
+    membw = MemoryBandwidth(membw_source, out, threads)
+    results = {"command": "colibri-build bench " + " ".join(sys.argv[2:]), "machine": machine(),
+               "threads": threads, "date": time.strftime("%Y-%m-%d"), "runs": {}, "llama_cpp": LLAMA_CPP}
+    for preset in presets:
+        for dtype in dtypes:
+            model = ensure_model(models_dir, preset, dtype)
+            log(f"building {model.name} for {target}")
+            exe = build(model, target, dist_root=out / "dist", build_root=out / "build", quiet=True).executable
+            log(f"measuring {model.name}")
+            results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick)
+            log(json.dumps(r))
+            (out / "bench.json").write_text(json.dumps(results, indent=2))
+    (out / "bench.md").write_text(markdown(results))
+    return results
