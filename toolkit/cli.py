@@ -99,17 +99,19 @@ def targets_cmd(as_json):
     from .targets import all_targets
     rows = []
     for t in all_targets().values():
-        missing = t.missing_cpu_features()
-        runs = "yes" if not missing else "no: CPU lacks " + ", ".join(missing)
+        why = t.why_not_runnable()
+        prefix = t.run_prefix()
+        runs = ("no: " + why) if why else ("yes" + (f" (under {prefix[0]})" if prefix else ""))
         rows.append((t, runs))
     if as_json:
-        click.echo(json.dumps([{**t.as_dict(), "runs_here": not t.missing_cpu_features(), "note": t.note}
-                               for t, _ in rows], indent=2))
+        click.echo(json.dumps([{**t.as_dict(), "runs_here": not t.why_not_runnable(), "run_prefix": t.run_prefix(),
+                                "note": t.note} for t, _ in rows], indent=2))
         return
     width = max(len(t.name) for t, _ in rows)
     for t, runs in rows:
         click.echo(f"{t.name:<{width}}  {t.description}")
-        click.echo(f"{'':<{width}}  triple {t.triple}, kernels {t.kernels}, runs here: {runs}")
+        click.echo(f"{'':<{width}}  triple {t.triple}, kernels {t.kernels}, compilers {' or '.join(t.c_compilers)}, "
+                   f"runs here: {runs}")
         if t.note:
             click.echo(f"{'':<{width}}  note: {t.note}")
 
