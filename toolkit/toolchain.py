@@ -69,8 +69,14 @@ def resolve_kernels(target: Target, compiler: Compiler) -> str:
     compiler enables with the target's flags."""
     if target.kernels != "auto":
         return target.kernels
+    if compiler.defines("__AVX512F__") and compiler.defines("__AVX2__") and compiler.defines("__FMA__"):
+        return "avx512"
     if compiler.defines("__AVX2__") and compiler.defines("__FMA__"):
         return "avx2"
+    if compiler.defines("__ARM_FEATURE_DOTPROD"):
+        return "dotprod"
+    if compiler.defines("__ARM_NEON"):
+        return "neon"
     return "scalar"
 
 
