@@ -20,7 +20,7 @@ import requests
 from colibri_build import config, targets, toolchain
 from colibri_build.build import build_dir_for
 from colibri_build.errors import ToolchainError
-from conftest import RunningServer, build_server
+from conftest import RunningServer, build_server, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -61,13 +61,19 @@ def command(target: targets.Target, exe) -> list[str]:
 
 @pytest.fixture(scope="module")
 def built(workdir, tiny_model):
-    """dist folder per target, built once per module."""
+    """dist folder per (target, toolchain), built once per module."""
     cache = {}
 
-    def get(name: str):
-        if name not in cache:
-            cache[name] = build_server(workdir, tiny_model, name)
-        return cache[name]
+    def get(name: str, compiler: str | None = None):
+        if (name, compiler) not in cache:
+            if compiler is None:
+                cache[name, compiler] = build_server(workdir, tiny_model, name)
+            else:
+                dist = workdir / f"dist-{compiler}"
+                run_cli("--model", tiny_model / "model-config.json", "--target", name, "--toolchain", compiler,
+                        "--dist", dist, "--build-dir", workdir / "build", "--quiet")
+                cache[name, compiler] = dist / f"tiny-{name}"
+        return cache[name, compiler]
     return get
 
 
@@ -109,10 +115,18 @@ def native_reply(built, tiny_model, run_env):
     return ask(target, built(target.name), tiny_model, run_env)
 
 
-@pytest.mark.parametrize("name", ["windows-x86-64-v3", "linux-aarch64"])
-def test_cross_server_agrees_with_native(name, built, tiny_model, run_env, native_reply):
+@pytest.mark.parametrize("name, compiler", [("windows-x86-64-v3", None), ("linux-aarch64", None),
+                                            ("linux-aarch64", "zig")])
+def test_cross_server_agrees_with_native(name, compiler, built, tiny_model, run_env, native_reply):
+    """compiler None: the target's preferred one (MinGW-w64 gcc, aarch64 gcc);
+    zig: --toolchain zig (clang and musl from the ziglang package)."""
     target = runnable(name)
-    got = ask(target, built(name), tiny_model, run_env)
+    if compiler:
+        try:
+            toolchain.find_compiler(target, compiler)
+        except ToolchainError as exc:
+            pytest.skip(str(exc))
+    got = ask(target, built(name, compiler), tiny_model, run_env)
     want = native_reply
     assert got["colibri_trace"]["prompt_tokens"] == want["colibri_trace"]["prompt_tokens"]
     assert got["colibri_trace"]["completion_tokens"] == want["colibri_trace"]["completion_tokens"]
@@ -159,7 +173,8 @@ def test_windows_exe_imports_only_system_dlls(built):
     assert "pei-x86-64" in dump
     dlls = {line.split(":", 1)[1].strip().lower() for line in dump.splitlines() if "DLL Name:" in line}
     assert "kernel32.dll" in dlls and "ws2_32.dll" in dlls
-    assert dlls <= WINDOWS_SYSTEM_DLLS, f"imports DLLs outside Windows: {dlls - WINDOWS_SYSTEM_DLLS}"
+    outside = {d for d in dlls - WINDOWS_SYSTEM_DLLS if not d.startswith("api-ms-win-crt-")}  # UCRT: Windows 10+
+    assert not outside, f"imports DLLs outside Windows: {outside}"
 
 
 @pytest.mark.parametrize("name", ["windows-x86-64-v3", "linux-aarch64"])
@@ -193,3 +208,18 @@ def test_windows_rebuild_is_byte_identical(workdir, tiny_model, built):
         pytest.skip(str(exc))
     again = build_server(workdir, tiny_model, name, tag="-cross-again")
     assert (again / "colibri-server.exe").read_bytes() == (built(name) / "colibri-server.exe").read_bytes()
+
+
+def test_macos_target_is_compiled_not_run(built):
+    """zig cc cross-compiles for macOS (no SDK needed); nothing here can run it."""
+    target = targets.get_target("macos-arm64")
+    try:
+        toolchain.find_compiler(target)
+    except ToolchainError as exc:
+        pytest.skip(str(exc))
+    assert "not run" in target.note and not target.runs_here()
+    exe = built("macos-arm64") / "colibri-server"
+    assert exe.read_bytes()[:4] == bytes.fromhex("cffaedfe")  # MH_MAGIC_64, little-endian
+    assert int.from_bytes(exe.read_bytes()[4:8], "little") == 0x0100000C  # CPU_TYPE_ARM64
+    info = json.loads((exe.parent / "build-info.json").read_text())
+    assert info["kernels"] == "dotprod" and info["compiler_version"].startswith("zig ")

@@ -88,7 +88,8 @@ def render(model, target, out, toolchain):
     cfg = config.load(model)
     tgt = targets.get_target(target)
     compiler = tc.find_compiler(tgt, toolchain)
-    render_mod.render_tree(render_mod.RenderInputs(cfg, tgt, tc.resolve_kernels(tgt, compiler), compiler.path), out)
+    tgt = tgt.for_compiler(compiler.name)
+    render_mod.render_tree(render_mod.RenderInputs(cfg, tgt, tc.resolve_kernels(tgt, compiler), compiler.cmake), out)
     click.echo(str(out))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -23,7 +23,17 @@ from .resources import data_dir
 # Kernel families nest: avx512 includes avx2, dotprod includes neon; each
 # includes scalar. "auto" picks from what the compiler enables (native).
 KERNEL_FAMILIES = ("scalar", "avx2", "avx512", "neon", "dotprod", "auto")
-OS_NAMES = ("linux", "windows")
+OS_NAMES = ("linux", "windows", "macos")
+
+
+@dataclass(frozen=True)
+class CompilerSettings:
+    """[toolchain.NAME] of a target file: how to drive one of its compilers
+    when it needs more than its name (zig: "cc -target ..."), and flags that
+    replace [flags] for it (clang-style -mcpu instead of gcc's -march)."""
+    args: tuple[str, ...] = ()
+    c_flags: tuple[str, ...] | None = None
+    link_flags: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,11 +54,20 @@ class Target:
     cpu_features: tuple[str, ...]
     note: str = ""
     run_hint: str = ""   # how to install the run wrapper
+    compiler_settings: dict = field(default_factory=dict, compare=False)  # name -> CompilerSettings
     path: Path = field(default=Path(), compare=False)
 
     @property
     def exe_name(self) -> str:
         return "colibri-server" + self.exe_suffix
+
+    def for_compiler(self, name: str) -> "Target":
+        """This target with the flags it asks for when built by compiler `name`."""
+        settings = self.compiler_settings.get(Path(name).name)
+        if settings is None:
+            return self
+        return replace(self, c_flags=self.c_flags if settings.c_flags is None else settings.c_flags,
+                       link_flags=self.link_flags if settings.link_flags is None else settings.link_flags)
 
     @property
     def emulated(self) -> bool:
@@ -140,6 +159,25 @@ def _optional(table: dict, key: str, where: str) -> str:
     return value
 
 
+_SETTINGS_KEYS = {"args", "c", "link"}
+
+
+def _compiler_settings(toolchain: dict, where: str) -> dict:
+    out = {}
+    for name, table in toolchain.items():
+        if not isinstance(table, dict):
+            continue
+        here = f"{where} [toolchain.{name}]"
+        unknown = set(table) - _SETTINGS_KEYS
+        if unknown:
+            raise TargetError(f"{here}: unknown field '{sorted(unknown)[0]}', expected {', '.join(sorted(_SETTINGS_KEYS))}")
+        out[name] = CompilerSettings(
+            args=_strings(table, "args", here) if "args" in table else (),
+            c_flags=_strings(table, "c", here) if "c" in table else None,
+            link_flags=_strings(table, "link", here) if "link" in table else None)
+    return out
+
+
 def parse_target(path: Path) -> Target:
     where = str(path)
     try:
@@ -166,6 +204,7 @@ def parse_target(path: Path) -> Target:
         cpu_features=_strings(run, "cpu_features", where + " [run]"),
         note=_optional(raw, "note", where),
         run_hint=_optional(run, "wrapper_hint", where + " [run]"),
+        compiler_settings=_compiler_settings(toolchain, where),
         path=path,
     )
     if target.name != path.stem:

@@ -16,12 +16,40 @@ from .targets import Target
 
 @dataclass(frozen=True)
 class Compiler:
-    path: str
-    version: str          # first line of `cc --version`
+    name: str              # as the target file or --toolchain names it
+    command: tuple         # executable and fixed arguments (zig: zig cc -target ...)
+    version: str           # first line of `cc --version`
     predefined: frozenset  # macros defined for the target's flags
+
+    @property
+    def path(self) -> str:
+        return self.command[0]
+
+    @property
+    def cmake(self) -> str:
+        """CMAKE_C_COMPILER: a list, whose first item is the executable and
+        the rest are arguments CMake passes on every call."""
+        return ";".join(self.command)
 
     def defines(self, macro: str) -> bool:
         return macro in self.predefined
+
+
+ZIG_HINT = "pip install ziglang (zig cc: clang with libcs and SDK stubs for Linux, Windows and macOS)"
+
+
+def _locate(name: str) -> str | None:
+    """A compiler's executable: zig from the ziglang package if installed,
+    anything else from PATH (or a path as given)."""
+    if name == "zig":
+        try:
+            import ziglang
+            candidate = Path(ziglang.__file__).parent / "zig"
+            if candidate.is_file():
+                return str(candidate)
+        except ImportError:
+            pass
+    return shutil.which(name)
 
 
 def _python_tool(module: str, attr: str, exe: str) -> str | None:
@@ -50,18 +78,30 @@ def ninja_exe() -> str:
 
 
 def find_compiler(target: Target, override: str | None = None) -> Compiler:
+    """The first of the target's compilers (in its order of preference) that
+    is installed, or `override` (--toolchain)."""
     candidates = (override,) if override else target.c_compilers
     for name in candidates:
-        path = shutil.which(name)
+        path = _locate(name)
         if path:
             break
     else:
+        hint = ZIG_HINT if candidates == ("zig",) else target.install_hint
+        if "zig" in candidates and candidates != ("zig",):
+            hint += "; or " + ZIG_HINT
         raise ToolchainError(f"target '{target.name}' needs a C compiler ({' or '.join(candidates)}), "
-                             "none found on PATH", hint=target.install_hint)
-    version = run_capture([path, "--version"]).splitlines()[0].strip()
-    macros = run_capture([path, *target.c_flags, "-dM", "-E", "-x", "c", os.devnull])
+                             "none found", hint=hint)
+    settings = target.compiler_settings.get(Path(name).name)
+    if Path(name).name == "zig" and not (settings and settings.args):
+        raise ToolchainError(f"target '{target.name}' cannot be built with zig: its file has no [toolchain.zig] "
+                             "args (zig needs 'cc -target ...')", hint=f"choose a compiler from {target.path}")
+    command = (path, *(settings.args if settings else ()))
+    version = run_capture([*command, "--version"]).splitlines()[0].strip()
+    if Path(name).name == "zig":
+        version = f"zig {run_capture([path, 'version']).strip()} cc ({version})"
+    macros = run_capture([*command, *target.for_compiler(name).c_flags, "-dM", "-E", "-x", "c", os.devnull])
     predefined = frozenset(line.split()[1] for line in macros.splitlines() if line.startswith("#define "))
-    return Compiler(path=path, version=version, predefined=predefined)
+    return Compiler(name=name, command=command, version=version, predefined=predefined)
 
 
 def resolve_kernels(target: Target, compiler: Compiler) -> str:

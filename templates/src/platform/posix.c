@@ -1,4 +1,4 @@
-/* POSIX implementation of platform.h (Linux, and other Unix-likes). */
+/* POSIX implementation of platform.h (Linux, and other Unix-likes: macOS). */
 #define _GNU_SOURCE
 #include "platform.h"
 
@@ -107,8 +107,10 @@ void cb_cpu_relax(void) {
 }
 
 int cb_cpu_count(void) {
+#ifdef __linux__ /* the CPUs this process may use (taskset, cgroups) */
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
