@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,10 +97,13 @@ def find_compiler(target: Target, override: str | None = None) -> Compiler:
         raise ToolchainError(f"target '{target.name}' cannot be built with zig: its file has no [toolchain.zig] "
                              "args (zig needs 'cc -target ...')", hint=f"choose a compiler from {target.path}")
     command = (path, *(settings.args if settings else ()))
-    version = run_capture([*command, "--version"]).splitlines()[0].strip()
-    if Path(name).name == "zig":
-        version = f"zig {run_capture([path, 'version']).strip()} cc ({version})"
-    macros = run_capture([*command, *target.for_compiler(name).c_flags, "-dM", "-E", "-x", "c", os.devnull])
+    # Probes run in a scratch folder: `zig cc -target *-windows-gnu --version` leaves an a.o behind.
+    with tempfile.TemporaryDirectory(prefix="colibri-cc-") as scratch:
+        version = run_capture([*command, "--version"], cwd=scratch).splitlines()[0].strip()
+        if Path(name).name == "zig":
+            version = f"zig {run_capture([path, 'version'], cwd=scratch).strip()} cc ({version})"
+        macros = run_capture([*command, *target.for_compiler(name).c_flags, "-dM", "-E", "-x", "c", os.devnull],
+                             cwd=scratch)
     predefined = frozenset(line.split()[1] for line in macros.splitlines() if line.startswith("#define "))
     return Compiler(name=name, command=command, version=version, predefined=predefined)
 
@@ -120,9 +124,9 @@ def resolve_kernels(target: Target, compiler: Compiler) -> str:
     return "scalar"
 
 
-def run_capture(cmd: list[str]) -> str:
+def run_capture(cmd: list[str], cwd: str | None = None) -> str:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
     except OSError as exc:
         raise ToolchainError(f"cannot run {cmd[0]}: {exc}") from None
     if done.returncode != 0:
