@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 
 import numpy as np
@@ -219,7 +220,16 @@ def test_macos_target_is_compiled_not_run(built):
         pytest.skip(str(exc))
     assert "not run" in target.note and not target.runs_here()
     exe = built("macos-arm64") / "colibri-server"
-    assert exe.read_bytes()[:4] == bytes.fromhex("cffaedfe")  # MH_MAGIC_64, little-endian
-    assert int.from_bytes(exe.read_bytes()[4:8], "little") == 0x0100000C  # CPU_TYPE_ARM64
+    data = exe.read_bytes()
+    magic, cpu, _, _, n_cmds = struct.unpack_from("<IIIII", data, 0)
+    assert magic == 0xFEEDFACF and cpu == 0x0100000C  # MH_MAGIC_64, CPU_TYPE_ARM64
+    dylibs, offset = [], 32  # load commands follow the 32-byte header
+    for _ in range(n_cmds):
+        cmd, size = struct.unpack_from("<II", data, offset)
+        if cmd in (0xC, 0x80000018):  # LC_LOAD_DYLIB, LC_LOAD_WEAK_DYLIB
+            name_at = struct.unpack_from("<I", data, offset + 8)[0]
+            dylibs.append(data[offset + name_at:offset + size].split(b"\0")[0].decode())
+        offset += size
+    assert dylibs == ["/usr/lib/libSystem.B.dylib"]  # what every Mac has
     info = json.loads((exe.parent / "build-info.json").read_text())
     assert info["kernels"] == "dotprod" and info["compiler_version"].startswith("zig ")

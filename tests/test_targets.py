@@ -128,3 +128,14 @@ def test_malformed_compiler_settings(tmp_path):
     path.write_text(WINDOWS_TARGET.replace("[flags]", "[toolchain.zig]\nargs = [\"cc\"]\nflags = []\n[flags]"))
     with pytest.raises(TargetError, match=r"\[toolchain.zig\]: unknown field 'flags'"):
         targets.parse_target(path)
+
+
+@pytest.mark.parametrize("target, compiler, install", [
+    ("linux-aarch64", "no-such-aarch64-gcc", "apt-get install gcc-aarch64-linux-gnu"),
+    ("windows-x86-64-v3", "no-such-mingw-gcc", "apt-get install gcc-mingw-w64-x86-64"),
+])
+def test_missing_cross_compiler_names_what_to_install(tiny_model, tmp_path, target, compiler, install):
+    done = run_cli("--model", tiny_model, "--target", target, "--toolchain", compiler,
+                   "--dist", tmp_path / "d", "--build-dir", tmp_path / "b", check=False)
+    assert done.returncode == 4
+    assert compiler in done.stderr and install in done.stderr
