@@ -121,6 +121,12 @@ uint64_t cb_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+void cb_local_date(char out[11]) {
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || strftime(out, 11, "%Y-%m-%d", &tm) != 10) memcpy(out, "1970-01-01", 11);
+}
+
 static void (*stop_callback)(void);
 static void on_signal(int sig) { (void)sig; if (stop_callback) stop_callback(); }
 

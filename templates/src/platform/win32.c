@@ -153,6 +153,12 @@ uint64_t cb_now_ns(void) {
     return c / f * 1000000000u + c % f * 1000000000u / f;
 }
 
+void cb_local_date(char out[11]) {
+    SYSTEMTIME t;
+    GetLocalTime(&t);
+    snprintf(out, 11, "%04u-%02u-%02u", (unsigned)t.wYear % 10000u, (unsigned)t.wMonth % 100u, (unsigned)t.wDay % 100u);
+}
+
 static void (*stop_callback)(void);
 
 /* Runs on a thread the system creates: Ctrl-C, Ctrl-Break, console closed,
