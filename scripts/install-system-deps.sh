@@ -4,21 +4,26 @@
 # Cross targets (tests/test_cross.py) also need MinGW-w64, the aarch64 cross
 # compiler, wine and qemu: installed the same way, or named when not root
 # (their tests then skip, saying what is missing).
+# Usage: install-system-deps.sh [--test]   (--test: also what the test suite needs)
 set -euo pipefail
+for_tests=0
+[ "${1:-}" = "--test" ] && for_tests=1
 need=()
 command -v gcc >/dev/null || need+=(gcc)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || need+=(libc6-dev)
 command -v curl >/dev/null || need+=(curl)
 command -v readelf >/dev/null || need+=(binutils)
 command -v file >/dev/null || need+=(file)
+cross=()
+if [ $for_tests = 1 ]; then
 # clang: the libFuzzer target over the request parsers (tests/test_fuzz.py).
 command -v clang >/dev/null || need+=(clang)
-cross=()
 command -v x86_64-w64-mingw32-gcc >/dev/null || cross+=(gcc-mingw-w64-x86-64)
 command -v aarch64-linux-gnu-gcc >/dev/null || cross+=(gcc-aarch64-linux-gnu)
 [ -e /usr/aarch64-linux-gnu/lib/libc.a ] || cross+=(libc6-dev-arm64-cross)
 { command -v wine >/dev/null && [ -e /usr/lib/wine/wine64 ] || command -v wine64 >/dev/null; } || cross+=(wine wine64)
 command -v qemu-aarch64-static >/dev/null || cross+=(qemu-user-static)
+fi
 if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
