@@ -160,6 +160,10 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
                 "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon"]}[name]
     for family in [*families, "scalar"]:
         assert f"kernel-check {family}: ok" in done.stdout, done.stdout
+    weight_type_families = {"x86-64-v3": ["avx2"], "x86-64-v4": ["avx2"], "windows-x86-64-v3": ["avx2"],
+                            "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon", "dotprod"]}[name]
+    for family in weight_type_families:
+        assert f"kernel-check {family} weight types: ok" in done.stdout, done.stdout
 
 
 def test_windows_exe_imports_only_system_dlls(built):

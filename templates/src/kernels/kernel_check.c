@@ -92,6 +92,71 @@ static int check_topk(topk_fn topk, int *cases) {
     return 0;
 }
 
+/* The weight-type dots (f16, bf16, q8_0, q4_0) of each family against the
+ * scalar ones on the same encoded rows: integer parts are exact, only the
+ * float summation order differs. */
+typedef float (*dot_half_fn)(const uint16_t *, const float *, int);
+typedef float (*dot_q8_fn)(const cb_block_q8_0 *, const cb_block_q8_0 *, int);
+typedef float (*dot_q4_fn)(const cb_block_q4_0 *, const cb_block_q8_0 *, int);
+
+static const struct {
+    const char *name;
+    dot_half_fn f16, bf16;
+    dot_q8_fn q8_0;
+    dot_q4_fn q4_0;
+} typed[] = {
+#if CB_KERNELS_AVX2
+    {"avx2", cb_dot_f16_avx2, cb_dot_bf16_avx2, cb_dot_q8_0_avx2, cb_dot_q4_0_avx2},
+#endif
+#if CB_KERNELS_NEON
+    {"neon", cb_dot_f16_neon, cb_dot_bf16_neon, cb_dot_q8_0_neon, cb_dot_q4_0_neon},
+#endif
+#if CB_KERNELS_DOTPROD
+    {"dotprod", NULL, NULL, cb_dot_q8_0_dotprod, cb_dot_q4_0_dotprod},
+#endif
+    {"scalar", cb_dot_f16_scalar, cb_dot_bf16_scalar, cb_dot_q8_0_scalar, cb_dot_q4_0_scalar},
+};
+
+#define MAX_BLOCKS (1024 / CB_QK)
+static uint16_t wh[1024], wb[1024];
+static cb_block_q8_0 w8[MAX_BLOCKS], x8[MAX_BLOCKS];
+static cb_block_q4_0 w4[MAX_BLOCKS];
+
+static int close_enough(const char *what, int n, float got, float ref, double mag, double *worst) {
+    double err = fabs((double)got - ref), rel = mag > 0 ? err / mag : err;
+    if (rel > *worst) *worst = rel;
+    if (err <= 1e-5 * mag + 1e-30) return 1;
+    printf("  %s n=%d: got %.9g, reference %.9g\n", what, n, got, ref);
+    return 0;
+}
+
+static int check_typed(int f, int *cases, double *worst) {
+    for (int n = CB_QK; n <= 1024; n += n < 256 ? CB_QK : 256) {
+        double mag = 0;
+        for (int i = 0; i < n; i++) {
+            a[i] = uniform() * (i % 7 == 0 ? 8.0f : 1.0f), b[i] = uniform();
+            mag += fabs((double)a[i] * b[i]);
+            wh[i] = cb_float_to_half(a[i]);
+            uint32_t bits;
+            memcpy(&bits, &a[i], 4);
+            wb[i] = (uint16_t)(bits >> 16);
+        }
+        cb_quantize_row_q8_0(a, w8, n);
+        cb_quantize_row_q4_0(a, w4, n);
+        cb_quantize_row_q8_0(b, x8, n);
+        if (typed[f].f16 && !close_enough("dot_f16", n, typed[f].f16(wh, b, n), cb_dot_f16_scalar(wh, b, n), mag, worst))
+            return 1;
+        if (typed[f].bf16 &&
+            !close_enough("dot_bf16", n, typed[f].bf16(wb, b, n), cb_dot_bf16_scalar(wb, b, n), mag, worst))
+            return 1;
+        if (!close_enough("dot_q8_0", n, typed[f].q8_0(w8, x8, n), cb_dot_q8_0_scalar(w8, x8, n), mag, worst) ||
+            !close_enough("dot_q4_0", n, typed[f].q4_0(w4, x8, n), cb_dot_q4_0_scalar(w4, x8, n), mag, worst))
+            return 1;
+        *cases += 4;
+    }
+    return 0;
+}
+
 int main(void) {
     int failed = 0;
     const int n_families = (int)(sizeof families / sizeof families[0]);
@@ -102,6 +167,14 @@ int main(void) {
         bad |= check_topk(families[f].topk, &topk_cases);
         printf("kernel-check %s: %s (dot_f32 %d cases, worst relative error %.2e; topk %d cases)\n",
                families[f].name, bad ? "FAILED" : "ok", dot_cases, worst, topk_cases);
+        failed |= bad;
+    }
+    for (int f = 0; f < (int)(sizeof typed / sizeof typed[0]); f++) {
+        int cases = 0;
+        double worst = 0;
+        int bad = check_typed(f, &cases, &worst);
+        printf("kernel-check %s weight types: %s (f16/bf16/q8_0/q4_0 dots, %d cases, worst relative error %.2e)\n",
+               typed[f].name, bad ? "FAILED" : "ok", cases, worst);
         failed |= bad;
     }
     printf("kernel-check: %d families, target %s, %s\n", n_families, CB_TARGET_NAME,

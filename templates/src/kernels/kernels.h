@@ -71,6 +71,14 @@ void cb_topk_avx512(const float *values, int n, int k, int32_t *ids);
 #if CB_KERNELS_NEON
 float cb_dot_f32_neon(const float *a, const float *b, int n);
 void cb_topk_neon(const float *values, int n, int k, int32_t *ids);
+float cb_dot_f16_neon(const cb_half *w, const float *x, int n);
+float cb_dot_bf16_neon(const uint16_t *w, const float *x, int n);
+float cb_dot_q8_0_neon(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
+float cb_dot_q4_0_neon(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+#endif
+#if CB_KERNELS_DOTPROD
+float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
+float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
 #endif
 #if CB_KERNELS_AVX512
 #define cb_dot_f32 cb_dot_f32_avx512
@@ -82,10 +90,23 @@ void cb_topk_neon(const float *values, int n, int k, int32_t *ids);
 #define cb_dot_f32 CB_KERNEL(cb_dot_f32)
 #define cb_topk_f32 CB_KERNEL(cb_topk)
 #endif
-#define cb_dot_f16 CB_KERNEL(cb_dot_f16)
-#define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
+#if CB_KERNELS_DOTPROD
+#define cb_dot_q8_0 cb_dot_q8_0_dotprod
+#define cb_dot_q4_0 cb_dot_q4_0_dotprod
+#elif CB_KERNELS_NEON
+#define cb_dot_q8_0 cb_dot_q8_0_neon
+#define cb_dot_q4_0 cb_dot_q4_0_neon
+#else
 #define cb_dot_q8_0 CB_KERNEL(cb_dot_q8_0)
 #define cb_dot_q4_0 CB_KERNEL(cb_dot_q4_0)
+#endif
+#if CB_KERNELS_NEON
+#define cb_dot_f16 cb_dot_f16_neon
+#define cb_dot_bf16 cb_dot_bf16_neon
+#else
+#define cb_dot_f16 CB_KERNEL(cb_dot_f16)
+#define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
+#endif
 
 /* 1 when W's kernel wants the activations quantized to q8_0 first. */
 static inline int cb_wants_q8_activations(const cb_tensor *W) {
