@@ -70,12 +70,26 @@ static inline int cb_wants_q8_activations(const cb_tensor *W) {
     return W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0;
 }
 
-/* Y[t][r] = W[r] . X[t] for rows [row_begin, row_end) and n_tok tokens.
- * Xq: X quantized to q8_0 (x_blocks_stride blocks a row) when
- * cb_wants_q8_activations(W), else unused. Each weight row is read once
- * for all tokens (they share the read). */
-void cb_matmul_rows(const cb_tensor *W, int row_begin, int row_end, const float *X, int x_stride,
-                    const cb_block_q8_0 *Xq, int xq_stride, int n_tok, float *Y, int y_stride);
+/* The activation rows of a matmul: float32 rows x_stride floats apart and,
+ * for weights that cb_wants_q8_activations(), the same rows quantized to
+ * q8_0, q_stride blocks apart (quantized once, shared by every matrix that
+ * reads them). */
+typedef struct {
+    const float *x;
+    const cb_block_q8_0 *q;
+    int x_stride, q_stride;
+} cb_act;
+
+enum cb_store { CB_SET, CB_ADD, CB_ADD_SCALED };
+
+/* For rows r in [r0, r1) of W and tokens t < n_tok, d = W[r] . A[in[t]]:
+ *   CB_SET: Y[out[t]][r] = d;  CB_ADD: Y[out[t]][r] += d;
+ *   CB_ADD_SCALED: Y[out[t]][r] += scale[t] * d
+ * with Y rows y_stride floats apart; in/out NULL mean t itself. Each weight
+ * row is read once for all tokens, and each d is computed the same way
+ * whatever r0 and r1 are (results do not depend on how rows are split). */
+void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
+                    float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale);
 
 /* out = x / sqrt(mean(x^2) + eps) * w, in float32 like transformers. */
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);

@@ -106,6 +106,8 @@ void cb_cpu_relax(void) {
 #endif
 }
 
+void cb_thread_yield(void) { sched_yield(); }
+
 int cb_cpu_count(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
