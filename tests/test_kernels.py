@@ -66,6 +66,24 @@ def test_dot_products(dtype, n):
     print(f"{dtype} n={n}: |simd-scalar| = {abs(simd - scalar):.2e}")
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+def test_matrix_kernel_equals_the_row_kernel_bit_for_bit(dtype):
+    """The engine's matrix path (several rows per pass, prefetching) gives
+    each row exactly what the one-row kernel does, for any row split: the
+    thread count must not change results."""
+    rows_n, cols = 13, 96
+    w = np.stack([rows(cols) for _ in range(rows_n)])
+    raw = np.frombuffer(quant.encode(w, dtype), np.uint8)
+    x = np.stack([rows(cols, 3.0) for _ in range(3)])
+    y = kernels.matmul(dtype, raw, rows_n, x)
+    row_bytes = raw.size // rows_n
+    for t in range(3):
+        for r in range(rows_n):
+            assert y[t, r] == kernels.dot(dtype, raw[r * row_bytes:(r + 1) * row_bytes], x[t])
+    for r0, r1 in [(0, 4), (4, 13), (1, 6), (8, 12)]:  # splits the threads may make
+        np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, r0, r1)[:, r0:r1], y[:, r0:r1])
+
+
 def test_topk_matches_argsort_and_breaks_ties_by_lower_index():
     for n, k in [(8, 2), (64, 8), (60, 4), (128, 8), (3, 3)]:
         v = rows(n)

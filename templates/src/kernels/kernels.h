@@ -55,6 +55,15 @@ float cb_dot_f16_avx2(const cb_half *w, const float *x, int n);
 float cb_dot_bf16_avx2(const uint16_t *w, const float *x, int n);
 float cb_dot_q8_0_avx2(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_avx2(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+/* Four weight rows (row_bytes apart) . x at once, sharing x's loads: out[i]
+ * is bit for bit what the one-row kernel gives for row i. next: the
+ * following four rows, prefetched meanwhile (or NULL). */
+void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
+                       const void *next);
+void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
+                       const void *next);
+#define cb_dot4_q8_0 cb_dot4_q8_0_avx2
+#define cb_dot4_q4_0 cb_dot4_q4_0_avx2
 #define CB_KERNEL(name) name##_avx2
 #else
 #define CB_KERNEL(name) name##_scalar

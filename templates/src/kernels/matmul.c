@@ -7,28 +7,44 @@ static inline void store(float *y, enum cb_store mode, const float *scale, int t
     else *y += scale[t] * d;
 }
 
+static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int cols) {
+    switch (dtype) {
+    case CB_F32: return cb_dot_f32(row, A->x + (size_t)ti * A->x_stride, cols);
+    case CB_F16: return cb_dot_f16(row, A->x + (size_t)ti * A->x_stride, cols);
+    case CB_BF16: return cb_dot_bf16(row, A->x + (size_t)ti * A->x_stride, cols);
+    case CB_Q8_0: return cb_dot_q8_0(row, A->q + (size_t)ti * A->q_stride, cols);
+    case CB_Q4_0: return cb_dot_q4_0(row, A->q + (size_t)ti * A->q_stride, cols);
+    }
+    return 0;
+}
+
 void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
                     float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
     const int cols = (int)W->cols;
     const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
     const uint8_t *w = W->data;
-    for (int r = r0; r < r1; r++) {
-        const void *row = w + (size_t)r * row_bytes;
-        for (int t = 0; t < n_tok; t++) {
-            const int ti = in ? in[t] : t;
-#define X_ROW (A->x + (size_t)ti * A->x_stride)
-#define Q_ROW (A->q + (size_t)ti * A->q_stride)
-            float d = 0;
-            switch (W->dtype) {
-            case CB_F32: d = cb_dot_f32(row, X_ROW, cols); break;
-            case CB_F16: d = cb_dot_f16(row, X_ROW, cols); break;
-            case CB_BF16: d = cb_dot_bf16(row, X_ROW, cols); break;
-            case CB_Q8_0: d = cb_dot_q8_0(row, Q_ROW, cols); break;
-            case CB_Q4_0: d = cb_dot_q4_0(row, Q_ROW, cols); break;
+    int r = r0;
+#ifdef cb_dot4_q8_0
+    /* Four rows at a time for the block types: the rows (a few KB) stay in
+     * L1 while every token passes over them. */
+    if (W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0) {
+        for (; r + 4 <= r1; r += 4) {
+            const void *rows = w + (size_t)r * row_bytes;
+            const void *next = r + 8 <= (int)W->rows ? w + (size_t)(r + 4) * row_bytes : NULL;
+            for (int t = 0; t < n_tok; t++) {
+                const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
+                float d[4];
+                if (W->dtype == CB_Q8_0) cb_dot4_q8_0(rows, row_bytes, xq, cols, d, t ? NULL : next);
+                else cb_dot4_q4_0(rows, row_bytes, xq, cols, d, t ? NULL : next);
+                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
+                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
             }
-#undef X_ROW
-#undef Q_ROW
-            store(Y + (size_t)(out ? out[t] : t) * y_stride + r, mode, scale, t, d);
         }
+    }
+#endif
+    for (; r < r1; r++) {
+        const void *row = w + (size_t)r * row_bytes;
+        for (int t = 0; t < n_tok; t++)
+            store(Y + (size_t)(out ? out[t] : t) * y_stride + r, mode, scale, t, dot(W->dtype, row, A, in ? in[t] : t, cols));
     }
 }
