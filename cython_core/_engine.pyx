@@ -358,6 +358,7 @@ cdef extern from "kernels/kernels.h" nogil:
     ctypedef struct cb_block_q4_0:
         pass
     void cb_quantize_row_q8_0(const float *x, cb_block_q8_0 *y, int n)
+    void cb_quantize_act_q8_0(const float *x, cb_block_q8_0 *y, int n)
     void cb_quantize_row_q4_0(const float *x, cb_block_q4_0 *y, int n)
     void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n)
     float cb_dot_f32_scalar(const float *a, const float *b, int n)
@@ -384,15 +385,18 @@ def _f32(x):
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def quantize(x, dtype):
-    """One row of float32 -> the C quantizer's bytes (q8_0 or q4_0)."""
+def quantize(x, dtype, bint engine=False):
+    """One row of float32 -> the C quantizer's bytes (q8_0 or q4_0); with
+    engine=True the engine's (SIMD) activation quantizer for q8_0."""
     cdef float[::1] xv = _f32(x).ravel()
     cdef int n = xv.shape[0]
     if n % 32:
         raise ValueError("length must be a multiple of 32")
     out = np.zeros(n // 32 * (34 if dtype == "q8_0" else 18), dtype=np.uint8)
     cdef unsigned char[::1] ov = out
-    if dtype == "q8_0":
+    if dtype == "q8_0" and engine:
+        cb_quantize_act_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)
+    elif dtype == "q8_0":
         cb_quantize_row_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)
     elif dtype == "q4_0":
         cb_quantize_row_q4_0(&xv[0], <cb_block_q4_0 *>&ov[0], n)

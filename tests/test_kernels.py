@@ -27,6 +27,16 @@ def test_c_quantizer_matches_numpy_bit_for_bit(dtype, scale):
     np.testing.assert_array_equal(c_bytes, np_bytes)
 
 
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1.0, 300.0, 6e4])
+def test_engine_activation_quantizer_matches_reference_bit_for_bit(scale):
+    x = rows(4096, scale)
+    x[32:64] = 0  # an all-zero block
+    # Halves after scaling: amax 127 makes the scale exactly 1, so x.5 ties
+    # must round away from zero as roundf does (not to even).
+    x[64:96] = np.float32([127.0] + [k + 0.5 for k in range(-15, 16)]) * np.float32(scale)
+    np.testing.assert_array_equal(kernels.quantize(x, "q8_0", engine=True), kernels.quantize(x, "q8_0"))
+
+
 # Worst error per block, as a fraction of the block's largest magnitude: half a
 # step for q8_0 (plus the fp16 rounding of the scale); q4_0's 16 levels span
 # [-8d, 7d], so the far end of the range can be off by a whole step.

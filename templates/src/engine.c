@@ -56,7 +56,7 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
     cb_act a = {X, NULL, x_stride, q_stride};
     const uint32_t dt = CB_DIMS(e)->weight_dtype;
     if (dt == CB_Q8_0 || dt == CB_Q4_0) { /* once, shared by every row and matrix */
-        for (int t = 0; t < n; t++) cb_quantize_row_q8_0(X + (size_t)t * x_stride, q + (size_t)t * q_stride, cols);
+        for (int t = 0; t < n; t++) cb_quantize_act_q8_0(X + (size_t)t * x_stride, q + (size_t)t * q_stride, cols);
         a.q = q;
     }
     return a;

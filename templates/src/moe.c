@@ -63,7 +63,7 @@ static void gate_up_task(void *p, int task, int worker) {
         for (int t = 0; t < unit->count; t++) {
             cb_swiglu(hid + (size_t)t * I_max + r0, up + (size_t)t * I_max + r0, r1 - r0);
             if (quantize)
-                cb_quantize_row_q8_0(hid + (size_t)t * I_max + r0,
+                cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
                                      e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
         }
     }

@@ -1,5 +1,6 @@
 /* AVX2 + FMA + F16C kernels (x86-64-v3). Reference: kernels/scalar.c. */
 #include <immintrin.h>
+#include <math.h>
 
 #include "kernels.h"
 
@@ -186,4 +187,46 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
     out[1] = hsum256(acc1);
     out[2] = hsum256(acc2);
     out[3] = hsum256(acc3);
+}
+
+/* The reference quantizer (quants.c), 8 lanes at a time, bit for bit: the
+ * same float operations, roundf's halves away from zero rebuilt from a
+ * truncation (v - trunc(v) is exact), F16C's round-to-nearest-even scale. */
+void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float d = _mm_cvtss_f32(m4) / 127.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) {
+            const __m256 s = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+            const __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(s, t));
+            const __m256 away = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
+                                              _mm256_or_ps(one, _mm256_and_ps(sign, s)));
+            q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, away));
+        }
+        /* int32 -> int8; the packs work per 128-bit lane, so put the dwords back in order. */
+        __m256i q16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        q16 = _mm256_permutevar8x32_epi32(q16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[b].qs, q16);
+    }
+}
+
+/* y += a * x: each element one fused multiply-add, as the compiler
+ * contracts the scalar reference. */
+void cb_axpy_avx2(float *y, float a, const float *x, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }

@@ -63,6 +63,8 @@ void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
                        const void *next);
 #define cb_dot4_q8_0 cb_dot4_q8_0_avx2
+void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n);
+void cb_axpy_avx2(float *y, float a, const float *x, int n);
 #define cb_dot4_q4_0 cb_dot4_q4_0_avx2
 #define CB_KERNEL(name) name##_avx2
 #else
@@ -73,6 +75,11 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 #define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
 #define cb_dot_q8_0 CB_KERNEL(cb_dot_q8_0)
 #define cb_dot_q4_0 CB_KERNEL(cb_dot_q4_0)
+/* The engine's activation quantizer: the reference's bytes, faster. */
+#define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
+#define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
+
+static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
 /* 1 when W's kernel wants the activations quantized to q8_0 first. */
 static inline int cb_wants_q8_activations(const cb_tensor *W) {
@@ -107,7 +114,8 @@ void cb_softmax(float *x, int n);
 /* silu(gate) * up, into gate. */
 void cb_swiglu(float *gate, const float *up, int n);
 /* y += a * x */
-void cb_axpy(float *y, float a, const float *x, int n);
+void cb_axpy_scalar(float *y, float a, const float *x, int n);
+#define cb_axpy CB_KERNEL(cb_axpy)
 /* Rotates each head of vec (NeoX / rotate_half layout: pairs i, i + d/2)
  * by the angles of one position: cos/sin hold d/2 values. */
 void cb_rope_neox(float *vec, int n_heads, int head_dim, const float *cos_pos, const float *sin_pos);
