@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # System packages the builds need: a C compiler with a static libc, curl,
 # binutils/file to inspect executables, and clang for the fuzz test. Installs them when root and missing.
+# Cross targets (tests/test_cross.py) also need MinGW-w64, the aarch64 cross
+# compiler, wine and qemu: installed the same way, or named when not root
+# (their tests then skip, saying what is missing).
 set -euo pipefail
 need=()
 command -v gcc >/dev/null || need+=(gcc)
@@ -10,11 +13,22 @@ command -v readelf >/dev/null || need+=(binutils)
 command -v file >/dev/null || need+=(file)
 # clang: the libFuzzer target over the request parsers (tests/test_fuzz.py).
 command -v clang >/dev/null || need+=(clang)
-if [ ${#need[@]} -gt 0 ]; then
+cross=()
+command -v x86_64-w64-mingw32-gcc >/dev/null || cross+=(gcc-mingw-w64-x86-64)
+command -v aarch64-linux-gnu-gcc >/dev/null || cross+=(gcc-aarch64-linux-gnu)
+[ -e /usr/aarch64-linux-gnu/lib/libc.a ] || cross+=(libc6-dev-arm64-cross)
+{ command -v wine >/dev/null && [ -e /usr/lib/wine/wine64 ] || command -v wine64 >/dev/null; } || cross+=(wine wine64)
+command -v qemu-aarch64-static >/dev/null || cross+=(qemu-user-static)
+if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-  else
+    apt-get update -qq
+    [ ${#need[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    [ ${#cross[@]} -eq 0 ] ||
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null
+  elif [ ${#need[@]} -gt 0 ]; then
     echo "missing system packages: ${need[*]} (install them with your package manager)" >&2
     exit 1
+  else
+    echo "note: cross-target tests will skip; to run them install: ${cross[*]}" >&2
   fi
 fi

@@ -166,3 +166,41 @@ def test_cli_convert_with_progress_and_quantized_dtype(tmp_path):
     assert "converting to q8_0" in done.stderr
     done = run_cli("convert", tmp_path / "nothing", tmp_path / "x", check=False)
     assert done.returncode == 2 and "config.json: no such file" in done.stderr
+
+
+QWEN3_TOKENIZER = TINY.parent / "tokenizers" / "qwen3"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not QWEN3_TOKENIZER.is_dir(), reason="../shared/testdata not present")
+def test_a_checkpoint_with_its_tokenizer_serves_text(tmp_path):
+    """convert takes tokenizer.json and the chat template along: the engine
+    tokenizes as the `tokenizers` package does, and a built server formats
+    chat turns with the model's template and answers in text."""
+    pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    from conftest import RunningServer, build_server
+    from hf_models import make_checkpoint
+    folder = tmp_path / "hf"
+    make_checkpoint("qwen3_moe", folder, seed=5, vocab_size=151680, hidden_size=64, intermediate_size=64,
+                    moe_intermediate_size=32, head_dim=16, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, max_position_embeddings=512,
+                    bos_token_id=151643, eos_token_id=151645, tie_word_embeddings=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(QWEN3_TOKENIZER / name, folder / name)
+    out = convert(folder, tmp_path / "model", dtype="q8_0", progress=False)
+    section = json.loads((out / "model-config.json").read_text())["tokenizer"]
+    assert section["kind"] == "bpe" and section["chat_template"] is not None
+    text = "Hello, wörld! 123 <|im_start|>user"
+    expected = tokenizers.Tokenizer.from_file(str(QWEN3_TOKENIZER / "tokenizer.json")).encode(text).ids
+    assert Engine(out).tokenize(text) == expected
+    server = RunningServer(build_server(tmp_path, out, "native") / "colibri-server", out)
+    try:
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+        prompt = server.post("/apply-template", {"messages": messages}).json()["prompt"]
+        assert prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there")
+        reply = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 8}).json()
+        assert isinstance(reply["choices"][0]["message"]["content"], str)
+        assert reply["usage"]["prompt_tokens"] == len(Engine(out).tokenize(prompt))
+    finally:
+        server.stop()

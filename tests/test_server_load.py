@@ -134,7 +134,8 @@ def test_a_full_queue_answers_429_with_retry_after(native_server_dist, tiny_mode
 def test_clients_that_leave_free_their_slot_and_queue_place(native_server_dist, tiny_model):
     srv = RunningServer(native_server_dist / "colibri-server", tiny_model, "--slots", "1", "--queue", "2")
     try:
-        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 240, "stream": True}
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 240, "stream": True,
+                "ignore_eos": True}  # A must still be running when it leaves
         prompt_before = metric(srv, "colibri_prompt_tokens_total")
         # A streams; B waits in the queue and leaves before the server looks.
         a = send_raw(srv.port, body)

@@ -225,9 +225,11 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
             res["decode_ceiling_tok_s"] = ceiling
             res["decode_fraction_of_ceiling"] = statistics.median(rates) / ceiling
         prefill = []
+        ctx = json.loads((model / "model-config.json").read_text())["context_length"]
+        res["prefill_prompt_tokens"] = n = min(512, ctx - 2)  # 512 unless the model is smaller
         for i in range(max(1, repeats)):
-            r = decode_request(srv.url, 512, 1, seed=i)
-            prefill.append(512 / (r["stamps"][0] - r["start"]))
+            r = decode_request(srv.url, n, 1, seed=i)
+            prefill.append(n / (r["stamps"][0] - r["start"]))
         res["prefill_tok_s"] = spread(prefill)
         res["aggregate_decode_tok_s"] = {}
         for n in (2, 4, 8):

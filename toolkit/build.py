@@ -57,7 +57,7 @@ def configure(src: Path, build: Path, compiler: toolchain.Compiler, quiet: bool,
         shutil.rmtree(build)  # configured for another tree: start clean
     cmd = [toolchain.cmake_exe(), "-S", str(src), "-B", str(build), "-G", "Ninja",
            f"-DCMAKE_MAKE_PROGRAM={toolchain.ninja_exe()}", "-DCMAKE_BUILD_TYPE=Release",
-           f"-DCMAKE_C_COMPILER={compiler.path}", f"-DCOLIBRI_SANITIZE={'ON' if sanitize else 'OFF'}"]
+           f"-DCMAKE_C_COMPILER={compiler.cmake}", f"-DCOLIBRI_SANITIZE={'ON' if sanitize else 'OFF'}"]
     toolchain.run_streaming(cmd, quiet=quiet)
 
 
@@ -88,7 +88,7 @@ def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Com
         "target": target.name,
         "triple": target.triple,
         "kernels": kernels,
-        "compiler": compiler.path,
+        "compiler": " ".join(compiler.command),
         "compiler_version": compiler.version,
         "c_flags": list(target.c_flags),
         "link_flags": list(target.link_flags),
@@ -117,10 +117,13 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
     log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
         f"{cfg['batch_slots']} slots)")
     compiler = toolchain.find_compiler(target, compiler_override)
+    target = target.for_compiler(compiler.name)
     kernels = toolchain.resolve_kernels(target, compiler)
     log(f"[2/5] target {target.name}: {compiler.version} ({compiler.path}), kernels {kernels}")
     work = build_dir_for(cfg, target, build_root, sanitize).resolve()
-    src = render_tree(RenderInputs(cfg, target, kernels, compiler.path), work / "project")
+    if compiler.name != target.c_compilers[0]:  # another compiler: its own build folder
+        work = work.with_name(f"{work.name}-{Path(compiler.name).name}")
+    src = render_tree(RenderInputs(cfg, target, kernels, compiler.cmake), work / "project")
     log(f"[3/5] rendered {src}")
     log("[4/5] configure and compile (CMake + Ninja)")
     configure(src, work / "build", compiler, quiet, sanitize)

@@ -88,7 +88,8 @@ def render(model, target, out, toolchain):
     cfg = config.load(model)
     tgt = targets.get_target(target)
     compiler = tc.find_compiler(tgt, toolchain)
-    render_mod.render_tree(render_mod.RenderInputs(cfg, tgt, tc.resolve_kernels(tgt, compiler), compiler.path), out)
+    tgt = tgt.for_compiler(compiler.name)
+    render_mod.render_tree(render_mod.RenderInputs(cfg, tgt, tc.resolve_kernels(tgt, compiler), compiler.cmake), out)
     click.echo(str(out))
 
 
@@ -99,17 +100,19 @@ def targets_cmd(as_json):
     from .targets import all_targets
     rows = []
     for t in all_targets().values():
-        missing = t.missing_cpu_features()
-        runs = "yes" if not missing else "no: CPU lacks " + ", ".join(missing)
+        why = t.why_not_runnable()
+        prefix = t.run_prefix()
+        runs = ("no: " + why) if why else ("yes" + (f" (under {prefix[0]})" if prefix else ""))
         rows.append((t, runs))
     if as_json:
-        click.echo(json.dumps([{**t.as_dict(), "runs_here": not t.missing_cpu_features(), "note": t.note}
-                               for t, _ in rows], indent=2))
+        click.echo(json.dumps([{**t.as_dict(), "runs_here": not t.why_not_runnable(), "run_prefix": t.run_prefix(),
+                                "note": t.note} for t, _ in rows], indent=2))
         return
     width = max(len(t.name) for t, _ in rows)
     for t, runs in rows:
         click.echo(f"{t.name:<{width}}  {t.description}")
-        click.echo(f"{'':<{width}}  triple {t.triple}, kernels {t.kernels}, runs here: {runs}")
+        click.echo(f"{'':<{width}}  triple {t.triple}, kernels {t.kernels}, compilers {' or '.join(t.c_compilers)}, "
+                   f"runs here: {runs}")
         if t.note:
             click.echo(f"{'':<{width}}  note: {t.note}")
 

@@ -30,7 +30,7 @@ class RenderInputs:
     config: "ModelConfig | None"  # None: generic build, dimensions read at run time
     target: Target
     kernels: str                 # resolved kernel family
-    compiler: str                # compiler path written into toolchain.cmake
+    compiler: str                # CMAKE_C_COMPILER for toolchain.cmake (a CMake list)
     slots: int = 8
 
 
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     target = get_target(args.target)
     compiler = toolchain.find_compiler(target)
-    render_tree(RenderInputs(None, target, toolchain.resolve_kernels(target, compiler), compiler.path,
+    target = target.for_compiler(compiler.name)
+    render_tree(RenderInputs(None, target, toolchain.resolve_kernels(target, compiler), compiler.cmake,
                              slots=args.slots), args.out)
 
 

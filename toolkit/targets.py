@@ -6,8 +6,10 @@ MinGW-w64, aarch64) are new files, not code."""
 
 from __future__ import annotations
 
+import platform
+import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -18,8 +20,20 @@ else:  # pragma: no cover - Python 3.10
 from .errors import TargetError
 from .resources import data_dir
 
-KERNEL_FAMILIES = ("scalar", "avx2", "auto")
-OS_NAMES = ("linux", "windows")
+# Kernel families nest: avx512 includes avx2, dotprod includes neon; each
+# includes scalar. "auto" picks from what the compiler enables (native).
+KERNEL_FAMILIES = ("scalar", "avx2", "avx512", "neon", "dotprod", "auto")
+OS_NAMES = ("linux", "windows", "macos")
+
+
+@dataclass(frozen=True)
+class CompilerSettings:
+    """[toolchain.NAME] of a target file: how to drive one of its compilers
+    when it needs more than its name (zig: "cc -target ..."), and flags that
+    replace [flags] for it (clang-style -mcpu instead of gcc's -march)."""
+    args: tuple[str, ...] = ()
+    c_flags: tuple[str, ...] | None = None
+    link_flags: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,18 +53,55 @@ class Target:
     run_wrapper: tuple[str, ...]
     cpu_features: tuple[str, ...]
     note: str = ""
+    run_hint: str = ""   # how to install the run wrapper
+    compiler_settings: dict = field(default_factory=dict, compare=False)  # name -> CompilerSettings
     path: Path = field(default=Path(), compare=False)
 
     @property
     def exe_name(self) -> str:
         return "colibri-server" + self.exe_suffix
 
+    def for_compiler(self, name: str) -> "Target":
+        """This target with the flags it asks for when built by compiler `name`."""
+        settings = self.compiler_settings.get(Path(name).name)
+        if settings is None:
+            return self
+        return replace(self, c_flags=self.c_flags if settings.c_flags is None else settings.c_flags,
+                       link_flags=self.link_flags if settings.link_flags is None else settings.link_flags)
+
+    @property
+    def emulated(self) -> bool:
+        """Runs here through an emulator (another CPU architecture)."""
+        return self.arch not in ("host", host_arch())
+
+    def run_prefix(self) -> list[str]:
+        """The command prefix that runs the executable on this machine: [] when
+        it runs directly, else the target's wrapper (wine, qemu)."""
+        if self.os == host_os() and not self.emulated:
+            return []
+        return list(self.run_wrapper)
+
     def missing_cpu_features(self) -> list[str]:
-        """CPU features the executable needs that this machine lacks."""
+        """CPU features the executable needs that this machine lacks (none
+        when an emulator provides the CPU)."""
+        if self.emulated:
+            return []
         return [f for f in self.cpu_features if f not in host_cpu_flags()]
 
+    def why_not_runnable(self) -> str:
+        """'' when the executable runs here, else the reason."""
+        missing = self.missing_cpu_features()
+        if missing:
+            return "CPU lacks " + ", ".join(missing)
+        prefix = self.run_prefix()
+        if prefix and not shutil.which(prefix[0]):
+            return f"needs {prefix[0]}" + (f" ({self.run_hint})" if self.run_hint else "")
+        if self.os != host_os() and not prefix:
+            return f"a {self.os} executable, and this is {host_os()}"
+        return ""
+
     def runs_here(self) -> bool:
-        return not self.missing_cpu_features()
+        return not self.why_not_runnable()
 
     def as_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "os": self.os, "arch": self.arch,
@@ -60,6 +111,15 @@ class Target:
 
 
 _cpu_flags: set[str] | None = None
+
+
+def host_arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def host_os() -> str:
+    return {"win32": "windows", "darwin": "macos"}.get(sys.platform, "linux" if sys.platform.startswith("linux") else sys.platform)
 
 
 def host_cpu_flags() -> set[str]:
@@ -92,6 +152,32 @@ def _strings(table: dict, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _optional(table: dict, key: str, where: str) -> str:
+    value = table.get(key, "")
+    if not isinstance(value, str):
+        raise TargetError(f"{where}: field '{key}': got {value!r}, expected str")
+    return value
+
+
+_SETTINGS_KEYS = {"args", "c", "link"}
+
+
+def _compiler_settings(toolchain: dict, where: str) -> dict:
+    out = {}
+    for name, table in toolchain.items():
+        if not isinstance(table, dict):
+            continue
+        here = f"{where} [toolchain.{name}]"
+        unknown = set(table) - _SETTINGS_KEYS
+        if unknown:
+            raise TargetError(f"{here}: unknown field '{sorted(unknown)[0]}', expected {', '.join(sorted(_SETTINGS_KEYS))}")
+        out[name] = CompilerSettings(
+            args=_strings(table, "args", here) if "args" in table else (),
+            c_flags=_strings(table, "c", here) if "c" in table else None,
+            link_flags=_strings(table, "link", here) if "link" in table else None)
+    return out
+
+
 def parse_target(path: Path) -> Target:
     where = str(path)
     try:
@@ -116,7 +202,9 @@ def parse_target(path: Path) -> Target:
         link_flags=_strings(flags, "link", where + " [flags]"),
         run_wrapper=_strings(run, "wrapper", where + " [run]"),
         cpu_features=_strings(run, "cpu_features", where + " [run]"),
-        note=raw.get("note", ""),
+        note=_optional(raw, "note", where),
+        run_hint=_optional(run, "wrapper_hint", where + " [run]"),
+        compiler_settings=_compiler_settings(toolchain, where),
         path=path,
     )
     if target.name != path.stem:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +17,40 @@ from .targets import Target
 
 @dataclass(frozen=True)
 class Compiler:
-    path: str
-    version: str          # first line of `cc --version`
+    name: str              # as the target file or --toolchain names it
+    command: tuple         # executable and fixed arguments (zig: zig cc -target ...)
+    version: str           # first line of `cc --version`
     predefined: frozenset  # macros defined for the target's flags
+
+    @property
+    def path(self) -> str:
+        return self.command[0]
+
+    @property
+    def cmake(self) -> str:
+        """CMAKE_C_COMPILER: a list, whose first item is the executable and
+        the rest are arguments CMake passes on every call."""
+        return ";".join(self.command)
 
     def defines(self, macro: str) -> bool:
         return macro in self.predefined
+
+
+ZIG_HINT = "pip install ziglang (zig cc: clang with libcs and SDK stubs for Linux, Windows and macOS)"
+
+
+def _locate(name: str) -> str | None:
+    """A compiler's executable: zig from the ziglang package if installed,
+    anything else from PATH (or a path as given)."""
+    if name == "zig":
+        try:
+            import ziglang
+            candidate = Path(ziglang.__file__).parent / "zig"
+            if candidate.is_file():
+                return str(candidate)
+        except ImportError:
+            pass
+    return shutil.which(name)
 
 
 def _python_tool(module: str, attr: str, exe: str) -> str | None:
@@ -50,18 +79,33 @@ def ninja_exe() -> str:
 
 
 def find_compiler(target: Target, override: str | None = None) -> Compiler:
+    """The first of the target's compilers (in its order of preference) that
+    is installed, or `override` (--toolchain)."""
     candidates = (override,) if override else target.c_compilers
     for name in candidates:
-        path = shutil.which(name)
+        path = _locate(name)
         if path:
             break
     else:
+        hint = ZIG_HINT if candidates == ("zig",) else target.install_hint
+        if "zig" in candidates and candidates != ("zig",):
+            hint += "; or " + ZIG_HINT
         raise ToolchainError(f"target '{target.name}' needs a C compiler ({' or '.join(candidates)}), "
-                             "none found on PATH", hint=target.install_hint)
-    version = run_capture([path, "--version"]).splitlines()[0].strip()
-    macros = run_capture([path, *target.c_flags, "-dM", "-E", "-x", "c", os.devnull])
+                             "none found", hint=hint)
+    settings = target.compiler_settings.get(Path(name).name)
+    if Path(name).name == "zig" and not (settings and settings.args):
+        raise ToolchainError(f"target '{target.name}' cannot be built with zig: its file has no [toolchain.zig] "
+                             "args (zig needs 'cc -target ...')", hint=f"choose a compiler from {target.path}")
+    command = (path, *(settings.args if settings else ()))
+    # Probes run in a scratch folder: `zig cc -target *-windows-gnu --version` leaves an a.o behind.
+    with tempfile.TemporaryDirectory(prefix="colibri-cc-") as scratch:
+        version = run_capture([*command, "--version"], cwd=scratch).splitlines()[0].strip()
+        if Path(name).name == "zig":
+            version = f"zig {run_capture([path, 'version'], cwd=scratch).strip()} cc ({version})"
+        macros = run_capture([*command, *target.for_compiler(name).c_flags, "-dM", "-E", "-x", "c", os.devnull],
+                             cwd=scratch)
     predefined = frozenset(line.split()[1] for line in macros.splitlines() if line.startswith("#define "))
-    return Compiler(path=path, version=version, predefined=predefined)
+    return Compiler(name=name, command=command, version=version, predefined=predefined)
 
 
 def resolve_kernels(target: Target, compiler: Compiler) -> str:
@@ -69,14 +113,20 @@ def resolve_kernels(target: Target, compiler: Compiler) -> str:
     compiler enables with the target's flags."""
     if target.kernels != "auto":
         return target.kernels
+    if compiler.defines("__AVX512F__") and compiler.defines("__AVX2__") and compiler.defines("__FMA__"):
+        return "avx512"
     if compiler.defines("__AVX2__") and compiler.defines("__FMA__"):
         return "avx2"
+    if compiler.defines("__ARM_FEATURE_DOTPROD"):
+        return "dotprod"
+    if compiler.defines("__ARM_NEON"):
+        return "neon"
     return "scalar"
 
 
-def run_capture(cmd: list[str]) -> str:
+def run_capture(cmd: list[str], cwd: str | None = None) -> str:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
     except OSError as exc:
         raise ToolchainError(f"cannot run {cmd[0]}: {exc}") from None
     if done.returncode != 0:

@@ -2,7 +2,8 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
+
+#include "platform/platform.h"
 
 enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_UNKNOWN };
 
@@ -74,12 +75,7 @@ static void put_field(text_out *o, const cb_tokenizer *t, int field) {
     size_t n = t->chat_len[field];
     for (const char *mark; (mark = memchr(s, CB_CHAT_DATE, n)) != NULL;) {
         put(o, s, (size_t)(mark - s));
-        if (!o->date[0]) {
-            time_t now = time(NULL);
-            struct tm tm;
-            localtime_r(&now, &tm); /* transformers' strftime_now uses local time */
-            strftime(o->date, sizeof o->date, "%Y-%m-%d", &tm);
-        }
+        if (!o->date[0]) cb_local_date(o->date); /* transformers' strftime_now uses local time */
         put(o, o->date, 10);
         n -= (size_t)(mark - s) + 1;
         s = mark + 1;

@@ -3,7 +3,8 @@
 #include "dims.h"
 #include "kernels/kernels.h"
 
-void cb_topk(const float *values, int n, int k, int32_t *ids) {
+/* The reference; the SIMD variants (kernels/) are tested against it. */
+void cb_topk_scalar(const float *values, int n, int k, int32_t *ids) {
     /* k passes of a max scan: k <= 8 and n <= a few hundred in real models,
      * so this beats sorting and needs no scratch. */
     for (int j = 0; j < k; j++) {
@@ -17,6 +18,8 @@ void cb_topk(const float *values, int n, int k, int32_t *ids) {
         ids[j] = best;
     }
 }
+
+void cb_topk(const float *values, int n, int k, int32_t *ids) { cb_topk_f32(values, n, k, ids); }
 
 void cb_route(float *logits, int n_experts, int top_k, int router_kind, int32_t *ids, float *weights) {
     /* [softmax over all experts, then top-k] as transformers' Mixtral router. */

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "topk_simd.h"
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -229,4 +230,47 @@ void cb_axpy_avx2(float *y, float a, const float *x, int n) {
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+void cb_topk_avx2(const float *values, int n, int k, int32_t *ids) {
+    float pv = INFINITY;
+    int pi = -1;
+    for (int j = 0; j < k; j++) {
+        const __m256 prev_v = _mm256_set1_ps(pv);
+        const __m256i prev_i = _mm256_set1_epi32(pi);
+        __m256 best_v = _mm256_set1_ps(-INFINITY);
+        __m256i best_i = _mm256_set1_epi32(-1);
+        __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(values + i);
+            __m256 after = _mm256_or_ps(
+                _mm256_cmp_ps(v, prev_v, _CMP_LT_OQ),
+                _mm256_and_ps(_mm256_cmp_ps(v, prev_v, _CMP_EQ_OQ),
+                              _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, prev_i))));
+            /* Strictly greater: a lane keeps its first (lowest) index on ties. */
+            __m256 better = _mm256_and_ps(after, _mm256_cmp_ps(v, best_v, _CMP_GT_OQ));
+            best_v = _mm256_blendv_ps(best_v, v, better);
+            best_i = _mm256_castps_si256(
+                _mm256_blendv_ps(_mm256_castsi256_ps(best_i), _mm256_castsi256_ps(idx), better));
+            idx = _mm256_add_epi32(idx, _mm256_set1_epi32(8));
+        }
+        float lane_v[8];
+        int32_t lane_i[8];
+        _mm256_storeu_ps(lane_v, best_v);
+        _mm256_storeu_si256((__m256i *)lane_i, best_i);
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int l = 0; l < 8; l++) cb_topk_merge(lane_v[l], lane_i[l], &bv, &bi);
+        cb_topk_scan(values, i, n, pv, pi, &bv, &bi);
+        if (bi < 0 || bv == -INFINITY) { /* only -inf left: the lanes skipped them */
+            bi = -1;
+            cb_topk_scan(values, 0, n, pv, pi, &bv, &bi);
+        }
+        ids[j] = bi;
+        if (bi >= 0) {
+            pv = bv;
+            pi = bi;
+        }
+    }
 }

@@ -49,12 +49,15 @@ float cb_dot_f16_scalar(const cb_half *w, const float *x, int n);
 float cb_dot_bf16_scalar(const uint16_t *w, const float *x, int n);
 float cb_dot_q8_0_scalar(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+/* Top-k of values[n], highest first, ties to the lower index (router.h). */
+void cb_topk_scalar(const float *values, int n, int k, int32_t *ids);
 #if CB_KERNELS_AVX2
 float cb_dot_f32_avx2(const float *a, const float *b, int n);
 float cb_dot_f16_avx2(const cb_half *w, const float *x, int n);
 float cb_dot_bf16_avx2(const uint16_t *w, const float *x, int n);
 float cb_dot_q8_0_avx2(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_avx2(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+void cb_topk_avx2(const float *values, int n, int k, int32_t *ids);
 /* Four weight rows (row_bytes apart) . x at once, sharing x's loads: out[i]
  * is bit for bit what the one-row kernel gives for row i. next: the
  * following four rows, prefetched meanwhile (or NULL). */
@@ -63,14 +66,33 @@ void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
                        const void *next);
 #define cb_dot4_q8_0 cb_dot4_q8_0_avx2
+#define cb_dot4_q4_0 cb_dot4_q4_0_avx2
 void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n);
 void cb_axpy_avx2(float *y, float a, const float *x, int n);
-#define cb_dot4_q4_0 cb_dot4_q4_0_avx2
 #define CB_KERNEL(name) name##_avx2
 #else
 #define CB_KERNEL(name) name##_scalar
 #endif
+/* Families nest (build_config.h): AVX512 implies AVX2, DOTPROD implies NEON.
+ * A kernel a family lacks falls back to the family below (CB_KERNEL). */
+#if CB_KERNELS_AVX512
+float cb_dot_f32_avx512(const float *a, const float *b, int n);
+void cb_topk_avx512(const float *values, int n, int k, int32_t *ids);
+#endif
+#if CB_KERNELS_NEON
+float cb_dot_f32_neon(const float *a, const float *b, int n);
+void cb_topk_neon(const float *values, int n, int k, int32_t *ids);
+#endif
+#if CB_KERNELS_AVX512
+#define cb_dot_f32 cb_dot_f32_avx512
+#define cb_topk_f32 cb_topk_avx512
+#elif CB_KERNELS_NEON
+#define cb_dot_f32 cb_dot_f32_neon
+#define cb_topk_f32 cb_topk_neon
+#else
 #define cb_dot_f32 CB_KERNEL(cb_dot_f32)
+#define cb_topk_f32 CB_KERNEL(cb_topk)
+#endif
 #define cb_dot_f16 CB_KERNEL(cb_dot_f16)
 #define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
 #define cb_dot_q8_0 CB_KERNEL(cb_dot_q8_0)

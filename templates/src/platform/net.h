@@ -11,6 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The printf archetype for __attribute__((format)) checks of the C
+ * runtime's printf; the build sets gnu_printf where MinGW's C99 stdio is used. */
+#ifndef CB_PRINTF_FORMAT
+#define CB_PRINTF_FORMAT printf
+#endif
+
 /* Wide enough for a Winsock SOCKET (UINT_PTR) as well as a POSIX fd. */
 typedef intptr_t cb_sock;
 #define CB_SOCK_INVALID ((cb_sock)-1)

@@ -46,6 +46,9 @@ int cb_cpu_count(void);
 /* Monotonic time in nanoseconds. */
 uint64_t cb_now_ns(void);
 
+/* Today's local date as "YYYY-MM-DD" (10 characters and a NUL). */
+void cb_local_date(char out[11]);
+
 /* Calls on_stop (from a signal or console handler: it may only set a flag)
  * on SIGINT/SIGTERM (Ctrl-C / close on Windows). */
 void cb_install_stop_handler(void (*on_stop)(void));

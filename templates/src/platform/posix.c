@@ -1,4 +1,4 @@
-/* POSIX implementation of platform.h (Linux, and other Unix-likes). */
+/* POSIX implementation of platform.h (Linux, and other Unix-likes: macOS). */
 #define _GNU_SOURCE
 #include "platform.h"
 
@@ -109,8 +109,10 @@ void cb_cpu_relax(void) {
 void cb_thread_yield(void) { sched_yield(); }
 
 int cb_cpu_count(void) {
+#ifdef __linux__ /* the CPUs this process may use (taskset, cgroups) */
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
@@ -119,6 +121,12 @@ uint64_t cb_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void cb_local_date(char out[11]) {
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || strftime(out, 11, "%Y-%m-%d", &tm) != 10) memcpy(out, "1970-01-01", 11);
 }
 
 static void (*stop_callback)(void);

@@ -271,6 +271,17 @@ typedef void (*route_fn)(cb_app *a, cb_conn *c, const char *body, size_t len);
 
 /* ---- /tokenize, /detokenize, /apply-template (llama.cpp's shapes) ---- */
 
+/* {"<key>": a->text[0..len)} */
+static void respond_text(cb_app *a, cb_conn *c, const char *key, size_t len) {
+    cb_jw w;
+    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, key);
+    cb_jw_str_n(&w, a->text, len);
+    cb_jw_end_object(&w);
+    cb_respond_json(a, c, 200, &w);
+}
+
 static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
     char err[256];
     if (cb_request_parse_object(a, body, len, err, sizeof err)) {
@@ -341,13 +352,7 @@ static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t le
         cb_respond_error(a, c, 400, "invalid_request_error", "the text of 'tokens' is too long");
         return;
     }
-    cb_jw w;
-    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "content");
-    cb_jw_str_n(&w, a->text, (size_t)got);
-    cb_jw_end_object(&w);
-    cb_respond_json(a, c, 200, &w);
+    respond_text(a, c, "content", (size_t)got);
 }
 
 /* The prompt text the chat template makes of messages (no inference). */
@@ -364,13 +369,7 @@ static void handle_apply_template(cb_app *a, cb_conn *c, const char *body, size_
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
     }
-    cb_jw w;
-    cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "prompt");
-    cb_jw_str_n(&w, a->text, (size_t)got);
-    cb_jw_end_object(&w);
-    cb_respond_json(a, c, 200, &w);
+    respond_text(a, c, "prompt", (size_t)got);
 }
 
 /* One line per endpoint. auth: needs the API key when one is set. */

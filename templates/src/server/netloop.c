@@ -98,7 +98,7 @@ struct cb_netloop {
 
 static void loop_log(const cb_netloop *loop, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
+    __attribute__((format(CB_PRINTF_FORMAT, 2, 3)))
 #endif
     ;
 

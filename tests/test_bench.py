@@ -1,0 +1,33 @@
+"""The benchmark harness runs end to end and reports every figure (on the
+tiny model: a smoke test of the tool, not a speed test)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+MEMBW = Path(__file__).resolve().parents[1].parent / "shared" / "tools" / "membw.c"
+
+
+def test_bench_reports_all_figures(tmp_path):
+    args = ["bench", "--presets", "tiny", "--dtypes", "q8_0", "--models-dir", tmp_path / "models", "--out",
+            tmp_path / "out", "--quick", "--repeats", "1"]
+    if MEMBW.is_file():
+        args += ["--membw", MEMBW]
+    done = run_cli(*args)
+    results = json.loads((tmp_path / "out" / "bench.json").read_text())
+    run = results["runs"]["tiny:q8_0"]
+    for key in ("decode_tok_s", "prefill_tok_s"):
+        assert run[key]["median"] > 0
+    assert set(run["aggregate_decode_tok_s"]) == {"2", "4", "8"}
+    for block in ("sequential_chat", "concurrent_8_chat"):
+        assert all(math.isfinite(v) and v >= 0 for v in run[block].values()), run[block]
+    assert 0 < run["cold_start_ms"] < 10_000
+    assert run["rss_under_load_mib"] >= run["rss_idle_start_mib"] > 0
+    if MEMBW.is_file():
+        assert run["bandwidth_gb_s"]["median"] > 0 and 0 < run["decode_fraction_of_ceiling"]
+    assert "| tiny | q8_0 |" in done.stdout

@@ -1,0 +1,235 @@
+"""Cross-compiled executables run and agree. The same tiny model is built for
+x86-64-v3 (run natively), windows-x86-64-v3 (run under wine) and linux-aarch64
+(run under qemu); each server answers the same chat request over HTTP with the
+same greedy tokens and routing, and logits within 1e-4 relative. Every
+target's SIMD kernels are checked against the scalar ones on that target."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+import requests
+
+from colibri_build import config, targets, toolchain
+from colibri_build.build import build_dir_for
+from colibri_build.errors import ToolchainError
+from conftest import RunningServer, build_server, run_cli
+
+pytestmark = pytest.mark.slow
+
+REQUEST = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12, "colibri_trace": True}
+# DLLs that ship with Windows itself; anything else (libwinpthread-1.dll,
+# libgcc_s_seh-1.dll, ...) would have to travel with the .exe.
+WINDOWS_SYSTEM_DLLS = {"kernel32.dll", "ntdll.dll", "msvcrt.dll", "ucrtbase.dll", "ws2_32.dll", "advapi32.dll",
+                       "user32.dll", "bcrypt.dll"}
+
+
+def runnable(name: str) -> targets.Target:
+    """The target, or a skip naming what to install (CI installs all of it)."""
+    target = targets.get_target(name)
+    try:
+        toolchain.find_compiler(target)
+    except ToolchainError as exc:
+        pytest.skip(f"{name}: {exc}")
+    why = target.why_not_runnable()
+    if why:
+        pytest.skip(f"{name} is built but cannot run here: {why}")
+    return target
+
+
+@pytest.fixture(scope="module")
+def run_env(tmp_path_factory):
+    """Environment for wrapped runs: a private, quiet wine prefix (created on
+    first use, which takes a while), shut down at the end."""
+    env = dict(os.environ, WINEDEBUG="-all", WINEPREFIX=str(tmp_path_factory.mktemp("wineprefix")),
+               WINEDLLOVERRIDES="mscoree=;mshtml=")  # no Mono / Gecko install prompts
+    yield env
+    if shutil.which("wineserver"):
+        subprocess.run(["wineserver", "-k"], env=env, capture_output=True, timeout=60)
+
+
+def command(target: targets.Target, exe) -> list[str]:
+    return [*target.run_prefix(), str(exe)]
+
+
+@pytest.fixture(scope="module")
+def built(workdir, tiny_model):
+    """dist folder per (target, toolchain), built once per module."""
+    cache = {}
+
+    def get(name: str, compiler: str | None = None):
+        if (name, compiler) not in cache:
+            if compiler is None:
+                cache[name, compiler] = build_server(workdir, tiny_model, name)
+            else:
+                dist = workdir / f"dist-{compiler}"
+                run_cli("--model", tiny_model / "model-config.json", "--target", name, "--toolchain", compiler,
+                        "--dist", dist, "--build-dir", workdir / "build", "--quiet")
+                cache[name, compiler] = dist / f"tiny-{name}"
+        return cache[name, compiler]
+    return get
+
+
+def reference_target() -> str:
+    return "x86-64-v3" if "avx2" in targets.host_cpu_flags() else "x86-64"
+
+
+def ask(target: targets.Target, dist, model, env) -> dict:
+    """Starts the target's server (cwd = the models folder, so the path means
+    the same under wine), sends REQUEST, stops it with SIGINT (Ctrl-C under
+    wine) and returns the trace."""
+    # A first wine start creates the prefix: done here, not against the port timeout.
+    version = subprocess.run([*command(target, dist / target.exe_name), "--version"], capture_output=True,
+                             text=True, env=env, timeout=600)
+    assert version.returncode == 0 and target.name in version.stdout, version.stdout + version.stderr
+    server = RunningServer.__new__(RunningServer)
+    server.proc = subprocess.Popen([*command(target, dist / target.exe_name), "--model", model.name, "--port", "0",
+                                    "--threads", "2"], cwd=model.parent, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+    try:
+        server.port = server._wait_for_port()
+        server.url = f"http://127.0.0.1:{server.port}"
+        assert requests.get(server.url + "/health", timeout=30).json()["status"] == "ok"
+        reply = server.post("/v1/chat/completions", REQUEST)
+        assert reply.status_code == 200, reply.text
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(timeout=60) == 0
+        assert "shut down" in server.proc.stderr.read()  # a clean stop, not a kill
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    return reply.json()
+
+
+@pytest.fixture(scope="module")
+def native_reply(built, tiny_model, run_env):
+    target = targets.get_target(reference_target())
+    return ask(target, built(target.name), tiny_model, run_env)
+
+
+@pytest.mark.parametrize("name, compiler", [("windows-x86-64-v3", None), ("linux-aarch64", None),
+                                            ("linux-aarch64", "zig")])
+def test_cross_server_agrees_with_native(name, compiler, built, tiny_model, run_env, native_reply):
+    """compiler None: the target's preferred one (MinGW-w64 gcc, aarch64 gcc);
+    zig: --toolchain zig (clang and musl from the ziglang package)."""
+    target = runnable(name)
+    if compiler:
+        try:
+            toolchain.find_compiler(target, compiler)
+        except ToolchainError as exc:
+            pytest.skip(str(exc))
+    got = ask(target, built(name, compiler), tiny_model, run_env)
+    want = native_reply
+    assert got["colibri_trace"]["prompt_tokens"] == want["colibri_trace"]["prompt_tokens"]
+    assert got["colibri_trace"]["completion_tokens"] == want["colibri_trace"]["completion_tokens"]
+    assert got["colibri_trace"]["experts"] == want["colibri_trace"]["experts"]
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    np.testing.assert_allclose(got["colibri_trace"]["completion_logits"], want["colibri_trace"]["completion_logits"],
+                               rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["x86-64-v3", "x86-64-v4", "windows-x86-64-v3", "linux-aarch64",
+                                  "linux-aarch64-dotprod"])
+def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny_model):
+    """Compiled on every machine; run where the CPU (or an emulator) allows."""
+    target = targets.get_target(name)
+    try:
+        toolchain.find_compiler(target)
+    except ToolchainError as exc:
+        pytest.skip(f"{name}: {exc}")
+    built(name)
+    build = build_dir_for(config.load(tiny_model), target, workdir / "build") / "build"
+    subprocess.run([toolchain.ninja_exe(), "-C", str(build), "colibri-kernel-check"], check=True,
+                   capture_output=True)
+    why = target.why_not_runnable()
+    if why:
+        pytest.skip(f"{name}: kernels compiled, not run: {why}")
+    done = subprocess.run(command(target, build / ("colibri-kernel-check" + target.exe_suffix)),
+                          capture_output=True, text=True, env=run_env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    families = {"x86-64-v3": ["avx2"], "x86-64-v4": ["avx2", "avx512"], "windows-x86-64-v3": ["avx2"],
+                "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon"]}[name]
+    for family in [*families, "scalar"]:
+        assert f"kernel-check {family}: ok" in done.stdout, done.stdout
+
+
+def test_windows_exe_imports_only_system_dlls(built):
+    target = targets.get_target("windows-x86-64-v3")
+    try:
+        toolchain.find_compiler(target)
+    except ToolchainError as exc:
+        pytest.skip(str(exc))
+    objdump = shutil.which("x86_64-w64-mingw32-objdump") or shutil.which("objdump")
+    exe = built(target.name) / "colibri-server.exe"
+    dump = subprocess.run([objdump, "-p", str(exe)], capture_output=True, text=True, check=True).stdout
+    assert "pei-x86-64" in dump
+    dlls = {line.split(":", 1)[1].strip().lower() for line in dump.splitlines() if "DLL Name:" in line}
+    assert "kernel32.dll" in dlls and "ws2_32.dll" in dlls
+    outside = {d for d in dlls - WINDOWS_SYSTEM_DLLS if not d.startswith("api-ms-win-crt-")}  # UCRT: Windows 10+
+    assert not outside, f"imports DLLs outside Windows: {outside}"
+
+
+@pytest.mark.parametrize("name", ["windows-x86-64-v3", "linux-aarch64"])
+def test_cross_dist_folder(name, built):
+    target = targets.get_target(name)
+    try:
+        toolchain.find_compiler(target)
+    except ToolchainError as exc:
+        pytest.skip(str(exc))
+    dist = built(name)
+    exe = dist / target.exe_name
+    info = json.loads((dist / "build-info.json").read_text())
+    digest = hashlib.sha256(exe.read_bytes()).hexdigest()
+    assert info["executable"] == target.exe_name and info["executable_sha256"] == digest
+    assert info["triple"] == target.triple and info["target"] == name
+    sums = dict(reversed(line.split("  ")) for line in (dist / "SHA256SUMS").read_text().splitlines())
+    assert sums[target.exe_name] == digest and set(sums) == {target.exe_name, "build-info.json"}
+    if target.os == "linux":
+        headers = subprocess.run(["readelf", "--file-header", "--program-headers", "--wide", str(exe)],
+                                 capture_output=True, text=True, check=True).stdout
+        assert "AArch64" in headers
+        assert "INTERP" not in headers and "DYNAMIC" not in headers, "not static"
+
+
+def test_windows_rebuild_is_byte_identical(workdir, tiny_model, built):
+    """No link time stamp in the PE header."""
+    name = "windows-x86-64-v3"
+    try:
+        toolchain.find_compiler(targets.get_target(name))
+    except ToolchainError as exc:
+        pytest.skip(str(exc))
+    again = build_server(workdir, tiny_model, name, tag="-cross-again")
+    assert (again / "colibri-server.exe").read_bytes() == (built(name) / "colibri-server.exe").read_bytes()
+
+
+def test_macos_target_is_compiled_not_run(built):
+    """zig cc cross-compiles for macOS (no SDK needed); nothing here can run it."""
+    target = targets.get_target("macos-arm64")
+    try:
+        toolchain.find_compiler(target)
+    except ToolchainError as exc:
+        pytest.skip(str(exc))
+    assert "not run" in target.note and not target.runs_here()
+    exe = built("macos-arm64") / "colibri-server"
+    data = exe.read_bytes()
+    magic, cpu, _, _, n_cmds = struct.unpack_from("<IIIII", data, 0)
+    assert magic == 0xFEEDFACF and cpu == 0x0100000C  # MH_MAGIC_64, CPU_TYPE_ARM64
+    dylibs, offset = [], 32  # load commands follow the 32-byte header
+    for _ in range(n_cmds):
+        cmd, size = struct.unpack_from("<II", data, offset)
+        if cmd in (0xC, 0x80000018):  # LC_LOAD_DYLIB, LC_LOAD_WEAK_DYLIB
+            name_at = struct.unpack_from("<I", data, offset + 8)[0]
+            dylibs.append(data[offset + name_at:offset + size].split(b"\0")[0].decode())
+        offset += size
+    assert dylibs == ["/usr/lib/libSystem.B.dylib"]  # what every Mac has
+    info = json.loads((exe.parent / "build-info.json").read_text())
+    assert info["kernels"] == "dotprod" and info["compiler_version"].startswith("zig ")
