@@ -344,9 +344,21 @@ cdef class Engine:
 cdef extern from "kernels/kernels.h" nogil:
     ctypedef struct cb_block_q8_0:
         pass
+    ctypedef struct cb_tensor:
+        const void *data
+        uint32_t dtype, rows, cols
+    ctypedef struct cb_act:
+        const float *x
+        const cb_block_q8_0 *q
+        int x_stride, q_stride
+    ctypedef enum cb_store:
+        CB_SET
+    void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *inp, int n_tok,
+                        float *Y, int y_stride, const int32_t *out, cb_store mode, const float *scale)
     ctypedef struct cb_block_q4_0:
         pass
     void cb_quantize_row_q8_0(const float *x, cb_block_q8_0 *y, int n)
+    void cb_quantize_act_q8_0(const float *x, cb_block_q8_0 *y, int n)
     void cb_quantize_row_q4_0(const float *x, cb_block_q4_0 *y, int n)
     void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n)
     float cb_dot_f32_scalar(const float *a, const float *b, int n)
@@ -373,15 +385,18 @@ def _f32(x):
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def quantize(x, dtype):
-    """One row of float32 -> the C quantizer's bytes (q8_0 or q4_0)."""
+def quantize(x, dtype, bint engine=False):
+    """One row of float32 -> the C quantizer's bytes (q8_0 or q4_0); with
+    engine=True the engine's (SIMD) activation quantizer for q8_0."""
     cdef float[::1] xv = _f32(x).ravel()
     cdef int n = xv.shape[0]
     if n % 32:
         raise ValueError("length must be a multiple of 32")
     out = np.zeros(n // 32 * (34 if dtype == "q8_0" else 18), dtype=np.uint8)
     cdef unsigned char[::1] ov = out
-    if dtype == "q8_0":
+    if dtype == "q8_0" and engine:
+        cb_quantize_act_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)
+    elif dtype == "q8_0":
         cb_quantize_row_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)
     elif dtype == "q4_0":
         cb_quantize_row_q4_0(&xv[0], <cb_block_q4_0 *>&ov[0], n)
@@ -424,6 +439,35 @@ def dot(dtype, w_raw, x, bint scalar=False):
             return cb_dot_q4_0_scalar(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
         return cb_dot_q4_0(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
     raise ValueError(dtype)
+
+
+def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
+    """Y [tokens, rows] = W x for x [tokens, cols] through the engine's matrix
+    kernel (rows r0..r1 only; the rest stay 0), activations quantized to q8_0
+    for the block types as the engine does."""
+    x2 = np.atleast_2d(_f32(x))
+    cdef const float[:, ::1] xv = x2
+    cdef int n_tok = xv.shape[0], cols = xv.shape[1]
+    data = np.ascontiguousarray(w_raw, dtype=np.uint8)
+    cdef const unsigned char[::1] wv = data
+    out = np.zeros((n_tok, rows), dtype=np.float32)
+    cdef float[:, ::1] ov = out
+    cdef cb_tensor W
+    W.data = &wv[0]
+    W.dtype = _DTYPE_IDS[dtype]
+    W.rows = rows
+    W.cols = cols
+    cdef cb_act A
+    A.x = &xv[0, 0]
+    A.x_stride = cols
+    A.q = NULL
+    A.q_stride = cols // 32
+    cdef const unsigned char[::1] qv
+    if dtype in ("q8_0", "q4_0"):
+        qv = np.concatenate([quantize(row, "q8_0") for row in x2])
+        A.q = <const cb_block_q8_0 *>&qv[0]
+    cb_matmul_tile(&W, r0, rows if r1 < 0 else r1, &A, NULL, n_tok, &ov[0, 0], rows, NULL, CB_SET, NULL)
+    return out
 
 
 def topk(values, int k):

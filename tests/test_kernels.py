@@ -27,6 +27,16 @@ def test_c_quantizer_matches_numpy_bit_for_bit(dtype, scale):
     np.testing.assert_array_equal(c_bytes, np_bytes)
 
 
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1.0, 300.0, 6e4])
+def test_engine_activation_quantizer_matches_reference_bit_for_bit(scale):
+    x = rows(4096, scale)
+    x[32:64] = 0  # an all-zero block
+    # Halves after scaling: amax 127 makes the scale exactly 1, so x.5 ties
+    # must round away from zero as roundf does (not to even).
+    x[64:96] = np.float32([127.0] + [k + 0.5 for k in range(-15, 16)]) * np.float32(scale)
+    np.testing.assert_array_equal(kernels.quantize(x, "q8_0", engine=True), kernels.quantize(x, "q8_0"))
+
+
 # Worst error per block, as a fraction of the block's largest magnitude: half a
 # step for q8_0 (plus the fp16 rounding of the scale); q4_0's 16 levels span
 # [-8d, 7d], so the far end of the range can be off by a whole step.
@@ -64,6 +74,24 @@ def test_dot_products(dtype, n):
     assert abs(scalar - exact) <= tol * 10
     assert abs(simd - exact) <= tol * 10
     print(f"{dtype} n={n}: |simd-scalar| = {abs(simd - scalar):.2e}")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+def test_matrix_kernel_equals_the_row_kernel_bit_for_bit(dtype):
+    """The engine's matrix path (several rows per pass, prefetching) gives
+    each row exactly what the one-row kernel does, for any row split: the
+    thread count must not change results."""
+    rows_n, cols = 13, 96
+    w = np.stack([rows(cols) for _ in range(rows_n)])
+    raw = np.frombuffer(quant.encode(w, dtype), np.uint8)
+    x = np.stack([rows(cols, 3.0) for _ in range(3)])
+    y = kernels.matmul(dtype, raw, rows_n, x)
+    row_bytes = raw.size // rows_n
+    for t in range(3):
+        for r in range(rows_n):
+            assert y[t, r] == kernels.dot(dtype, raw[r * row_bytes:(r + 1) * row_bytes], x[t])
+    for r0, r1 in [(0, 4), (4, 13), (1, 6), (8, 12)]:  # splits the threads may make
+        np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, r0, r1)[:, r0:r1], y[:, r0:r1])
 
 
 def test_topk_matches_argsort_and_breaks_ties_by_lower_index():

@@ -12,11 +12,12 @@ typedef struct {
     cb_engine *e;
     int layer;
     const cb_batch_item *items;
-    int n;
+    int n, n_tasks;
 } attn_task;
 
-/* One (item, head) pair: softmax(q k^T / sqrt(d)) v over positions 0..pos. */
-static void attend_task(void *p, int worker, int n_workers) {
+/* A share of the (item, head) pairs: softmax(q k^T / sqrt(d)) v over
+ * positions 0..pos. */
+static void attend_task(void *p, int task, int worker) {
     attn_task *t = p;
     cb_engine *e = t->e;
     const cb_dims *d = CB_DIMS(e);
@@ -25,7 +26,7 @@ static void attend_task(void *p, int worker, int n_workers) {
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = e->scores + (size_t)worker * d->context_len;
     int begin, end;
-    cb_split(t->n * nh, worker, n_workers, &begin, &end);
+    cb_split(t->n * nh, task, t->n_tasks, &begin, &end);
     for (int job = begin; job < end; job++) {
         const int i = job / nh, h = job % nh, kvh = h / group; /* HF repeat_kv: contiguous groups */
         const cb_batch_item *it = &t->items[i];
@@ -55,9 +56,10 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     const int q_dim = (int)d->n_heads * hd, kv_dim = (int)d->n_kv_heads * hd;
     for (int i = 0; i < n; i++)
         cb_rmsnorm(e->xn + (size_t)i * H, e->x + (size_t)i * H, L->attn_norm, H, d->norm_eps);
-    cb_parallel_matmul(e, &L->wq, e->xn, H, n, e->q, q_dim);
-    cb_parallel_matmul(e, &L->wk, e->xn, H, n, e->k, kv_dim);
-    cb_parallel_matmul(e, &L->wv, e->xn, H, n, e->v, kv_dim);
+    const cb_act xa = cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride);
+    const cb_mm_part qkv[3] = {{&L->wq, e->q, q_dim, CB_SET}, {&L->wk, e->k, kv_dim, CB_SET},
+                               {&L->wv, e->v, kv_dim, CB_SET}};
+    cb_parallel_matmul(e, qkv, 3, &xa, n);
     /* Extras, RoPE, then append k and v to each slot's cache before anyone
      * attends, so tokens of one prefill chunk see each other causally. */
     for (int i = 0; i < n; i++) {
@@ -85,8 +87,11 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
         memcpy(cache_row(e, e->k_cache, items[i].slot, layer, items[i].pos), k, sizeof(float) * kv_dim);
         memcpy(cache_row(e, e->v_cache, items[i].slot, layer, items[i].pos), v, sizeof(float) * kv_dim);
     }
-    attn_task task = {e, layer, items, n};
-    cb_threadpool_run(e->pool, attend_task, &task);
-    cb_parallel_matmul(e, &L->wo, e->attn, q_dim, n, e->proj, H);
-    for (int i = 0; i < n; i++) cb_axpy(e->x + (size_t)i * H, 1.0f, e->proj + (size_t)i * H, H);
+    const int pairs = n * (int)d->n_heads, most = 8 * cb_threadpool_size(e->pool);
+    attn_task task = {e, layer, items, n, pairs < most ? pairs : most};
+    cb_threadpool_run(e->pool, attend_task, &task, task.n_tasks);
+    /* x += wo attn, straight into the residual stream. */
+    const cb_act aa = cb_activations(e, e->attn, q_dim, n, q_dim, e->xq, e->xq_stride);
+    const cb_mm_part wo = {&L->wo, e->x, H, CB_ADD};
+    cb_parallel_matmul(e, &wo, 1, &aa, n);
 }

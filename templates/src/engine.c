@@ -11,27 +11,55 @@
 #include "kernels/kernels.h"
 
 typedef struct {
-    const cb_tensor *W;
-    const float *X;
-    const cb_block_q8_0 *Xq;
-    float *Y;
-    int x_stride, xq_stride, y_stride, n;
-} matmul_task;
+    const cb_mm_part *parts;
+    int n_parts, chunk, n_tok;
+    const int *first_task; /* task number where each part starts */
+    const cb_act *A;
+} matmul_job;
 
-static void matmul_worker(void *p, int worker, int n_workers) {
-    matmul_task *t = p;
-    int begin, end;
-    cb_split((int)t->W->rows, worker, n_workers, &begin, &end);
-    cb_matmul_rows(t->W, begin, end, t->X, t->x_stride, t->Xq, t->xq_stride, t->n, t->Y, t->y_stride);
+static void matmul_task(void *p, int task, int worker) {
+    (void)worker;
+    const matmul_job *j = p;
+    int k = 0;
+    while (k + 1 < j->n_parts && task >= j->first_task[k + 1]) k++;
+    const cb_mm_part *part = &j->parts[k];
+    const int r0 = (task - j->first_task[k]) * j->chunk;
+    int r1 = r0 + j->chunk;
+    if (r1 > (int)part->W->rows) r1 = (int)part->W->rows;
+    cb_matmul_tile(part->W, r0, r1, j->A, NULL, j->n_tok, part->Y, part->y_stride, NULL, part->mode, NULL);
 }
 
-void cb_parallel_matmul(cb_engine *e, const cb_tensor *W, const float *X, int x_stride, int n,
-                        float *Y, int y_stride) {
-    if (cb_wants_q8_activations(W)) /* once per matmul, shared by every row */
-        for (int t = 0; t < n; t++)
-            cb_quantize_row_q8_0(X + (size_t)t * x_stride, e->xq + (size_t)t * e->xq_stride, (int)W->cols);
-    matmul_task t = {W, X, e->xq, Y, x_stride, e->xq_stride, y_stride, n};
-    cb_threadpool_run(e->pool, matmul_worker, &t);
+int cb_task_rows(const cb_engine *e, int total_rows, int multiple) {
+    /* About 8 tasks a thread: small enough that a thread slowed down by
+     * another process leaves its share to the others, large enough that
+     * claiming a task costs nothing in comparison. */
+    int chunk = total_rows / (8 * cb_threadpool_size(e->pool));
+    if (chunk < 16) chunk = 16;
+    chunk = (chunk + multiple - 1) / multiple * multiple;
+    const int most = (total_rows + CB_MAX_TASKS - 1) / CB_MAX_TASKS;
+    return chunk < most ? (most + multiple - 1) / multiple * multiple : chunk;
+}
+
+void cb_parallel_matmul(cb_engine *e, const cb_mm_part *parts, int n_parts, const cb_act *A, int n) {
+    int first[8], total = 0, tasks = 0;
+    for (int k = 0; k < n_parts; k++) total += (int)parts[k].W->rows;
+    const int chunk = cb_task_rows(e, total, 4);
+    for (int k = 0; k < n_parts; k++) {
+        first[k] = tasks;
+        tasks += ((int)parts[k].W->rows + chunk - 1) / chunk;
+    }
+    matmul_job j = {parts, n_parts, chunk, n, first, A};
+    cb_threadpool_run(e->pool, matmul_task, &j, tasks);
+}
+
+cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride) {
+    cb_act a = {X, NULL, x_stride, q_stride};
+    const uint32_t dt = CB_DIMS(e)->weight_dtype;
+    if (dt == CB_Q8_0 || dt == CB_Q4_0) { /* once, shared by every row and matrix */
+        for (int t = 0; t < n; t++) cb_quantize_act_q8_0(X + (size_t)t * x_stride, q + (size_t)t * q_stride, cols);
+        a.q = q;
+    }
+    return a;
 }
 
 static int max_int(int a, int b) { return a > b ? a : b; }
@@ -56,12 +84,12 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(routing, B * d->n_layers * k);
     TAKE(route_w, B * k);
     TAKE(group_start, E + 1);
-    TAKE(group_items, B * k);
-    TAKE(group_w, B * k);
-    TAKE(xg, B * H);
-    TAKE(gate, B * I);
-    TAKE(up, B * I);
-    TAKE(expert_out, B * H);
+    TAKE(group_items, B * (k + 1));
+    TAKE(group_w, B * (k + 1));
+    TAKE(units, E + 1);
+    TAKE(hid, B * (k + 1) * I);
+    TAKE(up, B * (k + 1) * I);
+    TAKE(hq, B * (k + 1) * (size_t)e->xq_stride);
     TAKE(xq, B * (size_t)e->xq_stride);
     TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);
@@ -223,7 +251,11 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
         cb_rmsnorm(e->xn + (size_t)rows * H, e->x + (size_t)i * H, e->w.output_norm, H, d->norm_eps);
         e->logit_items[rows++] = i;
     }
-    if (rows) cb_parallel_matmul(e, &e->w.output, e->xn, H, rows, e->logits, (int)d->vocab);
+    if (rows) {
+        const cb_act a = cb_activations(e, e->xn, H, rows, H, e->xq, e->xq_stride);
+        const cb_mm_part head = {&e->w.output, e->logits, (int)d->vocab, CB_SET};
+        cb_parallel_matmul(e, &head, 1, &a, rows);
+    }
     e->n_items = n;
     e->n_logit_rows = rows;
     return 0;

@@ -33,11 +33,11 @@ struct cb_engine {
     /* Tokens grouped by expert: expert e's (item, weight) pairs are
      * group_items/group_w[group_start[e] .. group_start[e+1]). */
     int32_t *group_start;      /* [E+1] */
-    int32_t *group_items;      /* [B*top_k] */
-    float *group_w;            /* [B*top_k] */
-    float *xg;                 /* gathered inputs of one expert [B][H] */
-    float *gate, *up;          /* [B][max FFN size] */
-    float *expert_out;         /* [B][H] */
+    int32_t *group_items;      /* [B*(top_k+1)]: routed pairs, then the shared expert's */
+    float *group_w;            /* [B*(top_k+1)] */
+    struct cb_ffn_unit *units; /* the FFNs a layer runs, in summing order [E+1] */
+    float *hid, *up;           /* silu(gate x) * up x, and up x, per pair [B*(top_k+1)][ffn_max] */
+    cb_block_q8_0 *hq;         /* hid quantized [B*(top_k+1)][xq_stride] */
 
     cb_block_q8_0 *xq;         /* activations quantized for q8_0/q4_0 weights [B][xq_stride] */
     int xq_stride;             /* blocks per row: the widest matrix input / 32 */
@@ -58,9 +58,29 @@ static inline float *cache_row(const cb_engine *e, float *cache, int slot, int l
     return cache + (((size_t)slot * d->n_layers + layer) * d->context_len + pos) * kv_dim;
 }
 
-/* y[t] = W x[t] for n tokens, rows split over the thread pool. */
-void cb_parallel_matmul(cb_engine *e, const cb_tensor *W, const float *X, int x_stride, int n,
-                        float *Y, int y_stride);
+/* One FFN run over some of the batch's tokens: pairs [begin, begin+count)
+ * of group_items / group_w. */
+typedef struct cb_ffn_unit {
+    const cb_ffn_weights *f;
+    int begin, count;
+} cb_ffn_unit;
+
+/* One matrix of a parallel matmul and where its rows go (cb_matmul_tile). */
+typedef struct {
+    const cb_tensor *W;
+    float *Y;
+    int y_stride;
+    enum cb_store mode;
+} cb_mm_part;
+
+/* The rows of every part (at most 8, all reading the same activations A of
+ * n tokens) split into tasks over the thread pool: one dispatch. */
+void cb_parallel_matmul(cb_engine *e, const cb_mm_part *parts, int n_parts, const cb_act *A, int n);
+/* Rows per task for a job of total_rows (a multiple of multiple). */
+int cb_task_rows(const cb_engine *e, int total_rows, int multiple);
+/* A's float rows X, quantized into q when the model's matrices want q8_0
+ * activations. */
+cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride);
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
 /* The FFN half of a layer: MoE (routed + optional shared expert) or dense. */

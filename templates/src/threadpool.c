@@ -1,18 +1,31 @@
 #include "threadpool.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "platform/platform.h"
 
-/* Workers spin briefly on the generation counter (a decode step issues many
- * short tasks back to back), then sleep on the condition variable. */
-#define SPIN_ROUNDS 20000
+/* Waiting, in three stages: spin with pause for SPIN_NS (a decode step
+ * issues short jobs back to back, microseconds apart), then yield the CPU
+ * between checks until YIELD_NS (on a shared machine the thread we wait for
+ * may need this core), then, for an idle worker, sleep on the condition
+ * variable. The caller waiting for the last tasks never sleeps: they are
+ * already running, it only yields. */
+#define SPIN_NS 5000u
+#define YIELD_NS 2000000u
 
 typedef struct {
     cb_threadpool *tp;
     int index;
 } worker_arg;
+
+/* The job word: generation (32 bits) | n_tasks (16) | next task (16), so a
+ * worker claims a task of the job it saw, or none, in one compare-exchange. */
+#define JOB(gen, n, next) (((uint64_t)(gen) << 32) | ((uint64_t)(n) << 16) | (uint64_t)(next))
+#define JOB_GEN(w) ((uint32_t)((w) >> 32))
+#define JOB_N(w) ((uint32_t)((w) >> 16) & 0xFFFFu)
+#define JOB_NEXT(w) ((uint32_t)(w) & 0xFFFFu)
 
 struct cb_threadpool {
     int n;
@@ -20,36 +33,65 @@ struct cb_threadpool {
     worker_arg *args;
     cb_mutex *lock;
     cb_cond *wake;
-    atomic_uint generation;
-    atomic_int pending;
+    _Alignas(64) _Atomic uint64_t job;
+    _Alignas(64) atomic_int done;      /* tasks of the current job finished */
+    _Alignas(64) atomic_int sleepers;  /* workers blocked on wake */
     atomic_int stop;
+    /* Written by the caller before it publishes a job, read by workers only
+     * after claiming one of its tasks: the job cannot finish (and these
+     * change) before that task does. */
     cb_task_fn fn;
     void *ctx;
 };
 
+/* Claims and runs tasks of job generation gen until none is left; returns
+ * how many it ran. */
+static int run_tasks(cb_threadpool *tp, uint32_t gen, int worker) {
+    int ran = 0;
+    uint64_t w = atomic_load_explicit(&tp->job, memory_order_acquire);
+    for (;;) {
+        if (JOB_GEN(w) != gen || JOB_NEXT(w) >= JOB_N(w)) break;
+        if (!atomic_compare_exchange_weak_explicit(&tp->job, &w, w + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue; /* w now holds the current word */
+        tp->fn(tp->ctx, (int)JOB_NEXT(w), worker);
+        ran++;
+        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+        w = atomic_load_explicit(&tp->job, memory_order_acquire);
+    }
+    return ran;
+}
+
 static void worker_main(void *p) {
     worker_arg *arg = p;
     cb_threadpool *tp = arg->tp;
-    unsigned seen = 0;
+    uint32_t seen = JOB_GEN(atomic_load(&tp->job));
     for (;;) {
-        unsigned gen;
-        int spins = 0;
-        while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_ROUNDS) {
+        uint64_t start = 0;
+        uint32_t spins = 0, gen;
+        while ((gen = JOB_GEN(atomic_load_explicit(&tp->job, memory_order_acquire))) == seen) {
+            if (atomic_load_explicit(&tp->stop, memory_order_relaxed)) return;
+            if ((++spins & 63) != 0) {
                 cb_cpu_relax();
                 continue;
             }
+            uint64_t now = cb_now_ns();
+            if (!start) start = now;
+            if (now - start < SPIN_NS) continue;
+            if (now - start < YIELD_NS) {
+                cb_thread_yield();
+                continue;
+            }
             cb_mutex_lock(tp->lock);
-            while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop))
-                cb_cond_wait(tp->wake, tp->lock);
+            atomic_fetch_add(&tp->sleepers, 1);
+            while (JOB_GEN(atomic_load(&tp->job)) == seen && !atomic_load(&tp->stop)) cb_cond_wait(tp->wake, tp->lock);
+            atomic_fetch_sub(&tp->sleepers, 1);
             cb_mutex_unlock(tp->lock);
-            spins = 0;
-            if (atomic_load(&tp->stop)) return;
+            start = 0;
         }
         if (atomic_load(&tp->stop)) return;
         seen = gen;
-        tp->fn(tp->ctx, arg->index, tp->n);
-        atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_acq_rel);
+        run_tasks(tp, gen, arg->index);
     }
 }
 
@@ -82,7 +124,6 @@ void cb_threadpool_destroy(cb_threadpool *tp) {
     atomic_store(&tp->stop, 1);
     if (tp->lock) {
         cb_mutex_lock(tp->lock);
-        atomic_fetch_add(&tp->generation, 1);
         cb_cond_broadcast(tp->wake);
         cb_mutex_unlock(tp->lock);
     }
@@ -97,18 +138,33 @@ void cb_threadpool_destroy(cb_threadpool *tp) {
 
 int cb_threadpool_size(const cb_threadpool *tp) { return tp->n; }
 
-void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx) {
-    if (tp->n == 1) {
-        fn(ctx, 0, 1);
+void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_tasks) {
+    if (n_tasks <= 0) return;
+    if (tp->n == 1 || n_tasks == 1 || n_tasks > CB_MAX_TASKS) { /* callers keep n_tasks far below */
+        for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
         return;
     }
     tp->fn = fn;
     tp->ctx = ctx;
-    atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_release);
-    cb_mutex_lock(tp->lock);
-    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_acq_rel);
-    cb_cond_broadcast(tp->wake);
-    cb_mutex_unlock(tp->lock);
-    fn(ctx, 0, tp->n);
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) cb_cpu_relax();
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    const uint32_t gen = JOB_GEN(atomic_load_explicit(&tp->job, memory_order_relaxed)) + 1;
+    atomic_store(&tp->job, JOB(gen, n_tasks, 0)); /* seq_cst: ordered before the sleepers check */
+    if (atomic_load(&tp->sleepers) > 0) {
+        cb_mutex_lock(tp->lock);
+        cb_cond_broadcast(tp->wake);
+        cb_mutex_unlock(tp->lock);
+    }
+    run_tasks(tp, gen, 0);
+    /* Every task is claimed; wait for the ones other workers are running. */
+    uint64_t start = 0;
+    uint32_t spins = 0;
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks) {
+        if ((++spins & 63) != 0) {
+            cb_cpu_relax();
+            continue;
+        }
+        uint64_t now = cb_now_ns();
+        if (!start) start = now;
+        if (now - start >= SPIN_NS) cb_thread_yield();
+    }
 }

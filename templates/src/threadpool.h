@@ -1,24 +1,31 @@
-/* A fixed pool of worker threads created at start-up. run() hands the same
- * task to every worker (the caller is worker 0) and returns when all are
- * done; each worker takes its share by index, so the split of work, and
- * hence every result, does not depend on timing. */
+/* A fixed pool of worker threads created at start-up. run() splits a job
+ * into n_tasks numbered tasks; the caller (worker 0) and the workers claim
+ * them one at a time from a shared counter until none is left, and run()
+ * returns when all are finished. A task's result must depend only on its
+ * number, never on which worker ran it, so results do not depend on timing
+ * or on the thread count; a worker that is descheduled (a busy, shared
+ * machine) just claims fewer tasks instead of stalling everyone. */
 #ifndef CB_THREADPOOL_H
 #define CB_THREADPOOL_H
 
-typedef void (*cb_task_fn)(void *ctx, int worker, int n_workers);
+/* worker (0 .. size-1) is only for per-thread scratch space. */
+typedef void (*cb_task_fn)(void *ctx, int task, int worker);
 
 typedef struct cb_threadpool cb_threadpool;
+
+#define CB_MAX_TASKS 65535 /* per run() */
 
 cb_threadpool *cb_threadpool_create(int n_threads);
 void cb_threadpool_destroy(cb_threadpool *tp);
 int cb_threadpool_size(const cb_threadpool *tp);
-void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx);
+/* Runs fn(ctx, task, worker) for task = 0 .. n_tasks-1 (n_tasks <= CB_MAX_TASKS). */
+void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_tasks);
 
-/* [begin, end) of n items that worker w of n_workers owns. */
-static inline void cb_split(int n, int w, int n_workers, int *begin, int *end) {
-    int base = n / n_workers, extra = n % n_workers;
-    *begin = w * base + (w < extra ? w : extra);
-    *end = *begin + base + (w < extra ? 1 : 0);
+/* [begin, end) of n items that part p of n_parts owns. */
+static inline void cb_split(int n, int p, int n_parts, int *begin, int *end) {
+    int base = n / n_parts, extra = n % n_parts;
+    *begin = p * base + (p < extra ? p : extra);
+    *end = *begin + base + (p < extra ? 1 : 0);
 }
 
 #endif

@@ -58,6 +58,17 @@ float cb_dot_bf16_avx2(const uint16_t *w, const float *x, int n);
 float cb_dot_q8_0_avx2(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_avx2(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
 void cb_topk_avx2(const float *values, int n, int k, int32_t *ids);
+/* Four weight rows (row_bytes apart) . x at once, sharing x's loads: out[i]
+ * is bit for bit what the one-row kernel gives for row i. next: the
+ * following four rows, prefetched meanwhile (or NULL). */
+void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
+                       const void *next);
+void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
+                       const void *next);
+#define cb_dot4_q8_0 cb_dot4_q8_0_avx2
+#define cb_dot4_q4_0 cb_dot4_q4_0_avx2
+void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n);
+void cb_axpy_avx2(float *y, float a, const float *x, int n);
 #define CB_KERNEL(name) name##_avx2
 #else
 #define CB_KERNEL(name) name##_scalar
@@ -107,18 +118,37 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #define cb_dot_f16 CB_KERNEL(cb_dot_f16)
 #define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
 #endif
+/* The engine's activation quantizer: the reference's bytes, faster. */
+#define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
+#define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
+
+static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
 /* 1 when W's kernel wants the activations quantized to q8_0 first. */
 static inline int cb_wants_q8_activations(const cb_tensor *W) {
     return W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0;
 }
 
-/* Y[t][r] = W[r] . X[t] for rows [row_begin, row_end) and n_tok tokens.
- * Xq: X quantized to q8_0 (x_blocks_stride blocks a row) when
- * cb_wants_q8_activations(W), else unused. Each weight row is read once
- * for all tokens (they share the read). */
-void cb_matmul_rows(const cb_tensor *W, int row_begin, int row_end, const float *X, int x_stride,
-                    const cb_block_q8_0 *Xq, int xq_stride, int n_tok, float *Y, int y_stride);
+/* The activation rows of a matmul: float32 rows x_stride floats apart and,
+ * for weights that cb_wants_q8_activations(), the same rows quantized to
+ * q8_0, q_stride blocks apart (quantized once, shared by every matrix that
+ * reads them). */
+typedef struct {
+    const float *x;
+    const cb_block_q8_0 *q;
+    int x_stride, q_stride;
+} cb_act;
+
+enum cb_store { CB_SET, CB_ADD, CB_ADD_SCALED };
+
+/* For rows r in [r0, r1) of W and tokens t < n_tok, d = W[r] . A[in[t]]:
+ *   CB_SET: Y[out[t]][r] = d;  CB_ADD: Y[out[t]][r] += d;
+ *   CB_ADD_SCALED: Y[out[t]][r] += scale[t] * d
+ * with Y rows y_stride floats apart; in/out NULL mean t itself. Each weight
+ * row is read once for all tokens, and each d is computed the same way
+ * whatever r0 and r1 are (results do not depend on how rows are split). */
+void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
+                    float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale);
 
 /* out = x / sqrt(mean(x^2) + eps) * w, in float32 like transformers. */
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
@@ -127,7 +157,8 @@ void cb_softmax(float *x, int n);
 /* silu(gate) * up, into gate. */
 void cb_swiglu(float *gate, const float *up, int n);
 /* y += a * x */
-void cb_axpy(float *y, float a, const float *x, int n);
+void cb_axpy_scalar(float *y, float a, const float *x, int n);
+#define cb_axpy CB_KERNEL(cb_axpy)
 /* Rotates each head of vec (NeoX / rotate_half layout: pairs i, i + d/2)
  * by the angles of one position: cos/sin hold d/2 values. */
 void cb_rope_neox(float *vec, int n_heads, int head_dim, const float *cos_pos, const float *sin_pos);

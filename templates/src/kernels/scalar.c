@@ -80,7 +80,7 @@ void cb_swiglu(float *gate, const float *up, int n) {
     }
 }
 
-void cb_axpy(float *y, float a, const float *x, int n) {
+void cb_axpy_scalar(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 

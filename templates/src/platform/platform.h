@@ -38,6 +38,9 @@ void cb_cond_wait(cb_cond *c, cb_mutex *m);
 void cb_cond_broadcast(cb_cond *c);
 /* Lets the other hyper-thread or core run while spinning. */
 void cb_cpu_relax(void);
+/* Gives the CPU to another runnable thread, if any (a waiter on a busy,
+ * shared machine must not burn the time slice of the thread it waits for). */
+void cb_thread_yield(void);
 
 int cb_cpu_count(void);
 /* Monotonic time in nanoseconds. */

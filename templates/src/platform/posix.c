@@ -106,6 +106,8 @@ void cb_cpu_relax(void) {
 #endif
 }
 
+void cb_thread_yield(void) { sched_yield(); }
+
 int cb_cpu_count(void) {
 #ifdef __linux__ /* the CPUs this process may use (taskset, cgroups) */
     cpu_set_t set;
@@ -141,9 +143,16 @@ void cb_install_stop_handler(void (*on_stop)(void)) {
 }
 
 void *cb_aligned_alloc(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-    memset(p, 0, bytes);
-    return p;
+    /* calloc, not memset: a large block comes straight from mmap, already
+     * zero, so a page is touched only when used (the KV cache of idle slots
+     * costs neither start-up time nor RSS). The raw pointer is kept just
+     * below the aligned one. */
+    unsigned char *raw = calloc(1, bytes + 64 + sizeof(void *));
+    if (!raw) return NULL;
+    uintptr_t aligned = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
+    ((void **)aligned)[-1] = raw;
+    return (void *)aligned;
 }
-void cb_aligned_free(void *p) { free(p); }
+void cb_aligned_free(void *p) {
+    if (p) free(((void **)p)[-1]);
+}

@@ -131,6 +131,7 @@ void cb_cond_wait(cb_cond *c, cb_mutex *m) { SleepConditionVariableCS(&c->cv, &m
 void cb_cond_broadcast(cb_cond *c) { WakeAllConditionVariable(&c->cv); }
 
 void cb_cpu_relax(void) { YieldProcessor(); }
+void cb_thread_yield(void) { SwitchToThread(); }
 
 int cb_cpu_count(void) {
     /* All processor groups: Windows 11 spreads a process's threads over them. */
