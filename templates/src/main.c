@@ -26,6 +26,7 @@ static void usage(FILE *out) {
             "  --request-timeout-ms N    a request must arrive within this (default 10000)\n"
             "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
+            "  --prefill-chunk N         prompt tokens a step takes while others decode; 0: no limit (default 16)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/ (also $COLIBRI_API_KEY)\n"
             "  --verbose                 log connection events\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
@@ -47,7 +48,7 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
     int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
-    int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000;
+    int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, prefill_chunk = 16;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -79,6 +80,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(arg, "--request-timeout-ms")) bad = parse_int(arg, value, 1, 3600000, &request_timeout);
         else if (!strcmp(arg, "--idle-timeout-ms")) bad = parse_int(arg, value, 1, 3600000, &idle_timeout);
         else if (!strcmp(arg, "--grace-ms")) bad = parse_int(arg, value, 0, 3600000, &grace_ms);
+        else if (!strcmp(arg, "--prefill-chunk")) bad = parse_int(arg, value, 0, 1 << 20, &prefill_chunk);
         else {
             fprintf(stderr, "colibri-server: unknown option '%s' (see --help)\n", arg);
             return 2;
@@ -98,7 +100,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "colibri-server: %s\n", err);
         return 1;
     }
-    cb_app_options opt = {queue >= 0 ? queue : 2 * cb_engine_n_slots(engine), api_key};
+    cb_app_options opt = {queue >= 0 ? queue : 2 * cb_engine_n_slots(engine), api_key, prefill_chunk};
     cb_app *app = cb_app_create(engine, &opt);
     if (!app) {
         fprintf(stderr, "colibri-server: out of memory for request buffers\n");

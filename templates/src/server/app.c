@@ -22,6 +22,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->dims = cb_engine_dims(engine);
     a->n_slots = cb_engine_n_slots(engine);
     a->api_key = opt->api_key;
+    a->prefill_chunk = opt->prefill_chunk;
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
@@ -577,11 +578,14 @@ int cb_app_step(cb_app *a) {
     admit_queued(a);
     const int max_batch = cb_engine_max_batch(a->engine);
     const int L = (int)a->dims->n_layers, E = (int)a->dims->n_experts, k = (int)a->dims->top_k;
-    int n = 0;
-    /* Decoding slots first (one token each, so their latency stays flat),
-     * then prompt chunks fill the rest of the step. */
+    int n = 0, limit = max_batch;
+    /* Decoding slots first (one token each), then prompt chunks. While some
+     * requests decode, a step takes at most prefill_chunk prompt tokens: a
+     * whole 64-token chunk would stall their next token several times over
+     * (chunked prefill keeps inter-token latency flat; TTFT pays). */
     for (int pass = 0; pass < 2; pass++) {
-        for (int s = 0; s < a->n_slots && n < max_batch; s++) {
+        if (pass == 1 && n > 0 && a->prefill_chunk > 0 && n + a->prefill_chunk < limit) limit = n + a->prefill_chunk;
+        for (int s = 0; s < a->n_slots && n < limit; s++) {
             cb_slot *st = &a->slots[s];
             if (!st->req) continue;
             const int n_prompt = st->req->n_prompt, prefilling = st->n_fed < n_prompt;
@@ -590,7 +594,7 @@ int cb_app_step(cb_app *a) {
                 a->batch_slot[n++] = s;
             } else if (pass == 1 && prefilling) {
                 int take = n_prompt - st->n_fed;
-                if (take > max_batch - n) take = max_batch - n;
+                if (take > limit - n) take = limit - n;
                 for (int i = 0; i < take; i++) {
                     int pos = st->n_fed + i;
                     a->batch[n] = (cb_batch_item){st->req->prompt[pos], s, pos, pos == n_prompt - 1};

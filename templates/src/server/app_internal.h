@@ -95,6 +95,7 @@ struct cb_app {
     size_t text_cap;
     int32_t *ids;                /* /tokenize and /detokenize [scratch_cap] */
     char *response;              /* [CB_RESPONSE_BYTES] */
+    int prefill_chunk;           /* prompt tokens per step while others decode (0: fill the step) */
     cb_sampler sampler;
     cb_metrics metrics;
     const char *api_key;         /* NULL: no auth */
