@@ -208,89 +208,12 @@ uint64_t cb_net_now_ms(void) { return GetTickCount64(); }
 
 /* ---- readiness: WSAPoll over a compact array, like the poll(2) variant ---- */
 
-struct cb_poller {
-    int capacity;
-    int count;
-    WSAPOLLFD *fds; /* [capacity], the first `count` in use */
-    uint64_t *tags; /* [capacity], parallel to fds */
-};
-
-cb_poller *cb_poller_create(int capacity)
-{
-    cb_poller *p;
-    if (capacity < 1)
-        capacity = 1;
-    p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return NULL;
-    p->capacity = capacity;
-    p->fds = calloc((size_t)capacity, sizeof *p->fds);
-    p->tags = calloc((size_t)capacity, sizeof *p->tags);
-    if (p->fds == NULL || p->tags == NULL) {
-        cb_poller_destroy(p);
-        return NULL;
-    }
-    return p;
-}
-
-void cb_poller_destroy(cb_poller *p)
-{
-    if (p == NULL)
-        return;
-    free(p->fds);
-    free(p->tags);
-    free(p);
-}
-
 /* WSAPoll rejects POLLPRI and friends: only the normal-data bits. */
-static SHORT poll_mask(unsigned interest)
-{
-    return (SHORT)(((interest & CB_POLL_READ) ? POLLRDNORM : 0) |
-                   ((interest & CB_POLL_WRITE) ? POLLWRNORM : 0));
-}
-
-static int poll_find(const cb_poller *p, cb_sock s)
-{
-    int i;
-    for (i = 0; i < p->count; i++) {
-        if (p->fds[i].fd == (SOCKET)s)
-            return i;
-    }
-    return -1;
-}
-
-int cb_poller_add(cb_poller *p, cb_sock s, uint64_t tag, unsigned interest)
-{
-    if (p->count == p->capacity || poll_find(p, s) >= 0)
-        return -1;
-    p->fds[p->count].fd = (SOCKET)s;
-    p->fds[p->count].events = poll_mask(interest);
-    p->fds[p->count].revents = 0;
-    p->tags[p->count] = tag;
-    p->count++;
-    return 0;
-}
-
-int cb_poller_mod(cb_poller *p, cb_sock s, uint64_t tag, unsigned interest)
-{
-    int i = poll_find(p, s);
-    if (i < 0)
-        return -1;
-    p->fds[i].events = poll_mask(interest);
-    p->tags[i] = tag;
-    return 0;
-}
-
-int cb_poller_del(cb_poller *p, cb_sock s)
-{
-    int i = poll_find(p, s);
-    if (i < 0)
-        return -1;
-    p->count--;
-    p->fds[i] = p->fds[p->count];
-    p->tags[i] = p->tags[p->count];
-    return 0;
-}
+#define CB_POLLFD WSAPOLLFD
+#define CB_POLL_SOCKET(s) ((SOCKET)(s))
+#define CB_POLL_IN_BITS POLLRDNORM
+#define CB_POLL_OUT_BITS POLLWRNORM
+#include "poll_table.h"
 
 int cb_poller_wait(cb_poller *p, cb_poll_event *events, int max_events, int timeout_ms)
 {
