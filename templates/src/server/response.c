@@ -250,17 +250,22 @@ static int send_event(cb_app *a, cb_conn *c, cb_jw *w) {
 
 static void begin_event(cb_app *a, cb_jw *w) { cb_jw_init(w, a->response + 6, CB_RESPONSE_BYTES - 8); }
 
+/* A stream chunk up to its one choice's "index": 0. */
+static void begin_choice_chunk(cb_app *a, cb_jw *w, const cb_request *q) {
+    begin_event(a, w);
+    cb_jw_begin_object(w);
+    write_head(a, w, q, 1);
+    cb_jw_key(w, "choices");
+    cb_jw_begin_array(w);
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "index");
+    cb_jw_int(w, 0);
+}
+
 int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token) {
     const cb_request *q = st->req;
     cb_jw w;
-    begin_event(a, &w);
-    cb_jw_begin_object(&w);
-    write_head(a, &w, q, 1);
-    cb_jw_key(&w, "choices");
-    cb_jw_begin_array(&w);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "index");
-    cb_jw_int(&w, 0);
+    begin_choice_chunk(a, &w, q);
     if (q->endpoint == CB_EP_CHAT) {
         cb_jw_key(&w, "delta");
         cb_jw_begin_object(&w);
@@ -296,14 +301,7 @@ int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, 
 int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
     const cb_request *q = st->req;
     cb_jw w;
-    begin_event(a, &w);
-    cb_jw_begin_object(&w);
-    write_head(a, &w, q, 1);
-    cb_jw_key(&w, "choices");
-    cb_jw_begin_array(&w);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "index");
-    cb_jw_int(&w, 0);
+    begin_choice_chunk(a, &w, q);
     if (q->endpoint == CB_EP_CHAT) {
         cb_jw_key(&w, "delta");
         cb_jw_begin_object(&w);
