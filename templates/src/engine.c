@@ -94,6 +94,7 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);
     TAKE(logit_items, B);
+    TAKE(expert_seen, (size_t)d->n_layers * E);
     TAKE(rope_cos, ctx * hd / 2);
     TAKE(rope_sin, ctx * hd / 2);
     TAKE(k_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim);

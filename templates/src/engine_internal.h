@@ -48,6 +48,7 @@ struct cb_engine {
     int32_t *logit_items;      /* batch item of each logits row [B] */
     int n_items, n_logit_rows; /* of the last batch */
 
+    uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
     float *rope_cos, *rope_sin; /* [context][d/2] */
     float *k_cache, *v_cache;  /* [slots][L][context][nkv*d] */
 };

@@ -128,7 +128,15 @@ void cb_ffn_layer(cb_engine *e, int layer, int n) {
         /* Experts in ascending order, then the shared expert. */
         for (int x = 0; x < E; x++) {
             const int begin = e->group_start[x], count = e->group_start[x + 1] - begin;
-            if (count) e->units[n_units++] = (cb_ffn_unit){&L->experts[x], begin, count};
+            if (!count) continue;
+            e->units[n_units++] = (cb_ffn_unit){&L->experts[x], begin, count};
+            uint8_t *seen = &e->expert_seen[(size_t)layer * E + x];
+            if (!*seen) {
+                /* First use: ask for the whole block at once (the mapping has
+                 * no readahead, so faults alone would read it 4 KiB at a time). */
+                cb_map_advise_willneed(L->experts[x].block, L->experts[x].block_bytes);
+                *seen = 1;
+            }
         }
         if (L->shared.gate.data) {
             /* Qwen2-MoE's shared expert: every token, scaled by sigmoid(x . w_gate). */
