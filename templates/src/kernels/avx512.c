@@ -50,14 +50,6 @@ void cb_topk_avx512(const float *values, int n, int k, int32_t *ids) {
         __mmask16 at_max = _mm512_cmp_ps_mask(best_v, _mm512_set1_ps(bv), _CMP_EQ_OQ) &
                            _mm512_cmpgt_epi32_mask(best_i, _mm512_set1_epi32(-1));
         int bi = at_max ? _mm512_mask_reduce_min_epi32(at_max, best_i) : -1;
-        if (bi < 0 || bv == -INFINITY) { /* only -inf left: the lanes skipped them */
-            bi = -1;
-            cb_topk_scan(values, 0, n, pv, pi, &bv, &bi);
-        }
-        ids[j] = bi;
-        if (bi >= 0) {
-            pv = bv;
-            pi = bi;
-        }
+        cb_topk_pick(values, n, bv, bi, &pv, &pi, &ids[j]);
     }
 }

@@ -47,18 +47,9 @@ void cb_topk_neon(const float *values, int n, int k, int32_t *ids) {
         int32_t lane_i[4];
         vst1q_f32(lane_v, best_v);
         vst1q_s32(lane_i, best_i);
-        float bv = -INFINITY;
-        int bi = -1;
-        for (int l = 0; l < 4; l++) cb_topk_merge(lane_v[l], lane_i[l], &bv, &bi);
-        cb_topk_scan(values, i, n, pv, pi, &bv, &bi);
-        if (bi < 0 || bv == -INFINITY) { /* only -inf left: the lanes skipped them */
-            bi = -1;
-            cb_topk_scan(values, 0, n, pv, pi, &bv, &bi);
-        }
-        ids[j] = bi;
-        if (bi >= 0) {
-            pv = bv;
-            pi = bi;
-        }
+        float bv;
+        int bi;
+        cb_topk_lanes(lane_v, lane_i, 4, values, i, n, pv, pi, &bv, &bi);
+        cb_topk_pick(values, n, bv, bi, &pv, &pi, &ids[j]);
     }
 }

@@ -31,4 +31,29 @@ static inline void cb_topk_scan(const float *values, int begin, int n, float pv,
         if (cb_topk_after(values[i], i, pv, pi)) cb_topk_merge(values[i], i, bv, bi);
 }
 
+/* The lanes' winners of a pass folded together, then the scalar tail
+ * [tail, n) the vector loop left. */
+static inline void cb_topk_lanes(const float *lane_v, const int32_t *lane_i, int lanes, const float *values, int tail,
+                                 int n, float pv, int pi, float *bv, int *bi) {
+    *bv = -INFINITY;
+    *bi = -1;
+    for (int l = 0; l < lanes; l++) cb_topk_merge(lane_v[l], lane_i[l], bv, bi);
+    cb_topk_scan(values, tail, n, pv, pi, bv, bi);
+}
+
+/* Ends a pass: falls back to the scalar scan when only -inf values remain
+ * (the lanes skip them, as they start from -inf), writes the pick, and makes
+ * it the previous pick of the next pass. */
+static inline void cb_topk_pick(const float *values, int n, float bv, int bi, float *pv, int *pi, int32_t *id) {
+    if (bi < 0 || bv == -INFINITY) {
+        bi = -1;
+        cb_topk_scan(values, 0, n, *pv, *pi, &bv, &bi);
+    }
+    *id = bi;
+    if (bi >= 0) {
+        *pv = bv;
+        *pi = bi;
+    }
+}
+
 #endif
