@@ -177,6 +177,22 @@ def test_max_completion_tokens_and_usage(server):
     assert reply["usage"]["completion_tokens"] <= 3
 
 
+def test_server_timings_cover_prompt_and_decode(server):
+    """The server's own timings (what `colibri-build bench` reads): a prompt
+    phase and a decode phase of n_generated - 1 steps, consistent rates."""
+    import time
+    start = time.perf_counter()
+    reply = requests.post(server.url + "/v1/completions",
+                          json={"prompt": [5, 6, 7, 8], "max_tokens": 6, "ignore_eos": True}, timeout=60).json()
+    wall_ms = (time.perf_counter() - start) * 1e3
+    t, usage = reply["timings"], reply["usage"]
+    assert usage["completion_tokens"] == 6
+    assert t["queued_ms"] >= 0 and t["prompt_ms"] > 0 and t["decode_ms"] > 0
+    assert t["queued_ms"] + t["prompt_ms"] + t["decode_ms"] <= wall_ms
+    assert t["decode_tokens_per_second"] == pytest.approx(5 / t["decode_ms"] * 1e3, rel=1e-6)
+    assert t["prompt_tokens_per_second"] == pytest.approx(4 / t["prompt_ms"] * 1e3, rel=1e-6)
+
+
 def metric(text: str, name: str, labels: str = "") -> float:
     match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
     assert match, f"{name}{labels} missing from /metrics"

@@ -171,9 +171,24 @@ def decode_request(url: str, prompt_len: int, tokens: int, seed: int = 0) -> dic
     return stream(url, "/v1/completions", {"prompt": prompt, "max_tokens": tokens, "ignore_eos": True})
 
 
+def timed_request(url: str, prompt_len: int, tokens: int, seed: int = 0) -> dict:
+    """One non-streamed request (the client waits idle, taking no CPU from the
+    server) with the server's own timings of it."""
+    import requests
+    prompt = [(7 * i + seed) % 200 + 1 for i in range(prompt_len)]
+    start = time.perf_counter()
+    reply = requests.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": tokens, "ignore_eos": True},
+                          timeout=600)
+    end = time.perf_counter()
+    reply.raise_for_status()
+    body = reply.json()
+    t = body["timings"]
+    return {"start": start, "end": end, "timings": t, "tokens": body["usage"]["completion_tokens"],
+            "first": start + (t["queued_ms"] + t["prompt_ms"]) / 1e3}
+
+
 def decode_rate(res: dict) -> float:
-    s = res["stamps"]
-    return (len(s) - 1) / (s[-1] - s[0]) if len(s) > 1 else float("nan")
+    return res["timings"]["decode_tokens_per_second"] or float("nan")
 
 
 def concurrent(fn, n: int) -> tuple[list, float]:
@@ -217,7 +232,7 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
             bw = membw.measure(passes=3 if quick else 5)
             if bw:
                 bws.append(bw)
-            rates.append(decode_rate(decode_request(srv.url, 16, 128)))
+            rates.append(decode_rate(timed_request(srv.url, 16, 128)))
         res["decode_tok_s"] = spread(rates)
         if bws:
             res["bandwidth_gb_s"] = spread(bws)
@@ -228,15 +243,14 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
         ctx = json.loads((model / "model-config.json").read_text())["context_length"]
         res["prefill_prompt_tokens"] = n = min(512, ctx - 2)  # 512 unless the model is smaller
         for i in range(max(1, repeats)):
-            r = decode_request(srv.url, n, 1, seed=i)
-            prefill.append(n / (r["stamps"][0] - r["start"]))
+            prefill.append(timed_request(srv.url, n, 1, seed=i)["timings"]["prompt_tokens_per_second"])
         res["prefill_tok_s"] = spread(prefill)
         res["aggregate_decode_tok_s"] = {}
         for n in (2, 4, 8):
-            out, wall = concurrent(lambda i: decode_request(srv.url, 16, 64 if quick else 128, seed=i), n)
-            first = min(r["stamps"][0] for r in out)
-            last = max(r["stamps"][-1] for r in out)
-            res["aggregate_decode_tok_s"][str(n)] = sum(len(r["stamps"]) - 1 for r in out) / (last - first)
+            out, wall = concurrent(lambda i: timed_request(srv.url, 16, 64 if quick else 128, seed=i), n)
+            # From the first request's first token to the last response.
+            first, last = min(r["first"] for r in out), max(r["end"] for r in out)
+            res["aggregate_decode_tok_s"][str(n)] = sum(r["tokens"] - 1 for r in out) / (last - first)
         res["aggregate_over_batch1_at_8"] = res["aggregate_decode_tok_s"]["8"] / statistics.median(rates)
         seq = [chat_request(srv.url, i) for i in range(10 if quick else 30)]
         res["sequential_chat"] = latency(seq)

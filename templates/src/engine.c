@@ -90,6 +90,10 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(hid, B * (k + 1) * I);
     TAKE(up, B * (k + 1) * I);
     TAKE(hq, B * (k + 1) * (size_t)e->xq_stride);
+    TAKE(pair_out, B * (k + 1) * H);
+    TAKE(item_pairs, B * (k + 1));
+    TAKE(item_pair_count, B);
+    TAKE(unit_task, E + 2);
     TAKE(xq, B * (size_t)e->xq_stride);
     TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);

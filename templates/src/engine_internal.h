@@ -38,6 +38,10 @@ struct cb_engine {
     struct cb_ffn_unit *units; /* the FFNs a layer runs, in summing order [E+1] */
     float *hid, *up;           /* silu(gate x) * up x, and up x, per pair [B*(top_k+1)][ffn_max] */
     cb_block_q8_0 *hq;         /* hid quantized [B*(top_k+1)][xq_stride] */
+    float *pair_out;           /* down(hid) per pair [B*(top_k+1)][H] */
+    int32_t *item_pairs;       /* each token's pairs in unit order [B][top_k+1] */
+    int32_t *item_pair_count;  /* [B] */
+    int32_t *unit_task;        /* first task of each unit in the current job [E+2] */
 
     cb_block_q8_0 *xq;         /* activations quantized for q8_0/q4_0 weights [B][xq_stride] */
     int xq_stride;             /* blocks per row: the widest matrix input / 32 */

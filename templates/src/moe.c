@@ -2,11 +2,10 @@
  * by expert, and run each chosen expert once over all its tokens, so tokens
  * (of any slot) that pick the same expert share one read of its weights;
  * plus the shared expert where the model has one. Dense layers: one MLP.
- * All the layer's FFNs ("units") run in two thread-pool jobs: gate, up and
- * SwiGLU of every unit, split by rows of the intermediate size; then down,
- * split by rows of the hidden size, each task summing every unit's output
- * into its rows in unit order (so a token's sum never depends on the rest of
- * the batch or on the thread count). */
+ * All the layer's FFNs ("units") run in two thread-pool jobs whose tasks
+ * are row chunks of one unit, in memory order (so each thread streams long
+ * runs of weights): gate, up and SwiGLU; then down into one row per
+ * (token, unit) pair; then each token's pairs are summed in unit order. */
 #include <math.h>
 #include <string.h>
 
@@ -43,60 +42,114 @@ typedef struct {
     cb_act xa;           /* the FFN input, xn (quantized) */
 } ffn_job;
 
-/* Rows [r0, r0+chunk) of every unit's gate and up: hid = silu(gate) * up,
+/* Tasks run unit by unit, each unit's rows in chunks, so the tasks are in
+ * the weights' memory order (experts ascending). unit_task[u] is the first
+ * task of unit u; unit_task[n_units] the number of tasks. */
+static int number_tasks(cb_engine *e, int n_units, int chunk, int rows_of_down) {
+    int tasks = 0;
+    for (int u = 0; u < n_units; u++) {
+        e->unit_task[u] = tasks;
+        const int rows = rows_of_down ? (int)e->units[u].f->down.rows : (int)e->units[u].f->gate.rows;
+        tasks += (rows + chunk - 1) / chunk;
+    }
+    e->unit_task[n_units] = tasks;
+    return tasks;
+}
+
+static int unit_of_task(const cb_engine *e, int n_units, int task) {
+    int lo = 0, hi = n_units - 1; /* the last u with unit_task[u] <= task */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (e->unit_task[mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Rows [r0, r0+chunk) of one unit's gate and up: hid = silu(gate) * up,
  * then quantized (chunk is a multiple of 32, so its blocks are whole). */
 static void gate_up_task(void *p, int task, int worker) {
     (void)worker;
     const ffn_job *j = p;
     cb_engine *e = j->e;
-    const int I_max = e->ffn_max, r0 = task * j->chunk;
-    const int quantize = j->xa.q != NULL;
-    for (int u = 0; u < j->n_units; u++) {
-        const cb_ffn_unit *unit = &e->units[u];
-        const int I = (int)unit->f->gate.rows;
-        if (r0 >= I) continue;
-        const int r1 = r0 + j->chunk < I ? r0 + j->chunk : I;
-        const int32_t *items = e->group_items + unit->begin;
-        float *hid = e->hid + (size_t)unit->begin * I_max, *up = e->up + (size_t)unit->begin * I_max;
-        cb_matmul_tile(&unit->f->gate, r0, r1, &j->xa, items, unit->count, hid, I_max, NULL, CB_SET, NULL);
-        cb_matmul_tile(&unit->f->up, r0, r1, &j->xa, items, unit->count, up, I_max, NULL, CB_SET, NULL);
-        for (int t = 0; t < unit->count; t++) {
-            cb_swiglu(hid + (size_t)t * I_max + r0, up + (size_t)t * I_max + r0, r1 - r0);
-            if (quantize)
-                cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
-                                     e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
-        }
+    const int I_max = e->ffn_max, u = unit_of_task(e, j->n_units, task);
+    const cb_ffn_unit *unit = &e->units[u];
+    const int I = (int)unit->f->gate.rows, r0 = (task - e->unit_task[u]) * j->chunk;
+    const int r1 = r0 + j->chunk < I ? r0 + j->chunk : I;
+    const int32_t *items = e->group_items + unit->begin;
+    float *hid = e->hid + (size_t)unit->begin * I_max, *up = e->up + (size_t)unit->begin * I_max;
+    cb_matmul_tile(&unit->f->gate, r0, r1, &j->xa, items, unit->count, hid, I_max, NULL, CB_SET, NULL);
+    cb_matmul_tile(&unit->f->up, r0, r1, &j->xa, items, unit->count, up, I_max, NULL, CB_SET, NULL);
+    for (int t = 0; t < unit->count; t++) {
+        cb_swiglu(hid + (size_t)t * I_max + r0, up + (size_t)t * I_max + r0, r1 - r0);
+        if (j->xa.q)
+            cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
+                                 e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
     }
 }
 
-/* Rows [r0, r0+chunk) of the hidden size: proj = sum over units of
- * weight * down(hid), then x += proj. */
+/* Rows [r0, r0+chunk) of one unit's down projection, for each of its
+ * pairs: pair_out[pair] = down(hid[pair]). */
 static void down_task(void *p, int task, int worker) {
     (void)worker;
     const ffn_job *j = p;
     cb_engine *e = j->e;
-    const int H = (int)CB_DIMS(e)->hidden, r0 = task * j->chunk;
-    const int r1 = r0 + j->chunk < H ? r0 + j->chunk : H;
-    for (int i = 0; i < j->n; i++) memset(e->proj + (size_t)i * H + r0, 0, sizeof(float) * (r1 - r0));
-    for (int u = 0; u < j->n_units; u++) {
-        const cb_ffn_unit *unit = &e->units[u];
-        const cb_act a = {e->hid + (size_t)unit->begin * e->ffn_max,
-                          j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride};
-        cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->proj, H, e->group_items + unit->begin,
-                       CB_ADD_SCALED, e->group_w + unit->begin);
+    const int H = (int)CB_DIMS(e)->hidden, u = unit_of_task(e, j->n_units, task);
+    const cb_ffn_unit *unit = &e->units[u];
+    const int r0 = (task - e->unit_task[u]) * j->chunk, r1 = r0 + j->chunk < H ? r0 + j->chunk : H;
+    const cb_act a = {e->hid + (size_t)unit->begin * e->ffn_max,
+                      j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride};
+    cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->pair_out + (size_t)unit->begin * H, H, NULL,
+                   CB_SET, NULL);
+}
+
+/* Rows [r0, r0+chunk) of the hidden size: x += sum over a token's pairs, in
+ * unit order, of weight * pair_out (so a token's sum never depends on the
+ * rest of the batch or on the thread count). */
+static void sum_task(void *p, int task, int worker) {
+    (void)worker;
+    const ffn_job *j = p;
+    cb_engine *e = j->e;
+    const int H = (int)CB_DIMS(e)->hidden, per = (int)CB_DIMS(e)->top_k + 1;
+    const int r0 = task * j->chunk, r1 = r0 + j->chunk < H ? r0 + j->chunk : H;
+    for (int i = 0; i < j->n; i++) {
+        float *proj = e->proj + (size_t)i * H;
+        memset(proj + r0, 0, sizeof(float) * (r1 - r0));
+        for (int k = 0; k < e->item_pair_count[i]; k++) {
+            const int pair = e->item_pairs[(size_t)i * per + k];
+            cb_axpy(proj + r0, e->group_w[pair], e->pair_out + (size_t)pair * H + r0, r1 - r0);
+        }
+        cb_axpy(e->x + (size_t)i * H + r0, 1.0f, proj + r0, r1 - r0);
     }
-    for (int i = 0; i < j->n; i++) cb_axpy(e->x + (size_t)i * H + r0, 1.0f, e->proj + (size_t)i * H + r0, r1 - r0);
+}
+
+/* Each token's pairs in unit order: units ascend through group_items, so
+ * walking the units' pairs in order lists every token's in order. */
+static void list_item_pairs(cb_engine *e, int n_units, int n) {
+    const int per = (int)CB_DIMS(e)->top_k + 1;
+    memset(e->item_pair_count, 0, sizeof(int32_t) * n);
+    for (int u = 0; u < n_units; u++)
+        for (int pair = e->units[u].begin; pair < e->units[u].begin + e->units[u].count; pair++) {
+            const int i = e->group_items[pair];
+            e->item_pairs[(size_t)i * per + e->item_pair_count[i]++] = pair;
+        }
 }
 
 static void run_units(cb_engine *e, int n_units, int n) {
     const int H = (int)CB_DIMS(e)->hidden;
-    int I = 0;
-    for (int u = 0; u < n_units; u++)
-        if ((int)e->units[u].f->gate.rows > I) I = (int)e->units[u].f->gate.rows;
-    ffn_job j = {e, n_units, n, cb_task_rows(e, I, CB_QK), cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
-    cb_threadpool_run(e->pool, gate_up_task, &j, (I + j.chunk - 1) / j.chunk);
+    int rows = 0;
+    for (int u = 0; u < n_units; u++) rows += (int)e->units[u].f->gate.rows;
+    list_item_pairs(e, n_units, n);
+    ffn_job j = {e, n_units, n, cb_task_rows(e, rows, CB_QK), cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
+    cb_threadpool_run(e->pool, gate_up_task, &j, number_tasks(e, n_units, j.chunk, 0));
+    j.chunk = cb_task_rows(e, n_units * H, 4);
+    cb_threadpool_run(e->pool, down_task, &j, number_tasks(e, n_units, j.chunk, 1));
     j.chunk = cb_task_rows(e, H, 4);
-    cb_threadpool_run(e->pool, down_task, &j, (H + j.chunk - 1) / j.chunk);
+    const int sum_tasks = (H + j.chunk - 1) / j.chunk;
+    if (n * n_units < 64) /* a few thousand adds: cheaper here than a dispatch */
+        for (int t = 0; t < sum_tasks; t++) sum_task(&j, t, 0);
+    else
+        cb_threadpool_run(e->pool, sum_task, &j, sum_tasks);
 }
 
 /* A unit over every token of the batch, each weighted by w[i]. */

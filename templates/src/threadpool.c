@@ -20,12 +20,20 @@ typedef struct {
     int index;
 } worker_arg;
 
-/* The job word: generation (32 bits) | n_tasks (16) | next task (16), so a
- * worker claims a task of the job it saw, or none, in one compare-exchange. */
-#define JOB(gen, n, next) (((uint64_t)(gen) << 32) | ((uint64_t)(n) << 16) | (uint64_t)(next))
-#define JOB_GEN(w) ((uint32_t)((w) >> 32))
-#define JOB_N(w) ((uint32_t)((w) >> 16) & 0xFFFFu)
-#define JOB_NEXT(w) ((uint32_t)(w) & 0xFFFFu)
+/* Tasks are split into one contiguous share per thread: a thread claims
+ * its own share front to back, so consecutive tasks (adjacent weight rows)
+ * stream from memory without a restart, and once it is empty it takes
+ * tasks from the back of the others' shares, leaving their streams alone.
+ * A share's word: generation (32 bits) | end (16) | next (16), so a claim
+ * from either end is one compare-exchange that fails for a stale job. */
+#define SHARE(gen, end, next) (((uint64_t)(gen) << 32) | ((uint64_t)(end) << 16) | (uint64_t)(next))
+#define SHARE_GEN(w) ((uint32_t)((w) >> 32))
+#define SHARE_END(w) ((uint32_t)((w) >> 16) & 0xFFFFu)
+#define SHARE_NEXT(w) ((uint32_t)(w) & 0xFFFFu)
+
+typedef struct {
+    _Alignas(64) _Atomic uint64_t word;
+} share;
 
 struct cb_threadpool {
     int n;
@@ -33,7 +41,8 @@ struct cb_threadpool {
     worker_arg *args;
     cb_mutex *lock;
     cb_cond *wake;
-    _Alignas(64) _Atomic uint64_t job;
+    share *shares;                     /* [n] */
+    _Alignas(64) _Atomic uint32_t gen; /* the current job; workers wake when it changes */
     _Alignas(64) atomic_int done;      /* tasks of the current job finished */
     _Alignas(64) atomic_int sleepers;  /* workers blocked on wake */
     atomic_int stop;
@@ -44,32 +53,37 @@ struct cb_threadpool {
     void *ctx;
 };
 
-/* Claims and runs tasks of job generation gen until none is left; returns
- * how many it ran. */
-static int run_tasks(cb_threadpool *tp, uint32_t gen, int worker) {
-    int ran = 0;
-    uint64_t w = atomic_load_explicit(&tp->job, memory_order_acquire);
+/* One task of share s for job gen, from its front or its back; -1 when the
+ * share is empty (or holds another job). */
+static int claim(share *s, uint32_t gen, int from_back) {
+    uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
     for (;;) {
-        if (JOB_GEN(w) != gen || JOB_NEXT(w) >= JOB_N(w)) break;
-        if (!atomic_compare_exchange_weak_explicit(&tp->job, &w, w + 1, memory_order_acq_rel,
-                                                   memory_order_acquire))
-            continue; /* w now holds the current word */
-        tp->fn(tp->ctx, (int)JOB_NEXT(w), worker);
-        ran++;
-        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
-        w = atomic_load_explicit(&tp->job, memory_order_acquire);
+        if (SHARE_GEN(w) != gen || SHARE_NEXT(w) >= SHARE_END(w)) return -1;
+        const uint64_t taken = from_back ? w - (1u << 16) : w + 1;
+        if (atomic_compare_exchange_weak_explicit(&s->word, &w, taken, memory_order_acq_rel, memory_order_acquire))
+            return from_back ? (int)SHARE_END(w) - 1 : (int)SHARE_NEXT(w);
     }
-    return ran;
+}
+
+/* Runs tasks of job gen, its own share first, until none is left. */
+static void run_tasks(cb_threadpool *tp, uint32_t gen, int worker) {
+    for (int k = 0; k < tp->n; k++) {
+        share *s = &tp->shares[(worker + k) % tp->n];
+        for (int task; (task = claim(s, gen, k != 0)) >= 0;) {
+            tp->fn(tp->ctx, task, worker);
+            atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+        }
+    }
 }
 
 static void worker_main(void *p) {
     worker_arg *arg = p;
     cb_threadpool *tp = arg->tp;
-    uint32_t seen = JOB_GEN(atomic_load(&tp->job));
+    uint32_t seen = atomic_load(&tp->gen);
     for (;;) {
         uint64_t start = 0;
         uint32_t spins = 0, gen;
-        while ((gen = JOB_GEN(atomic_load_explicit(&tp->job, memory_order_acquire))) == seen) {
+        while ((gen = atomic_load_explicit(&tp->gen, memory_order_acquire)) == seen) {
             if (atomic_load_explicit(&tp->stop, memory_order_relaxed)) return;
             if ((++spins & 63) != 0) {
                 cb_cpu_relax();
@@ -84,7 +98,7 @@ static void worker_main(void *p) {
             }
             cb_mutex_lock(tp->lock);
             atomic_fetch_add(&tp->sleepers, 1);
-            while (JOB_GEN(atomic_load(&tp->job)) == seen && !atomic_load(&tp->stop)) cb_cond_wait(tp->wake, tp->lock);
+            while (atomic_load(&tp->gen) == seen && !atomic_load(&tp->stop)) cb_cond_wait(tp->wake, tp->lock);
             atomic_fetch_sub(&tp->sleepers, 1);
             cb_mutex_unlock(tp->lock);
             start = 0;
@@ -104,7 +118,8 @@ cb_threadpool *cb_threadpool_create(int n_threads) {
     tp->wake = cb_cond_create();
     tp->threads = calloc((size_t)n_threads, sizeof *tp->threads);
     tp->args = calloc((size_t)n_threads, sizeof *tp->args);
-    if (!tp->lock || !tp->wake || !tp->threads || !tp->args) {
+    tp->shares = cb_aligned_alloc((size_t)n_threads * sizeof *tp->shares);
+    if (!tp->lock || !tp->wake || !tp->threads || !tp->args || !tp->shares) {
         cb_threadpool_destroy(tp);
         return NULL;
     }
@@ -133,6 +148,7 @@ void cb_threadpool_destroy(cb_threadpool *tp) {
     if (tp->wake) cb_cond_destroy(tp->wake);
     free(tp->threads);
     free(tp->args);
+    cb_aligned_free(tp->shares);
     free(tp);
 }
 
@@ -147,8 +163,13 @@ void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_tasks)
     tp->fn = fn;
     tp->ctx = ctx;
     atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
-    const uint32_t gen = JOB_GEN(atomic_load_explicit(&tp->job, memory_order_relaxed)) + 1;
-    atomic_store(&tp->job, JOB(gen, n_tasks, 0)); /* seq_cst: ordered before the sleepers check */
+    const uint32_t gen = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
+    for (int w = 0; w < tp->n; w++) {
+        int begin, end;
+        cb_split(n_tasks, w, tp->n, &begin, &end);
+        atomic_store_explicit(&tp->shares[w].word, SHARE(gen, end, begin), memory_order_relaxed);
+    }
+    atomic_store(&tp->gen, gen); /* seq_cst: publishes the shares, ordered before the sleepers check */
     if (atomic_load(&tp->sleepers) > 0) {
         cb_mutex_lock(tp->lock);
         cb_cond_broadcast(tp->wake);

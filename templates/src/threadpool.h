@@ -1,7 +1,9 @@
 /* A fixed pool of worker threads created at start-up. run() splits a job
- * into n_tasks numbered tasks; the caller (worker 0) and the workers claim
- * them one at a time from a shared counter until none is left, and run()
- * returns when all are finished. A task's result must depend only on its
+ * into n_tasks numbered tasks, one contiguous share of them per thread; the
+ * caller (worker 0) and the workers claim their own share's tasks in order,
+ * then what is left of the others' (from the back), and run() returns when
+ * all are finished. Callers number tasks in memory order, so a thread's
+ * tasks read one long stream of weights. A task's result must depend only on its
  * number, never on which worker ran it, so results do not depend on timing
  * or on the thread count; a worker that is descheduled (a busy, shared
  * machine) just claims fewer tasks instead of stalling everyone. */

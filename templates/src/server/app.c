@@ -190,6 +190,7 @@ static void admit(cb_app *a, int s, cb_request *q) {
     cb_slot *st = &a->slots[s];
     const int ctx = (int)a->dims->context_len;
     st->req = q;
+    st->admitted_ns = cb_now_ns();
     st->n_fed = st->n_generated = 0;
     st->max_tokens = q->max_tokens > ctx - q->n_prompt ? ctx - q->n_prompt : q->max_tokens;
     st->finish_reason = NULL;
@@ -534,6 +535,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     st->generated[st->n_generated++] = token;
     st->next_token = token;
     a->metrics.generated_tokens++;
+    if (i == 0) st->first_token_ns = now;
     if (i == 0) cb_hist_observe(&a->metrics.ttft, (double)(now - q->arrived_ns) * 1e-9);
     else cb_hist_observe(&a->metrics.itl, (double)(now - st->last_token_ns) * 1e-9);
     st->last_token_ns = now;

@@ -50,7 +50,7 @@ typedef struct {
     const char *finish_reason;   /* set when done */
     int stopped;                 /* a stop sequence ended the text */
     cb_rng rng;
-    uint64_t last_token_ns;
+    uint64_t admitted_ns, first_token_ns, last_token_ns; /* server-side timings */
     int32_t *generated;          /* [context] */
     uint32_t *expert_counts;     /* [layers][experts] over every token fed */
     float *trace_logits;         /* [context]: logit of each generated token */

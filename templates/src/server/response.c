@@ -52,6 +52,25 @@ static void write_usage(cb_jw *w, const cb_slot *st) {
     cb_jw_key(w, "total_tokens");
     cb_jw_int(w, st->req->n_prompt + st->n_generated);
     cb_jw_end_object(w);
+    /* Measured in the server, so a client's own overhead is not in them:
+     * queue wait, prompt (admission to the first token), and generation
+     * (first token to last, n_generated - 1 steps). */
+    const double queued_ms = (double)(st->admitted_ns - st->req->arrived_ns) * 1e-6;
+    const double prompt_ms = st->n_generated ? (double)(st->first_token_ns - st->admitted_ns) * 1e-6 : 0;
+    const double decode_ms = st->n_generated > 1 ? (double)(st->last_token_ns - st->first_token_ns) * 1e-6 : 0;
+    cb_jw_key(w, "timings");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "queued_ms");
+    cb_jw_double(w, queued_ms);
+    cb_jw_key(w, "prompt_ms");
+    cb_jw_double(w, prompt_ms);
+    cb_jw_key(w, "decode_ms");
+    cb_jw_double(w, decode_ms);
+    cb_jw_key(w, "prompt_tokens_per_second");
+    cb_jw_double(w, prompt_ms > 0 ? st->req->n_prompt / prompt_ms * 1e3 : 0);
+    cb_jw_key(w, "decode_tokens_per_second");
+    cb_jw_double(w, decode_ms > 0 ? (st->n_generated - 1) / decode_ms * 1e3 : 0);
+    cb_jw_end_object(w);
 }
 
 static void write_expert_activations(cb_app *a, cb_jw *w, const cb_slot *st) {
