@@ -164,6 +164,7 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
                             "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon", "dotprod"]}[name]
     for family in weight_type_families:
         assert f"kernel-check {family} weight types: ok" in done.stdout, done.stdout
+    assert "kernel-check attention: ok" in done.stdout, done.stdout
 
 
 def test_windows_exe_imports_only_system_dlls(built):

@@ -15,6 +15,15 @@ typedef struct {
     int n, n_tasks;
 } attn_task;
 
+static void prefetch_head(const attn_task *t, int job) {
+    const cb_engine *e = t->e;
+    const cb_dims *d = CB_DIMS(e);
+    const int nh = (int)d->n_heads, i = job / nh, kvh = (job % nh) / (int)(d->n_heads / d->n_kv_heads);
+    const size_t bytes = sizeof(float) * (size_t)(t->items[i].pos + 1) * d->head_dim;
+    cb_prefetch_range(cache_head(e, e->k_cache, t->items[i].slot, t->layer, kvh), bytes);
+    cb_prefetch_range(cache_head(e, e->v_cache, t->items[i].slot, t->layer, kvh), bytes);
+}
+
 /* A share of the (item, head) pairs: softmax(q k^T / sqrt(d)) v over
  * positions 0..pos. */
 static void attend_task(void *p, int task, int worker) {
@@ -27,21 +36,18 @@ static void attend_task(void *p, int task, int worker) {
     float *scores = e->scores + (size_t)worker * d->context_len;
     int begin, end;
     cb_split(t->n * nh, task, t->n_tasks, &begin, &end);
+    /* The cache was evicted by the layers' weights since this slot last
+     * attended: ask for each head's K and V whole, one head ahead. */
+    for (int job = begin; job < end && job <= begin + 1; job++) prefetch_head(t, job);
     for (int job = begin; job < end; job++) {
+        if (job + 2 < end) prefetch_head(t, job + 2);
         const int i = job / nh, h = job % nh, kvh = h / group; /* HF repeat_kv: contiguous groups */
         const cb_batch_item *it = &t->items[i];
         const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
         float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
-        for (int p = 0; p <= it->pos; p++) {
-            const float *k = cache_row(e, e->k_cache, it->slot, t->layer, p) + (size_t)kvh * hd;
-            scores[p] = cb_dot_f32(q, k, hd) * scale;
-        }
+        cb_attn_scores(q, cache_head(e, e->k_cache, it->slot, t->layer, kvh), hd, it->pos + 1, hd, scale, scores);
         cb_softmax(scores, it->pos + 1);
-        memset(out, 0, sizeof(float) * hd);
-        for (int p = 0; p <= it->pos; p++) {
-            const float *v = cache_row(e, e->v_cache, it->slot, t->layer, p) + (size_t)kvh * hd;
-            cb_axpy(out, scores[p], v, hd);
-        }
+        cb_attn_mix(out, scores, cache_head(e, e->v_cache, it->slot, t->layer, kvh), hd, it->pos + 1, hd);
     }
 }
 
@@ -84,8 +90,11 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
         }
         cb_rope_neox(q, (int)d->n_heads, hd, e->rope_cos + off, e->rope_sin + off);
         cb_rope_neox(k, (int)d->n_kv_heads, hd, e->rope_cos + off, e->rope_sin + off);
-        memcpy(cache_row(e, e->k_cache, items[i].slot, layer, items[i].pos), k, sizeof(float) * kv_dim);
-        memcpy(cache_row(e, e->v_cache, items[i].slot, layer, items[i].pos), v, sizeof(float) * kv_dim);
+        for (int h = 0; h < (int)d->n_kv_heads; h++) {
+            const size_t at = (size_t)items[i].pos * hd;
+            memcpy(cache_head(e, e->k_cache, items[i].slot, layer, h) + at, k + (size_t)h * hd, sizeof(float) * hd);
+            memcpy(cache_head(e, e->v_cache, items[i].slot, layer, h) + at, v + (size_t)h * hd, sizeof(float) * hd);
+        }
     }
     const int pairs = n * (int)d->n_heads, most = 8 * cb_threadpool_size(e->pool);
     attn_task task = {e, layer, items, n, pairs < most ? pairs : most};

@@ -54,13 +54,14 @@ struct cb_engine {
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
     float *rope_cos, *rope_sin; /* [context][d/2] */
-    float *k_cache, *v_cache;  /* [slots][L][context][nkv*d] */
+    float *k_cache, *v_cache;  /* [slots][L][nkv][context][d] */
 };
 
-static inline float *cache_row(const cb_engine *e, float *cache, int slot, int layer, int pos) {
+/* The cache of one KV head: [context][head_dim], each head's positions
+ * contiguous, so attending streams them from memory in order. */
+static inline float *cache_head(const cb_engine *e, float *cache, int slot, int layer, int kv_head) {
     const cb_dims *d = CB_DIMS(e);
-    size_t kv_dim = (size_t)d->n_kv_heads * d->head_dim;
-    return cache + (((size_t)slot * d->n_layers + layer) * d->context_len + pos) * kv_dim;
+    return cache + (((size_t)slot * d->n_layers + layer) * d->n_kv_heads + kv_head) * d->context_len * d->head_dim;
 }
 
 /* One FFN run over some of the batch's tokens: pairs [begin, begin+count)

@@ -157,6 +157,44 @@ static int check_typed(int f, int *cases, double *worst) {
     return 0;
 }
 
+/* Attention of one head over cached rows: scores within the dot tolerance of
+ * the scalar ones, the same score for a position whatever n is, and the
+ * weighted sum of V bit for bit (per element the same FMA chain). */
+typedef void (*scores_fn)(const float *, const float *, size_t, int, int, float, float *);
+typedef void (*mix_fn)(float *, const float *, const float *, size_t, int, int);
+#define ATTN_STRIDE 136
+#define ATTN_POS 40
+static float kv[ATTN_POS * ATTN_STRIDE], sc_ref[ATTN_POS], sc_got[ATTN_POS], sc_all[ATTN_POS], o_ref[128], o_got[128];
+
+static int check_attention(const char *name, scores_fn scores, mix_fn mix, int *cases) {
+    for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform();
+    for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
+        for (int i = 0; i < hd; i++) a[i] = uniform();
+        scores(a, kv + 3, ATTN_STRIDE, ATTN_POS, hd, 0.125f, sc_all);
+        for (int n = 1; n <= ATTN_POS; n++) {
+            cb_attn_scores_scalar(a, kv + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
+            scores(a, kv + 3, ATTN_STRIDE, n, hd, 0.125f, sc_got);
+            for (int p = 0; p < n; p++) {
+                double mag = 0;
+                for (int j = 0; j < hd; j++) mag += fabs((double)a[j] * kv[3 + p * ATTN_STRIDE + j]) * 0.125;
+                if (fabs((double)sc_got[p] - sc_ref[p]) > 1e-5 * mag + 1e-30 || sc_got[p] != sc_all[p]) {
+                    printf("  %s attn_scores hd=%d n=%d p=%d: got %.9g (with n=%d: %.9g), reference %.9g\n", name, hd,
+                           n, p, sc_got[p], ATTN_POS, sc_all[p], sc_ref[p]);
+                    return 1;
+                }
+            }
+            cb_attn_mix_scalar(o_ref, sc_ref, kv + 5, ATTN_STRIDE, n, hd);
+            mix(o_got, sc_ref, kv + 5, ATTN_STRIDE, n, hd);
+            if (memcmp(o_ref, o_got, sizeof(float) * hd) != 0) {
+                printf("  %s attn_mix hd=%d n=%d: differs from the reference\n", name, hd, n);
+                return 1;
+            }
+            *cases += 2;
+        }
+    }
+    return 0;
+}
+
 int main(void) {
     int failed = 0;
     const int n_families = (int)(sizeof families / sizeof families[0]);
@@ -175,6 +213,15 @@ int main(void) {
         int bad = check_typed(f, &cases, &worst);
         printf("kernel-check %s weight types: %s (f16/bf16/q8_0/q4_0 dots, %d cases, worst relative error %.2e)\n",
                typed[f].name, bad ? "FAILED" : "ok", cases, worst);
+        failed |= bad;
+    }
+    {
+        int cases = 0, bad = 0;
+#if CB_KERNELS_AVX2
+        bad |= check_attention("avx2", cb_attn_scores_avx2, cb_attn_mix_avx2, &cases);
+#endif
+        bad |= check_attention("scalar", cb_attn_scores_scalar, cb_attn_mix_scalar, &cases);
+        printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }
     printf("kernel-check: %d families, target %s, %s\n", n_families, CB_TARGET_NAME,

@@ -51,6 +51,11 @@ float cb_dot_q8_0_scalar(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
 /* Top-k of values[n], highest first, ties to the lower index (router.h). */
 void cb_topk_scalar(const float *values, int n, int k, int32_t *ids);
+/* Attention of one head over n cached positions, rows `stride` floats apart:
+ * scores[p] = scale * (q . K[p]); out = sum over p ascending of w[p] * V[p]
+ * (hd floats). A position's score never depends on n or on its neighbours. */
+void cb_attn_scores_scalar(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores);
+void cb_attn_mix_scalar(float *out, const float *w, const float *v, size_t stride, int n, int hd);
 #if CB_KERNELS_AVX2
 float cb_dot_f32_avx2(const float *a, const float *b, int n);
 float cb_dot_f16_avx2(const cb_half *w, const float *x, int n);
@@ -69,6 +74,8 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 #define cb_dot4_q4_0 cb_dot4_q4_0_avx2
 void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n);
 void cb_axpy_avx2(float *y, float a, const float *x, int n);
+void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores);
+void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd);
 #define CB_KERNEL(name) name##_avx2
 #else
 #define CB_KERNEL(name) name##_scalar
@@ -118,11 +125,18 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #define cb_dot_f16 CB_KERNEL(cb_dot_f16)
 #define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
 #endif
+#define cb_attn_scores CB_KERNEL(cb_attn_scores)
+#define cb_attn_mix CB_KERNEL(cb_attn_mix)
 /* The engine's activation quantizer: the reference's bytes, faster. */
 #define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
 #define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
 
 static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
+/* Asks for every cache line of [p, p + bytes) at once, into L2: many
+ * misses in flight instead of one short stream's worth at a time. */
+static inline void cb_prefetch_range(const void *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 2);
+}
 
 /* 1 when W's kernel wants the activations quantized to q8_0 first. */
 static inline int cb_wants_q8_activations(const cb_tensor *W) {

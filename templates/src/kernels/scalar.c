@@ -80,6 +80,16 @@ void cb_swiglu(float *gate, const float *up, int n) {
     }
 }
 
+void cb_attn_scores_scalar(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores) {
+    for (int p = 0; p < n; p++) scores[p] = cb_dot_f32_scalar(q, k + (size_t)p * stride, hd) * scale;
+}
+
+void cb_attn_mix_scalar(float *out, const float *w, const float *v, size_t stride, int n, int hd) {
+    for (int j = 0; j < hd; j++) out[j] = 0;
+    for (int p = 0; p < n; p++)
+        for (int j = 0; j < hd; j++) out[j] += w[p] * v[(size_t)p * stride + j]; /* contracted to an FMA where there is one */
+}
+
 void cb_axpy_scalar(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
