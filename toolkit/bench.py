@@ -216,7 +216,25 @@ def latency(results: list[dict]) -> dict:
             "itl_p99_over_p50": percentile(itl, 99) / percentile(itl, 50) if itl else float("nan")}
 
 
-def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBandwidth, quick: bool) -> dict:
+def specialisation_ratio(srv: "Server", generic_exe: Path, model: Path, threads: int, repeats: int) -> dict:
+    """Decode of the specialised server against the generic build of the same
+    code, both running, requests alternating between them (the noise of a
+    shared machine falls on both alike)."""
+    gen = Server(generic_exe, model, threads).start()
+    try:
+        timed_request(gen.url, 16, 32)
+        spec, generic = [], []
+        for _ in range(repeats):
+            spec.append(decode_rate(timed_request(srv.url, 16, 128)))
+            generic.append(decode_rate(timed_request(gen.url, 16, 128)))
+    finally:
+        gen.stop()
+    return {"generic_decode_tok_s": spread(generic), "specialised_decode_tok_s": spread(spec),
+            "specialised_over_generic": statistics.median(spec) / statistics.median(generic)}
+
+
+def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBandwidth, quick: bool,
+            generic_exe: Path | None = None) -> dict:
     res: dict = {"active_bytes_per_token": active_bytes_per_token(model)}
     warm = Server(exe, model, threads).start()  # pages the weights in: cold start is measured warm
     decode_request(warm.url, 16, 8)
@@ -239,6 +257,8 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
             ceiling = statistics.median(bws) * 1e9 / res["active_bytes_per_token"]
             res["decode_ceiling_tok_s"] = ceiling
             res["decode_fraction_of_ceiling"] = statistics.median(rates) / ceiling
+        if generic_exe:
+            res.update(specialisation_ratio(srv, generic_exe, model, threads, repeats))
         prefill = []
         ctx = json.loads((model / "model-config.json").read_text())["context_length"]
         res["prefill_prompt_tokens"] = n = min(512, ctx - 2)  # 512 unless the model is smaller
@@ -300,8 +320,8 @@ def machine() -> dict:
 def markdown(results: dict) -> str:
     rows = ["| model | weights | decode tok/s (min-max) | GB/s | ceiling tok/s | of ceiling | prefill 512 tok/s "
             "| 2 / 4 / 8 concurrent tok/s | TTFT P50 ms | ITL P50 / P99 ms (1) | ITL P50 / P99 ms (8) "
-            "| RSS idle / load / after MiB | cold start ms |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| RSS idle / load / after MiB | cold start ms | specialised / generic decode |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in results["runs"].items():
         preset, dtype = key.rsplit(":", 1)
         d, p = r["decode_tok_s"], r["prefill_tok_s"]
@@ -315,7 +335,8 @@ def markdown(results: dict) -> str:
         rows[-1] += (f"{p['median']:.0f} | {agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
                      f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} | "
                      f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} | {r['rss_idle_start_mib']:.0f} / "
-                     f"{r['rss_under_load_mib']:.0f} / {r['rss_idle_after_mib']:.0f} | {r['cold_start_ms']:.0f} |")
+                     f"{r['rss_under_load_mib']:.0f} / {r['rss_idle_after_mib']:.0f} | {r['cold_start_ms']:.0f} | "
+                     f"{r['specialised_over_generic']:.2f} |")
     m = results["machine"]
     return (f"Command: `{results['command']}`  \nMachine: {m['cpu']}, {m['cpus']} CPUs; server threads: "
             f"{results['threads']}; {results['date']}\n\n" + "\n".join(rows) + "\n")
@@ -323,8 +344,10 @@ def markdown(results: dict) -> str:
 
 def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, threads: int, repeats: int,
         quick: bool, target: str, membw_source: Path | None) -> dict:
-    from .build import build
+    from .build import build, build_generic_server
     out.mkdir(parents=True, exist_ok=True)
+    log(f"building the generic server for {target}")
+    generic_exe = build_generic_server(target, out / "build")
     membw = MemoryBandwidth(membw_source, out, threads)
     results = {"command": "colibri-build bench " + " ".join(sys.argv[2:]), "machine": machine(),
                "threads": threads, "date": time.strftime("%Y-%m-%d"), "runs": {}, "llama_cpp": LLAMA_CPP}
@@ -334,7 +357,7 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
             log(f"building {model.name} for {target}")
             exe = build(model, target, dist_root=out / "dist", build_root=out / "build", quiet=True).executable
             log(f"measuring {model.name}")
-            results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick)
+            results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick, generic_exe)
             log(json.dumps(r))
             (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))

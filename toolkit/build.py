@@ -131,3 +131,18 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
     result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve(), sanitize)
     log(f"[5/5] {result.executable}")
     return result
+
+
+def build_generic_server(target_name: str, build_root: Path = Path("build"), quiet: bool = True) -> Path:
+    """The same engine and server with every dimension read from the weights
+    at run time (what the Python binding compiles), for measuring what the
+    specialised build buys. Not packaged: an executable in the build tree."""
+    target = get_target(target_name)
+    compiler = toolchain.find_compiler(target, None)
+    target = target.for_compiler(compiler.name)
+    kernels = toolchain.resolve_kernels(target, compiler)
+    work = (build_root / f"generic-{target.name}").resolve()
+    src = render_tree(RenderInputs(None, target, kernels, compiler.cmake), work / "project")
+    configure(src, work / "build", compiler, quiet)
+    compile_tree(work / "build", quiet)
+    return work / "build" / target.exe_name
