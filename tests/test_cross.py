@@ -137,7 +137,15 @@ def test_cross_server_agrees_with_native(name, compiler, built, tiny_model, run_
                                rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", ["x86-64-v3", "x86-64-v4", "windows-x86-64-v3", "linux-aarch64",
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return set(next(line for line in fh if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
+@pytest.mark.parametrize("name", ["native", "x86-64-v3", "x86-64-v4", "windows-x86-64-v3", "linux-aarch64",
                                   "linux-aarch64-dotprod"])
 def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny_model):
     """Compiled on every machine; run where the CPU (or an emulator) allows."""
@@ -156,15 +164,20 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
     done = subprocess.run(command(target, build / ("colibri-kernel-check" + target.exe_suffix)),
                           capture_output=True, text=True, env=run_env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    families = {"x86-64-v3": ["avx2"], "x86-64-v4": ["avx2", "avx512"], "windows-x86-64-v3": ["avx2"],
-                "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon"]}[name]
+    flags = cpu_flags()
+    native = ["avx2"] if "avx2" in flags else []
+    native += ["avx512"] if "avx512f" in flags and native else []
+    families = {"native": native, "x86-64-v3": ["avx2"], "x86-64-v4": ["avx2", "avx512"],
+                "windows-x86-64-v3": ["avx2"], "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon"]}[name]
     for family in [*families, "scalar"]:
         assert f"kernel-check {family}: ok" in done.stdout, done.stdout
-    weight_type_families = {"x86-64-v3": ["avx2"], "x86-64-v4": ["avx2"], "windows-x86-64-v3": ["avx2"],
+    weight_type_families = {"native": native[:1], "x86-64-v3": ["avx2"], "x86-64-v4": ["avx2"], "windows-x86-64-v3": ["avx2"],
                             "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon", "dotprod"]}[name]
     for family in weight_type_families:
         assert f"kernel-check {family} weight types: ok" in done.stdout, done.stdout
     assert "kernel-check attention: ok" in done.stdout, done.stdout
+    if name == "native" and native and ({"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags):
+        assert "kernel-check q8_0 tokens kernel: ok" in done.stdout, done.stdout
 
 
 def test_windows_exe_imports_only_system_dlls(built):

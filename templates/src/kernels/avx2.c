@@ -190,6 +190,66 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
     out[3] = hsum256(acc3);
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+/* Several tokens over four q8_0 rows, with VNNI's unsigned x signed dot:
+ * x + 128 (x ^ 0x80) is unsigned, so dpbusd(acc, x + 128, w) adds x . w +
+ * 128 sum(w); starting acc at -128 sum(w) (per row and block, worked out
+ * once for every token) leaves x . w exact, in one instruction per row and
+ * token. The int32 lanes are those of dot_i8x32, so each result is bit for
+ * bit the one- and four-row kernels'. */
+#define TOKENS_AT_ONCE 8
+#define BLOCKS_AT_ONCE 64
+
+void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
+                              float *out, const void *next) {
+    const int nb = n / CB_QK, lines = (int)(4 * row_bytes / 64);
+    const cb_block_q8_0 *rows[4];
+    for (int i = 0; i < 4; i++) rows[i] = (const void *)((const uint8_t *)w + (size_t)i * row_bytes);
+    __m256i minus_sum[BLOCKS_AT_ONCE][4]; /* -128 sum(w) per row, in dpbusd's lanes */
+    __m128 dw[BLOCKS_AT_ONCE];            /* the four rows' scales */
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int t0 = 0; t0 < n_tok; t0 += TOKENS_AT_ONCE) {
+        const int tn = n_tok - t0 < TOKENS_AT_ONCE ? n_tok - t0 : TOKENS_AT_ONCE;
+        __m256 acc[TOKENS_AT_ONCE][4];
+        for (int t = 0; t < tn; t++)
+            for (int i = 0; i < 4; i++) acc[t][i] = _mm256_setzero_ps();
+        for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
+            const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
+            for (int b = 0; b < bn; b++) {
+                if (next && t0 == 0) {
+                    const int from = (b0 + b) * lines / nb, to = (b0 + b + 1) * lines / nb;
+                    prefetch_share(next, from, to);
+                }
+                for (int i = 0; i < 4; i++) {
+                    const __m256i wq = _mm256_loadu_si256((const __m256i *)rows[i][b0 + b].qs);
+                    minus_sum[b][i] = _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8s8(_mm256_setzero_si256(), bias, wq));
+                }
+                dw[b] = _mm_cvtph_ps(_mm_setr_epi16((short)rows[0][b0 + b].d, (short)rows[1][b0 + b].d,
+                                                    (short)rows[2][b0 + b].d, (short)rows[3][b0 + b].d, 0, 0, 0, 0));
+            }
+            for (int t = 0; t < tn; t++) {
+                const cb_block_q8_0 *xt = x[t0 + t] + b0;
+                __m256 a0 = acc[t][0], a1 = acc[t][1], a2 = acc[t][2], a3 = acc[t][3];
+                for (int b = 0; b < bn; b++) {
+                    const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), bias);
+                    const __m128 d = _mm_mul_ps(dw[b], _mm_set1_ps(_cvtsh_ss(xt[b].d)));
+#define ROW(i) a##i = _mm256_fmadd_ps(lane(d, i), _mm256_cvtepi32_ps(dot_u8s8(minus_sum[b][i], xu, \
+                        _mm256_loadu_si256((const __m256i *)rows[i][b0 + b].qs))), a##i)
+                    ROW(0);
+                    ROW(1);
+                    ROW(2);
+                    ROW(3);
+#undef ROW
+                }
+                acc[t][0] = a0, acc[t][1] = a1, acc[t][2] = a2, acc[t][3] = a3;
+            }
+        }
+        for (int t = 0; t < tn; t++)
+            for (int i = 0; i < 4; i++) out[(size_t)(t0 + t) * 4 + i] = hsum256(acc[t][i]);
+    }
+}
+#endif
+
 /* The reference quantizer (quants.c), 8 lanes at a time, bit for bit: the
  * same float operations, roundf's halves away from zero rebuilt from a
  * truncation (v - trunc(v) is exact), F16C's round-to-nearest-even scale. */

@@ -195,6 +195,42 @@ static int check_attention(const char *name, scores_fn scores, mix_fn mix, int *
     return 0;
 }
 
+#ifdef cb_dot4_tokens_q8_0
+/* The multi-token q8_0 kernel against the four-row one, token by token:
+ * the same bits, for token counts across its groups and widths across its
+ * block chunks. */
+static cb_block_q8_0 rows4[4][96], toks[19][96];
+static float wide[96 * CB_QK];
+static int check_tokens_kernel(int *cases) {
+    for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
+        for (int r = 0; r < 4; r++) {
+            for (int i = 0; i < nb * CB_QK; i++) wide[i] = uniform() * (i % 5 == 0 ? 4.0f : 1.0f);
+            cb_quantize_row_q8_0(wide, rows4[r], nb * CB_QK);
+        }
+        for (int t = 0; t < 19; t++) {
+            for (int i = 0; i < nb * CB_QK; i++) wide[i] = uniform();
+            cb_quantize_row_q8_0(wide, toks[t], nb * CB_QK);
+        }
+        const cb_block_q8_0 *xs[19];
+        float got[19 * 4], want[4];
+        for (int t = 0; t < 19; t++) xs[t] = toks[t];
+        for (int n_tok = 1; n_tok <= 19; n_tok += 3) {
+            cb_dot4_tokens_q8_0(rows4, sizeof rows4[0], xs, n_tok, nb * CB_QK, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_q8_0(rows4, sizeof rows4[0], toks[t], nb * CB_QK, want, NULL);
+                if (memcmp(want, got + 4 * t, sizeof want) != 0) {
+                    printf("  dot4_tokens_q8_0 blocks=%d tokens=%d token %d: got %.9g, four-row kernel %.9g\n", nb,
+                           n_tok, t, got[4 * t], want[0]);
+                    return 1;
+                }
+            }
+            *cases += n_tok;
+        }
+    }
+    return 0;
+}
+#endif
+
 int main(void) {
     int failed = 0;
     const int n_families = (int)(sizeof families / sizeof families[0]);
@@ -224,6 +260,14 @@ int main(void) {
         printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }
+#ifdef cb_dot4_tokens_q8_0
+    {
+        int cases = 0, bad = check_tokens_kernel(&cases);
+        printf("kernel-check q8_0 tokens kernel: %s (%d token rows, bit for bit the four-row kernel)\n",
+               bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
+#endif
     printf("kernel-check: %d families, target %s, %s\n", n_families, CB_TARGET_NAME,
            failed ? "FAILED" : "all agree with scalar");
     return failed;

@@ -4,6 +4,8 @@
 /* Rows ahead of the current four that the kernel pulls into the cache:
  * about 8 KB at 1 KB rows, a DRAM latency's worth of streaming and more. */
 #define PREFETCH_ROWS 8
+/* Tokens handed to a multi-token kernel at once (its scratch is per call). */
+#define TOKEN_GROUP 64
 
 static inline void store(float *y, enum cb_store mode, const float *scale, int t, float d) {
     if (mode == CB_SET) *y = d;
@@ -39,6 +41,22 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         for (; r + 4 <= r1; r += 4) {
             const void *rows = w + (size_t)r * row_bytes;
             const void *next = r + PREFETCH_ROWS + 4 <= (int)W->rows ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
+#ifdef cb_dot4_tokens_q8_0
+            if (W->dtype == CB_Q8_0 && n_tok > 1) {
+                for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
+                    const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
+                    const cb_block_q8_0 *xs[TOKEN_GROUP];
+                    float d[TOKEN_GROUP * 4];
+                    for (int t = 0; t < tn; t++) xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
+                    cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, t0 ? NULL : next);
+                    for (int t = 0; t < tn; t++) {
+                        float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
+                        for (int i = 0; i < 4; i++) store(y + i, mode, scale, t0 + t, d[t * 4 + i]);
+                    }
+                }
+                continue;
+            }
+#endif
             for (int t = 0; t < n_tok; t++) {
                 const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
                 float d[4];
