@@ -1,6 +1,7 @@
 /* AVX2 + FMA + F16C kernels (x86-64-v3). Reference: kernels/scalar.c. */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "topk_simd.h"
@@ -190,23 +191,28 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
     out[3] = hsum256(acc3);
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-/* Several tokens over four q8_0 rows, with VNNI's unsigned x signed dot:
- * x + 128 (x ^ 0x80) is unsigned, so dpbusd(acc, x + 128, w) adds x . w +
- * 128 sum(w); starting acc at -128 sum(w) (per row and block, worked out
- * once for every token) leaves x . w exact, in one instruction per row and
- * token. The int32 lanes are those of dot_i8x32, so each result is bit for
- * bit the one- and four-row kernels'. */
+/* Several tokens over four block-quantized rows. What depends only on the
+ * weights is worked out once per row and block for every token (up to 64
+ * blocks at a time, in a buffer that stays in L1), so a token costs one
+ * integer dot per row and block:
+ *  - q4_0: the unpacked nibbles, dotted as dot4_q4_0 does;
+ *  - q8_0 (VNNI only): x + 128 (x ^ 0x80) is unsigned, so dpbusd(acc, x + 128,
+ *    w) adds x . w + 128 sum(w); starting acc at -128 sum(w) leaves x . w
+ *    exact, in the int32 lanes of dot_i8x32.
+ * The lanes, scales and float order are the four-row kernels', so results
+ * are bit for bit theirs. */
 #define TOKENS_AT_ONCE 8
 #define BLOCKS_AT_ONCE 64
 
-void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
-                              float *out, const void *next) {
+static inline __attribute__((always_inline)) void dot4_tokens(const void *w, size_t row_bytes,
+                                                              const cb_block_q8_0 *const *x, int n_tok, int n,
+                                                              float *out, const void *next, int q4) {
     const int nb = n / CB_QK, lines = (int)(4 * row_bytes / 64);
-    const cb_block_q8_0 *rows[4];
-    for (int i = 0; i < 4; i++) rows[i] = (const void *)((const uint8_t *)w + (size_t)i * row_bytes);
-    __m256i minus_sum[BLOCKS_AT_ONCE][4]; /* -128 sum(w) per row, in dpbusd's lanes */
-    __m128 dw[BLOCKS_AT_ONCE];            /* the four rows' scales */
+    const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
+    const uint8_t *rows[4];
+    for (int i = 0; i < 4; i++) rows[i] = (const uint8_t *)w + (size_t)i * row_bytes;
+    __m256i pre[BLOCKS_AT_ONCE][4]; /* q4_0: nibbles; q8_0: -128 sum(w) in dpbusd's lanes */
+    __m128 dw[BLOCKS_AT_ONCE];      /* the four rows' scales */
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int t0 = 0; t0 < n_tok; t0 += TOKENS_AT_ONCE) {
         const int tn = n_tok - t0 < TOKENS_AT_ONCE ? n_tok - t0 : TOKENS_AT_ONCE;
@@ -216,25 +222,33 @@ void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8
         for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
             const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
             for (int b = 0; b < bn; b++) {
-                if (next && t0 == 0) {
-                    const int from = (b0 + b) * lines / nb, to = (b0 + b + 1) * lines / nb;
-                    prefetch_share(next, from, to);
-                }
+                if (next && t0 == 0) prefetch_share(next, (b0 + b) * lines / nb, (b0 + b + 1) * lines / nb);
+                cb_half d[4];
                 for (int i = 0; i < 4; i++) {
-                    const __m256i wq = _mm256_loadu_si256((const __m256i *)rows[i][b0 + b].qs);
-                    minus_sum[b][i] = _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8s8(_mm256_setzero_si256(), bias, wq));
+                    const uint8_t *blk = rows[i] + (size_t)(b0 + b) * block_bytes;
+                    memcpy(&d[i], blk, sizeof d[i]);
+                    pre[b][i] = q4 ? q4_nibbles(blk + 2)
+                                   : _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                      dot_u8s8(_mm256_setzero_si256(), bias,
+                                                               _mm256_loadu_si256((const __m256i *)(blk + 2))));
                 }
-                dw[b] = _mm_cvtph_ps(_mm_setr_epi16((short)rows[0][b0 + b].d, (short)rows[1][b0 + b].d,
-                                                    (short)rows[2][b0 + b].d, (short)rows[3][b0 + b].d, 0, 0, 0, 0));
+                dw[b] = _mm_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], 0, 0, 0, 0));
             }
             for (int t = 0; t < tn; t++) {
                 const cb_block_q8_0 *xt = x[t0 + t] + b0;
                 __m256 a0 = acc[t][0], a1 = acc[t][1], a2 = acc[t][2], a3 = acc[t][3];
                 for (int b = 0; b < bn; b++) {
-                    const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), bias);
+                    const __m256i xq = _mm256_loadu_si256((const __m256i *)xt[b].qs);
+                    const __m256i xu = _mm256_xor_si256(xq, bias), off = q4 ? q4_offset(xq) : xu;
                     const __m128 d = _mm_mul_ps(dw[b], _mm_set1_ps(_cvtsh_ss(xt[b].d)));
-#define ROW(i) a##i = _mm256_fmadd_ps(lane(d, i), _mm256_cvtepi32_ps(dot_u8s8(minus_sum[b][i], xu, \
-                        _mm256_loadu_si256((const __m256i *)rows[i][b0 + b].qs))), a##i)
+#define ROW(i)                                                                                         \
+                    a##i = _mm256_fmadd_ps(                                                             \
+                        lane(d, i),                                                                     \
+                        _mm256_cvtepi32_ps(q4 ? dot_u8s8(off, pre[b][i], xq)                             \
+                                              : dot_u8s8(pre[b][i], xu,                                  \
+                                                         _mm256_loadu_si256((const __m256i *)(rows[i] + \
+                                                             (size_t)(b0 + b) * block_bytes + 2)))),     \
+                        a##i)
                     ROW(0);
                     ROW(1);
                     ROW(2);
@@ -248,7 +262,64 @@ void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8
             for (int i = 0; i < 4; i++) out[(size_t)(t0 + t) * 4 + i] = hsum256(acc[t][i]);
     }
 }
+
+void cb_dot4_tokens_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
+                              float *out, const void *next) {
+    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 1);
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
+                              float *out, const void *next) {
+    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 0);
+}
 #endif
+
+/* One f16 or bf16 row over several tokens, four at a time: the row is
+ * widened once per 16 elements for all four; per token the two accumulators,
+ * reduction and tail of the one-token kernels, so results are theirs bit
+ * for bit. */
+static inline __attribute__((always_inline)) __m256 widen8(const uint16_t *w, int bf16) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)w);
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)) : _mm256_cvtph_ps(raw);
+}
+
+static inline __attribute__((always_inline)) void dot_half_tokens(const uint16_t *w, const float *const *x,
+                                                                  int n_tok, int n, float *out, int bf16) {
+    int t = 0;
+    for (; t + 4 <= n_tok; t += 4) {
+        const float *x0 = x[t], *x1 = x[t + 1], *x2 = x[t + 2], *x3 = x[t + 3];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const __m256 lo = widen8(w + i, bf16), hi = widen8(w + i + 8, bf16);
+            a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x0 + i), a0);
+            c0 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x0 + i + 8), c0);
+            a1 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x1 + i), a1);
+            c1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x1 + i + 8), c1);
+            a2 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x2 + i), a2);
+            c2 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x2 + i + 8), c2);
+            a3 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x3 + i), a3);
+            c3 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x3 + i + 8), c3);
+        }
+        float sum[4] = {hsum256(_mm256_add_ps(a0, c0)), hsum256(_mm256_add_ps(a1, c1)),
+                        hsum256(_mm256_add_ps(a2, c2)), hsum256(_mm256_add_ps(a3, c3))};
+        for (int k = 0; k < 4; k++) {
+            for (int j = i; j < n; j++)
+                sum[k] += (bf16 ? cb_bf16_to_float(w[j]) : cb_half_to_float(w[j])) * x[t + k][j];
+            out[t + k] = sum[k];
+        }
+    }
+    for (; t < n_tok; t++) out[t] = bf16 ? cb_dot_bf16_avx2(w, x[t], n) : cb_dot_f16_avx2(w, x[t], n);
+}
+
+void cb_dot_f16_tokens_avx2(const cb_half *w, const float *const *x, int n_tok, int n, float *out) {
+    dot_half_tokens(w, x, n_tok, n, out, 0);
+}
+
+void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok, int n, float *out) {
+    dot_half_tokens(w, x, n_tok, n, out, 1);
+}
 
 /* The reference quantizer (quants.c), 8 lanes at a time, bit for bit: the
  * same float operations, roundf's halves away from zero rebuilt from a

@@ -195,36 +195,66 @@ static int check_attention(const char *name, scores_fn scores, mix_fn mix, int *
     return 0;
 }
 
-#ifdef cb_dot4_tokens_q8_0
-/* The multi-token q8_0 kernel against the four-row one, token by token:
- * the same bits, for token counts across its groups and widths across its
+#ifdef cb_dot4_tokens_q4_0
+/* The multi-token kernels against the one-token ones, token by token: the
+ * same bits, for token counts across their groups and widths across their
  * block chunks. */
-static cb_block_q8_0 rows4[4][96], toks[19][96];
-static float wide[96 * CB_QK];
-static int check_tokens_kernel(int *cases) {
+static cb_block_q8_0 rows8[4][96], toks[19][96];
+static cb_block_q4_0 rows4[4][96];
+static uint16_t half_row[96 * CB_QK];
+static float wide[96 * CB_QK], tok_f[19][96 * CB_QK];
+
+static int same(const char *what, int nb, int n_tok, int t, const float *got, const float *want, int n) {
+    if (memcmp(got, want, sizeof(float) * n) == 0) return 1;
+    printf("  %s blocks=%d tokens=%d token %d: got %.9g, one-token kernel %.9g\n", what, nb, n_tok, t, got[0], want[0]);
+    return 0;
+}
+
+static int check_tokens_kernels(int *cases) {
     for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
+        const int n = nb * CB_QK;
         for (int r = 0; r < 4; r++) {
-            for (int i = 0; i < nb * CB_QK; i++) wide[i] = uniform() * (i % 5 == 0 ? 4.0f : 1.0f);
-            cb_quantize_row_q8_0(wide, rows4[r], nb * CB_QK);
-        }
-        for (int t = 0; t < 19; t++) {
-            for (int i = 0; i < nb * CB_QK; i++) wide[i] = uniform();
-            cb_quantize_row_q8_0(wide, toks[t], nb * CB_QK);
+            for (int i = 0; i < n; i++) wide[i] = uniform() * (i % 5 == 0 ? 4.0f : 1.0f);
+            cb_quantize_row_q8_0(wide, rows8[r], n);
+            cb_quantize_row_q4_0(wide, rows4[r], n);
+            if (r == 0)
+                for (int i = 0; i < n; i++) half_row[i] = cb_float_to_half(wide[i]);
         }
         const cb_block_q8_0 *xs[19];
+        const float *xf[19];
+        for (int t = 0; t < 19; t++) {
+            for (int i = 0; i < n; i++) tok_f[t][i] = uniform();
+            cb_quantize_row_q8_0(tok_f[t], toks[t], n);
+            xs[t] = toks[t];
+            xf[t] = tok_f[t];
+        }
         float got[19 * 4], want[4];
-        for (int t = 0; t < 19; t++) xs[t] = toks[t];
         for (int n_tok = 1; n_tok <= 19; n_tok += 3) {
-            cb_dot4_tokens_q8_0(rows4, sizeof rows4[0], xs, n_tok, nb * CB_QK, got, NULL);
+            cb_dot4_tokens_q4_0(rows4, sizeof rows4[0], xs, n_tok, n, got, NULL);
             for (int t = 0; t < n_tok; t++) {
-                cb_dot4_q8_0(rows4, sizeof rows4[0], toks[t], nb * CB_QK, want, NULL);
-                if (memcmp(want, got + 4 * t, sizeof want) != 0) {
-                    printf("  dot4_tokens_q8_0 blocks=%d tokens=%d token %d: got %.9g, four-row kernel %.9g\n", nb,
-                           n_tok, t, got[4 * t], want[0]);
-                    return 1;
-                }
+                cb_dot4_q4_0(rows4, sizeof rows4[0], toks[t], n, want, NULL);
+                if (!same("dot4_tokens_q4_0", nb, n_tok, t, got + 4 * t, want, 4)) return 1;
             }
-            *cases += n_tok;
+#ifdef cb_dot4_tokens_q8_0
+            cb_dot4_tokens_q8_0(rows8, sizeof rows8[0], xs, n_tok, n, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_q8_0(rows8, sizeof rows8[0], toks[t], n, want, NULL);
+                if (!same("dot4_tokens_q8_0", nb, n_tok, t, got + 4 * t, want, 4)) return 1;
+            }
+#endif
+            /* f16 and bf16 rows of odd widths too: the scalar tail. */
+            const int m = n - (nb > 1 ? 5 : 0);
+            cb_dot_f16_tokens(half_row, xf, n_tok, m, got);
+            for (int t = 0; t < n_tok; t++) {
+                want[0] = cb_dot_f16(half_row, xf[t], m);
+                if (!same("dot_f16_tokens", nb, n_tok, t, got + t, want, 1)) return 1;
+            }
+            cb_dot_bf16_tokens(half_row, xf, n_tok, m, got);
+            for (int t = 0; t < n_tok; t++) {
+                want[0] = cb_dot_bf16(half_row, xf[t], m);
+                if (!same("dot_bf16_tokens", nb, n_tok, t, got + t, want, 1)) return 1;
+            }
+            *cases += 4 * n_tok;
         }
     }
     return 0;
@@ -260,11 +290,16 @@ int main(void) {
         printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }
-#ifdef cb_dot4_tokens_q8_0
+#ifdef cb_dot4_tokens_q4_0
     {
-        int cases = 0, bad = check_tokens_kernel(&cases);
-        printf("kernel-check q8_0 tokens kernel: %s (%d token rows, bit for bit the four-row kernel)\n",
-               bad ? "FAILED" : "ok", cases);
+        int cases = 0, bad = check_tokens_kernels(&cases);
+#ifdef cb_dot4_tokens_q8_0
+        const char *which = "q8_0, q4_0, f16, bf16";
+#else
+        const char *which = "q4_0, f16, bf16";
+#endif
+        printf("kernel-check tokens kernels: %s (%s; %d token rows, bit for bit the one-token kernels)\n",
+               bad ? "FAILED" : "ok", which, cases);
         failed |= bad;
     }
 #endif

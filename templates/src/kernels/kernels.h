@@ -71,12 +71,20 @@ void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
                        const void *next);
 #define cb_dot4_q8_0 cb_dot4_q8_0_avx2
+/* Several tokens at once, each result bit for bit the one-token kernel's:
+ * out[t * 4 + i] = row i . x[t] (four rows), out[t] = w . x[t] (one row). */
+void cb_dot4_tokens_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
+                              float *out, const void *next);
+#define cb_dot4_tokens_q4_0 cb_dot4_tokens_q4_0_avx2
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-/* out[t * 4 + i] = row i . x[t] for n_tok tokens, bit for bit cb_dot4_q8_0's. */
 void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
                               float *out, const void *next);
 #define cb_dot4_tokens_q8_0 cb_dot4_tokens_q8_0_avx2
 #endif
+void cb_dot_f16_tokens_avx2(const cb_half *w, const float *const *x, int n_tok, int n, float *out);
+void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok, int n, float *out);
+#define cb_dot_f16_tokens cb_dot_f16_tokens_avx2
+#define cb_dot_bf16_tokens cb_dot_bf16_tokens_avx2
 #define cb_dot4_q4_0 cb_dot4_q4_0_avx2
 void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n);
 void cb_axpy_avx2(float *y, float a, const float *x, int n);

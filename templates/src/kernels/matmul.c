@@ -24,6 +24,30 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
     return 0;
 }
 
+/* The multi-token kernels of the block types this target has. */
+static int has_tokens_kernel(uint32_t dtype) {
+#ifdef cb_dot4_tokens_q8_0
+    if (dtype == CB_Q8_0) return 1;
+#endif
+#ifdef cb_dot4_tokens_q4_0
+    if (dtype == CB_Q4_0) return 1;
+#endif
+    (void)dtype;
+    return 0;
+}
+
+#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
+static void dot4_tokens(uint32_t dtype, const void *rows, size_t row_bytes, const cb_block_q8_0 *const *xs, int tn,
+                        int cols, float *d, const void *next) {
+#ifdef cb_dot4_tokens_q8_0
+    if (dtype == CB_Q8_0) cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, next);
+#endif
+#ifdef cb_dot4_tokens_q4_0
+    if (dtype == CB_Q4_0) cb_dot4_tokens_q4_0(rows, row_bytes, xs, tn, cols, d, next);
+#endif
+}
+#endif
+
 void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
                     float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
     const int cols = (int)W->cols;
@@ -41,14 +65,13 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         for (; r + 4 <= r1; r += 4) {
             const void *rows = w + (size_t)r * row_bytes;
             const void *next = r + PREFETCH_ROWS + 4 <= (int)W->rows ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
-#ifdef cb_dot4_tokens_q8_0
-            if (W->dtype == CB_Q8_0 && n_tok > 1) {
+            if (n_tok > 1 && has_tokens_kernel(W->dtype)) {
                 for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
                     const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
                     const cb_block_q8_0 *xs[TOKEN_GROUP];
                     float d[TOKEN_GROUP * 4];
                     for (int t = 0; t < tn; t++) xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
-                    cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, t0 ? NULL : next);
+                    dot4_tokens(W->dtype, rows, row_bytes, xs, tn, cols, d, t0 ? NULL : next);
                     for (int t = 0; t < tn; t++) {
                         float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
                         for (int i = 0; i < 4; i++) store(y + i, mode, scale, t0 + t, d[t * 4 + i]);
@@ -56,7 +79,6 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                 }
                 continue;
             }
-#endif
             for (int t = 0; t < n_tok; t++) {
                 const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
                 float d[4];
@@ -64,6 +86,24 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                 else cb_dot4_q4_0(rows, row_bytes, xq, cols, d, t ? NULL : next);
                 float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
                 for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
+            }
+        }
+    }
+#endif
+#ifdef cb_dot_f16_tokens
+    if (n_tok > 1 && (W->dtype == CB_F16 || W->dtype == CB_BF16)) {
+        /* Each row widened once for a group of tokens. */
+        for (; r < r1; r++) {
+            const void *row = w + (size_t)r * row_bytes;
+            for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
+                const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
+                const float *xs[TOKEN_GROUP];
+                float d[TOKEN_GROUP];
+                for (int t = 0; t < tn; t++) xs[t] = A->x + (size_t)(in ? in[t0 + t] : t0 + t) * A->x_stride;
+                if (W->dtype == CB_F16) cb_dot_f16_tokens(row, xs, tn, cols, d);
+                else cb_dot_bf16_tokens(row, xs, tn, cols, d);
+                for (int t = 0; t < tn; t++)
+                    store(Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r, mode, scale, t0 + t, d[t]);
             }
         }
     }
