@@ -30,6 +30,8 @@ def test_bench_reports_all_figures(tmp_path):
     assert run["rss_under_load_mib"] >= run["rss_idle_start_mib"] > 0
     if MEMBW.is_file():
         assert run["bandwidth_gb_s"]["median"] > 0 and 0 < run["decode_fraction_of_ceiling"]
+    # Eight tokens read at least one token's bytes and at most eight times them.
+    assert 1 <= run["aggregate_bound_at_8"] <= 8
     # The generic build (dimensions at run time) was measured against it.
     assert run["generic_decode_tok_s"]["median"] > 0 and run["specialised_over_generic"] > 0
     assert "| tiny | q8_0 |" in done.stdout
