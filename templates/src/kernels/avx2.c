@@ -86,8 +86,10 @@ static inline __m256i dot_i8x32(__m256i w, __m256i x) {
  * are elements 0..15, high 16..31). w . x = nibbles . x - 8 * sum(x), and
  * -8 * sum(x) (per lane) is shared by every row. */
 static inline __m256i q4_nibbles(const uint8_t *qs) {
-    __m128i packed = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0xF));
+    /* The 16 bytes in both halves, the upper half shifted right by 4: three
+     * operations (a broadcast load, a per-lane shift, a mask). */
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
 }
 
 static inline __m256i q4_offset(__m256i x) {
