@@ -20,7 +20,8 @@ cdef extern from "engine.h" nogil:
         pass
     ctypedef struct cb_batch_item:
         int32_t token, slot, pos, want_logits
-    cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, char *err, size_t err_len)
+    cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, int kv, char *err, size_t err_len)
+    size_t cb_engine_kv_bytes(const cb_engine *e)
     void cb_engine_close(cb_engine *e)
     const cb_dims *cb_engine_dims(const cb_engine *e)
     int cb_engine_max_batch(const cb_engine *e)
@@ -196,7 +197,8 @@ cdef class Tokenizer:
 
 
 cdef class Engine:
-    """Engine(model_dir, threads=0): a model folder loaded in-process.
+    """Engine(model_dir, threads=0, kv_cache="f32"): a model folder loaded in-process
+    (kv_cache "f16" keeps the KV cache in float16).
 
     forward(token_ids) -> float32 logits [len(token_ids), vocab]
     generate(prompt, max_tokens) -> generated text (greedy)
@@ -207,11 +209,13 @@ cdef class Engine:
     cdef public object model_dir
     cdef object _routing
 
-    def __cinit__(self, model_dir, int threads=0):
+    def __cinit__(self, model_dir, int threads=0, kv_cache="f32"):
         cdef char err[1024]
         err[0] = 0
+        if kv_cache not in ("f32", "f16"):
+            raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32' or 'f16'")
         path = str(model_dir).encode()
-        self.e = cb_engine_open(path, threads, 1, err, sizeof(err))
+        self.e = cb_engine_open(path, threads, 1, 1 if kv_cache == "f16" else 0, err, sizeof(err))
         if self.e == NULL:
             raise EngineError(err.decode(errors="replace"))
         self.max_batch = cb_engine_max_batch(self.e)
@@ -224,6 +228,10 @@ cdef class Engine:
         if self.e != NULL:
             cb_engine_close(self.e)
         PyMem_Free(self.items)
+
+    @property
+    def kv_cache_bytes(self):
+        return cb_engine_kv_bytes(self.e)
 
     @property
     def dims(self):

@@ -90,6 +90,7 @@ class RunningServer:
             seen.append(line)
             match = re.search(r"listening on http://[^:]+:(\d+)", line)
             if match:
+                self.startup = "".join(seen)
                 return int(match.group(1))
         self.proc.kill()
         raise AssertionError("server did not start:\n" + "".join(seen))

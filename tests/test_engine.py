@@ -71,6 +71,23 @@ def test_thread_count_does_not_change_results(tiny_model):
     assert np.array_equal(one, two) and np.array_equal(one, three)
 
 
+def test_f16_kv_cache_halves_memory_and_stays_close(tiny_model, reference):
+    """K and V rounded to float16 as they are cached: half the bytes, logits
+    within float16's rounding of the float32 cache's, prefill and single
+    steps still agreeing bit for bit."""
+    f32, f16 = Engine(tiny_model), Engine(tiny_model, kv_cache="f16")
+    assert f16.kv_cache_bytes * 2 == f32.kv_cache_bytes
+    logits = f16.forward(PROMPT)
+    ref_logits, _ = reference
+    err = relative_error(logits, ref_logits)
+    assert 0 < err < 1e-2, err  # not the float32 numbers, and near them
+    assert np.array_equal(f16.forward(PROMPT[:8]), logits[:8])  # a token's numbers never depend on the batch
+    generated = f16.generate_ids(PROMPT, max_tokens=3, stop_at_end=False)  # one token a step after the prompt
+    assert generated[0] == int(np.argmax(logits[-1]))
+    with pytest.raises(Exception, match="kv_cache"):
+        Engine(tiny_model, kv_cache="f8")
+
+
 def test_other_shapes_match_reference(workdir):
     """A different shape (MHA, top-1, 4 experts, wider) through the same generic build."""
     model = synth_model(workdir, "shape-b", "--heads", "8", "--kv-heads", "8", "--experts", "4",

@@ -5,7 +5,9 @@ the API key is enforced on /v1/, and SIGTERM finishes running requests.
 Runs against the normal and the sanitizer build."""
 
 import json
+import re
 import signal
+import subprocess
 import socket
 import time
 
@@ -169,6 +171,25 @@ def test_api_key(server_exe, tiny_model):
         assert srv.post("/v1/chat/completions", HELLO, headers=right).status_code == 200
     finally:
         stop_checked(srv)
+
+
+def test_kv_cache_f16_serves_the_same_first_token(server_exe, tiny_model):
+    """--kv-cache f16 halves the reserved cache and answers; a bad value is
+    refused at start with the flag, the value and what is expected."""
+    body = {"prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    reserved = {}
+    for kind in ("f32", "f16"):
+        srv = RunningServer(server_exe, tiny_model, "--kv-cache", kind)
+        try:
+            reply = srv.post("/v1/completions", body).json()
+            assert reply["usage"]["completion_tokens"] == 4
+            reserved[kind] = float(re.search(rf"KV cache {kind} ([0-9.]+) MiB", srv.startup).group(1))
+        finally:
+            stop_checked(srv)
+    assert reserved["f16"] * 2 == pytest.approx(reserved["f32"], rel=1e-3)
+    bad = subprocess.run([str(server_exe), "--model", str(tiny_model), "--kv-cache", "f8"], capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode == 2 and "--kv-cache: got 'f8', expected f32 or f16" in bad.stderr
 
 
 def stream_then_sigterm(srv, max_tokens):

@@ -19,7 +19,7 @@ static void prefetch_head(const attn_task *t, int job) {
     const cb_engine *e = t->e;
     const cb_dims *d = CB_DIMS(e);
     const int nh = (int)d->n_heads, i = job / nh, kvh = (job % nh) / (int)(d->n_heads / d->n_kv_heads);
-    const size_t bytes = sizeof(float) * (size_t)(t->items[i].pos + 1) * d->head_dim;
+    const size_t bytes = (e->kv_f16 ? sizeof(cb_half) : sizeof(float)) * (size_t)(t->items[i].pos + 1) * d->head_dim;
     cb_prefetch_range(cache_head(e, e->k_cache, t->items[i].slot, t->layer, kvh), bytes);
     cb_prefetch_range(cache_head(e, e->v_cache, t->items[i].slot, t->layer, kvh), bytes);
 }
@@ -45,9 +45,13 @@ static void attend_task(void *p, int task, int worker) {
         const cb_batch_item *it = &t->items[i];
         const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
         float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
-        cb_attn_scores(q, cache_head(e, e->k_cache, it->slot, t->layer, kvh), hd, it->pos + 1, hd, scale, scores);
+        const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
+        const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
+        if (e->kv_f16) cb_attn_scores_f16(q, k, hd, it->pos + 1, hd, scale, scores);
+        else cb_attn_scores(q, k, hd, it->pos + 1, hd, scale, scores);
         cb_softmax(scores, it->pos + 1);
-        cb_attn_mix(out, scores, cache_head(e, e->v_cache, it->slot, t->layer, kvh), hd, it->pos + 1, hd);
+        if (e->kv_f16) cb_attn_mix_f16(out, scores, v, hd, it->pos + 1, hd);
+        else cb_attn_mix(out, scores, v, hd, it->pos + 1, hd);
     }
 }
 
@@ -92,8 +96,15 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
         cb_rope_neox(k, (int)d->n_kv_heads, hd, e->rope_cos + off, e->rope_sin + off);
         for (int h = 0; h < (int)d->n_kv_heads; h++) {
             const size_t at = (size_t)items[i].pos * hd;
-            memcpy(cache_head(e, e->k_cache, items[i].slot, layer, h) + at, k + (size_t)h * hd, sizeof(float) * hd);
-            memcpy(cache_head(e, e->v_cache, items[i].slot, layer, h) + at, v + (size_t)h * hd, sizeof(float) * hd);
+            uint8_t *kc = cache_head(e, e->k_cache, items[i].slot, layer, h);
+            uint8_t *vc = cache_head(e, e->v_cache, items[i].slot, layer, h);
+            if (e->kv_f16) {
+                cb_f32_to_f16(k + (size_t)h * hd, (cb_half *)kc + at, hd);
+                cb_f32_to_f16(v + (size_t)h * hd, (cb_half *)vc + at, hd);
+            } else {
+                memcpy((float *)kc + at, k + (size_t)h * hd, sizeof(float) * hd);
+                memcpy((float *)vc + at, v + (size_t)h * hd, sizeof(float) * hd);
+            }
         }
     }
     const int pairs = n * (int)d->n_heads, most = 8 * cb_threadpool_size(e->pool);

@@ -101,8 +101,9 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(expert_seen, (size_t)d->n_layers * E);
     TAKE(rope_cos, ctx * hd / 2);
     TAKE(rope_sin, ctx * hd / 2);
-    TAKE(k_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim);
-    TAKE(v_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim);
+    const size_t kv_element = e->kv_f16 ? sizeof(cb_half) : sizeof(float);
+    TAKE(k_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim * kv_element);
+    TAKE(v_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim * kv_element);
 #undef TAKE
     e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
 }
@@ -122,7 +123,8 @@ static void fill_rope_tables(cb_engine *e) {
     }
 }
 
-cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, char *err, size_t err_len) {
+cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enum cb_kv_type kv, char *err,
+                          size_t err_len) {
     char path[4096];
     cb_engine *e = calloc(1, sizeof *e);
     if (!e) {
@@ -157,6 +159,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, cha
     if (e->n_slots > CB_MAX_SLOTS) e->n_slots = CB_MAX_SLOTS;
 #endif
     e->max_batch = CB_MAX_BATCH;
+    e->kv_f16 = kv == CB_KV_F16;
     e->ffn_max = max_int((int)d->expert_ffn, max_int((int)d->shared_ffn, (int)d->dense_ffn));
     const int widest = max_int(max_int((int)d->hidden, (int)(d->n_heads * d->head_dim)), e->ffn_max);
     e->xq_stride = (widest + CB_QK - 1) / CB_QK;
@@ -206,6 +209,11 @@ void cb_engine_close(cb_engine *e) {
 }
 
 const cb_dims *cb_engine_dims(const cb_engine *e) { return CB_DIMS(e); }
+size_t cb_engine_kv_bytes(const cb_engine *e) {
+    const cb_dims *d = CB_DIMS(e);
+    return 2 * (size_t)e->n_slots * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim *
+           (e->kv_f16 ? sizeof(cb_half) : sizeof(float));
+}
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
 int cb_engine_max_batch(const cb_engine *e) { return e->max_batch; }
 const char *cb_engine_model_name(const cb_engine *e) { return e->model_name; }

@@ -22,15 +22,22 @@ typedef struct {
     int32_t want_logits;
 } cb_batch_item;
 
+/* What the KV cache holds: float32 (transformers' numbers) or float16 (half
+ * the memory and half the bytes each attention step reads). */
+enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1 };
+
 /* Opens the model folder (model-config.json's weights, mapped, not read) and
  * allocates every buffer. n_threads <= 0 means one per online CPU.
  * n_slots <= 0 means the compiled-in number of slots. On failure returns NULL
  * and writes a message naming the file and the problem into err. */
-cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots,
+cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enum cb_kv_type kv,
                           char *err, size_t err_len);
 void cb_engine_close(cb_engine *e);
 
 const cb_dims *cb_engine_dims(const cb_engine *e);
+/* Bytes of the KV cache of every slot (reserved at open; pages are touched
+ * as positions fill). */
+size_t cb_engine_kv_bytes(const cb_engine *e);
 int cb_engine_n_slots(const cb_engine *e);
 /* Most tokens one cb_engine_forward() call accepts. */
 int cb_engine_max_batch(const cb_engine *e);

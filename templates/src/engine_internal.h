@@ -54,14 +54,18 @@ struct cb_engine {
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
     float *rope_cos, *rope_sin; /* [context][d/2] */
-    float *k_cache, *v_cache;  /* [slots][L][nkv][context][d] */
+    int kv_f16;                /* the cache holds float16 (cb_half), else float */
+    uint8_t *k_cache, *v_cache; /* [slots][L][nkv][context][d] elements */
 };
 
-/* The cache of one KV head: [context][head_dim], each head's positions
- * contiguous, so attending streams them from memory in order. */
-static inline float *cache_head(const cb_engine *e, float *cache, int slot, int layer, int kv_head) {
+/* The cache of one KV head: [context][head_dim] elements (float or
+ * cb_half), each head's positions contiguous, so attending streams them from
+ * memory in order. */
+static inline void *cache_head(const cb_engine *e, uint8_t *cache, int slot, int layer, int kv_head) {
     const cb_dims *d = CB_DIMS(e);
-    return cache + (((size_t)slot * d->n_layers + layer) * d->n_kv_heads + kv_head) * d->context_len * d->head_dim;
+    const size_t element = e->kv_f16 ? sizeof(cb_half) : sizeof(float);
+    return cache + (((size_t)slot * d->n_layers + layer) * d->n_kv_heads + kv_head) * d->context_len * d->head_dim *
+                       element;
 }
 
 /* One FFN run over some of the batch's tokens: pairs [begin, begin+count)

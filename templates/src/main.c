@@ -27,6 +27,7 @@ static void usage(FILE *out) {
             "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
             "  --prefill-chunk N         prompt tokens a step takes while others decode; 0: no limit (default 16)\n"
+            "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory (default f32)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/ (also $COLIBRI_API_KEY)\n"
             "  --verbose                 log connection events\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
@@ -49,6 +50,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
     int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, prefill_chunk = 16;
+    enum cb_kv_type kv = CB_KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -71,6 +73,14 @@ int main(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(arg, "--model")) model = value;
         else if (!strcmp(arg, "--host")) host = value;
+        else if (!strcmp(arg, "--kv-cache")) {
+            if (!strcmp(value, "f32") || !strcmp(value, "f16")) {
+                kv = value[1] == '1' ? CB_KV_F16 : CB_KV_F32;
+            } else {
+                fprintf(stderr, "colibri-server: --kv-cache: got '%s', expected f32 or f16\n", value);
+                bad = 1;
+            }
+        }
         else if (!strcmp(arg, "--api-key")) api_key = value;
         else if (!strcmp(arg, "--port")) bad = parse_int(arg, value, 0, 65535, &port);
         else if (!strcmp(arg, "--threads")) bad = parse_int(arg, value, 0, 1024, &threads);
@@ -95,7 +105,7 @@ int main(int argc, char **argv) {
     if (api_key && !*api_key) api_key = NULL;
 
     char err[1024];
-    cb_engine *engine = cb_engine_open(model, threads, slots, err, sizeof err);
+    cb_engine *engine = cb_engine_open(model, threads, slots, kv, err, sizeof err);
     if (!engine) {
         fprintf(stderr, "colibri-server: %s\n", err);
         return 1;
@@ -129,9 +139,11 @@ int main(int argc, char **argv) {
     cb_app_attach(app, loop);
     cb_install_stop_handler(request_stop);
     const cb_dims *d = cb_engine_dims(engine);
-    fprintf(stderr, "colibri-server: model %s (%u layers, %u experts top-%u), %d slots, queue %d, kernels %s%s\n",
+    fprintf(stderr, "colibri-server: model %s (%u layers, %u experts top-%u), %d slots, queue %d, kernels %s, "
+            "KV cache %s %.1f MiB%s\n",
             cb_engine_model_name(engine), d->n_layers, d->n_experts, d->top_k, cb_engine_n_slots(engine),
-            opt.queue_cap, CB_KERNELS_NAME, api_key ? ", API key required" : "");
+            opt.queue_cap, CB_KERNELS_NAME, kv == CB_KV_F16 ? "f16" : "f32",
+            (double)cb_engine_kv_bytes(engine) / (1 << 20), api_key ? ", API key required" : "");
     fprintf(stderr, "colibri-server: listening on http://%s:%d\n", host, cb_netloop_port(loop));
 
     int status = 0;

@@ -439,6 +439,69 @@ void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride,
     }
 }
 
+/* The float16 cache: the same loops, each row widened by F16C as it is
+ * read (so scores reduce as cb_attn_scores_avx2 does). */
+static inline __m256 half8(const cb_half *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores) {
+    if (hd % 8) {
+        cb_attn_scores_f16_scalar(q, k, stride, n, hd, scale, scores);
+        return;
+    }
+    for (int p0 = 0; p0 < n; p0 += 8) {
+        const cb_half *r[8];
+        for (int i = 0; i < 8; i++) r[i] = k + (size_t)(p0 + i < n ? p0 + i : n - 1) * stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int j = 0; j < hd; j += 8) {
+            const __m256 qj = _mm256_loadu_ps(q + j);
+            a0 = _mm256_fmadd_ps(qj, half8(r[0] + j), a0);
+            a1 = _mm256_fmadd_ps(qj, half8(r[1] + j), a1);
+            a2 = _mm256_fmadd_ps(qj, half8(r[2] + j), a2);
+            a3 = _mm256_fmadd_ps(qj, half8(r[3] + j), a3);
+            a4 = _mm256_fmadd_ps(qj, half8(r[4] + j), a4);
+            a5 = _mm256_fmadd_ps(qj, half8(r[5] + j), a5);
+            a6 = _mm256_fmadd_ps(qj, half8(r[6] + j), a6);
+            a7 = _mm256_fmadd_ps(qj, half8(r[7] + j), a7);
+        }
+        const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        float out[8];
+        _mm256_storeu_ps(out, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        for (int i = 0; i < 8 && p0 + i < n; i++) scores[p0 + i] = out[i];
+    }
+}
+
+void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
+    if (hd % 32) {
+        cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
+        return;
+    }
+    for (int j = 0; j < hd; j += 32) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
+        for (int p = 0; p < n; p++) {
+            const cb_half *row = v + (size_t)p * stride + j;
+            const __m256 wp = _mm256_broadcast_ss(w + p);
+            o0 = _mm256_fmadd_ps(wp, half8(row), o0);
+            o1 = _mm256_fmadd_ps(wp, half8(row + 8), o1);
+            o2 = _mm256_fmadd_ps(wp, half8(row + 16), o2);
+            o3 = _mm256_fmadd_ps(wp, half8(row + 24), o3);
+        }
+        _mm256_storeu_ps(out + j, o0);
+        _mm256_storeu_ps(out + j + 8, o1);
+        _mm256_storeu_ps(out + j + 16, o2);
+        _mm256_storeu_ps(out + j + 24, o3);
+    }
+}
+
+/* F16C rounds to nearest even like cb_float_to_half, subnormals included. */
+void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = cb_float_to_half(x[i]);
+}
+
 void cb_topk_avx2(const float *values, int n, int k, int32_t *ids) {
     float pv = INFINITY;
     int pi = -1;

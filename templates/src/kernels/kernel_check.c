@@ -261,6 +261,57 @@ static int check_tokens_kernels(int *cases) {
 }
 #endif
 
+/* The float16 cache's kernels: the writer bit for bit cb_float_to_half
+ * (halves, ties, subnormals, overflow), scores within the dot tolerance and
+ * position-independent, the weighted sum bit for bit the scalar one's. */
+typedef void (*scores16_fn)(const float *, const cb_half *, size_t, int, int, float, float *);
+typedef void (*mix16_fn)(float *, const float *, const cb_half *, size_t, int, int);
+typedef void (*to_half_fn)(const float *, cb_half *, int);
+static cb_half kv16[ATTN_POS * ATTN_STRIDE], conv_ref[64], conv_got[64];
+
+static int check_attention_f16(const char *name, scores16_fn scores, mix16_fn mix, to_half_fn to_half, int *cases) {
+    static const float special[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e9f, 5.96e-8f, 2.98e-8f, 6.1e-5f, -3.0e-6f,
+                                    1.00048828125f, 1.00146484375f};
+    for (int n = 0; n <= 64; n++) {
+        for (int i = 0; i < n; i++) a[i] = i < 12 ? special[i] : uniform() * (float)(1 << (i % 20));
+        cb_f32_to_f16_scalar(a, conv_ref, n);
+        to_half(a, conv_got, n);
+        for (int i = 0; i < n; i++)
+            if (conv_ref[i] != cb_float_to_half(a[i]) || conv_got[i] != conv_ref[i]) {
+                printf("  %s f32_to_f16 %.9g: got 0x%04x, reference 0x%04x\n", name, a[i], conv_got[i],
+                       cb_float_to_half(a[i]));
+                return 1;
+            }
+        *cases += n;
+    }
+    for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv16[i] = cb_float_to_half(uniform());
+    for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
+        for (int i = 0; i < hd; i++) a[i] = uniform();
+        scores(a, kv16 + 3, ATTN_STRIDE, ATTN_POS, hd, 0.125f, sc_all);
+        for (int n = 1; n <= ATTN_POS; n++) {
+            cb_attn_scores_f16_scalar(a, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
+            scores(a, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, sc_got);
+            for (int p = 0; p < n; p++) {
+                double mag = 0;
+                for (int j = 0; j < hd; j++) mag += fabs((double)a[j] * cb_half_to_float(kv16[3 + p * ATTN_STRIDE + j])) * 0.125;
+                if (fabs((double)sc_got[p] - sc_ref[p]) > 1e-5 * mag + 1e-30 || sc_got[p] != sc_all[p]) {
+                    printf("  %s attn_scores_f16 hd=%d n=%d p=%d: got %.9g, reference %.9g\n", name, hd, n, p,
+                           sc_got[p], sc_ref[p]);
+                    return 1;
+                }
+            }
+            cb_attn_mix_f16_scalar(o_ref, sc_ref, kv16 + 5, ATTN_STRIDE, n, hd);
+            mix(o_got, sc_ref, kv16 + 5, ATTN_STRIDE, n, hd);
+            if (memcmp(o_ref, o_got, sizeof(float) * hd) != 0) {
+                printf("  %s attn_mix_f16 hd=%d n=%d: differs from the reference\n", name, hd, n);
+                return 1;
+            }
+            *cases += 2;
+        }
+    }
+    return 0;
+}
+
 int main(void) {
     int failed = 0;
     const int n_families = (int)(sizeof families / sizeof families[0]);
@@ -287,6 +338,11 @@ int main(void) {
         bad |= check_attention("avx2", cb_attn_scores_avx2, cb_attn_mix_avx2, &cases);
 #endif
         bad |= check_attention("scalar", cb_attn_scores_scalar, cb_attn_mix_scalar, &cases);
+#if CB_KERNELS_AVX2
+        bad |= check_attention_f16("avx2", cb_attn_scores_f16_avx2, cb_attn_mix_f16_avx2, cb_f32_to_f16_avx2, &cases);
+#endif
+        bad |= check_attention_f16("scalar", cb_attn_scores_f16_scalar, cb_attn_mix_f16_scalar, cb_f32_to_f16_scalar,
+                                   &cases);
         printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }

@@ -56,6 +56,11 @@ void cb_topk_scalar(const float *values, int n, int k, int32_t *ids);
  * (hd floats). A position's score never depends on n or on its neighbours. */
 void cb_attn_scores_scalar(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_scalar(float *out, const float *w, const float *v, size_t stride, int n, int hd);
+/* The same over a float16 cache, and its writer (round to nearest even, as
+ * cb_float_to_half). */
+void cb_attn_scores_f16_scalar(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
+void cb_attn_mix_f16_scalar(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n);
 #if CB_KERNELS_AVX2
 float cb_dot_f32_avx2(const float *a, const float *b, int n);
 float cb_dot_f16_avx2(const cb_half *w, const float *x, int n);
@@ -90,6 +95,9 @@ void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n);
 void cb_axpy_avx2(float *y, float a, const float *x, int n);
 void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd);
+void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
+void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n);
 #define CB_KERNEL(name) name##_avx2
 #else
 #define CB_KERNEL(name) name##_scalar
@@ -141,6 +149,9 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #endif
 #define cb_attn_scores CB_KERNEL(cb_attn_scores)
 #define cb_attn_mix CB_KERNEL(cb_attn_mix)
+#define cb_attn_scores_f16 CB_KERNEL(cb_attn_scores_f16)
+#define cb_attn_mix_f16 CB_KERNEL(cb_attn_mix_f16)
+#define cb_f32_to_f16 CB_KERNEL(cb_f32_to_f16)
 /* The engine's activation quantizer: the reference's bytes, faster. */
 #define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
 #define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0

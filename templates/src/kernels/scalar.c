@@ -90,6 +90,20 @@ void cb_attn_mix_scalar(float *out, const float *w, const float *v, size_t strid
         for (int j = 0; j < hd; j++) out[j] += w[p] * v[(size_t)p * stride + j]; /* contracted to an FMA where there is one */
 }
 
+void cb_attn_scores_f16_scalar(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores) {
+    for (int p = 0; p < n; p++) scores[p] = cb_dot_f16_scalar(k + (size_t)p * stride, q, hd) * scale;
+}
+
+void cb_attn_mix_f16_scalar(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
+    for (int j = 0; j < hd; j++) out[j] = 0;
+    for (int p = 0; p < n; p++)
+        for (int j = 0; j < hd; j++) out[j] += w[p] * cb_half_to_float(v[(size_t)p * stride + j]);
+}
+
+void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n) {
+    for (int i = 0; i < n; i++) y[i] = cb_float_to_half(x[i]);
+}
+
 void cb_axpy_scalar(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
