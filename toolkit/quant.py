@@ -9,9 +9,20 @@ import numpy as np
 QK = 32
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}
+# Matrices the engine multiplies are stored "x4": rows in groups of four,
+# block by block, the group's four fp16 scales first, then its four rows'
+# quants (136 bytes a q8_0 group-block, 72 a q4_0 one). The same bytes as
+# four GGML rows, reordered so that the kernels read one stream and load the
+# four scales at once.
+X4 = {"q8_0x4": "q8_0", "q4_0x4": "q4_0"}
+
+
+def base_dtype(dtype: str) -> str:
+    return X4.get(dtype, dtype)
 
 
 def row_bytes(dtype: str, cols: int) -> int:
+    dtype = base_dtype(dtype)
     if dtype == "f32":
         return 4 * cols
     if dtype in ("f16", "bf16"):
@@ -62,8 +73,28 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     return out.reshape(*x.shape[:-1], x.shape[-1] // QK, 18)
 
 
+def interleave4(blocks: np.ndarray) -> np.ndarray:
+    """[rows, nb, B] GGML blocks (rows a multiple of 4) -> the x4 bytes."""
+    rows, nb, size = blocks.shape
+    g = blocks.reshape(rows // 4, 4, nb, size).transpose(0, 2, 1, 3)  # [group, block, row, bytes]
+    return np.concatenate([g[..., :2].reshape(rows // 4, nb, 8), g[..., 2:].reshape(rows // 4, nb, 4 * (size - 2))],
+                          axis=2)
+
+
+def deinterleave4(raw: np.ndarray, size: int, rows: int) -> np.ndarray:
+    """The x4 bytes of rows rows -> [rows, nb, size] GGML blocks."""
+    g = raw.reshape(rows // 4, -1, 4 * size)
+    nb = g.shape[1]
+    scales = g[..., :8].reshape(rows // 4, nb, 4, 2)
+    quants = g[..., 8:].reshape(rows // 4, nb, 4, size - 2)
+    return np.concatenate([scales, quants], axis=3).transpose(0, 2, 1, 3).reshape(rows, nb, size)
+
+
 def dequantize(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """Raw bytes of a tensor -> float32 array of shape."""
+    if dtype in X4:
+        dtype = X4[dtype]
+        raw = deinterleave4(raw, BLOCK_BYTES[dtype], int(np.prod(shape[:-1])))
     if dtype == "f32":
         return raw.view("<f4").reshape(shape)
     if dtype == "f16":
@@ -92,4 +123,11 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
         return to_bf16_bits(x).astype("<u2").tobytes()
     if x.shape[-1] % QK:
         raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK}, got {x.shape[-1]}")
-    return (quantize_q8_0(x) if dtype == "q8_0" else quantize_q4_0(x)).tobytes()
+    base = base_dtype(dtype)
+    blocks = quantize_q8_0(x) if base == "q8_0" else quantize_q4_0(x)
+    if dtype in X4:
+        rows = int(np.prod(x.shape[:-1]))
+        if x.ndim < 2 or rows % 4:
+            raise ValueError(f"{dtype} needs a matrix with a multiple of 4 rows, got shape {x.shape}")
+        blocks = interleave4(blocks.reshape(rows, x.shape[-1] // QK, -1))
+    return blocks.tobytes()

@@ -26,7 +26,7 @@ NAME_BYTES = 48
 ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
 ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
-DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
+DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q8_0x4": 5, "q4_0x4": 6}
 DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
 TOKENIZER_IDS = {"none": 0, "bytes": 1, "bpe": 2, "spm": 3}  # enum cb_tokenizer_kind
 
@@ -115,10 +115,15 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
 
 def tensor_dtype(cfg: dict, name: str, shape: tuple[int, ...]) -> str:
     """Matrices take the model's weight type; vectors and routers stay f32
-    (small, and the router's choices are sensitive to rounding)."""
+    (small, and the router's choices are sensitive to rounding). Block-
+    quantized matrices the engine multiplies are stored x4 (quant.X4); the
+    embedding table, read a row at a time, keeps GGML's row layout."""
     if len(shape) == 1 or name.endswith("ffn_router"):
         return "f32"
-    return cfg["weights"]["dtype"]
+    dtype = cfg["weights"]["dtype"]
+    if dtype in ("q8_0", "q4_0") and name != "tok_embd" and shape[0] % 4 == 0:
+        return dtype + "x4"
+    return dtype
 
 
 def is_expert_block_start(name: str) -> bool:

@@ -22,7 +22,11 @@ enum cb_qk_norm {
     CB_QK_NORM_WHOLE = 2,     /* the whole projection, weight [heads*head_dim] (OLMoE) */
 };
 
-enum cb_dtype { CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4 };
+/* Q8_0X4 / Q4_0X4: the same blocks with rows in groups of four, block by
+ * block, the group's four scales first, then its four rows' quants
+ * (toolkit/quant.py); how the toolkit stores the matrices the engine
+ * multiplies, so a kernel reads one stream and loads four scales at once. */
+enum cb_dtype { CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4, CB_Q8_0X4 = 5, CB_Q4_0X4 = 6 };
 
 typedef struct {
     uint32_t arch;          /* enum cb_arch (informational) */

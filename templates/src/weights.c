@@ -56,15 +56,17 @@ size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     case CB_F32: return (size_t)cols * 4;
     case CB_F16:
     case CB_BF16: return (size_t)cols * 2;
-    case CB_Q8_0: return (size_t)cols / 32 * 34; /* fp16 scale + 32 int8 */
-    case CB_Q4_0: return (size_t)cols / 32 * 18; /* fp16 scale + 16 bytes of nibbles */
+    case CB_Q8_0:
+    case CB_Q8_0X4: return (size_t)cols / 32 * 34; /* fp16 scale + 32 int8 */
+    case CB_Q4_0:
+    case CB_Q4_0X4: return (size_t)cols / 32 * 18; /* fp16 scale + 16 bytes of nibbles */
     default: return 0;
     }
 }
 
 static const char *dtype_name(uint32_t dtype) {
-    static const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
-    return dtype < 5 ? names[dtype] : "unknown";
+    static const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q8_0x4", "q4_0x4"};
+    return dtype < 7 ? names[dtype] : "unknown";
 }
 
 typedef struct {
@@ -115,6 +117,9 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
     }
     uint64_t inner = cols ? cols : rows, outer = cols ? rows : 1;
     size_t row_bytes = cb_row_bytes(dtype, (uint32_t)inner);
+    /* A block-quantized matrix may come in groups of four rows (x4). */
+    const uint32_t x4 = dtype == CB_Q8_0 ? CB_Q8_0X4 : dtype == CB_Q4_0 ? CB_Q4_0X4 : dtype;
+    if (cols && t->dtype == x4 && rows % 4 == 0) dtype = x4;
     if (t->dtype != dtype || row_bytes == 0 || t->nbytes != outer * row_bytes) {
         snprintf(b->err, b->err_len, "tensor '%s': %s, %llu bytes in the file; expected %s, %llu bytes", name,
                  dtype_name(t->dtype), (unsigned long long)t->nbytes, dtype_name(dtype),
@@ -158,6 +163,11 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     char name[CB_TENSOR_NAME_BYTES];
     const uint8_t *first_expert = NULL;
     bind(&b, "tok_embd", d->vocab, H, dt, 0, &w->tok_embd);
+    if (!b.failed && w->tok_embd.dtype != dt) { /* looked up a row at a time: GGML's row layout */
+        snprintf(err, err_len, "tensor 'tok_embd': %s in the file, expected %s", dtype_name(w->tok_embd.dtype),
+                 dtype_name(dt));
+        return -1;
+    }
     if (d->tied_embeddings) w->output = w->tok_embd;
     else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
     w->output_norm = bind_vector(&b, "output_norm", H, 0);

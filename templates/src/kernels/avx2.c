@@ -221,13 +221,27 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 #define TOKENS_AT_ONCE 8
 #define BLOCKS_AT_ONCE 64
 
+/* Where row i's quants of block b are: four rows row_bytes apart, or an x4
+ * group (dims.h), whose block b holds the four scales, then the quants. */
+static inline const uint8_t *quants_at(const uint8_t *w, size_t row_bytes, int b, int i, size_t block_bytes, int x4) {
+    return x4 ? w + (size_t)b * 4 * block_bytes + 8 + (size_t)i * (block_bytes - 2)
+              : w + (size_t)i * row_bytes + (size_t)b * block_bytes + 2;
+}
+
+/* The four rows' scales of block b: one load from an x4 group. */
+static inline __m128 scales_at(const uint8_t *w, size_t row_bytes, int b, size_t block_bytes, int x4) {
+    if (x4) return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(w + (size_t)b * 4 * block_bytes)));
+    cb_half d[4];
+    for (int i = 0; i < 4; i++) memcpy(&d[i], w + (size_t)i * row_bytes + (size_t)b * block_bytes, sizeof d[i]);
+    return _mm_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], 0, 0, 0, 0));
+}
+
 static inline __attribute__((always_inline)) void dot4_tokens(const void *w, size_t row_bytes,
                                                               const cb_block_q8_0 *const *x, int n_tok, int n,
-                                                              float *out, const void *next, int q4) {
+                                                              float *out, const void *next, int q4, int x4) {
     const int nb = n / CB_QK, lines = (int)(4 * row_bytes / 64);
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
-    const uint8_t *rows[4];
-    for (int i = 0; i < 4; i++) rows[i] = (const uint8_t *)w + (size_t)i * row_bytes;
+    const uint8_t *base = w;
     __m256i pre[BLOCKS_AT_ONCE][4]; /* q4_0: nibbles; q8_0: -128 sum(w) in dpbusd's lanes */
     __m128 dw[BLOCKS_AT_ONCE];      /* the four rows' scales */
     const __m256i bias = _mm256_set1_epi8((char)0x80);
@@ -240,16 +254,14 @@ static inline __attribute__((always_inline)) void dot4_tokens(const void *w, siz
             const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
             for (int b = 0; b < bn; b++) {
                 if (next && t0 == 0) prefetch_share(next, (b0 + b) * lines / nb, (b0 + b + 1) * lines / nb);
-                cb_half d[4];
                 for (int i = 0; i < 4; i++) {
-                    const uint8_t *blk = rows[i] + (size_t)(b0 + b) * block_bytes;
-                    memcpy(&d[i], blk, sizeof d[i]);
-                    pre[b][i] = q4 ? q4_nibbles(blk + 2)
+                    const uint8_t *qs = quants_at(base, row_bytes, b0 + b, i, block_bytes, x4);
+                    pre[b][i] = q4 ? q4_nibbles(qs)
                                    : _mm256_sub_epi32(_mm256_setzero_si256(),
                                                       dot_u8s8(_mm256_setzero_si256(), bias,
-                                                               _mm256_loadu_si256((const __m256i *)(blk + 2))));
+                                                               _mm256_loadu_si256((const __m256i *)qs)));
                 }
-                dw[b] = _mm_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], 0, 0, 0, 0));
+                dw[b] = scales_at(base, row_bytes, b0 + b, block_bytes, x4);
             }
             for (int t = 0; t < tn; t++) {
                 const cb_block_q8_0 *xt = x[t0 + t] + b0;
@@ -263,8 +275,8 @@ static inline __attribute__((always_inline)) void dot4_tokens(const void *w, siz
                         lane(d, i),                                                                     \
                         _mm256_cvtepi32_ps(q4 ? dot_u8s8(off, pre[b][i], xq)                             \
                                               : dot_u8s8(pre[b][i], xu,                                  \
-                                                         _mm256_loadu_si256((const __m256i *)(rows[i] + \
-                                                             (size_t)(b0 + b) * block_bytes + 2)))),     \
+                                                         _mm256_loadu_si256((const __m256i *)quants_at( \
+                                                             base, row_bytes, b0 + b, i, block_bytes, x4)))), \
                         a##i)
                     ROW(0);
                     ROW(1);
@@ -282,15 +294,77 @@ static inline __attribute__((always_inline)) void dot4_tokens(const void *w, siz
 
 void cb_dot4_tokens_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
                               float *out, const void *next) {
-    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 1);
+    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 1, 0);
+}
+
+void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
+                                const void *next) {
+    dot4_tokens(group, (size_t)n / CB_QK * sizeof(cb_block_q4_0), x, n_tok, n, out, next, 1, 1);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
 void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
                               float *out, const void *next) {
-    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 0);
+    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 0, 0);
+}
+
+void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
+                                const void *next) {
+    dot4_tokens(group, (size_t)n / CB_QK * sizeof(cb_block_q8_0), x, n_tok, n, out, next, 0, 1);
 }
 #endif
+
+/* The four rows of an x4 group over one token: one stream, the four scales
+ * in one load; the lanes, scales and float order of cb_dot4_q8_0_avx2 /
+ * cb_dot4_q4_0_avx2, so results are theirs bit for bit. */
+static inline __attribute__((always_inline)) void dot4_x4(const void *group, const cb_block_q8_0 *x, int n,
+                                                          float out[4], const void *next, int q4) {
+    const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
+    const int nb = n / CB_QK, lines = (int)((size_t)nb * 4 * block_bytes / 64), per = (lines + nb - 1) / nb;
+    const uint8_t *g = group;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+#endif
+    for (int b = 0; b < nb; b++) {
+        if (next) prefetch_share(next, b * per, b * per + per < lines ? b * per + per : lines);
+        const uint8_t *blk = g + (size_t)b * 4 * block_bytes;
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        const __m128 d = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)), _mm_set1_ps(_cvtsh_ss(x[b].d)));
+        __m256i ints[4];
+        if (q4) {
+            const __m256i off = q4_offset(xq);
+            for (int i = 0; i < 4; i++) ints[i] = dot_u8s8(off, q4_nibbles(blk + 8 + 16 * i), xq);
+        } else {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+            const __m256i minus_sum =
+                _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8s8(_mm256_setzero_si256(), bias, xq));
+            for (int i = 0; i < 4; i++)
+                ints[i] = dot_u8s8(minus_sum, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * i)),
+                                                               bias), xq);
+#else
+            for (int i = 0; i < 4; i++) ints[i] = dot_i8x32(_mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * i)), xq);
+#endif
+        }
+        acc0 = _mm256_fmadd_ps(lane(d, 0), _mm256_cvtepi32_ps(ints[0]), acc0);
+        acc1 = _mm256_fmadd_ps(lane(d, 1), _mm256_cvtepi32_ps(ints[1]), acc1);
+        acc2 = _mm256_fmadd_ps(lane(d, 2), _mm256_cvtepi32_ps(ints[2]), acc2);
+        acc3 = _mm256_fmadd_ps(lane(d, 3), _mm256_cvtepi32_ps(ints[3]), acc3);
+    }
+    out[0] = hsum256(acc0);
+    out[1] = hsum256(acc1);
+    out[2] = hsum256(acc2);
+    out[3] = hsum256(acc3);
+}
+
+void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    dot4_x4(group, x, n, out, next, 0);
+}
+
+void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    dot4_x4(group, x, n, out, next, 1);
+}
 
 /* One f16 or bf16 row over several tokens, four at a time: the row is
  * widened once per 16 elements for all four; per token the two accumulators,

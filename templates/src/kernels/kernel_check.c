@@ -312,6 +312,80 @@ static int check_attention_f16(const char *name, scores16_fn scores, mix16_fn mi
     return 0;
 }
 
+/* x4 groups (dims.h) built from four GGML rows: each family's x4 kernels
+ * give bit for bit what its row kernels give on the rows. */
+static cb_block_q8_0 plain8[4][96], xq8[19][96];
+static cb_block_q4_0 plain4[4][96];
+static uint8_t group8[96 * 4 * sizeof(cb_block_q8_0)], group4[96 * 4 * sizeof(cb_block_q4_0)];
+static float x4_wide[96 * CB_QK];
+
+static void interleave(const void *rows, size_t row_bytes, size_t block_bytes, int nb, uint8_t *group) {
+    const uint8_t *r = rows;
+    for (int b = 0; b < nb; b++) {
+        uint8_t *g = group + (size_t)b * 4 * block_bytes;
+        for (int i = 0; i < 4; i++) {
+            memcpy(g + 2 * i, r + i * row_bytes + b * block_bytes, 2);
+            memcpy(g + 8 + i * (block_bytes - 2), r + i * row_bytes + b * block_bytes + 2, block_bytes - 2);
+        }
+    }
+}
+
+static int check_x4(int *cases) {
+    for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
+        const int n = nb * CB_QK;
+        for (int r = 0; r < 4; r++) {
+            for (int i = 0; i < n; i++) x4_wide[i] = uniform() * (i % 7 == 0 ? 6.0f : 1.0f);
+            cb_quantize_row_q8_0(x4_wide, plain8[r], n);
+            cb_quantize_row_q4_0(x4_wide, plain4[r], n);
+        }
+        interleave(plain8, sizeof plain8[0], sizeof(cb_block_q8_0), nb, group8);
+        interleave(plain4, sizeof plain4[0], sizeof(cb_block_q4_0), nb, group4);
+        const cb_block_q8_0 *xs[19];
+        for (int t = 0; t < 19; t++) {
+            for (int i = 0; i < n; i++) x4_wide[i] = uniform();
+            cb_quantize_row_q8_0(x4_wide, xq8[t], n);
+            xs[t] = xq8[t];
+        }
+        for (int t = 0; t < 19; t++) {
+            float got[4], want[4];
+            cb_dot4_q8_0x4_scalar(group8, xq8[t], n, got);
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q8_0_scalar(plain8[i], xq8[t], n);
+            if (memcmp(got, want, sizeof got)) return printf("  q8_0x4 scalar blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
+            cb_dot4_q4_0x4_scalar(group4, xq8[t], n, got);
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q4_0_scalar(plain4[i], xq8[t], n);
+            if (memcmp(got, want, sizeof got)) return printf("  q4_0x4 scalar blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
+#ifdef cb_dot4_x4_q8_0
+            cb_dot4_x4_q8_0(group8, xq8[t], n, got, NULL);
+            cb_dot4_q8_0(plain8, sizeof plain8[0], xq8[t], n, want, NULL);
+            if (memcmp(got, want, sizeof got)) return printf("  q8_0x4 simd blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
+            cb_dot4_x4_q4_0(group4, xq8[t], n, got, NULL);
+            cb_dot4_q4_0(plain4, sizeof plain4[0], xq8[t], n, want, NULL);
+            if (memcmp(got, want, sizeof got)) return printf("  q4_0x4 simd blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
+#endif
+            *cases += 2;
+        }
+#ifdef cb_dot4_tokens_x4_q4_0
+        for (int n_tok = 1; n_tok <= 19; n_tok += 3) {
+            float got[19 * 4], want[4];
+            cb_dot4_tokens_x4_q4_0(group4, xs, n_tok, n, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q4_0(group4, xq8[t], n, want, NULL);
+                if (memcmp(got + 4 * t, want, sizeof want)) return printf("  q4_0x4 tokens blocks=%d t=%d\n", nb, t), 1;
+            }
+#ifdef cb_dot4_tokens_x4_q8_0
+            cb_dot4_tokens_x4_q8_0(group8, xs, n_tok, n, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q8_0(group8, xq8[t], n, want, NULL);
+                if (memcmp(got + 4 * t, want, sizeof want)) return printf("  q8_0x4 tokens blocks=%d t=%d\n", nb, t), 1;
+            }
+#endif
+            *cases += n_tok;
+        }
+#endif
+    }
+    return 0;
+}
+
 int main(void) {
     int failed = 0;
     const int n_families = (int)(sizeof families / sizeof families[0]);
@@ -359,6 +433,11 @@ int main(void) {
         failed |= bad;
     }
 #endif
+    {
+        int cases = 0, bad = check_x4(&cases);
+        printf("kernel-check x4 groups: %s (%d cases, bit for bit the row kernels)\n", bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
     printf("kernel-check: %d families, target %s, %s\n", n_families, CB_TARGET_NAME,
            failed ? "FAILED" : "all agree with scalar");
     return failed;

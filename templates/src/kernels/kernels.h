@@ -1,7 +1,8 @@
 /* Numeric kernels. Every SIMD kernel has a scalar reference beside it
  * (kernels/scalar.c, quants.c) that is compiled on every target and tested
  * against it; build_config.h picks the family the target file names.
- * Block formats are GGML's, so GGUF tensors can be used bit for bit. */
+ * Block formats are GGML's, so GGUF tensors can be used bit for bit (the x4
+ * types reorder four rows' blocks; dims.h). */
 #ifndef CB_KERNELS_H
 #define CB_KERNELS_H
 
@@ -49,6 +50,10 @@ float cb_dot_f16_scalar(const cb_half *w, const float *x, int n);
 float cb_dot_bf16_scalar(const uint16_t *w, const float *x, int n);
 float cb_dot_q8_0_scalar(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+/* The four rows of an x4 group (dims.h) . x: out[i] as the one-row kernel
+ * of the same family computes row i. */
+void cb_dot4_q8_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
+void cb_dot4_q4_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
 /* Top-k of values[n], highest first, ties to the lower index (router.h). */
 void cb_topk_scalar(const float *values, int n, int k, int32_t *ids);
 /* Attention of one head over n cached positions, rows `stride` floats apart:
@@ -76,6 +81,13 @@ void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
                        const void *next);
 #define cb_dot4_q8_0 cb_dot4_q8_0_avx2
+void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next);
+void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next);
+void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
+                                const void *next);
+#define cb_dot4_x4_q8_0 cb_dot4_q8_0x4_avx2
+#define cb_dot4_x4_q4_0 cb_dot4_q4_0x4_avx2
+#define cb_dot4_tokens_x4_q4_0 cb_dot4_tokens_q4_0x4_avx2
 /* Several tokens at once, each result bit for bit the one-token kernel's:
  * out[t * 4 + i] = row i . x[t] (four rows), out[t] = w . x[t] (one row). */
 void cb_dot4_tokens_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
@@ -85,6 +97,9 @@ void cb_dot4_tokens_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8
 void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
                               float *out, const void *next);
 #define cb_dot4_tokens_q8_0 cb_dot4_tokens_q8_0_avx2
+void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
+                                const void *next);
+#define cb_dot4_tokens_x4_q8_0 cb_dot4_tokens_q8_0x4_avx2
 #endif
 void cb_dot_f16_tokens_avx2(const cb_half *w, const float *const *x, int n_tok, int n, float *out);
 void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok, int n, float *out);
@@ -165,7 +180,7 @@ static inline void cb_prefetch_range(const void *p, size_t bytes) {
 
 /* 1 when W's kernel wants the activations quantized to q8_0 first. */
 static inline int cb_wants_q8_activations(const cb_tensor *W) {
-    return W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0;
+    return W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0 || W->dtype == CB_Q8_0X4 || W->dtype == CB_Q4_0X4;
 }
 
 /* The activation rows of a matmul: float32 rows x_stride floats apart and,

@@ -27,24 +27,37 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
 /* The multi-token kernels of the block types this target has. */
 static int has_tokens_kernel(uint32_t dtype) {
 #ifdef cb_dot4_tokens_q8_0
-    if (dtype == CB_Q8_0) return 1;
+    if (dtype == CB_Q8_0 || dtype == CB_Q8_0X4) return 1;
 #endif
 #ifdef cb_dot4_tokens_q4_0
-    if (dtype == CB_Q4_0) return 1;
+    if (dtype == CB_Q4_0 || dtype == CB_Q4_0X4) return 1;
 #endif
     (void)dtype;
     return 0;
 }
 
-#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
+#ifdef cb_dot4_q8_0
 static void dot4_tokens(uint32_t dtype, const void *rows, size_t row_bytes, const cb_block_q8_0 *const *xs, int tn,
                         int cols, float *d, const void *next) {
+    switch (dtype) {
 #ifdef cb_dot4_tokens_q8_0
-    if (dtype == CB_Q8_0) cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, next);
+    case CB_Q8_0: cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, next); break;
+    case CB_Q8_0X4: cb_dot4_tokens_x4_q8_0(rows, xs, tn, cols, d, next); break;
 #endif
-#ifdef cb_dot4_tokens_q4_0
-    if (dtype == CB_Q4_0) cb_dot4_tokens_q4_0(rows, row_bytes, xs, tn, cols, d, next);
-#endif
+    case CB_Q4_0: cb_dot4_tokens_q4_0(rows, row_bytes, xs, tn, cols, d, next); break;
+    case CB_Q4_0X4: cb_dot4_tokens_x4_q4_0(rows, xs, tn, cols, d, next); break;
+    }
+}
+
+/* Four rows (or an x4 group) . one token. */
+static void dot4(uint32_t dtype, const void *rows, size_t row_bytes, const cb_block_q8_0 *xq, int cols, float d[4],
+                 const void *next) {
+    switch (dtype) {
+    case CB_Q8_0: cb_dot4_q8_0(rows, row_bytes, xq, cols, d, next); break;
+    case CB_Q4_0: cb_dot4_q4_0(rows, row_bytes, xq, cols, d, next); break;
+    case CB_Q8_0X4: cb_dot4_x4_q8_0(rows, xq, cols, d, next); break;
+    case CB_Q4_0X4: cb_dot4_x4_q4_0(rows, xq, cols, d, next); break;
+    }
 }
 #endif
 
@@ -54,10 +67,12 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
     const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
     const uint8_t *w = W->data;
     int r = r0;
+    const int x4 = W->dtype == CB_Q8_0X4 || W->dtype == CB_Q4_0X4;
 #ifdef cb_dot4_q8_0
     /* Four rows at a time for the block types: the rows (a few KB) stay in
-     * L1 while every token passes over them. */
-    if (W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0) {
+     * L1 while every token passes over them. An x4 group of four rows
+     * starts where its first row would (the same bytes, reordered). */
+    if (W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0 || x4) {
         /* The kernel prefetches PREFETCH_ROWS ahead; start the first ones here. */
         const int ahead = r0 + PREFETCH_ROWS < (int)W->rows ? r0 + PREFETCH_ROWS : (int)W->rows;
         for (const uint8_t *p = w + (size_t)r0 * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64)
@@ -82,14 +97,28 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
             for (int t = 0; t < n_tok; t++) {
                 const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
                 float d[4];
-                if (W->dtype == CB_Q8_0) cb_dot4_q8_0(rows, row_bytes, xq, cols, d, t ? NULL : next);
-                else cb_dot4_q4_0(rows, row_bytes, xq, cols, d, t ? NULL : next);
+                dot4(W->dtype, rows, row_bytes, xq, cols, d, t ? NULL : next);
+                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
+                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
+            }
+        }
+    }
+#else
+    if (x4) { /* the reference kernels */
+        for (; r + 4 <= r1; r += 4) {
+            const void *group = w + (size_t)r * row_bytes;
+            for (int t = 0; t < n_tok; t++) {
+                const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
+                float d[4];
+                if (W->dtype == CB_Q8_0X4) cb_dot4_q8_0x4_scalar(group, xq, cols, d);
+                else cb_dot4_q4_0x4_scalar(group, xq, cols, d);
                 float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
                 for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
             }
         }
     }
 #endif
+    if (x4) return; /* x4 matrices have whole groups, and callers split rows by fours */
 #ifdef cb_dot_f16_tokens
     if (n_tok > 1 && (W->dtype == CB_F16 || W->dtype == CB_BF16)) {
         /* Each row widened once for a group of tokens. */

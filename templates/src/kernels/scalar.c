@@ -1,6 +1,7 @@
 /* Portable kernels: correct on every target, and the reference the SIMD
  * ones are tested against. */
 #include <math.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -52,6 +53,46 @@ float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) 
         s += (float)sum * (cb_half_to_float(w[b].d) * cb_half_to_float(x[b].d));
     }
     return s;
+}
+
+/* x4 groups (dims.h): block b of the group at b * 4 * block bytes, its four
+ * scales first, then row i's quants; each row summed as the one-row
+ * reference sums it. */
+void cb_dot4_q8_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
+    const uint8_t *g = group;
+    for (int i = 0; i < 4; i++) {
+        float s = 0;
+        for (int b = 0; b < n / CB_QK; b++) {
+            const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
+            const int8_t *qs = (const int8_t *)(blk + 8 + i * CB_QK);
+            cb_half d;
+            memcpy(&d, blk + 2 * i, sizeof d);
+            int sum = 0;
+            for (int j = 0; j < CB_QK; j++) sum += qs[j] * x[b].qs[j];
+            s += (float)sum * (cb_half_to_float(d) * cb_half_to_float(x[b].d));
+        }
+        out[i] = s;
+    }
+}
+
+void cb_dot4_q4_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
+    const uint8_t *g = group;
+    for (int i = 0; i < 4; i++) {
+        float s = 0;
+        for (int b = 0; b < n / CB_QK; b++) {
+            const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q4_0);
+            const uint8_t *qs = blk + 8 + i * (CB_QK / 2);
+            cb_half d;
+            memcpy(&d, blk + 2 * i, sizeof d);
+            int sum = 0;
+            for (int j = 0; j < CB_QK / 2; j++) {
+                sum += ((qs[j] & 0xF) - 8) * x[b].qs[j];
+                sum += ((qs[j] >> 4) - 8) * x[b].qs[j + CB_QK / 2];
+            }
+            s += (float)sum * (cb_half_to_float(d) * cb_half_to_float(x[b].d));
+        }
+        out[i] = s;
+    }
 }
 
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
