@@ -355,11 +355,20 @@ static int check_x4(int *cases) {
             for (int i = 0; i < 4; i++) want[i] = cb_dot_q4_0_scalar(plain4[i], xq8[t], n);
             if (memcmp(got, want, sizeof got)) return printf("  q4_0x4 scalar blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
 #ifdef cb_dot4_x4_q8_0
+            /* against the family's four-row kernels (AVX2) or row kernels (NEON) */
             cb_dot4_x4_q8_0(group8, xq8[t], n, got, NULL);
+#ifdef cb_dot4_q8_0
             cb_dot4_q8_0(plain8, sizeof plain8[0], xq8[t], n, want, NULL);
+#else
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q8_0(plain8[i], xq8[t], n);
+#endif
             if (memcmp(got, want, sizeof got)) return printf("  q8_0x4 simd blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
             cb_dot4_x4_q4_0(group4, xq8[t], n, got, NULL);
+#ifdef cb_dot4_q8_0
             cb_dot4_q4_0(plain4, sizeof plain4[0], xq8[t], n, want, NULL);
+#else
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q4_0(plain4[i], xq8[t], n);
+#endif
             if (memcmp(got, want, sizeof got)) return printf("  q4_0x4 simd blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
 #endif
             *cases += 2;

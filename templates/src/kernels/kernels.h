@@ -130,6 +130,11 @@ float cb_dot_f16_neon(const cb_half *w, const float *x, int n);
 float cb_dot_bf16_neon(const uint16_t *w, const float *x, int n);
 float cb_dot_q8_0_neon(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_neon(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+/* x4 groups, each row as the family's row kernel (SDOT with dotprod). */
+void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next);
+void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next);
+#define cb_dot4_x4_q8_0 cb_dot4_q8_0x4_neon
+#define cb_dot4_x4_q4_0 cb_dot4_q4_0x4_neon
 #endif
 #if CB_KERNELS_DOTPROD
 float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);

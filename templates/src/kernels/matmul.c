@@ -104,14 +104,19 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         }
     }
 #else
-    if (x4) { /* the reference kernels */
+    if (x4) { /* the family's x4 kernels (NEON), or the reference ones */
         for (; r + 4 <= r1; r += 4) {
             const void *group = w + (size_t)r * row_bytes;
             for (int t = 0; t < n_tok; t++) {
                 const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
                 float d[4];
+#ifdef cb_dot4_x4_q8_0
+                if (W->dtype == CB_Q8_0X4) cb_dot4_x4_q8_0(group, xq, cols, d, NULL);
+                else cb_dot4_x4_q4_0(group, xq, cols, d, NULL);
+#else
                 if (W->dtype == CB_Q8_0X4) cb_dot4_q8_0x4_scalar(group, xq, cols, d);
                 else cb_dot4_q4_0x4_scalar(group, xq, cols, d);
+#endif
                 float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
                 for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
             }

@@ -2,6 +2,7 @@
  * with the dot-product extension (armv8.2-a+dotprod) SDOT versions of the
  * integer ones. Reference: kernels/scalar.c. */
 #include <arm_neon.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -53,46 +54,76 @@ static inline void unpack_q4(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
     *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), eight);
 }
 
-float cb_dot_q8_0_neon(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) {
+/* One row's blocks, wherever they lie: scales block_stride bytes apart
+ * from d, quants from qs (a GGML row: 34 or 18 apart; an x4 group's row:
+ * 136 or 72). Row and x4 kernels share them, so they agree bit for bit. */
+static inline __attribute__((always_inline)) float dot_q8_0_at(const uint8_t *d, const uint8_t *qs,
+                                                               size_t block_stride, const cb_block_q8_0 *x, int n,
+                                                               int sdot) {
     float32x4_t acc = vdupq_n_f32(0);
-    for (int b = 0; b < n / CB_QK; b++) {
-        int32x4_t s = dot_i8x32(vld1q_s8(w[b].qs), vld1q_s8(w[b].qs + 16), vld1q_s8(x[b].qs), vld1q_s8(x[b].qs + 16));
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half(w[b].d) * half(x[b].d));
+    for (int b = 0; b < n / CB_QK; b++, d += block_stride, qs += block_stride) {
+        const int8x16_t w0 = vld1q_s8((const int8_t *)qs), w1 = vld1q_s8((const int8_t *)qs + 16);
+        int32x4_t s;
+#if CB_KERNELS_DOTPROD
+        if (sdot) s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, vld1q_s8(x[b].qs)), w1, vld1q_s8(x[b].qs + 16));
+        else
+#endif
+            s = dot_i8x32(w0, w1, vld1q_s8(x[b].qs), vld1q_s8(x[b].qs + 16));
+        cb_half h;
+        memcpy(&h, d, sizeof h);
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half(h) * half(x[b].d));
     }
+    (void)sdot;
     return vaddvq_f32(acc);
 }
 
-float cb_dot_q4_0_neon(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) {
+static inline __attribute__((always_inline)) float dot_q4_0_at(const uint8_t *d, const uint8_t *qs,
+                                                               size_t block_stride, const cb_block_q8_0 *x, int n,
+                                                               int sdot) {
     float32x4_t acc = vdupq_n_f32(0);
-    for (int b = 0; b < n / CB_QK; b++) {
+    for (int b = 0; b < n / CB_QK; b++, d += block_stride, qs += block_stride) {
         int8x16_t lo, hi;
-        unpack_q4(w[b].qs, &lo, &hi);
-        int32x4_t s = dot_i8x32(lo, hi, vld1q_s8(x[b].qs), vld1q_s8(x[b].qs + 16));
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half(w[b].d) * half(x[b].d));
+        unpack_q4(qs, &lo, &hi);
+        int32x4_t s;
+#if CB_KERNELS_DOTPROD
+        if (sdot) s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(x[b].qs)), hi, vld1q_s8(x[b].qs + 16));
+        else
+#endif
+            s = dot_i8x32(lo, hi, vld1q_s8(x[b].qs), vld1q_s8(x[b].qs + 16));
+        cb_half h;
+        memcpy(&h, d, sizeof h);
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half(h) * half(x[b].d));
     }
+    (void)sdot;
     return vaddvq_f32(acc);
 }
 
+#define ROW_Q8(w) (const uint8_t *)&(w)[0].d, (const uint8_t *)(w)[0].qs, sizeof(cb_block_q8_0)
+#define ROW_Q4(w) (const uint8_t *)&(w)[0].d, (w)[0].qs, sizeof(cb_block_q4_0)
+
+float cb_dot_q8_0_neon(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) { return dot_q8_0_at(ROW_Q8(w), x, n, 0); }
+float cb_dot_q4_0_neon(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) { return dot_q4_0_at(ROW_Q4(w), x, n, 0); }
 #if CB_KERNELS_DOTPROD
 float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) {
-    float32x4_t acc = vdupq_n_f32(0);
-    for (int b = 0; b < n / CB_QK; b++) {
-        int32x4_t s = vdotq_s32(vdupq_n_s32(0), vld1q_s8(w[b].qs), vld1q_s8(x[b].qs));
-        s = vdotq_s32(s, vld1q_s8(w[b].qs + 16), vld1q_s8(x[b].qs + 16));
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half(w[b].d) * half(x[b].d));
-    }
-    return vaddvq_f32(acc);
+    return dot_q8_0_at(ROW_Q8(w), x, n, 1);
+}
+float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) {
+    return dot_q4_0_at(ROW_Q4(w), x, n, 1);
+}
+#define SDOT 1
+#else
+#define SDOT 0
+#endif
+
+/* An x4 group (dims.h): row i's scales at 2i, its quants at 8 + i * quants. */
+void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    (void)next;
+    const uint8_t *g = group;
+    for (int i = 0; i < 4; i++) out[i] = dot_q8_0_at(g + 2 * i, g + 8 + 32 * i, 4 * sizeof(cb_block_q8_0), x, n, SDOT);
 }
 
-float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) {
-    float32x4_t acc = vdupq_n_f32(0);
-    for (int b = 0; b < n / CB_QK; b++) {
-        int8x16_t lo, hi;
-        unpack_q4(w[b].qs, &lo, &hi);
-        int32x4_t s = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(x[b].qs));
-        s = vdotq_s32(s, hi, vld1q_s8(x[b].qs + 16));
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half(w[b].d) * half(x[b].d));
-    }
-    return vaddvq_f32(acc);
+void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    (void)next;
+    const uint8_t *g = group;
+    for (int i = 0; i < 4; i++) out[i] = dot_q4_0_at(g + 2 * i, g + 8 + 16 * i, 4 * sizeof(cb_block_q4_0), x, n, SDOT);
 }
-#endif
