@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import weights
 from .weights import read_header
 
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
@@ -317,10 +318,19 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
     return res
 
 
+def current_layout(folder: Path) -> bool:
+    """False for a model written before matrices were stored x4: it would
+    still run, on the slower row kernels, and the figures would mislead."""
+    cfg = json.loads((folder / "model-config.json").read_text())
+    header = read_header(folder / cfg["weights"]["file"])
+    return all(weights.tensor_dtype(cfg, name, t.shape) == weights.DTYPE_NAMES[t.dtype]
+               for name, t in header["tensors"].items())
+
+
 def ensure_model(models_dir: Path, preset: str, dtype: str) -> Path:
     from .synth import synth
     folder = models_dir / f"{preset}-{dtype.replace('_', '')}"
-    if not (folder / "model-config.json").is_file():
+    if not (folder / "model-config.json").is_file() or not current_layout(folder):
         log(f"synthesising {folder} (seeded random weights; a minute or two)")
         synth(ARCH_OF[preset], preset, folder, seed=0, dtype=dtype)
     return folder
