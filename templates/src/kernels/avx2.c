@@ -454,29 +454,34 @@ void cb_axpy_avx2(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
-/* Eight positions at a time, each one FMA chain over the head (head_dim a
- * multiple of 8), then one reduction tree for all eight; a last partial
- * group repeats its last row, so every position sums the same way. */
-void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores) {
-    if (hd % 8) {
-        cb_attn_scores_scalar(q, k, stride, n, hd, scale, scores);
-        return;
-    }
+/* Attention of one head over a float or float16 cache (f16: each row
+ * widened by F16C as it is read). Scores: eight positions at a time, each
+ * one FMA chain over the head (head_dim a multiple of 8), then one
+ * reduction tree for all eight; a last partial group repeats its last row,
+ * so every position sums the same way. */
+static inline __m256 load8(const void *row, int j, int f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const cb_half *)row + j)))
+               : _mm256_loadu_ps((const float *)row + j);
+}
+
+static inline __attribute__((always_inline)) void attn_scores(const float *q, const void *k, size_t stride, int n,
+                                                              int hd, float scale, float *scores, int f16) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
     for (int p0 = 0; p0 < n; p0 += 8) {
-        const float *r[8];
-        for (int i = 0; i < 8; i++) r[i] = k + (size_t)(p0 + i < n ? p0 + i : n - 1) * stride;
+        const uint8_t *r[8];
+        for (int i = 0; i < 8; i++) r[i] = (const uint8_t *)k + (size_t)(p0 + i < n ? p0 + i : n - 1) * row_bytes;
         /* Named accumulators: an array of them would live on the stack. */
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         for (int j = 0; j < hd; j += 8) {
             const __m256 qj = _mm256_loadu_ps(q + j);
-            a0 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[0] + j), a0);
-            a1 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[1] + j), a1);
-            a2 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[2] + j), a2);
-            a3 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[3] + j), a3);
-            a4 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[4] + j), a4);
-            a5 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[5] + j), a5);
-            a6 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[6] + j), a6);
-            a7 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(r[7] + j), a7);
+            a0 = _mm256_fmadd_ps(qj, load8(r[0], j, f16), a0);
+            a1 = _mm256_fmadd_ps(qj, load8(r[1], j, f16), a1);
+            a2 = _mm256_fmadd_ps(qj, load8(r[2], j, f16), a2);
+            a3 = _mm256_fmadd_ps(qj, load8(r[3], j, f16), a3);
+            a4 = _mm256_fmadd_ps(qj, load8(r[4], j, f16), a4);
+            a5 = _mm256_fmadd_ps(qj, load8(r[5], j, f16), a5);
+            a6 = _mm256_fmadd_ps(qj, load8(r[6], j, f16), a6);
+            a7 = _mm256_fmadd_ps(qj, load8(r[7], j, f16), a7);
         }
         /* hadd pairs lanes within 128-bit halves: after two rounds each half
          * holds four positions' half-sums, which the last add joins. */
@@ -491,20 +496,18 @@ void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, i
 
 /* The output stays in registers, 32 floats at a time, across every
  * position: per element the same FMA chain as the scalar reference. */
-void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd) {
-    if (hd % 32) {
-        cb_attn_mix_scalar(out, w, v, stride, n, hd);
-        return;
-    }
+static inline __attribute__((always_inline)) void attn_mix(float *out, const float *w, const void *v, size_t stride,
+                                                           int n, int hd, int f16) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
     for (int j = 0; j < hd; j += 32) {
         __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
         for (int p = 0; p < n; p++) {
-            const float *row = v + (size_t)p * stride + j;
+            const uint8_t *row = (const uint8_t *)v + (size_t)p * row_bytes;
             const __m256 wp = _mm256_broadcast_ss(w + p);
-            o0 = _mm256_fmadd_ps(wp, _mm256_loadu_ps(row), o0);
-            o1 = _mm256_fmadd_ps(wp, _mm256_loadu_ps(row + 8), o1);
-            o2 = _mm256_fmadd_ps(wp, _mm256_loadu_ps(row + 16), o2);
-            o3 = _mm256_fmadd_ps(wp, _mm256_loadu_ps(row + 24), o3);
+            o0 = _mm256_fmadd_ps(wp, load8(row, j, f16), o0);
+            o1 = _mm256_fmadd_ps(wp, load8(row, j + 8, f16), o1);
+            o2 = _mm256_fmadd_ps(wp, load8(row, j + 16, f16), o2);
+            o3 = _mm256_fmadd_ps(wp, load8(row, j + 24, f16), o3);
         }
         _mm256_storeu_ps(out + j, o0);
         _mm256_storeu_ps(out + j + 8, o1);
@@ -513,59 +516,24 @@ void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride,
     }
 }
 
-/* The float16 cache: the same loops, each row widened by F16C as it is
- * read (so scores reduce as cb_attn_scores_avx2 does). */
-static inline __m256 half8(const cb_half *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores) {
+    if (hd % 8) cb_attn_scores_scalar(q, k, stride, n, hd, scale, scores);
+    else attn_scores(q, k, stride, n, hd, scale, scores, 0);
+}
+
+void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd) {
+    if (hd % 32) cb_attn_mix_scalar(out, w, v, stride, n, hd);
+    else attn_mix(out, w, v, stride, n, hd, 0);
+}
 
 void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores) {
-    if (hd % 8) {
-        cb_attn_scores_f16_scalar(q, k, stride, n, hd, scale, scores);
-        return;
-    }
-    for (int p0 = 0; p0 < n; p0 += 8) {
-        const cb_half *r[8];
-        for (int i = 0; i < 8; i++) r[i] = k + (size_t)(p0 + i < n ? p0 + i : n - 1) * stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int j = 0; j < hd; j += 8) {
-            const __m256 qj = _mm256_loadu_ps(q + j);
-            a0 = _mm256_fmadd_ps(qj, half8(r[0] + j), a0);
-            a1 = _mm256_fmadd_ps(qj, half8(r[1] + j), a1);
-            a2 = _mm256_fmadd_ps(qj, half8(r[2] + j), a2);
-            a3 = _mm256_fmadd_ps(qj, half8(r[3] + j), a3);
-            a4 = _mm256_fmadd_ps(qj, half8(r[4] + j), a4);
-            a5 = _mm256_fmadd_ps(qj, half8(r[5] + j), a5);
-            a6 = _mm256_fmadd_ps(qj, half8(r[6] + j), a6);
-            a7 = _mm256_fmadd_ps(qj, half8(r[7] + j), a7);
-        }
-        const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-        float out[8];
-        _mm256_storeu_ps(out, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
-        for (int i = 0; i < 8 && p0 + i < n; i++) scores[p0 + i] = out[i];
-    }
+    if (hd % 8) cb_attn_scores_f16_scalar(q, k, stride, n, hd, scale, scores);
+    else attn_scores(q, k, stride, n, hd, scale, scores, 1);
 }
 
 void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
-    if (hd % 32) {
-        cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
-        return;
-    }
-    for (int j = 0; j < hd; j += 32) {
-        __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
-        for (int p = 0; p < n; p++) {
-            const cb_half *row = v + (size_t)p * stride + j;
-            const __m256 wp = _mm256_broadcast_ss(w + p);
-            o0 = _mm256_fmadd_ps(wp, half8(row), o0);
-            o1 = _mm256_fmadd_ps(wp, half8(row + 8), o1);
-            o2 = _mm256_fmadd_ps(wp, half8(row + 16), o2);
-            o3 = _mm256_fmadd_ps(wp, half8(row + 24), o3);
-        }
-        _mm256_storeu_ps(out + j, o0);
-        _mm256_storeu_ps(out + j + 8, o1);
-        _mm256_storeu_ps(out + j + 16, o2);
-        _mm256_storeu_ps(out + j + 24, o3);
-    }
+    if (hd % 32) cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
+    else attn_mix(out, w, v, stride, n, hd, 1);
 }
 
 /* F16C rounds to nearest even like cb_float_to_half, subnormals included. */

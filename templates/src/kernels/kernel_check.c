@@ -157,39 +157,86 @@ static int check_typed(int f, int *cases, double *worst) {
     return 0;
 }
 
-/* Attention of one head over cached rows: scores within the dot tolerance of
- * the scalar ones, the same score for a position whatever n is, and the
- * weighted sum of V bit for bit (per element the same FMA chain). */
+/* Attention of one head over cached rows, float or float16: scores within
+ * the dot tolerance of the scalar ones and the same for a position whatever
+ * n is, the weighted sum of V bit for bit (per element the same FMA chain),
+ * and the float16 writer bit for bit cb_float_to_half (halves, ties,
+ * subnormals, overflow). */
 typedef void (*scores_fn)(const float *, const float *, size_t, int, int, float, float *);
 typedef void (*mix_fn)(float *, const float *, const float *, size_t, int, int);
+typedef void (*scores16_fn)(const float *, const cb_half *, size_t, int, int, float, float *);
+typedef void (*mix16_fn)(float *, const float *, const cb_half *, size_t, int, int);
+typedef void (*to_half_fn)(const float *, cb_half *, int);
+typedef struct {
+    const char *name;
+    scores_fn scores;
+    mix_fn mix;
+    scores16_fn scores16;
+    mix16_fn mix16;
+    to_half_fn to_half;
+} attn_family;
 #define ATTN_STRIDE 136
 #define ATTN_POS 40
 static float kv[ATTN_POS * ATTN_STRIDE], sc_ref[ATTN_POS], sc_got[ATTN_POS], sc_all[ATTN_POS], o_ref[128], o_got[128];
+static cb_half kv16[ATTN_POS * ATTN_STRIDE], conv_ref[64], conv_got[64];
 
-static int check_attention(const char *name, scores_fn scores, mix_fn mix, int *cases) {
-    for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform();
-    for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
-        for (int i = 0; i < hd; i++) a[i] = uniform();
-        scores(a, kv + 3, ATTN_STRIDE, ATTN_POS, hd, 0.125f, sc_all);
-        for (int n = 1; n <= ATTN_POS; n++) {
-            cb_attn_scores_scalar(a, kv + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
-            scores(a, kv + 3, ATTN_STRIDE, n, hd, 0.125f, sc_got);
-            for (int p = 0; p < n; p++) {
-                double mag = 0;
-                for (int j = 0; j < hd; j++) mag += fabs((double)a[j] * kv[3 + p * ATTN_STRIDE + j]) * 0.125;
-                if (fabs((double)sc_got[p] - sc_ref[p]) > 1e-5 * mag + 1e-30 || sc_got[p] != sc_all[p]) {
-                    printf("  %s attn_scores hd=%d n=%d p=%d: got %.9g (with n=%d: %.9g), reference %.9g\n", name, hd,
-                           n, p, sc_got[p], ATTN_POS, sc_all[p], sc_ref[p]);
-                    return 1;
-                }
-            }
-            cb_attn_mix_scalar(o_ref, sc_ref, kv + 5, ATTN_STRIDE, n, hd);
-            mix(o_got, sc_ref, kv + 5, ATTN_STRIDE, n, hd);
-            if (memcmp(o_ref, o_got, sizeof(float) * hd) != 0) {
-                printf("  %s attn_mix hd=%d n=%d: differs from the reference\n", name, hd, n);
+static float kv_at(int f16, int i) { return f16 ? cb_half_to_float(kv16[i]) : kv[i]; }
+
+static void scores_of(const attn_family *f, int f16, int n, int hd, float *out) {
+    if (!f) f16 ? cb_attn_scores_f16_scalar(a, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, out)
+                : cb_attn_scores_scalar(a, kv + 3, ATTN_STRIDE, n, hd, 0.125f, out);
+    else if (f16) f->scores16(a, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, out);
+    else f->scores(a, kv + 3, ATTN_STRIDE, n, hd, 0.125f, out);
+}
+
+static void mix_of(const attn_family *f, int f16, int n, int hd, float *out) {
+    if (!f) f16 ? cb_attn_mix_f16_scalar(out, sc_ref, kv16 + 5, ATTN_STRIDE, n, hd)
+                : cb_attn_mix_scalar(out, sc_ref, kv + 5, ATTN_STRIDE, n, hd);
+    else if (f16) f->mix16(out, sc_ref, kv16 + 5, ATTN_STRIDE, n, hd);
+    else f->mix(out, sc_ref, kv + 5, ATTN_STRIDE, n, hd);
+}
+
+static int check_attention(const attn_family *f, int *cases) {
+    static const float special[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e9f, 5.96e-8f, 2.98e-8f, 6.1e-5f, -3.0e-6f,
+                                    1.00048828125f, 1.00146484375f};
+    for (int n = 0; n <= 64; n++) {
+        for (int i = 0; i < n; i++) a[i] = i < 12 ? special[i] : uniform() * (float)(1 << (i % 20));
+        cb_f32_to_f16_scalar(a, conv_ref, n);
+        f->to_half(a, conv_got, n);
+        for (int i = 0; i < n; i++)
+            if (conv_ref[i] != cb_float_to_half(a[i]) || conv_got[i] != conv_ref[i]) {
+                printf("  %s f32_to_f16 %.9g: got 0x%04x, reference 0x%04x\n", f->name, a[i], conv_got[i],
+                       cb_float_to_half(a[i]));
                 return 1;
             }
-            *cases += 2;
+        *cases += n;
+    }
+    for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform(), kv16[i] = cb_float_to_half(kv[i]);
+    for (int f16 = 0; f16 < 2; f16++) {
+        const char *cache = f16 ? "f16" : "f32";
+        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
+            for (int i = 0; i < hd; i++) a[i] = uniform();
+            scores_of(f, f16, ATTN_POS, hd, sc_all);
+            for (int n = 1; n <= ATTN_POS; n++) {
+                scores_of(NULL, f16, n, hd, sc_ref);
+                scores_of(f, f16, n, hd, sc_got);
+                for (int p = 0; p < n; p++) {
+                    double mag = 0;
+                    for (int j = 0; j < hd; j++) mag += fabs((double)a[j] * kv_at(f16, 3 + p * ATTN_STRIDE + j)) * 0.125;
+                    if (fabs((double)sc_got[p] - sc_ref[p]) > 1e-5 * mag + 1e-30 || sc_got[p] != sc_all[p]) {
+                        printf("  %s attn_scores (%s cache) hd=%d n=%d p=%d: got %.9g (with n=%d: %.9g), reference %.9g\n",
+                               f->name, cache, hd, n, p, sc_got[p], ATTN_POS, sc_all[p], sc_ref[p]);
+                        return 1;
+                    }
+                }
+                mix_of(NULL, f16, n, hd, o_ref);
+                mix_of(f, f16, n, hd, o_got);
+                if (memcmp(o_ref, o_got, sizeof(float) * hd) != 0) {
+                    printf("  %s attn_mix (%s cache) hd=%d n=%d: differs from the reference\n", f->name, cache, hd, n);
+                    return 1;
+                }
+                *cases += 2;
+            }
         }
     }
     return 0;
@@ -417,15 +464,15 @@ int main(void) {
     }
     {
         int cases = 0, bad = 0;
+        static const attn_family attn[] = {
 #if CB_KERNELS_AVX2
-        bad |= check_attention("avx2", cb_attn_scores_avx2, cb_attn_mix_avx2, &cases);
+            {"avx2", cb_attn_scores_avx2, cb_attn_mix_avx2, cb_attn_scores_f16_avx2, cb_attn_mix_f16_avx2,
+             cb_f32_to_f16_avx2},
 #endif
-        bad |= check_attention("scalar", cb_attn_scores_scalar, cb_attn_mix_scalar, &cases);
-#if CB_KERNELS_AVX2
-        bad |= check_attention_f16("avx2", cb_attn_scores_f16_avx2, cb_attn_mix_f16_avx2, cb_f32_to_f16_avx2, &cases);
-#endif
-        bad |= check_attention_f16("scalar", cb_attn_scores_f16_scalar, cb_attn_mix_f16_scalar, cb_f32_to_f16_scalar,
-                                   &cases);
+            {"scalar", cb_attn_scores_scalar, cb_attn_mix_scalar, cb_attn_scores_f16_scalar, cb_attn_mix_f16_scalar,
+             cb_f32_to_f16_scalar},
+        };
+        for (int k = 0; k < (int)(sizeof attn / sizeof attn[0]); k++) bad |= check_attention(&attn[k], &cases);
         printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }

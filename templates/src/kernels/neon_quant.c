@@ -56,13 +56,15 @@ static inline void unpack_q4(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
 
 /* One row's blocks, wherever they lie: scales block_stride bytes apart
  * from d, quants from qs (a GGML row: 34 or 18 apart; an x4 group's row:
- * 136 or 72). Row and x4 kernels share them, so they agree bit for bit. */
-static inline __attribute__((always_inline)) float dot_q8_0_at(const uint8_t *d, const uint8_t *qs,
-                                                               size_t block_stride, const cb_block_q8_0 *x, int n,
-                                                               int sdot) {
+ * 136 or 72). Row and x4 kernels share it, so they agree bit for bit. */
+static inline __attribute__((always_inline)) float dot_row_at(const uint8_t *d, const uint8_t *qs,
+                                                              size_t block_stride, const cb_block_q8_0 *x, int n,
+                                                              int q4, int sdot) {
     float32x4_t acc = vdupq_n_f32(0);
     for (int b = 0; b < n / CB_QK; b++, d += block_stride, qs += block_stride) {
-        const int8x16_t w0 = vld1q_s8((const int8_t *)qs), w1 = vld1q_s8((const int8_t *)qs + 16);
+        int8x16_t w0, w1;
+        if (q4) unpack_q4(qs, &w0, &w1);
+        else w0 = vld1q_s8((const int8_t *)qs), w1 = vld1q_s8((const int8_t *)qs + 16);
         int32x4_t s;
 #if CB_KERNELS_DOTPROD
         if (sdot) s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, vld1q_s8(x[b].qs)), w1, vld1q_s8(x[b].qs + 16));
@@ -77,39 +79,14 @@ static inline __attribute__((always_inline)) float dot_q8_0_at(const uint8_t *d,
     return vaddvq_f32(acc);
 }
 
-static inline __attribute__((always_inline)) float dot_q4_0_at(const uint8_t *d, const uint8_t *qs,
-                                                               size_t block_stride, const cb_block_q8_0 *x, int n,
-                                                               int sdot) {
-    float32x4_t acc = vdupq_n_f32(0);
-    for (int b = 0; b < n / CB_QK; b++, d += block_stride, qs += block_stride) {
-        int8x16_t lo, hi;
-        unpack_q4(qs, &lo, &hi);
-        int32x4_t s;
-#if CB_KERNELS_DOTPROD
-        if (sdot) s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(x[b].qs)), hi, vld1q_s8(x[b].qs + 16));
-        else
-#endif
-            s = dot_i8x32(lo, hi, vld1q_s8(x[b].qs), vld1q_s8(x[b].qs + 16));
-        cb_half h;
-        memcpy(&h, d, sizeof h);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half(h) * half(x[b].d));
-    }
-    (void)sdot;
-    return vaddvq_f32(acc);
-}
+#define ROW_Q8(w) (const uint8_t *)&(w)[0].d, (const uint8_t *)(w)[0].qs, sizeof(cb_block_q8_0), x, n, 0
+#define ROW_Q4(w) (const uint8_t *)&(w)[0].d, (w)[0].qs, sizeof(cb_block_q4_0), x, n, 1
 
-#define ROW_Q8(w) (const uint8_t *)&(w)[0].d, (const uint8_t *)(w)[0].qs, sizeof(cb_block_q8_0)
-#define ROW_Q4(w) (const uint8_t *)&(w)[0].d, (w)[0].qs, sizeof(cb_block_q4_0)
-
-float cb_dot_q8_0_neon(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) { return dot_q8_0_at(ROW_Q8(w), x, n, 0); }
-float cb_dot_q4_0_neon(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) { return dot_q4_0_at(ROW_Q4(w), x, n, 0); }
+float cb_dot_q8_0_neon(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) { return dot_row_at(ROW_Q8(w), 0); }
+float cb_dot_q4_0_neon(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) { return dot_row_at(ROW_Q4(w), 0); }
 #if CB_KERNELS_DOTPROD
-float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) {
-    return dot_q8_0_at(ROW_Q8(w), x, n, 1);
-}
-float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) {
-    return dot_q4_0_at(ROW_Q4(w), x, n, 1);
-}
+float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) { return dot_row_at(ROW_Q8(w), 1); }
+float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) { return dot_row_at(ROW_Q4(w), 1); }
 #define SDOT 1
 #else
 #define SDOT 0
@@ -119,11 +96,11 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
     (void)next;
     const uint8_t *g = group;
-    for (int i = 0; i < 4; i++) out[i] = dot_q8_0_at(g + 2 * i, g + 8 + 32 * i, 4 * sizeof(cb_block_q8_0), x, n, SDOT);
+    for (int i = 0; i < 4; i++) out[i] = dot_row_at(g + 2 * i, g + 8 + 32 * i, 4 * sizeof(cb_block_q8_0), x, n, 0, SDOT);
 }
 
 void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
     (void)next;
     const uint8_t *g = group;
-    for (int i = 0; i < 4; i++) out[i] = dot_q4_0_at(g + 2 * i, g + 8 + 16 * i, 4 * sizeof(cb_block_q4_0), x, n, SDOT);
+    for (int i = 0; i < 4; i++) out[i] = dot_row_at(g + 2 * i, g + 8 + 16 * i, 4 * sizeof(cb_block_q4_0), x, n, 1, SDOT);
 }

@@ -58,41 +58,35 @@ float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) 
 /* x4 groups (dims.h): block b of the group at b * 4 * block bytes, its four
  * scales first, then row i's quants; each row summed as the one-row
  * reference sums it. */
-void cb_dot4_q8_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
-    const uint8_t *g = group;
+static void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n, float out[4], int q4) {
+    const size_t block = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0), quants = block - 2;
     for (int i = 0; i < 4; i++) {
         float s = 0;
         for (int b = 0; b < n / CB_QK; b++) {
-            const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
-            const int8_t *qs = (const int8_t *)(blk + 8 + i * CB_QK);
+            const uint8_t *blk = g + (size_t)b * 4 * block, *qs = blk + 8 + i * quants;
             cb_half d;
             memcpy(&d, blk + 2 * i, sizeof d);
             int sum = 0;
-            for (int j = 0; j < CB_QK; j++) sum += qs[j] * x[b].qs[j];
+            if (q4)
+                for (int j = 0; j < CB_QK / 2; j++) {
+                    sum += ((qs[j] & 0xF) - 8) * x[b].qs[j];
+                    sum += ((qs[j] >> 4) - 8) * x[b].qs[j + CB_QK / 2];
+                }
+            else /* int8 times int8, typed as in cb_dot_q8_0_scalar: GCC 12's AVX-512 VNNI
+                  * vectoriser gets a uint8_t cast to int8_t wrong (measured) */
+                for (int j = 0; j < CB_QK; j++) sum += ((const int8_t *)qs)[j] * x[b].qs[j];
             s += (float)sum * (cb_half_to_float(d) * cb_half_to_float(x[b].d));
         }
         out[i] = s;
     }
 }
 
+void cb_dot4_q8_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
+    dot4_x4(group, x, n, out, 0);
+}
+
 void cb_dot4_q4_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
-    const uint8_t *g = group;
-    for (int i = 0; i < 4; i++) {
-        float s = 0;
-        for (int b = 0; b < n / CB_QK; b++) {
-            const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q4_0);
-            const uint8_t *qs = blk + 8 + i * (CB_QK / 2);
-            cb_half d;
-            memcpy(&d, blk + 2 * i, sizeof d);
-            int sum = 0;
-            for (int j = 0; j < CB_QK / 2; j++) {
-                sum += ((qs[j] & 0xF) - 8) * x[b].qs[j];
-                sum += ((qs[j] >> 4) - 8) * x[b].qs[j + CB_QK / 2];
-            }
-            s += (float)sum * (cb_half_to_float(d) * cb_half_to_float(x[b].d));
-        }
-        out[i] = s;
-    }
+    dot4_x4(group, x, n, out, 1);
 }
 
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
