@@ -32,13 +32,19 @@ WINDOWS_SYSTEM_DLLS = {"kernel32.dll", "ntdll.dll", "msvcrt.dll", "ucrtbase.dll"
                        "user32.dll", "bcrypt.dll"}
 
 
-def runnable(name: str) -> targets.Target:
+def buildable(name: str, compiler: str | None = None) -> targets.Target:
     """The target, or a skip naming what to install (CI installs all of it)."""
     target = targets.get_target(name)
     try:
-        toolchain.find_compiler(target)
+        toolchain.find_compiler(target, compiler)
     except ToolchainError as exc:
         pytest.skip(f"{name}: {exc}")
+    return target
+
+
+def runnable(name: str) -> targets.Target:
+    """The target, or a skip naming what is missing to build or run it."""
+    target = buildable(name)
     why = target.why_not_runnable()
     if why:
         pytest.skip(f"{name} is built but cannot run here: {why}")
@@ -123,10 +129,7 @@ def test_cross_server_agrees_with_native(name, compiler, built, tiny_model, run_
     zig: --toolchain zig (clang and musl from the ziglang package)."""
     target = runnable(name)
     if compiler:
-        try:
-            toolchain.find_compiler(target, compiler)
-        except ToolchainError as exc:
-            pytest.skip(str(exc))
+        buildable(name, compiler)
     got = ask(target, built(name, compiler), tiny_model, run_env)
     want = native_reply
     assert got["colibri_trace"]["prompt_tokens"] == want["colibri_trace"]["prompt_tokens"]
@@ -149,11 +152,7 @@ def cpu_flags() -> set[str]:
                                   "linux-aarch64-dotprod"])
 def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny_model):
     """Compiled on every machine; run where the CPU (or an emulator) allows."""
-    target = targets.get_target(name)
-    try:
-        toolchain.find_compiler(target)
-    except ToolchainError as exc:
-        pytest.skip(f"{name}: {exc}")
+    target = buildable(name)
     built(name)
     build = build_dir_for(config.load(tiny_model), target, workdir / "build") / "build"
     subprocess.run([toolchain.ninja_exe(), "-C", str(build), "colibri-kernel-check"], check=True,
@@ -184,11 +183,7 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
 
 
 def test_windows_exe_imports_only_system_dlls(built):
-    target = targets.get_target("windows-x86-64-v3")
-    try:
-        toolchain.find_compiler(target)
-    except ToolchainError as exc:
-        pytest.skip(str(exc))
+    target = buildable("windows-x86-64-v3")
     objdump = shutil.which("x86_64-w64-mingw32-objdump") or shutil.which("objdump")
     exe = built(target.name) / "colibri-server.exe"
     dump = subprocess.run([objdump, "-p", str(exe)], capture_output=True, text=True, check=True).stdout
@@ -201,11 +196,7 @@ def test_windows_exe_imports_only_system_dlls(built):
 
 @pytest.mark.parametrize("name", ["windows-x86-64-v3", "linux-aarch64"])
 def test_cross_dist_folder(name, built):
-    target = targets.get_target(name)
-    try:
-        toolchain.find_compiler(target)
-    except ToolchainError as exc:
-        pytest.skip(str(exc))
+    target = buildable(name)
     dist = built(name)
     exe = dist / target.exe_name
     info = json.loads((dist / "build-info.json").read_text())
@@ -224,21 +215,14 @@ def test_cross_dist_folder(name, built):
 def test_windows_rebuild_is_byte_identical(workdir, tiny_model, built):
     """No link time stamp in the PE header."""
     name = "windows-x86-64-v3"
-    try:
-        toolchain.find_compiler(targets.get_target(name))
-    except ToolchainError as exc:
-        pytest.skip(str(exc))
+    buildable(name)
     again = build_server(workdir, tiny_model, name, tag="-cross-again")
     assert (again / "colibri-server.exe").read_bytes() == (built(name) / "colibri-server.exe").read_bytes()
 
 
 def test_macos_target_is_compiled_not_run(built):
     """zig cc cross-compiles for macOS (no SDK needed); nothing here can run it."""
-    target = targets.get_target("macos-arm64")
-    try:
-        toolchain.find_compiler(target)
-    except ToolchainError as exc:
-        pytest.skip(str(exc))
+    target = buildable("macos-arm64")
     assert "not run" in target.note and not target.runs_here()
     exe = built("macos-arm64") / "colibri-server"
     data = exe.read_bytes()

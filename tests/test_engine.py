@@ -73,8 +73,8 @@ def test_thread_count_does_not_change_results(tiny_model):
 
 def test_f16_kv_cache_halves_memory_and_stays_close(tiny_model, reference):
     """K and V rounded to float16 as they are cached: half the bytes, logits
-    within float16's rounding of the float32 cache's, prefill and single
-    steps still agreeing bit for bit."""
+    near the float32 reference but not equal to it, a token's numbers
+    independent of the batch it ran in."""
     f32, f16 = Engine(tiny_model), Engine(tiny_model, kv_cache="f16")
     assert f16.kv_cache_bytes * 2 == f32.kv_cache_bytes
     logits = f16.forward(PROMPT)

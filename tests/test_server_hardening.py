@@ -173,7 +173,7 @@ def test_api_key(server_exe, tiny_model):
         stop_checked(srv)
 
 
-def test_kv_cache_f16_serves_the_same_first_token(server_exe, tiny_model):
+def test_kv_cache_f16_halves_the_reserved_cache(server_exe, tiny_model):
     """--kv-cache f16 halves the reserved cache and answers; a bad value is
     refused at start with the flag, the value and what is expected."""
     body = {"prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 4, "temperature": 0, "ignore_eos": True}

@@ -23,8 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import weights
-from .weights import read_header
+from .weights import DTYPE_NAMES, read_header, tensor_dtype
 
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
 LLAMA_CPP = {"bench-olmoe": {"decode": 63, "prefill": 156, "ttft_ms": 139},
@@ -323,7 +322,7 @@ def current_layout(folder: Path) -> bool:
     still run, on the slower row kernels, and the figures would mislead."""
     cfg = json.loads((folder / "model-config.json").read_text())
     header = read_header(folder / cfg["weights"]["file"])
-    return all(weights.tensor_dtype(cfg, name, t.shape) == weights.DTYPE_NAMES[t.dtype]
+    return all(tensor_dtype(cfg, name, t.shape) == DTYPE_NAMES[t.dtype]
                for name, t in header["tensors"].items())
 
 

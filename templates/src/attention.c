@@ -15,15 +15,6 @@ typedef struct {
     int n, n_tasks;
 } attn_task;
 
-static void prefetch_head(const attn_task *t, int job) {
-    const cb_engine *e = t->e;
-    const cb_dims *d = CB_DIMS(e);
-    const int nh = (int)d->n_heads, i = job / nh, kvh = (job % nh) / (int)(d->n_heads / d->n_kv_heads);
-    const size_t bytes = (e->kv_f16 ? sizeof(cb_half) : sizeof(float)) * (size_t)(t->items[i].pos + 1) * d->head_dim;
-    cb_prefetch_range(cache_head(e, e->k_cache, t->items[i].slot, t->layer, kvh), bytes);
-    cb_prefetch_range(cache_head(e, e->v_cache, t->items[i].slot, t->layer, kvh), bytes);
-}
-
 /* A share of the (item, head) pairs: softmax(q k^T / sqrt(d)) v over
  * positions 0..pos. */
 static void attend_task(void *p, int task, int worker) {
@@ -36,11 +27,7 @@ static void attend_task(void *p, int task, int worker) {
     float *scores = e->scores + (size_t)worker * d->context_len;
     int begin, end;
     cb_split(t->n * nh, task, t->n_tasks, &begin, &end);
-    /* The cache was evicted by the layers' weights since this slot last
-     * attended: ask for each head's K and V whole, one head ahead. */
-    for (int job = begin; job < end && job <= begin + 1; job++) prefetch_head(t, job);
     for (int job = begin; job < end; job++) {
-        if (job + 2 < end) prefetch_head(t, job + 2);
         const int i = job / nh, h = job % nh, kvh = h / group; /* HF repeat_kv: contiguous groups */
         const cb_batch_item *it = &t->items[i];
         const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;

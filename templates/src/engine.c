@@ -101,9 +101,8 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(expert_seen, (size_t)d->n_layers * E);
     TAKE(rope_cos, ctx * hd / 2);
     TAKE(rope_sin, ctx * hd / 2);
-    const size_t kv_element = e->kv_f16 ? sizeof(cb_half) : sizeof(float);
-    TAKE(k_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim * kv_element);
-    TAKE(v_cache, (size_t)e->n_slots * d->n_layers * ctx * kv_dim * kv_element);
+    TAKE(k_cache, cb_engine_kv_bytes(e) / 2);
+    TAKE(v_cache, cb_engine_kv_bytes(e) / 2);
 #undef TAKE
     e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
 }
@@ -211,8 +210,7 @@ void cb_engine_close(cb_engine *e) {
 const cb_dims *cb_engine_dims(const cb_engine *e) { return CB_DIMS(e); }
 size_t cb_engine_kv_bytes(const cb_engine *e) {
     const cb_dims *d = CB_DIMS(e);
-    return 2 * (size_t)e->n_slots * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim *
-           (e->kv_f16 ? sizeof(cb_half) : sizeof(float));
+    return 2 * (size_t)e->n_slots * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim * kv_element(e);
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
 int cb_engine_max_batch(const cb_engine *e) { return e->max_batch; }

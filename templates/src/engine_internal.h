@@ -58,14 +58,15 @@ struct cb_engine {
     uint8_t *k_cache, *v_cache; /* [slots][L][nkv][context][d] elements */
 };
 
+static inline size_t kv_element(const cb_engine *e) { return e->kv_f16 ? sizeof(cb_half) : sizeof(float); }
+
 /* The cache of one KV head: [context][head_dim] elements (float or
  * cb_half), each head's positions contiguous, so attending streams them from
  * memory in order. */
 static inline void *cache_head(const cb_engine *e, uint8_t *cache, int slot, int layer, int kv_head) {
     const cb_dims *d = CB_DIMS(e);
-    const size_t element = e->kv_f16 ? sizeof(cb_half) : sizeof(float);
     return cache + (((size_t)slot * d->n_layers + layer) * d->n_kv_heads + kv_head) * d->context_len * d->head_dim *
-                       element;
+                       kv_element(e);
 }
 
 /* One FFN run over some of the batch's tokens: pairs [begin, begin+count)

@@ -146,7 +146,7 @@ static void run_units(cb_engine *e, int n_units, int n) {
     cb_threadpool_run(e->pool, down_task, &j, number_tasks(e, n_units, j.chunk, 1));
     j.chunk = cb_task_rows(e, H, 4);
     const int sum_tasks = (H + j.chunk - 1) / j.chunk;
-    if (n * n_units < 64) /* a few thousand adds: cheaper here than a dispatch */
+    if (n * n_units < 64) /* a few thousand adds: done here, not as a job */
         for (int t = 0; t < sum_tasks; t++) sum_task(&j, t, 0);
     else
         cb_threadpool_run(e->pool, sum_task, &j, sum_tasks);

@@ -98,6 +98,23 @@ def base_fields(hf: HFConfig, context_length: int | None) -> dict:
     }
 
 
+def softmax_router(hf: HFConfig) -> str:
+    """Softmax top-k, renormalised over the chosen experts only with norm_topk_prob."""
+    return "softmax_topk_renorm" if hf.get("norm_topk_prob", default=False) else "softmax_topk"
+
+
+def qwen_moe_fields(hf: HFConfig, n_layers: int) -> dict:
+    """What Qwen2-MoE and Qwen3-MoE configs say alike: the routed experts
+    and the dense layers (intermediate_size is the dense layers' MLP size:
+    read, so understood, even when no layer is dense)."""
+    experts = hf.get("num_experts", "num_local_experts", required=True)
+    dense = sparse_layers(hf, n_layers, experts)
+    dense_size = hf.get("intermediate_size", default=0)
+    return dict(experts=experts, top_k=hf.get("num_experts_per_tok", required=True),
+                expert_ffn_size=hf.get("moe_intermediate_size", required=True), router=softmax_router(hf),
+                dense_layers=dense, dense_ffn_size=dense_size if dense else 0)
+
+
 def sparse_layers(hf: HFConfig, n_layers: int, n_experts: int) -> list[int]:
     """Dense (MLP-only) layers of Qwen2/3-MoE: transformers' rule is MoE iff
     i not in mlp_only_layers and experts > 0 and (i + 1) % decoder_sparse_step == 0."""

@@ -2,7 +2,7 @@
 optional clip_qkv after the norms, softmax top-k (renormalised only with
 norm_topk_prob)."""
 
-from .common import HFConfig, base_fields
+from .common import HFConfig, base_fields, softmax_router
 
 
 def model_fields(hf: HFConfig, context_length: int | None) -> dict:
@@ -11,7 +11,7 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     fields.update(
         experts=hf.get("num_experts", required=True), top_k=hf.get("num_experts_per_tok", required=True),
         expert_ffn_size=hf.get("intermediate_size", required=True),
-        router="softmax_topk_renorm" if hf.get("norm_topk_prob", default=False) else "softmax_topk",
+        router=softmax_router(hf),
         attention={"qk_norm": "whole", "clip_qkv": hf.get("clip_qkv")},
     )
     return fields

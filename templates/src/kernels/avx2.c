@@ -31,36 +31,32 @@ float cb_dot_f32_avx2(const float *a, const float *b, int n) {
     return sum;
 }
 
-float cb_dot_f16_avx2(const cb_half *w, const float *x, int n) {
+/* 8 f16 or bf16 weights as floats: F16C, or bf16 as the top half of a
+ * float32 (widen, shift left 16). */
+static inline __attribute__((always_inline)) __m256 widen8(const uint16_t *w, int bf16) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)w);
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)) : _mm256_cvtph_ps(raw);
+}
+
+static inline float half_weight(uint16_t w, int bf16) { return bf16 ? cb_bf16_to_float(w) : cb_half_to_float(w); }
+
+/* Two accumulators (even and odd 8-lane chunks of each 16), one reduction,
+ * a scalar tail: the one-token kernel, and every token of the multi-token
+ * one below. */
+static inline __attribute__((always_inline)) float dot_half(const uint16_t *w, const float *x, int n, int bf16) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i)));
-        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8)));
-        acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc0);
-        acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), acc1);
+        acc0 = _mm256_fmadd_ps(widen8(w + i, bf16), _mm256_loadu_ps(x + i), acc0);
+        acc1 = _mm256_fmadd_ps(widen8(w + i + 8, bf16), _mm256_loadu_ps(x + i + 8), acc1);
     }
     float sum = hsum256(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) sum += cb_half_to_float(w[i]) * x[i];
+    for (; i < n; i++) sum += half_weight(w[i], bf16) * x[i];
     return sum;
 }
 
-float cb_dot_bf16_avx2(const uint16_t *w, const float *x, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        /* bf16 is the top half of a float32: widen and shift left 16. */
-        __m256i raw0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i)));
-        __m256i raw1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i + 8)));
-        __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw0, 16));
-        __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(raw1, 16));
-        acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc0);
-        acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), acc1);
-    }
-    float sum = hsum256(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) sum += cb_bf16_to_float(w[i]) * x[i];
-    return sum;
-}
+float cb_dot_f16_avx2(const cb_half *w, const float *x, int n) { return dot_half(w, x, n, 0); }
+float cb_dot_bf16_avx2(const uint16_t *w, const float *x, int n) { return dot_half(w, x, n, 1); }
 
 /* Sums of 32 int8 products in groups of four, as 8 int32 lanes: u is
  * unsigned (0..255), s signed. maddubs' pairwise int16 sums cannot saturate
@@ -367,14 +363,9 @@ void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float
 }
 
 /* One f16 or bf16 row over several tokens, four at a time: the row is
- * widened once per 16 elements for all four; per token the two accumulators,
- * reduction and tail of the one-token kernels, so results are theirs bit
+ * widened once per 16 elements for all four; per token the accumulators,
+ * reduction and tail of dot_half, so results are the one-token kernels' bit
  * for bit. */
-static inline __attribute__((always_inline)) __m256 widen8(const uint16_t *w, int bf16) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)w);
-    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)) : _mm256_cvtph_ps(raw);
-}
-
 static inline __attribute__((always_inline)) void dot_half_tokens(const uint16_t *w, const float *const *x,
                                                                   int n_tok, int n, float *out, int bf16) {
     int t = 0;
@@ -397,11 +388,11 @@ static inline __attribute__((always_inline)) void dot_half_tokens(const uint16_t
                         hsum256(_mm256_add_ps(a2, c2)), hsum256(_mm256_add_ps(a3, c3))};
         for (int k = 0; k < 4; k++) {
             for (int j = i; j < n; j++)
-                sum[k] += (bf16 ? cb_bf16_to_float(w[j]) : cb_half_to_float(w[j])) * x[t + k][j];
+                sum[k] += half_weight(w[j], bf16) * x[t + k][j];
             out[t + k] = sum[k];
         }
     }
-    for (; t < n_tok; t++) out[t] = bf16 ? cb_dot_bf16_avx2(w, x[t], n) : cb_dot_f16_avx2(w, x[t], n);
+    for (; t < n_tok; t++) out[t] = dot_half(w, x[t], n, bf16);
 }
 
 void cb_dot_f16_tokens_avx2(const cb_half *w, const float *const *x, int n_tok, int n, float *out) {

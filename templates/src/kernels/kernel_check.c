@@ -242,129 +242,17 @@ static int check_attention(const attn_family *f, int *cases) {
     return 0;
 }
 
-#ifdef cb_dot4_tokens_q4_0
-/* The multi-token kernels against the one-token ones, token by token: the
- * same bits, for token counts across their groups and widths across their
- * block chunks. */
-static cb_block_q8_0 rows8[4][96], toks[19][96];
+/* One case for the block kernels below: four rows (GGML rows, the same as
+ * an x4 group, the first also as f16/bf16 bits) and 19 tokens (float and
+ * q8_0), nb blocks wide. */
+#define CASE_TOKENS 19
+static cb_block_q8_0 rows8[4][96], toks[CASE_TOKENS][96];
 static cb_block_q4_0 rows4[4][96];
-static uint16_t half_row[96 * CB_QK];
-static float wide[96 * CB_QK], tok_f[19][96 * CB_QK];
-
-static int same(const char *what, int nb, int n_tok, int t, const float *got, const float *want, int n) {
-    if (memcmp(got, want, sizeof(float) * n) == 0) return 1;
-    printf("  %s blocks=%d tokens=%d token %d: got %.9g, one-token kernel %.9g\n", what, nb, n_tok, t, got[0], want[0]);
-    return 0;
-}
-
-static int check_tokens_kernels(int *cases) {
-    for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
-        const int n = nb * CB_QK;
-        for (int r = 0; r < 4; r++) {
-            for (int i = 0; i < n; i++) wide[i] = uniform() * (i % 5 == 0 ? 4.0f : 1.0f);
-            cb_quantize_row_q8_0(wide, rows8[r], n);
-            cb_quantize_row_q4_0(wide, rows4[r], n);
-            if (r == 0)
-                for (int i = 0; i < n; i++) half_row[i] = cb_float_to_half(wide[i]);
-        }
-        const cb_block_q8_0 *xs[19];
-        const float *xf[19];
-        for (int t = 0; t < 19; t++) {
-            for (int i = 0; i < n; i++) tok_f[t][i] = uniform();
-            cb_quantize_row_q8_0(tok_f[t], toks[t], n);
-            xs[t] = toks[t];
-            xf[t] = tok_f[t];
-        }
-        float got[19 * 4], want[4];
-        for (int n_tok = 1; n_tok <= 19; n_tok += 3) {
-            cb_dot4_tokens_q4_0(rows4, sizeof rows4[0], xs, n_tok, n, got, NULL);
-            for (int t = 0; t < n_tok; t++) {
-                cb_dot4_q4_0(rows4, sizeof rows4[0], toks[t], n, want, NULL);
-                if (!same("dot4_tokens_q4_0", nb, n_tok, t, got + 4 * t, want, 4)) return 1;
-            }
-#ifdef cb_dot4_tokens_q8_0
-            cb_dot4_tokens_q8_0(rows8, sizeof rows8[0], xs, n_tok, n, got, NULL);
-            for (int t = 0; t < n_tok; t++) {
-                cb_dot4_q8_0(rows8, sizeof rows8[0], toks[t], n, want, NULL);
-                if (!same("dot4_tokens_q8_0", nb, n_tok, t, got + 4 * t, want, 4)) return 1;
-            }
-#endif
-            /* f16 and bf16 rows of odd widths too: the scalar tail. */
-            const int m = n - (nb > 1 ? 5 : 0);
-            cb_dot_f16_tokens(half_row, xf, n_tok, m, got);
-            for (int t = 0; t < n_tok; t++) {
-                want[0] = cb_dot_f16(half_row, xf[t], m);
-                if (!same("dot_f16_tokens", nb, n_tok, t, got + t, want, 1)) return 1;
-            }
-            cb_dot_bf16_tokens(half_row, xf, n_tok, m, got);
-            for (int t = 0; t < n_tok; t++) {
-                want[0] = cb_dot_bf16(half_row, xf[t], m);
-                if (!same("dot_bf16_tokens", nb, n_tok, t, got + t, want, 1)) return 1;
-            }
-            *cases += 4 * n_tok;
-        }
-    }
-    return 0;
-}
-#endif
-
-/* The float16 cache's kernels: the writer bit for bit cb_float_to_half
- * (halves, ties, subnormals, overflow), scores within the dot tolerance and
- * position-independent, the weighted sum bit for bit the scalar one's. */
-typedef void (*scores16_fn)(const float *, const cb_half *, size_t, int, int, float, float *);
-typedef void (*mix16_fn)(float *, const float *, const cb_half *, size_t, int, int);
-typedef void (*to_half_fn)(const float *, cb_half *, int);
-static cb_half kv16[ATTN_POS * ATTN_STRIDE], conv_ref[64], conv_got[64];
-
-static int check_attention_f16(const char *name, scores16_fn scores, mix16_fn mix, to_half_fn to_half, int *cases) {
-    static const float special[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e9f, 5.96e-8f, 2.98e-8f, 6.1e-5f, -3.0e-6f,
-                                    1.00048828125f, 1.00146484375f};
-    for (int n = 0; n <= 64; n++) {
-        for (int i = 0; i < n; i++) a[i] = i < 12 ? special[i] : uniform() * (float)(1 << (i % 20));
-        cb_f32_to_f16_scalar(a, conv_ref, n);
-        to_half(a, conv_got, n);
-        for (int i = 0; i < n; i++)
-            if (conv_ref[i] != cb_float_to_half(a[i]) || conv_got[i] != conv_ref[i]) {
-                printf("  %s f32_to_f16 %.9g: got 0x%04x, reference 0x%04x\n", name, a[i], conv_got[i],
-                       cb_float_to_half(a[i]));
-                return 1;
-            }
-        *cases += n;
-    }
-    for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv16[i] = cb_float_to_half(uniform());
-    for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
-        for (int i = 0; i < hd; i++) a[i] = uniform();
-        scores(a, kv16 + 3, ATTN_STRIDE, ATTN_POS, hd, 0.125f, sc_all);
-        for (int n = 1; n <= ATTN_POS; n++) {
-            cb_attn_scores_f16_scalar(a, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
-            scores(a, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, sc_got);
-            for (int p = 0; p < n; p++) {
-                double mag = 0;
-                for (int j = 0; j < hd; j++) mag += fabs((double)a[j] * cb_half_to_float(kv16[3 + p * ATTN_STRIDE + j])) * 0.125;
-                if (fabs((double)sc_got[p] - sc_ref[p]) > 1e-5 * mag + 1e-30 || sc_got[p] != sc_all[p]) {
-                    printf("  %s attn_scores_f16 hd=%d n=%d p=%d: got %.9g, reference %.9g\n", name, hd, n, p,
-                           sc_got[p], sc_ref[p]);
-                    return 1;
-                }
-            }
-            cb_attn_mix_f16_scalar(o_ref, sc_ref, kv16 + 5, ATTN_STRIDE, n, hd);
-            mix(o_got, sc_ref, kv16 + 5, ATTN_STRIDE, n, hd);
-            if (memcmp(o_ref, o_got, sizeof(float) * hd) != 0) {
-                printf("  %s attn_mix_f16 hd=%d n=%d: differs from the reference\n", name, hd, n);
-                return 1;
-            }
-            *cases += 2;
-        }
-    }
-    return 0;
-}
-
-/* x4 groups (dims.h) built from four GGML rows: each family's x4 kernels
- * give bit for bit what its row kernels give on the rows. */
-static cb_block_q8_0 plain8[4][96], xq8[19][96];
-static cb_block_q4_0 plain4[4][96];
 static uint8_t group8[96 * 4 * sizeof(cb_block_q8_0)], group4[96 * 4 * sizeof(cb_block_q4_0)];
-static float x4_wide[96 * CB_QK];
+static uint16_t half_row[96 * CB_QK];
+static float wide[96 * CB_QK], tok_f[CASE_TOKENS][96 * CB_QK];
+static const cb_block_q8_0 *xs[CASE_TOKENS];
+static const float *xf[CASE_TOKENS];
 
 static void interleave(const void *rows, size_t row_bytes, size_t block_bytes, int nb, uint8_t *group) {
     const uint8_t *r = rows;
@@ -377,67 +265,114 @@ static void interleave(const void *rows, size_t row_bytes, size_t block_bytes, i
     }
 }
 
+static int fill_case(int nb) {
+    const int n = nb * CB_QK;
+    for (int r = 0; r < 4; r++) {
+        for (int i = 0; i < n; i++) wide[i] = uniform() * (i % 5 == 0 ? 4.0f : 1.0f);
+        cb_quantize_row_q8_0(wide, rows8[r], n);
+        cb_quantize_row_q4_0(wide, rows4[r], n);
+        if (r == 0)
+            for (int i = 0; i < n; i++) half_row[i] = cb_float_to_half(wide[i]);
+    }
+    interleave(rows8, sizeof rows8[0], sizeof(cb_block_q8_0), nb, group8);
+    interleave(rows4, sizeof rows4[0], sizeof(cb_block_q4_0), nb, group4);
+    for (int t = 0; t < CASE_TOKENS; t++) {
+        for (int i = 0; i < n; i++) tok_f[t][i] = uniform();
+        cb_quantize_row_q8_0(tok_f[t], toks[t], n);
+        xs[t] = toks[t];
+        xf[t] = tok_f[t];
+    }
+    return n;
+}
+
+static int same(const char *what, int nb, int t, const float *got, const float *want, int n) {
+    if (memcmp(got, want, sizeof(float) * n) == 0) return 1;
+    printf("  %s blocks=%d token %d: got %.9g, expected %.9g\n", what, nb, t, got[0], want[0]);
+    return 0;
+}
+
+#ifdef cb_dot4_tokens_q4_0
+/* The multi-token kernels against the one-token ones, token by token: the
+ * same bits, for token counts across their groups and widths across their
+ * block chunks. */
+static int check_tokens_kernels(int *cases) {
+    for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
+        const int n = fill_case(nb);
+        float got[CASE_TOKENS * 4], want[4];
+        for (int n_tok = 1; n_tok <= CASE_TOKENS; n_tok += 3) {
+            cb_dot4_tokens_q4_0(rows4, sizeof rows4[0], xs, n_tok, n, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_q4_0(rows4, sizeof rows4[0], toks[t], n, want, NULL);
+                if (!same("dot4_tokens_q4_0", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+            cb_dot4_tokens_x4_q4_0(group4, xs, n_tok, n, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q4_0(group4, toks[t], n, want, NULL);
+                if (!same("dot4_tokens_q4_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+#ifdef cb_dot4_tokens_q8_0
+            cb_dot4_tokens_q8_0(rows8, sizeof rows8[0], xs, n_tok, n, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_q8_0(rows8, sizeof rows8[0], toks[t], n, want, NULL);
+                if (!same("dot4_tokens_q8_0", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+            cb_dot4_tokens_x4_q8_0(group8, xs, n_tok, n, got, NULL);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q8_0(group8, toks[t], n, want, NULL);
+                if (!same("dot4_tokens_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+#endif
+            /* f16 and bf16 rows of odd widths too: the scalar tail. */
+            const int m = n - (nb > 1 ? 5 : 0);
+            cb_dot_f16_tokens(half_row, xf, n_tok, m, got);
+            for (int t = 0; t < n_tok; t++) {
+                want[0] = cb_dot_f16(half_row, xf[t], m);
+                if (!same("dot_f16_tokens", nb, t, got + t, want, 1)) return 1;
+            }
+            cb_dot_bf16_tokens(half_row, xf, n_tok, m, got);
+            for (int t = 0; t < n_tok; t++) {
+                want[0] = cb_dot_bf16(half_row, xf[t], m);
+                if (!same("dot_bf16_tokens", nb, t, got + t, want, 1)) return 1;
+            }
+            *cases += 4 * n_tok;
+        }
+    }
+    return 0;
+}
+#endif
+
+/* x4 groups (dims.h) built from four GGML rows: the reference x4 kernels and
+ * the family's give bit for bit what the row kernels give on the rows (the
+ * family's four-row kernels on AVX2, its row kernels on NEON). */
 static int check_x4(int *cases) {
     for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
-        const int n = nb * CB_QK;
-        for (int r = 0; r < 4; r++) {
-            for (int i = 0; i < n; i++) x4_wide[i] = uniform() * (i % 7 == 0 ? 6.0f : 1.0f);
-            cb_quantize_row_q8_0(x4_wide, plain8[r], n);
-            cb_quantize_row_q4_0(x4_wide, plain4[r], n);
-        }
-        interleave(plain8, sizeof plain8[0], sizeof(cb_block_q8_0), nb, group8);
-        interleave(plain4, sizeof plain4[0], sizeof(cb_block_q4_0), nb, group4);
-        const cb_block_q8_0 *xs[19];
-        for (int t = 0; t < 19; t++) {
-            for (int i = 0; i < n; i++) x4_wide[i] = uniform();
-            cb_quantize_row_q8_0(x4_wide, xq8[t], n);
-            xs[t] = xq8[t];
-        }
-        for (int t = 0; t < 19; t++) {
+        const int n = fill_case(nb);
+        for (int t = 0; t < CASE_TOKENS; t++) {
             float got[4], want[4];
-            cb_dot4_q8_0x4_scalar(group8, xq8[t], n, got);
-            for (int i = 0; i < 4; i++) want[i] = cb_dot_q8_0_scalar(plain8[i], xq8[t], n);
-            if (memcmp(got, want, sizeof got)) return printf("  q8_0x4 scalar blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
-            cb_dot4_q4_0x4_scalar(group4, xq8[t], n, got);
-            for (int i = 0; i < 4; i++) want[i] = cb_dot_q4_0_scalar(plain4[i], xq8[t], n);
-            if (memcmp(got, want, sizeof got)) return printf("  q4_0x4 scalar blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
+            cb_dot4_q8_0x4_scalar(group8, toks[t], n, got);
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q8_0_scalar(rows8[i], toks[t], n);
+            if (!same("q8_0x4 scalar", nb, t, got, want, 4)) return 1;
+            cb_dot4_q4_0x4_scalar(group4, toks[t], n, got);
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q4_0_scalar(rows4[i], toks[t], n);
+            if (!same("q4_0x4 scalar", nb, t, got, want, 4)) return 1;
 #ifdef cb_dot4_x4_q8_0
-            /* against the family's four-row kernels (AVX2) or row kernels (NEON) */
-            cb_dot4_x4_q8_0(group8, xq8[t], n, got, NULL);
+            cb_dot4_x4_q8_0(group8, toks[t], n, got, NULL);
 #ifdef cb_dot4_q8_0
-            cb_dot4_q8_0(plain8, sizeof plain8[0], xq8[t], n, want, NULL);
+            cb_dot4_q8_0(rows8, sizeof rows8[0], toks[t], n, want, NULL);
 #else
-            for (int i = 0; i < 4; i++) want[i] = cb_dot_q8_0(plain8[i], xq8[t], n);
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q8_0(rows8[i], toks[t], n);
 #endif
-            if (memcmp(got, want, sizeof got)) return printf("  q8_0x4 simd blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
-            cb_dot4_x4_q4_0(group4, xq8[t], n, got, NULL);
+            if (!same("q8_0x4", nb, t, got, want, 4)) return 1;
+            cb_dot4_x4_q4_0(group4, toks[t], n, got, NULL);
 #ifdef cb_dot4_q8_0
-            cb_dot4_q4_0(plain4, sizeof plain4[0], xq8[t], n, want, NULL);
+            cb_dot4_q4_0(rows4, sizeof rows4[0], toks[t], n, want, NULL);
 #else
-            for (int i = 0; i < 4; i++) want[i] = cb_dot_q4_0(plain4[i], xq8[t], n);
+            for (int i = 0; i < 4; i++) want[i] = cb_dot_q4_0(rows4[i], toks[t], n);
 #endif
-            if (memcmp(got, want, sizeof got)) return printf("  q4_0x4 simd blocks=%d: %.9g, rows %.9g\n", nb, got[0], want[0]), 1;
+            if (!same("q4_0x4", nb, t, got, want, 4)) return 1;
 #endif
             *cases += 2;
         }
-#ifdef cb_dot4_tokens_x4_q4_0
-        for (int n_tok = 1; n_tok <= 19; n_tok += 3) {
-            float got[19 * 4], want[4];
-            cb_dot4_tokens_x4_q4_0(group4, xs, n_tok, n, got, NULL);
-            for (int t = 0; t < n_tok; t++) {
-                cb_dot4_x4_q4_0(group4, xq8[t], n, want, NULL);
-                if (memcmp(got + 4 * t, want, sizeof want)) return printf("  q4_0x4 tokens blocks=%d t=%d\n", nb, t), 1;
-            }
-#ifdef cb_dot4_tokens_x4_q8_0
-            cb_dot4_tokens_x4_q8_0(group8, xs, n_tok, n, got, NULL);
-            for (int t = 0; t < n_tok; t++) {
-                cb_dot4_x4_q8_0(group8, xq8[t], n, want, NULL);
-                if (memcmp(got + 4 * t, want, sizeof want)) return printf("  q8_0x4 tokens blocks=%d t=%d\n", nb, t), 1;
-            }
-#endif
-            *cases += n_tok;
-        }
-#endif
     }
     return 0;
 }

@@ -177,11 +177,6 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
 
 static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
-/* Asks for every cache line of [p, p + bytes) at once, into L2: many
- * misses in flight instead of one short stream's worth at a time. */
-static inline void cb_prefetch_range(const void *p, size_t bytes) {
-    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 2);
-}
 
 /* 1 when W's kernel wants the activations quantized to q8_0 first. */
 static inline int cb_wants_q8_activations(const cb_tensor *W) {

@@ -24,6 +24,7 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
     return 0;
 }
 
+#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
 /* The multi-token kernels of the block types this target has. */
 static int has_tokens_kernel(uint32_t dtype) {
 #ifdef cb_dot4_tokens_q8_0
@@ -36,7 +37,6 @@ static int has_tokens_kernel(uint32_t dtype) {
     return 0;
 }
 
-#ifdef cb_dot4_q8_0
 static void dot4_tokens(uint32_t dtype, const void *rows, size_t row_bytes, const cb_block_q8_0 *const *xs, int tn,
                         int cols, float *d, const void *next) {
     switch (dtype) {
@@ -48,18 +48,36 @@ static void dot4_tokens(uint32_t dtype, const void *rows, size_t row_bytes, cons
     case CB_Q4_0X4: cb_dot4_tokens_x4_q4_0(rows, xs, tn, cols, d, next); break;
     }
 }
+#endif
+
+/* 1 when this target takes W four rows at a time: x4 groups always (the
+ * family's kernels or the reference ones), GGML rows where it has four-row
+ * kernels; the other rows go one at a time. */
+static int by_fours(uint32_t dtype) {
+#ifdef cb_dot4_q8_0
+    if (dtype == CB_Q8_0 || dtype == CB_Q4_0) return 1;
+#endif
+    return dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
+}
 
 /* Four rows (or an x4 group) . one token. */
 static void dot4(uint32_t dtype, const void *rows, size_t row_bytes, const cb_block_q8_0 *xq, int cols, float d[4],
                  const void *next) {
+    (void)row_bytes, (void)next;
     switch (dtype) {
+#ifdef cb_dot4_q8_0
     case CB_Q8_0: cb_dot4_q8_0(rows, row_bytes, xq, cols, d, next); break;
     case CB_Q4_0: cb_dot4_q4_0(rows, row_bytes, xq, cols, d, next); break;
+#endif
+#ifdef cb_dot4_x4_q8_0
     case CB_Q8_0X4: cb_dot4_x4_q8_0(rows, xq, cols, d, next); break;
     case CB_Q4_0X4: cb_dot4_x4_q4_0(rows, xq, cols, d, next); break;
+#else
+    case CB_Q8_0X4: cb_dot4_q8_0x4_scalar(rows, xq, cols, d); break;
+    case CB_Q4_0X4: cb_dot4_q4_0x4_scalar(rows, xq, cols, d); break;
+#endif
     }
 }
-#endif
 
 void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
                     float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
@@ -67,12 +85,11 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
     const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
     const uint8_t *w = W->data;
     int r = r0;
-    const int x4 = W->dtype == CB_Q8_0X4 || W->dtype == CB_Q4_0X4;
-#ifdef cb_dot4_q8_0
-    /* Four rows at a time for the block types: the rows (a few KB) stay in
-     * L1 while every token passes over them. An x4 group of four rows
-     * starts where its first row would (the same bytes, reordered). */
-    if (W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0 || x4) {
+    /* Four rows at a time: the rows (a few KB) stay in L1 while every token
+     * passes over them. An x4 group of four rows starts where its first row
+     * would (the same bytes, reordered); x4 matrices have whole groups and
+     * callers split rows by fours. */
+    if (by_fours(W->dtype)) {
         /* The kernel prefetches PREFETCH_ROWS ahead; start the first ones here. */
         const int ahead = r0 + PREFETCH_ROWS < (int)W->rows ? r0 + PREFETCH_ROWS : (int)W->rows;
         for (const uint8_t *p = w + (size_t)r0 * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64)
@@ -80,6 +97,7 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         for (; r + 4 <= r1; r += 4) {
             const void *rows = w + (size_t)r * row_bytes;
             const void *next = r + PREFETCH_ROWS + 4 <= (int)W->rows ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
+#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
             if (n_tok > 1 && has_tokens_kernel(W->dtype)) {
                 for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
                     const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
@@ -94,6 +112,7 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                 }
                 continue;
             }
+#endif
             for (int t = 0; t < n_tok; t++) {
                 const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
                 float d[4];
@@ -103,27 +122,6 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
             }
         }
     }
-#else
-    if (x4) { /* the family's x4 kernels (NEON), or the reference ones */
-        for (; r + 4 <= r1; r += 4) {
-            const void *group = w + (size_t)r * row_bytes;
-            for (int t = 0; t < n_tok; t++) {
-                const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
-                float d[4];
-#ifdef cb_dot4_x4_q8_0
-                if (W->dtype == CB_Q8_0X4) cb_dot4_x4_q8_0(group, xq, cols, d, NULL);
-                else cb_dot4_x4_q4_0(group, xq, cols, d, NULL);
-#else
-                if (W->dtype == CB_Q8_0X4) cb_dot4_q8_0x4_scalar(group, xq, cols, d);
-                else cb_dot4_q4_0x4_scalar(group, xq, cols, d);
-#endif
-                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
-                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
-            }
-        }
-    }
-#endif
-    if (x4) return; /* x4 matrices have whole groups, and callers split rows by fours */
 #ifdef cb_dot_f16_tokens
     if (n_tok > 1 && (W->dtype == CB_F16 || W->dtype == CB_BF16)) {
         /* Each row widened once for a group of tokens. */
