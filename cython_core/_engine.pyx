@@ -386,7 +386,7 @@ cdef extern from "kernels/kernels.h" nogil:
 cdef extern from "router.h" nogil:
     void cb_topk(const float *values, int n, int k, int32_t *ids)
 
-_DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
+_DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
 
 
 def _f32(x):
@@ -452,7 +452,8 @@ def dot(dtype, w_raw, x, bint scalar=False):
 def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
     """Y [tokens, rows] = W x for x [tokens, cols] through the engine's matrix
     kernel (rows r0..r1 only; the rest stay 0), activations quantized to q8_0
-    for the block types as the engine does."""
+    for the block types as the engine does. W may be x4 (q8_0x4, q4_0x4:
+    whole groups of four rows)."""
     x2 = np.atleast_2d(_f32(x))
     cdef const float[:, ::1] xv = x2
     cdef int n_tok = xv.shape[0], cols = xv.shape[1]
@@ -471,7 +472,7 @@ def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
     A.q = NULL
     A.q_stride = cols // 32
     cdef const unsigned char[::1] qv
-    if dtype in ("q8_0", "q4_0"):
+    if dtype in ("q8_0", "q4_0", "q8_0x4", "q4_0x4"):
         qv = np.concatenate([quantize(row, "q8_0") for row in x2])
         A.q = <const cb_block_q8_0 *>&qv[0]
     cb_matmul_tile(&W, r0, rows if r1 < 0 else r1, &A, NULL, n_tok, &ov[0, 0], rows, NULL, CB_SET, NULL)

@@ -94,6 +94,28 @@ def test_matrix_kernel_equals_the_row_kernel_bit_for_bit(dtype):
         np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, r0, r1)[:, r0:r1], y[:, r0:r1])
 
 
+@pytest.mark.parametrize("dtype", ["q8_0x4", "q4_0x4"])
+def test_x4_results_do_not_depend_on_token_count_or_row_split(dtype):
+    """x4 matrices: the engine runs a multi-token kernel or loops the
+    one-token one depending on how many tokens share the matrix; a token's
+    results must be the same bits either way (a batch's composition must not
+    change a request's output) and for any row split, and agree with the
+    same weights in GGML rows to float rounding."""
+    rows_n, cols = 16, 96
+    w = np.stack([rows(cols) for _ in range(rows_n)])
+    raw = np.frombuffer(quant.encode(w, dtype), np.uint8)
+    x = np.stack([rows(cols, 3.0) for _ in range(9)])
+    alone = np.stack([kernels.matmul(dtype, raw, rows_n, x[t])[0] for t in range(len(x))])
+    for n_tok in (2, 4, 5, 9):
+        np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x[:n_tok]), alone[:n_tok])
+    for r0, r1 in [(0, 4), (4, 16), (8, 12)]:
+        np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, r0, r1)[:, r0:r1], alone[:, r0:r1])
+    base = quant.base_dtype(dtype)
+    plain = kernels.matmul(base, np.frombuffer(quant.encode(w, base), np.uint8), rows_n, x)
+    np.testing.assert_allclose(alone, plain, rtol=1e-5, atol=1e-4)
+    assert not np.array_equal(alone, np.zeros_like(alone))
+
+
 def test_topk_matches_argsort_and_breaks_ties_by_lower_index():
     for n, k in [(8, 2), (64, 8), (60, 4), (128, 8), (3, 3)]:
         v = rows(n)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ModelError
 from .weights import DTYPE_NAMES, read_header, tensor_dtype
 
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
@@ -318,10 +319,14 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
 
 
 def current_layout(folder: Path) -> bool:
-    """False for a model written before matrices were stored x4: it would
-    still run, on the slower row kernels, and the figures would mislead."""
+    """False for a model written before matrices were stored in today's x4
+    layout: it would run on slower kernels (or be refused), and the figures
+    would mislead."""
     cfg = json.loads((folder / "model-config.json").read_text())
-    header = read_header(folder / cfg["weights"]["file"])
+    try:
+        header = read_header(folder / cfg["weights"]["file"])
+    except ModelError:  # e.g. an x4 layout since replaced
+        return False
     return all(tensor_dtype(cfg, name, t.shape) == DTYPE_NAMES[t.dtype]
                for name, t in header["tensors"].items())
 

@@ -10,10 +10,11 @@ QK = 32
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}
 # Matrices the engine multiplies are stored "x4": rows in groups of four,
-# block by block, the group's four fp16 scales first, then its four rows'
-# quants (136 bytes a q8_0 group-block, 72 a q4_0 one). The same bytes as
-# four GGML rows, reordered so that the kernels read one stream and load the
-# four scales at once.
+# block by block, the group's four fp16 scales first, then its quants: for
+# q8_0 every row's first 16 quants, then every row's last 16 (136 bytes a
+# group-block), for q4_0 each row's 16 bytes of nibbles (72). The same bytes
+# as four GGML rows, reordered so that the kernels read one stream, load four
+# scales at once and hold two rows' halves in one 256-bit vector (dims.h).
 X4 = {"q8_0x4": "q8_0", "q4_0x4": "q4_0"}
 
 
@@ -77,7 +78,10 @@ def interleave4(blocks: np.ndarray) -> np.ndarray:
     """[rows, nb, B] GGML blocks (rows a multiple of 4) -> the x4 bytes."""
     rows, nb, size = blocks.shape
     g = blocks.reshape(rows // 4, 4, nb, size).transpose(0, 2, 1, 3)  # [group, block, row, bytes]
-    return np.concatenate([g[..., :2].reshape(rows // 4, nb, 8), g[..., 2:].reshape(rows // 4, nb, 4 * (size - 2))],
+    quants = g[..., 2:]
+    if size == BLOCK_BYTES["q8_0"]:  # [group, block, half, row, 16]
+        quants = quants.reshape(rows // 4, nb, 4, 2, 16).transpose(0, 1, 3, 2, 4)
+    return np.concatenate([g[..., :2].reshape(rows // 4, nb, 8), quants.reshape(rows // 4, nb, 4 * (size - 2))],
                           axis=2)
 
 
@@ -86,7 +90,10 @@ def deinterleave4(raw: np.ndarray, size: int, rows: int) -> np.ndarray:
     g = raw.reshape(rows // 4, -1, 4 * size)
     nb = g.shape[1]
     scales = g[..., :8].reshape(rows // 4, nb, 4, 2)
-    quants = g[..., 8:].reshape(rows // 4, nb, 4, size - 2)
+    if size == BLOCK_BYTES["q8_0"]:
+        quants = g[..., 8:].reshape(rows // 4, nb, 2, 4, 16).transpose(0, 1, 3, 2, 4).reshape(rows // 4, nb, 4, 32)
+    else:
+        quants = g[..., 8:].reshape(rows // 4, nb, 4, size - 2)
     return np.concatenate([scales, quants], axis=3).transpose(0, 2, 1, 3).reshape(rows, nb, size)
 
 

@@ -26,7 +26,9 @@ NAME_BYTES = 48
 ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
 ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
-DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q8_0x4": 5, "q4_0x4": 6}
+DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
+# Ids no longer written or read (dims.h), with what to tell the user.
+RETIRED_DTYPE_IDS = {5: "q8_0x4 of an earlier layout"}
 DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
 TOKENIZER_IDS = {"none": 0, "bytes": 1, "bpe": 2, "spm": 3}  # enum cb_tokenizer_kind
 
@@ -216,6 +218,10 @@ def read_header(path: Path) -> dict:
     tensors = {}
     for i in range(n_tensors):
         name, dtype, ndim, *rest = TENSOR_ENTRY.unpack_from(table, i * TENSOR_ENTRY.size)
+        if dtype not in DTYPE_NAMES:
+            what = RETIRED_DTYPE_IDS.get(dtype, "unknown")
+            raise ModelError(f"{path}: tensor '{name.rstrip(bytes(1)).decode()}' has dtype id {dtype} ({what}); "
+                             f"re-convert the model with this colibri-build")
         shape, offset, nbytes = tuple(rest[:ndim]), rest[4], rest[5]
         tensors[name.rstrip(b"\0").decode()] = TensorEntry(name.rstrip(b"\0").decode(), dtype, shape, offset, nbytes)
     return {"version": vals[1], "alignment": vals[2], "header_bytes": header_bytes, "dims": dims,

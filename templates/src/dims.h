@@ -23,10 +23,18 @@ enum cb_qk_norm {
 };
 
 /* Q8_0X4 / Q4_0X4: the same blocks with rows in groups of four, block by
- * block, the group's four scales first, then its four rows' quants
- * (toolkit/quant.py); how the toolkit stores the matrices the engine
- * multiplies, so a kernel reads one stream and loads four scales at once. */
-enum cb_dtype { CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4, CB_Q8_0X4 = 5, CB_Q4_0X4 = 6 };
+ * block: the group's four fp16 scales, then its quants, so a kernel reads
+ * one stream, loads four scales at once and has two rows in a vector:
+ *   q8_0x4 (136 bytes a block): every row's elements 0..15, then every
+ *          row's elements 16..31 (16 bytes each, rows in order);
+ *   q4_0x4 (72 bytes a block): each row's 16 bytes of nibbles in turn.
+ * How the toolkit stores the matrices the engine multiplies
+ * (toolkit/quant.py). Id 5 was an earlier q8_0x4 that kept each row's 32
+ * quants together; files holding it are refused (re-convert). */
+enum cb_dtype {
+    CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4, CB_Q4_0X4 = 6, CB_Q8_0X4 = 7,
+    CB_DTYPE_COUNT = 8
+};
 
 typedef struct {
     uint32_t arch;          /* enum cb_arch (informational) */

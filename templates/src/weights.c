@@ -65,8 +65,10 @@ size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
 }
 
 static const char *dtype_name(uint32_t dtype) {
-    static const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q8_0x4", "q4_0x4"};
-    return dtype < 7 ? names[dtype] : "unknown";
+    static const char *names[CB_DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "q4_0",
+                                                "q8_0x4 of an earlier layout (re-convert the model)", "q4_0x4",
+                                                "q8_0x4"};
+    return dtype < CB_DTYPE_COUNT ? names[dtype] : "unknown";
 }
 
 typedef struct {

@@ -217,16 +217,12 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 #define TOKENS_AT_ONCE 8
 #define BLOCKS_AT_ONCE 64
 
-/* Where row i's quants of block b are: four rows row_bytes apart, or an x4
- * group (dims.h), whose block b holds the four scales, then the quants. */
-static inline const uint8_t *quants_at(const uint8_t *w, size_t row_bytes, int b, int i, size_t block_bytes, int x4) {
-    return x4 ? w + (size_t)b * 4 * block_bytes + 8 + (size_t)i * (block_bytes - 2)
-              : w + (size_t)i * row_bytes + (size_t)b * block_bytes + 2;
+/* Row i's quants and the four rows' scales of block b (GGML rows). */
+static inline const uint8_t *quants_at(const uint8_t *w, size_t row_bytes, int b, int i, size_t block_bytes) {
+    return w + (size_t)i * row_bytes + (size_t)b * block_bytes + 2;
 }
 
-/* The four rows' scales of block b: one load from an x4 group. */
-static inline __m128 scales_at(const uint8_t *w, size_t row_bytes, int b, size_t block_bytes, int x4) {
-    if (x4) return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(w + (size_t)b * 4 * block_bytes)));
+static inline __m128 scales_at(const uint8_t *w, size_t row_bytes, int b, size_t block_bytes) {
     cb_half d[4];
     for (int i = 0; i < 4; i++) memcpy(&d[i], w + (size_t)i * row_bytes + (size_t)b * block_bytes, sizeof d[i]);
     return _mm_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], 0, 0, 0, 0));
@@ -234,7 +230,7 @@ static inline __m128 scales_at(const uint8_t *w, size_t row_bytes, int b, size_t
 
 static inline __attribute__((always_inline)) void dot4_tokens(const void *w, size_t row_bytes,
                                                               const cb_block_q8_0 *const *x, int n_tok, int n,
-                                                              float *out, const void *next, int q4, int x4) {
+                                                              float *out, const void *next, int q4) {
     const int nb = n / CB_QK, lines = (int)(4 * row_bytes / 64);
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
     const uint8_t *base = w;
@@ -251,13 +247,13 @@ static inline __attribute__((always_inline)) void dot4_tokens(const void *w, siz
             for (int b = 0; b < bn; b++) {
                 if (next && t0 == 0) prefetch_share(next, (b0 + b) * lines / nb, (b0 + b + 1) * lines / nb);
                 for (int i = 0; i < 4; i++) {
-                    const uint8_t *qs = quants_at(base, row_bytes, b0 + b, i, block_bytes, x4);
+                    const uint8_t *qs = quants_at(base, row_bytes, b0 + b, i, block_bytes);
                     pre[b][i] = q4 ? q4_nibbles(qs)
                                    : _mm256_sub_epi32(_mm256_setzero_si256(),
                                                       dot_u8s8(_mm256_setzero_si256(), bias,
                                                                _mm256_loadu_si256((const __m256i *)qs)));
                 }
-                dw[b] = scales_at(base, row_bytes, b0 + b, block_bytes, x4);
+                dw[b] = scales_at(base, row_bytes, b0 + b, block_bytes);
             }
             for (int t = 0; t < tn; t++) {
                 const cb_block_q8_0 *xt = x[t0 + t] + b0;
@@ -272,7 +268,7 @@ static inline __attribute__((always_inline)) void dot4_tokens(const void *w, siz
                         _mm256_cvtepi32_ps(q4 ? dot_u8s8(off, pre[b][i], xq)                             \
                                               : dot_u8s8(pre[b][i], xu,                                  \
                                                          _mm256_loadu_si256((const __m256i *)quants_at( \
-                                                             base, row_bytes, b0 + b, i, block_bytes, x4)))), \
+                                                             base, row_bytes, b0 + b, i, block_bytes)))), \
                         a##i)
                     ROW(0);
                     ROW(1);
@@ -290,68 +286,112 @@ static inline __attribute__((always_inline)) void dot4_tokens(const void *w, siz
 
 void cb_dot4_tokens_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
                               float *out, const void *next) {
-    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 1, 0);
-}
-
-void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
-                                const void *next) {
-    dot4_tokens(group, (size_t)n / CB_QK * sizeof(cb_block_q4_0), x, n_tok, n, out, next, 1, 1);
+    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 1);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
 void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
                               float *out, const void *next) {
-    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 0, 0);
-}
-
-void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
-                                const void *next) {
-    dot4_tokens(group, (size_t)n / CB_QK * sizeof(cb_block_q8_0), x, n_tok, n, out, next, 0, 1);
+    dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 0);
 }
 #endif
 
-/* The four rows of an x4 group over one token: one stream, the four scales
- * in one load; the lanes, scales and float order of cb_dot4_q8_0_avx2 /
- * cb_dot4_q4_0_avx2, so results are theirs bit for bit. */
+/* x4 groups (dims.h) two rows to a vector: a 256-bit vector holds one
+ * 16-element half of a block for rows (0, 1) or (2, 3), so one dpbusd
+ * (maddubs + madd without VNNI) works on two rows against x's half, which is
+ * broadcast to both 128-bit lanes. A row's 32 products of a block end in its
+ * four int32 lanes (lane j: elements 4j..4j+3 and 16+4j..16+4j+3), are
+ * converted once and scaled with one fma: half the float work of a vector
+ * per row. Per row: acc[j] = fma(d_w * d_x, float(lane j), acc[j]) block by
+ * block, then (acc[0] + acc[1]) + (acc[2] + acc[3]); the x4 reference in
+ * kernels/scalar.c and the NEON kernels compute exactly this, so an x4 matrix
+ * gives the same bits on every target and with one token or many. */
+typedef struct {
+    __m256i lo01, lo23, hi01, hi23; /* signed q8_0 quants, or q4_0 nibbles 0..15 */
+} x4_halves;
+
+static inline x4_halves load_halves(const uint8_t *blk, int q4) {
+    x4_halves h;
+    if (q4) { /* rows' 16 bytes in a row: low nibbles elements 0..15, high 16..31 */
+        const __m256i m = _mm256_set1_epi8(0xF);
+        const __m256i r01 = _mm256_loadu_si256((const __m256i *)(blk + 8));
+        const __m256i r23 = _mm256_loadu_si256((const __m256i *)(blk + 40));
+        h.lo01 = _mm256_and_si256(r01, m), h.hi01 = _mm256_and_si256(_mm256_srli_epi16(r01, 4), m);
+        h.lo23 = _mm256_and_si256(r23, m), h.hi23 = _mm256_and_si256(_mm256_srli_epi16(r23, 4), m);
+    } else { /* the halves stored as the kernel wants them */
+        h.lo01 = _mm256_loadu_si256((const __m256i *)(blk + 8));
+        h.lo23 = _mm256_loadu_si256((const __m256i *)(blk + 40));
+        h.hi01 = _mm256_loadu_si256((const __m256i *)(blk + 72));
+        h.hi23 = _mm256_loadu_si256((const __m256i *)(blk + 104));
+    }
+    return h;
+}
+
+static inline __m256i half_of(const int8_t *qs) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+}
+
+/* -(k * v) in the four-element lanes over both halves: k = 8 and v = x
+ * (q4_0's offset), k = 128 and v = x (VNNI q8_0, w + 128 unsigned) or v = w
+ * (VNNI q8_0 tokens, x + 128 unsigned). */
+static inline __m256i minus_sums(__m256i lo, __m256i hi, char k) {
+    const __m256i kv = _mm256_set1_epi8(k);
+    return _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8s8(dot_u8s8(_mm256_setzero_si256(), kv, lo), kv, hi));
+}
+
+static inline __m256 pair_scales(__m256 d8, int pair) {
+    return _mm256_permutevar8x32_ps(d8, pair ? _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)
+                                             : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+/* The group's four fp16 scales as floats, twice: [d0 d1 d2 d3 d0 d1 d2 d3]. */
+static inline __m256 group_scales(const uint8_t *blk) {
+    long long four;
+    memcpy(&four, blk, sizeof four);
+    return _mm256_cvtph_ps(_mm_set1_epi64x(four));
+}
+
+static inline void store_rows(__m256 acc01, __m256 acc23, float *out) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc01, acc23), _mm256_hadd_ps(acc01, acc23));
+    /* h: row 0, row 2, row 0, row 2 | row 1, row 3, row 1, row 3 */
+    _mm_storeu_ps(out, _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#define X4_VNNI 1
+#else
+#define X4_VNNI 0
+#endif
+
+/* Two rows' lanes of one block: q4_0 nibbles from -8 sum(x); q8_0 with VNNI
+ * as w + 128 (w ^ 0x80, unsigned) from -128 sum(x); else signs moved. */
+static inline __m256i pair_ints(__m256i lo, __m256i hi, __m256i xlo, __m256i xhi, __m256i start, int q4) {
+    if (q4 || X4_VNNI) {
+        const __m256i bias = _mm256_set1_epi8(q4 ? 0 : (char)0x80);
+        return dot_u8s8(dot_u8s8(start, _mm256_xor_si256(lo, bias), xlo), _mm256_xor_si256(hi, bias), xhi);
+    }
+    return _mm256_add_epi32(dot_i8x32(lo, xlo), dot_i8x32(hi, xhi));
+}
+
 static inline __attribute__((always_inline)) void dot4_x4(const void *group, const cb_block_q8_0 *x, int n,
                                                           float out[4], const void *next, int q4) {
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
     const int nb = n / CB_QK, lines = (int)((size_t)nb * 4 * block_bytes / 64), per = (lines + nb - 1) / nb;
     const uint8_t *g = group;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-#endif
+    __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         if (next) prefetch_share(next, b * per, b * per + per < lines ? b * per + per : lines);
         const uint8_t *blk = g + (size_t)b * 4 * block_bytes;
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m128 d = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)), _mm_set1_ps(_cvtsh_ss(x[b].d)));
-        __m256i ints[4];
-        if (q4) {
-            const __m256i off = q4_offset(xq);
-            for (int i = 0; i < 4; i++) ints[i] = dot_u8s8(off, q4_nibbles(blk + 8 + 16 * i), xq);
-        } else {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-            const __m256i minus_sum =
-                _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8s8(_mm256_setzero_si256(), bias, xq));
-            for (int i = 0; i < 4; i++)
-                ints[i] = dot_u8s8(minus_sum, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * i)),
-                                                               bias), xq);
-#else
-            for (int i = 0; i < 4; i++) ints[i] = dot_i8x32(_mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * i)), xq);
-#endif
-        }
-        acc0 = _mm256_fmadd_ps(lane(d, 0), _mm256_cvtepi32_ps(ints[0]), acc0);
-        acc1 = _mm256_fmadd_ps(lane(d, 1), _mm256_cvtepi32_ps(ints[1]), acc1);
-        acc2 = _mm256_fmadd_ps(lane(d, 2), _mm256_cvtepi32_ps(ints[2]), acc2);
-        acc3 = _mm256_fmadd_ps(lane(d, 3), _mm256_cvtepi32_ps(ints[3]), acc3);
+        const __m256i xlo = half_of(x[b].qs), xhi = half_of(x[b].qs + 16);
+        const __m256i start = q4 || X4_VNNI ? minus_sums(xlo, xhi, q4 ? 8 : (char)0x80) : _mm256_setzero_si256();
+        const __m256 d8 = _mm256_mul_ps(group_scales(blk), _mm256_set1_ps(_cvtsh_ss(x[b].d)));
+        const x4_halves h = load_halves(blk, q4);
+        acc01 = _mm256_fmadd_ps(pair_scales(d8, 0), _mm256_cvtepi32_ps(pair_ints(h.lo01, h.hi01, xlo, xhi, start, q4)),
+                                acc01);
+        acc23 = _mm256_fmadd_ps(pair_scales(d8, 1), _mm256_cvtepi32_ps(pair_ints(h.lo23, h.hi23, xlo, xhi, start, q4)),
+                                acc23);
     }
-    out[0] = hsum256(acc0);
-    out[1] = hsum256(acc1);
-    out[2] = hsum256(acc2);
-    out[3] = hsum256(acc3);
+    store_rows(acc01, acc23, out);
 }
 
 void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
@@ -361,6 +401,83 @@ void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float
 void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
     dot4_x4(group, x, n, out, next, 1);
 }
+
+/* An x4 group over several tokens: per block the weights' part is worked out
+ * once for every token (q4_0 nibbles; q8_0 with VNNI: -128 sum(w), so that x
+ * + 128 is the unsigned operand, and the pairs' scales), and a token costs
+ * four integer dots, two conversions and two fmas a block. Same lanes and
+ * float order as dot4_x4. */
+/* What x4_tokens works out once per block for every token. */
+typedef struct {
+    x4_halves w;
+    __m256i start01, start23; /* q8_0: -128 sum(w) */
+    __m256 dw01, dw23;        /* the pairs' scales */
+} x4_block;
+
+static inline __attribute__((always_inline)) void x4_token_block(const x4_block *wb, const cb_block_q8_0 *xb,
+                                                                 __m256 *acc01, __m256 *acc23, int q4) {
+    const __m256i xlo = half_of(xb->qs), xhi = half_of(xb->qs + 16);
+    const __m256 dx = _mm256_set1_ps(_cvtsh_ss(xb->d));
+    __m256i i01, i23;
+    if (q4) {
+        const __m256i off = minus_sums(xlo, xhi, 8);
+        i01 = dot_u8s8(dot_u8s8(off, wb->w.lo01, xlo), wb->w.hi01, xhi);
+        i23 = dot_u8s8(dot_u8s8(off, wb->w.lo23, xlo), wb->w.hi23, xhi);
+    } else {
+        const __m256i bias = _mm256_set1_epi8((char)0x80);
+        const __m256i ulo = _mm256_xor_si256(xlo, bias), uhi = _mm256_xor_si256(xhi, bias);
+        i01 = dot_u8s8(dot_u8s8(wb->start01, ulo, wb->w.lo01), uhi, wb->w.hi01);
+        i23 = dot_u8s8(dot_u8s8(wb->start23, ulo, wb->w.lo23), uhi, wb->w.hi23);
+    }
+    *acc01 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw01, dx), _mm256_cvtepi32_ps(i01), *acc01);
+    *acc23 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw23, dx), _mm256_cvtepi32_ps(i23), *acc23);
+}
+
+static inline __attribute__((always_inline)) void x4_tokens(const void *group, const cb_block_q8_0 *const *x,
+                                                            int n_tok, int n, float *out, const void *next, int q4) {
+    const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
+    const int nb = n / CB_QK, lines = (int)((size_t)nb * 4 * block_bytes / 64);
+    const uint8_t *g = group;
+    x4_block pre[BLOCKS_AT_ONCE];
+    for (int t0 = 0; t0 < n_tok; t0 += TOKENS_AT_ONCE) {
+        const int tn = n_tok - t0 < TOKENS_AT_ONCE ? n_tok - t0 : TOKENS_AT_ONCE;
+        __m256 acc[TOKENS_AT_ONCE][2];
+        for (int t = 0; t < tn; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
+            const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
+            for (int b = 0; b < bn; b++) {
+                if (next && t0 == 0) prefetch_share(next, (b0 + b) * lines / nb, (b0 + b + 1) * lines / nb);
+                const uint8_t *blk = g + (size_t)(b0 + b) * 4 * block_bytes;
+                pre[b].w = load_halves(blk, q4);
+                if (!q4) {
+                    pre[b].start01 = minus_sums(pre[b].w.lo01, pre[b].w.hi01, (char)0x80);
+                    pre[b].start23 = minus_sums(pre[b].w.lo23, pre[b].w.hi23, (char)0x80);
+                }
+                const __m256 d8 = group_scales(blk);
+                pre[b].dw01 = pair_scales(d8, 0), pre[b].dw23 = pair_scales(d8, 1);
+            }
+            for (int t = 0; t < tn; t++) {
+                const cb_block_q8_0 *xt = x[t0 + t] + b0;
+                __m256 acc01 = acc[t][0], acc23 = acc[t][1];
+                for (int b = 0; b < bn; b++) x4_token_block(&pre[b], &xt[b], &acc01, &acc23, q4);
+                acc[t][0] = acc01, acc[t][1] = acc23;
+            }
+        }
+        for (int t = 0; t < tn; t++) store_rows(acc[t][0], acc[t][1], out + (size_t)(t0 + t) * 4);
+    }
+}
+
+void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
+                                const void *next) {
+    x4_tokens(group, x, n_tok, n, out, next, 1);
+}
+
+#if X4_VNNI
+void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
+                                const void *next) {
+    x4_tokens(group, x, n_tok, n, out, next, 0);
+}
+#endif
 
 /* One f16 or bf16 row over several tokens, four at a time: the row is
  * widened once per 16 elements for all four; per token the accumulators,

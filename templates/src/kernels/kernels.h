@@ -50,8 +50,8 @@ float cb_dot_f16_scalar(const cb_half *w, const float *x, int n);
 float cb_dot_bf16_scalar(const uint16_t *w, const float *x, int n);
 float cb_dot_q8_0_scalar(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
-/* The four rows of an x4 group (dims.h) . x: out[i] as the one-row kernel
- * of the same family computes row i. */
+/* The four rows of an x4 group (dims.h) . x, in the x4 arithmetic that
+ * every target's x4 kernels reproduce bit for bit (kernels/scalar.c). */
 void cb_dot4_q8_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
 void cb_dot4_q4_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
 /* Top-k of values[n], highest first, ties to the lower index (router.h). */

@@ -25,15 +25,22 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
 }
 
 #if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
-/* The multi-token kernels of the block types this target has. */
-static int has_tokens_kernel(uint32_t dtype) {
+/* 1 when a multi-token kernel of this target beats looping the one-token
+ * kernel over n_tok tokens (both give the same bits). The x4 one-token
+ * kernels are cheap enough that the loop wins at few tokens (per core from
+ * L2, q8_0x4 VNNI: 58 token-GB/s looped against 44 / 50 / 55 with the
+ * tokens kernel at 2 / 3 / 4 tokens, 60 / 59 at 6 / 8; q4_0x4: 30 / 29
+ * looped against 26 / 30 at 2 / 4, 34 against 30 at 8); a batch step's
+ * experts mostly see one to four tokens. */
+static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
+    const int x4 = dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
+    if (n_tok < (x4 ? 5 : 2)) return 0;
 #ifdef cb_dot4_tokens_q8_0
     if (dtype == CB_Q8_0 || dtype == CB_Q8_0X4) return 1;
 #endif
 #ifdef cb_dot4_tokens_q4_0
     if (dtype == CB_Q4_0 || dtype == CB_Q4_0X4) return 1;
 #endif
-    (void)dtype;
     return 0;
 }
 
@@ -98,7 +105,7 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
             const void *rows = w + (size_t)r * row_bytes;
             const void *next = r + PREFETCH_ROWS + 4 <= (int)W->rows ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
 #if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
-            if (n_tok > 1 && has_tokens_kernel(W->dtype)) {
+            if (tokens_kernel_pays(W->dtype, n_tok)) {
                 for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
                     const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
                     const cb_block_q8_0 *xs[TOKEN_GROUP];

@@ -54,9 +54,8 @@ static inline void unpack_q4(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
     *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), eight);
 }
 
-/* One row's blocks, wherever they lie: scales block_stride bytes apart
- * from d, quants from qs (a GGML row: 34 or 18 apart; an x4 group's row:
- * 136 or 72). Row and x4 kernels share it, so they agree bit for bit. */
+/* One GGML row's blocks: scales block_stride bytes apart from d, quants
+ * from qs. */
 static inline __attribute__((always_inline)) float dot_row_at(const uint8_t *d, const uint8_t *qs,
                                                               size_t block_stride, const cb_block_q8_0 *x, int n,
                                                               int q4, int sdot) {
@@ -87,20 +86,51 @@ float cb_dot_q4_0_neon(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) { 
 #if CB_KERNELS_DOTPROD
 float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n) { return dot_row_at(ROW_Q8(w), 1); }
 float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) { return dot_row_at(ROW_Q4(w), 1); }
-#define SDOT 1
-#else
-#define SDOT 0
 #endif
 
-/* An x4 group (dims.h): row i's scales at 2i, its quants at 8 + i * quants. */
+/* Lane j: elements 4j..4j+3 of w . x over 16 elements (what SDOT gives). */
+static inline int32x4_t lanes_i8x16(int8x16_t w, int8x16_t x) {
+    return vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x))), vpaddlq_s16(vmull_high_s8(w, x)));
+}
+
+/* An x4 group (dims.h) with the arithmetic of the x4 reference in
+ * kernels/scalar.c, so x4 matrices give the same bits on every target. */
+static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n,
+                                                          float out[4], int q4) {
+    const size_t block = 4 * (q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0));
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    for (int b = 0; b < n / CB_QK; b++, g += block) {
+        const int8x16_t xlo = vld1q_s8(x[b].qs), xhi = vld1q_s8(x[b].qs + 16);
+        const float32x4_t d = vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g))), half(x[b].d));
+        for (int i = 0; i < 4; i++) {
+            int8x16_t lo, hi;
+            if (q4) unpack_q4(g + 8 + 16 * i, &lo, &hi);
+            else lo = vld1q_s8((const int8_t *)g + 8 + 16 * i), hi = vld1q_s8((const int8_t *)g + 72 + 16 * i);
+#if CB_KERNELS_DOTPROD
+            const int32x4_t s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, xlo), hi, xhi);
+#else
+            const int32x4_t s = vaddq_s32(lanes_i8x16(lo, xlo), lanes_i8x16(hi, xhi));
+#endif
+            switch (i) { /* the lane index must be a constant */
+            case 0: acc[0] = vfmaq_laneq_f32(acc[0], vcvtq_f32_s32(s), d, 0); break;
+            case 1: acc[1] = vfmaq_laneq_f32(acc[1], vcvtq_f32_s32(s), d, 1); break;
+            case 2: acc[2] = vfmaq_laneq_f32(acc[2], vcvtq_f32_s32(s), d, 2); break;
+            default: acc[3] = vfmaq_laneq_f32(acc[3], vcvtq_f32_s32(s), d, 3); break;
+            }
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        const float32x4_t p = vpaddq_f32(acc[i], acc[i]); /* lane 0 + lane 1, lane 2 + lane 3 */
+        out[i] = vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
+    }
+}
+
 void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
     (void)next;
-    const uint8_t *g = group;
-    for (int i = 0; i < 4; i++) out[i] = dot_row_at(g + 2 * i, g + 8 + 32 * i, 4 * sizeof(cb_block_q8_0), x, n, 0, SDOT);
+    dot4_x4(group, x, n, out, 0);
 }
 
 void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
     (void)next;
-    const uint8_t *g = group;
-    for (int i = 0; i < 4; i++) out[i] = dot_row_at(g + 2 * i, g + 8 + 16 * i, 4 * sizeof(cb_block_q4_0), x, n, 1, SDOT);
+    dot4_x4(group, x, n, out, 1);
 }

@@ -55,29 +55,37 @@ float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) 
     return s;
 }
 
-/* x4 groups (dims.h): block b of the group at b * 4 * block bytes, its four
- * scales first, then row i's quants; each row summed as the one-row
- * reference sums it. */
+/* Element e of row i in block blk of an x4 group (dims.h): q8_0 stores
+ * 16-element halves (all rows' first halves, then their second halves),
+ * q4_0 each row's 16 bytes (element e < 16 the low nibble of byte e). */
+static inline int x4_weight(const uint8_t *blk, int i, int e, int q4) {
+    if (q4) return (e < 16 ? blk[8 + 16 * i + e] & 0xF : blk[8 + 16 * i + e - 16] >> 4) - 8;
+    /* typed int8_t: GCC 12's AVX-512 VNNI vectoriser gets a uint8_t cast to
+     * int8_t wrong (measured) */
+    return ((const int8_t *)blk)[8 + 64 * (e / 16) + 16 * i + e % 16];
+}
+
+/* The x4 arithmetic every target's x4 kernels reproduce bit for bit
+ * (kernels/avx2.c): per row four partial sums, lane j holding elements
+ * 4j..4j+3 and 16+4j..16+4j+3 of each block, each scaled by d_w * d_x with a
+ * fused multiply-add; then (lane 0 + lane 1) + (lane 2 + lane 3). */
 static void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n, float out[4], int q4) {
-    const size_t block = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0), quants = block - 2;
+    const size_t block = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
     for (int i = 0; i < 4; i++) {
-        float s = 0;
+        float acc[4] = {0, 0, 0, 0};
         for (int b = 0; b < n / CB_QK; b++) {
-            const uint8_t *blk = g + (size_t)b * 4 * block, *qs = blk + 8 + i * quants;
-            cb_half d;
-            memcpy(&d, blk + 2 * i, sizeof d);
-            int sum = 0;
-            if (q4)
-                for (int j = 0; j < CB_QK / 2; j++) {
-                    sum += ((qs[j] & 0xF) - 8) * x[b].qs[j];
-                    sum += ((qs[j] >> 4) - 8) * x[b].qs[j + CB_QK / 2];
-                }
-            else /* int8 times int8, typed as in cb_dot_q8_0_scalar: GCC 12's AVX-512 VNNI
-                  * vectoriser gets a uint8_t cast to int8_t wrong (measured) */
-                for (int j = 0; j < CB_QK; j++) sum += ((const int8_t *)qs)[j] * x[b].qs[j];
-            s += (float)sum * (cb_half_to_float(d) * cb_half_to_float(x[b].d));
+            const uint8_t *blk = g + (size_t)b * 4 * block;
+            cb_half dw;
+            memcpy(&dw, blk + 2 * i, sizeof dw);
+            const float d = cb_half_to_float(dw) * cb_half_to_float(x[b].d);
+            for (int j = 0; j < 4; j++) {
+                int sum = 0;
+                for (int e = 4 * j; e < 4 * j + 4; e++)
+                    sum += x4_weight(blk, i, e, q4) * x[b].qs[e] + x4_weight(blk, i, e + 16, q4) * x[b].qs[e + 16];
+                acc[j] = fmaf(d, (float)sum, acc[j]);
+            }
         }
-        out[i] = s;
+        out[i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 }
 
