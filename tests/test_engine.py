@@ -124,3 +124,25 @@ def test_truncated_weights_are_refused(tmp_path, tiny_model):
     (tmp_path / "weights.cbw").write_bytes(data[: len(data) // 2])
     with pytest.raises(RuntimeError, match="outside the file"):
         Engine(tmp_path)
+
+
+def test_weights_of_an_earlier_x4_layout_are_refused(tmp_path):
+    """q8_0x4 once kept each row's quants whole (dtype id 5); such a file
+    must be refused with a clear message, not multiplied in the new layout."""
+    from colibri_build.errors import ModelError
+    from colibri_build.synth import synth
+    from colibri_build.weights import DTYPE_IDS, HEADER, NAME_BYTES, TENSOR_ENTRY, _round_up, read_header
+    folder = synth("mixtral", "tiny", tmp_path / "m", seed=3, dtype="q8_0")
+    path = folder / "weights.cbw"
+    tensors = read_header(path)["tensors"]
+    index = next(i for i, t in enumerate(tensors.values()) if t.dtype == DTYPE_IDS["q8_0x4"])
+    name = list(tensors)[index]
+    data = bytearray(path.read_bytes())
+    at = _round_up(HEADER.size, 8) + index * TENSOR_ENTRY.size + NAME_BYTES
+    assert int.from_bytes(data[at:at + 4], "little") == DTYPE_IDS["q8_0x4"]
+    data[at:at + 4] = (5).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match=f"'{name}' has dtype id 5 .*re-convert"):
+        read_header(path)
+    with pytest.raises(RuntimeError, match=f"'{name}'.*earlier layout.*re-convert"):
+        Engine(folder)
