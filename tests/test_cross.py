@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -180,6 +181,23 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
         assert "kernel-check tokens kernels: ok" in done.stdout, done.stdout
     if name == "native" and native and ({"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags):
         assert "(q8_0, q4_0, f16, bf16;" in done.stdout, done.stdout
+
+
+def test_kernel_bench_prints_every_case(built, workdir, tiny_model):
+    """colibri-kernel-bench (figures for the README, not a timed test): every
+    weight type from L2 with 1-8 tokens and from memory, positive GB/s."""
+    target = buildable("native")
+    built("native")
+    build = build_dir_for(config.load(tiny_model), target, workdir / "build") / "build"
+    subprocess.run([toolchain.ninja_exe(), "-C", str(build), "colibri-kernel-bench"], check=True, capture_output=True)
+    done = subprocess.run([str(build / "colibri-kernel-bench"), "--quick"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for dtype in ("q8_0x4", "q4_0x4", "q8_0", "q4_0", "f16"):
+        hot = re.search(rf"kernel-bench {dtype} +from L2:(.*)", done.stdout)
+        assert hot and len(re.findall(r"(\d+\.\d) GB/s", hot.group(1))) == 4, done.stdout
+        assert all(float(v) > 0 for v in re.findall(r"(\d+\.\d) GB/s", hot.group(1)))
+        cold = re.search(rf"kernel-bench {dtype} +from memory: 1 token +(\d+\.\d) GB/s", done.stdout)
+        assert cold and float(cold.group(1)) > 0, done.stdout
 
 
 def test_windows_exe_imports_only_system_dlls(built):

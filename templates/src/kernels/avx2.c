@@ -58,6 +58,13 @@ static inline __attribute__((always_inline)) float dot_half(const uint16_t *w, c
 float cb_dot_f16_avx2(const cb_half *w, const float *x, int n) { return dot_half(w, x, n, 0); }
 float cb_dot_bf16_avx2(const uint16_t *w, const float *x, int n) { return dot_half(w, x, n, 1); }
 
+/* 256-bit dpbusd: AVX-512 VNNI (with VL) or AVX-VNNI. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#define VNNI 1
+#else
+#define VNNI 0
+#endif
+
 /* Sums of 32 int8 products in groups of four, as 8 int32 lanes: u is
  * unsigned (0..255), s signed. maddubs' pairwise int16 sums cannot saturate
  * here (|u| <= 128, |s| <= 127). With AVX-512 VNNI (or AVX-VNNI) one
@@ -146,7 +153,7 @@ void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
     const cb_block_q8_0 *w3 = (const void *)((const uint8_t *)w + 3 * row_bytes);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#if VNNI
     /* With VNNI, w ^ 0x80 = w + 128 is unsigned: dpbusd from -128 sum(x)
      * (once per block for the four rows) gives w . x in the lanes of
      * dot_i8x32 with one operation per row fewer than moving signs. */
@@ -158,7 +165,7 @@ void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
     for (int b = 0; b < n / CB_QK; b++) {
         if (next) prefetch_share(next, b * per, b * per + per < lines ? b * per + per : lines);
         const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#if VNNI
         const __m256i minus_sum = _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8s8(_mm256_setzero_si256(), bias, xq));
 #endif
         const __m128 d = scales4(w0[b].d, w1[b].d, w2[b].d, w3[b].d, x[b].d);
@@ -289,7 +296,7 @@ void cb_dot4_tokens_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8
     dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 1);
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#if VNNI
 void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *const *x, int n_tok, int n,
                               float *out, const void *next) {
     dot4_tokens(w, row_bytes, x, n_tok, n, out, next, 0);
@@ -357,16 +364,10 @@ static inline void store_rows(__m256 acc01, __m256 acc23, float *out) {
     _mm_storeu_ps(out, _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-#define X4_VNNI 1
-#else
-#define X4_VNNI 0
-#endif
-
 /* Two rows' lanes of one block: q4_0 nibbles from -8 sum(x); q8_0 with VNNI
  * as w + 128 (w ^ 0x80, unsigned) from -128 sum(x); else signs moved. */
 static inline __m256i pair_ints(__m256i lo, __m256i hi, __m256i xlo, __m256i xhi, __m256i start, int q4) {
-    if (q4 || X4_VNNI) {
+    if (q4 || VNNI) {
         const __m256i bias = _mm256_set1_epi8(q4 ? 0 : (char)0x80);
         return dot_u8s8(dot_u8s8(start, _mm256_xor_si256(lo, bias), xlo), _mm256_xor_si256(hi, bias), xhi);
     }
@@ -383,7 +384,7 @@ static inline __attribute__((always_inline)) void dot4_x4(const void *group, con
         if (next) prefetch_share(next, b * per, b * per + per < lines ? b * per + per : lines);
         const uint8_t *blk = g + (size_t)b * 4 * block_bytes;
         const __m256i xlo = half_of(x[b].qs), xhi = half_of(x[b].qs + 16);
-        const __m256i start = q4 || X4_VNNI ? minus_sums(xlo, xhi, q4 ? 8 : (char)0x80) : _mm256_setzero_si256();
+        const __m256i start = q4 || VNNI ? minus_sums(xlo, xhi, q4 ? 8 : (char)0x80) : _mm256_setzero_si256();
         const __m256 d8 = _mm256_mul_ps(group_scales(blk), _mm256_set1_ps(_cvtsh_ss(x[b].d)));
         const x4_halves h = load_halves(blk, q4);
         acc01 = _mm256_fmadd_ps(pair_scales(d8, 0), _mm256_cvtepi32_ps(pair_ints(h.lo01, h.hi01, xlo, xhi, start, q4)),
@@ -402,11 +403,6 @@ void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float
     dot4_x4(group, x, n, out, next, 1);
 }
 
-/* An x4 group over several tokens: per block the weights' part is worked out
- * once for every token (q4_0 nibbles; q8_0 with VNNI: -128 sum(w), so that x
- * + 128 is the unsigned operand, and the pairs' scales), and a token costs
- * four integer dots, two conversions and two fmas a block. Same lanes and
- * float order as dot4_x4. */
 /* What x4_tokens works out once per block for every token. */
 typedef struct {
     x4_halves w;
@@ -433,6 +429,11 @@ static inline __attribute__((always_inline)) void x4_token_block(const x4_block 
     *acc23 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw23, dx), _mm256_cvtepi32_ps(i23), *acc23);
 }
 
+/* An x4 group over several tokens: per block the weights' part is worked out
+ * once for every token (q4_0 nibbles; q8_0 with VNNI: -128 sum(w), so that x
+ * + 128 is the unsigned operand, and the pairs' scales), and a token costs
+ * four integer dots, two conversions and two fmas a block. Same lanes and
+ * float order as dot4_x4. */
 static inline __attribute__((always_inline)) void x4_tokens(const void *group, const cb_block_q8_0 *const *x,
                                                             int n_tok, int n, float *out, const void *next, int q4) {
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
@@ -472,7 +473,7 @@ void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x
     x4_tokens(group, x, n_tok, n, out, next, 1);
 }
 
-#if X4_VNNI
+#if VNNI
 void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
                                 const void *next) {
     x4_tokens(group, x, n_tok, n, out, next, 0);

@@ -254,25 +254,6 @@ static float wide[96 * CB_QK], tok_f[CASE_TOKENS][96 * CB_QK];
 static const cb_block_q8_0 *xs[CASE_TOKENS];
 static const float *xf[CASE_TOKENS];
 
-/* Four GGML rows as an x4 group (dims.h; toolkit/quant.py writes the same). */
-static void interleave(const void *rows, size_t row_bytes, size_t block_bytes, int nb, uint8_t *group) {
-    const uint8_t *r = rows;
-    const size_t quants = block_bytes - 2;
-    for (int b = 0; b < nb; b++) {
-        uint8_t *g = group + (size_t)b * 4 * block_bytes;
-        for (int i = 0; i < 4; i++) {
-            const uint8_t *blk = r + i * row_bytes + b * block_bytes;
-            memcpy(g + 2 * i, blk, 2);
-            if (quants == CB_QK) { /* q8_0: halves, all rows' first then all rows' second */
-                memcpy(g + 8 + 16 * i, blk + 2, 16);
-                memcpy(g + 8 + 64 + 16 * i, blk + 2 + 16, 16);
-            } else {
-                memcpy(g + 8 + i * quants, blk + 2, quants);
-            }
-        }
-    }
-}
-
 static int fill_case(int nb) {
     const int n = nb * CB_QK;
     for (int r = 0; r < 4; r++) {
@@ -282,8 +263,8 @@ static int fill_case(int nb) {
         if (r == 0)
             for (int i = 0; i < n; i++) half_row[i] = cb_float_to_half(wide[i]);
     }
-    interleave(rows8, sizeof rows8[0], sizeof(cb_block_q8_0), nb, group8);
-    interleave(rows4, sizeof rows4[0], sizeof(cb_block_q4_0), nb, group4);
+    cb_interleave4(rows8, sizeof rows8[0], CB_Q8_0, nb, group8);
+    cb_interleave4(rows4, sizeof rows4[0], CB_Q4_0, nb, group4);
     for (int t = 0; t < CASE_TOKENS; t++) {
         for (int i = 0; i < n; i++) tok_f[t][i] = uniform();
         cb_quantize_row_q8_0(tok_f[t], toks[t], n);

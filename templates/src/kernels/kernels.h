@@ -40,6 +40,9 @@ static inline float cb_bf16_to_float(uint16_t b) {
  * before integer dot products. */
 void cb_quantize_row_q8_0(const float *x, cb_block_q8_0 *y, int n);
 void cb_quantize_row_q4_0(const float *x, cb_block_q4_0 *y, int n);
+/* Four GGML rows (row_bytes apart, nb blocks each) of dtype CB_Q8_0 or
+ * CB_Q4_0 -> one x4 group (dims.h), as toolkit/quant.py writes it. */
+void cb_interleave4(const void *rows, size_t row_bytes, uint32_t dtype, int nb, void *group);
 /* Any dtype's row back to float32. */
 void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n);
 

@@ -99,3 +99,22 @@ void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n) {
         break;
     }
 }
+
+void cb_interleave4(const void *rows, size_t row_bytes, uint32_t dtype, int nb, void *group) {
+    const uint8_t *r = rows;
+    const size_t block_bytes = dtype == CB_Q8_0 ? sizeof(cb_block_q8_0) : sizeof(cb_block_q4_0);
+    const size_t quants = block_bytes - 2;
+    for (int b = 0; b < nb; b++) {
+        uint8_t *g = (uint8_t *)group + (size_t)b * 4 * block_bytes;
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *blk = r + i * row_bytes + b * block_bytes;
+            memcpy(g + 2 * i, blk, 2);
+            if (dtype == CB_Q8_0) { /* halves: every row's first 16, then every row's last 16 */
+                memcpy(g + 8 + 16 * i, blk + 2, 16);
+                memcpy(g + 8 + 64 + 16 * i, blk + 2 + 16, 16);
+            } else {
+                memcpy(g + 8 + i * quants, blk + 2, quants);
+            }
+        }
+    }
+}
