@@ -254,8 +254,11 @@ cdef class Engine:
         """Experts chosen by the last forward(): int32 [tokens, layers, top_k]."""
         return self._routing
 
-    def forward(self, token_ids):
-        """Runs token_ids from position 0 and returns logits at every position."""
+    def forward(self, token_ids, bint all_logits=True):
+        """Runs token_ids from position 0 and returns logits at every position
+        ([tokens, vocab]), or with all_logits=False at the last one only
+        ([1, vocab]: as the server prefills a prompt, the last layer's FFN
+        runs for that token alone)."""
         cdef const cb_dims *d = cb_engine_dims(self.e)
         ids = np.ascontiguousarray(token_ids, dtype=np.int32).ravel()
         cdef int n = ids.shape[0]
@@ -263,7 +266,7 @@ cdef class Engine:
             raise ValueError("forward() needs at least one token")
         if n > <int>d.context_len:
             raise ValueError(f"{n} tokens exceed the context length {d.context_len}")
-        out = np.empty((n, d.vocab), dtype=np.float32)
+        out = np.empty((n if all_logits else 1, d.vocab), dtype=np.float32)
         routing = np.empty((n, d.n_layers, d.top_k), dtype=np.int32)
         cdef float[:, ::1] out_v = out
         cdef int32_t[::1] ids_v = ids
@@ -275,13 +278,16 @@ cdef class Engine:
                 self.items[i].token = ids_v[start + i]
                 self.items[i].slot = 0
                 self.items[i].pos = start + i
-                self.items[i].want_logits = 1
+                self.items[i].want_logits = 1 if all_logits or start + i == n - 1 else 0
             with nogil:
                 rc = cb_engine_forward(self.e, self.items, chunk, err, sizeof(err))
             if rc != 0:
                 raise EngineError(err.decode(errors="replace"))
             for i in range(chunk):
-                memcpy(&out_v[start + i, 0], cb_engine_logits(self.e, i), sizeof(float) * d.vocab)
+                if all_logits:
+                    memcpy(&out_v[start + i, 0], cb_engine_logits(self.e, i), sizeof(float) * d.vocab)
+                elif start + i == n - 1:
+                    memcpy(&out_v[0, 0], cb_engine_logits(self.e, 0), sizeof(float) * d.vocab)
                 routing[start + i] = self._routing_of(i)
             start += chunk
         self._routing = routing
@@ -302,9 +308,9 @@ cdef class Engine:
         last_routing holds the experts of every token fed (prompt and
         generated)."""
         cdef const cb_dims *d = cb_engine_dims(self.e)
-        cdef float[:, ::1] prompt_logits = self.forward(prompt_ids)
-        cdef int pos = prompt_logits.shape[0]
-        cdef int32_t tok = cb_argmax(&prompt_logits[pos - 1, 0], d.vocab)
+        cdef float[:, ::1] prompt_logits = self.forward(prompt_ids, all_logits=False)
+        cdef int pos = len(self._routing)
+        cdef int32_t tok = cb_argmax(&prompt_logits[0, 0], d.vocab)
         cdef char err[1024]
         cdef int rc
         generated = []

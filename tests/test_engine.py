@@ -146,3 +146,16 @@ def test_weights_of_an_earlier_x4_layout_are_refused(tmp_path):
         read_header(path)
     with pytest.raises(RuntimeError, match=f"'{name}'.*earlier layout.*re-convert"):
         Engine(folder)
+
+
+def test_prompt_logits_of_the_last_token_alone_are_the_same_bits(engine):
+    """With only the last token's logits wanted (how the server prefills), the
+    last layer's FFN runs for that token alone: its logits and every token's
+    routing must be what a full forward gives, bit for bit."""
+    ids = [(7 * i) % 200 + 1 for i in range(37)]
+    full = engine.forward(ids)
+    full_routing = engine.last_routing.copy()
+    last = engine.forward(ids, all_logits=False)
+    assert last.shape == (1, full.shape[1])
+    np.testing.assert_array_equal(last[0], full[-1])
+    np.testing.assert_array_equal(engine.last_routing, full_routing)

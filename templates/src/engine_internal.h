@@ -50,6 +50,7 @@ struct cb_engine {
 
     float *logits;             /* [B][vocab] */
     int32_t *logit_items;      /* batch item of each logits row [B] */
+    uint8_t *wants_logits;     /* 1 for the items whose logits are wanted [B] */
     int n_items, n_logit_rows; /* of the last batch */
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
@@ -94,7 +95,10 @@ int cb_task_rows(const cb_engine *e, int total_rows, int multiple);
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride);
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
-/* The FFN half of a layer: MoE (routed + optional shared expert) or dense. */
-void cb_ffn_layer(cb_engine *e, int layer, int n);
+/* The FFN half of a layer: MoE (routed + optional shared expert) or dense.
+ * Routing is worked out for every item; the FFN itself only for the items
+ * with needed[i] (all when needed is NULL); the others' rows of x are left
+ * as they are (the last layer: only rows whose logits are wanted matter). */
+void cb_ffn_layer(cb_engine *e, int layer, int n, const uint8_t *needed);
 
 #endif
