@@ -35,3 +35,18 @@ def test_bench_reports_all_figures(tmp_path):
     # The generic build (dimensions at run time) was measured against it.
     assert run["generic_decode_tok_s"]["median"] > 0 and run["specialised_over_generic"] > 0
     assert "| tiny | q8_0 |" in done.stdout
+
+
+def test_step_spread_prints_its_percentiles(tiny_model):
+    import re
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "step_spread.py"
+    done = subprocess.run([sys.executable, str(script), str(tiny_model), "--steps", "16", "--threads", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = re.search(r"16 identical steps, 1 threads: P50 ([\d.]+) ms, P90 ([\d.]+), P99 ([\d.]+), max ([\d.]+); "
+                    r"P99 / P50 ([\d.]+)", done.stdout)
+    assert got, done.stdout
+    p50, p90, p99, top, ratio = map(float, got.groups())
+    assert 0 < p50 <= p90 <= p99 <= top and ratio >= 1
