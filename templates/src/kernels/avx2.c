@@ -440,9 +440,13 @@ static inline __attribute__((always_inline)) void x4_tokens(const void *group, c
     const int nb = n / CB_QK, lines = (int)((size_t)nb * 4 * block_bytes / 64);
     const uint8_t *g = group;
     x4_block pre[BLOCKS_AT_ONCE];
-    for (int t0 = 0; t0 < n_tok; t0 += TOKENS_AT_ONCE) {
-        const int tn = n_tok - t0 < TOKENS_AT_ONCE ? n_tok - t0 : TOKENS_AT_ONCE;
-        __m256 acc[TOKENS_AT_ONCE][2];
+    /* All of matmul's token group at once (4 KB of sums): the
+     * weights' part is worked out once for them, not once per eight (one
+     * core from L2, 64 tokens: q8_0x4 70 vs 62 token-GB/s, q4_0x4 36 vs 33). */
+    enum { X4_TOKENS_AT_ONCE = 64 };
+    for (int t0 = 0; t0 < n_tok; t0 += X4_TOKENS_AT_ONCE) {
+        const int tn = n_tok - t0 < X4_TOKENS_AT_ONCE ? n_tok - t0 : X4_TOKENS_AT_ONCE;
+        __m256 acc[X4_TOKENS_AT_ONCE][2];
         for (int t = 0; t < tn; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
         for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
             const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
