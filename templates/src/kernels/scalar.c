@@ -55,35 +55,50 @@ float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) 
     return s;
 }
 
-/* Element e of row i in block blk of an x4 group (dims.h): q8_0 stores
- * 16-element halves (all rows' first halves, then their second halves),
- * q4_0 each row's 16 bytes (element e < 16 the low nibble of byte e). */
-static inline int x4_weight(const uint8_t *blk, int i, int e, int q4) {
-    if (q4) return (e < 16 ? blk[8 + 16 * i + e] & 0xF : blk[8 + 16 * i + e - 16] >> 4) - 8;
-    /* typed int8_t: GCC 12's AVX-512 VNNI vectoriser gets a uint8_t cast to
-     * int8_t wrong (measured) */
-    return ((const int8_t *)blk)[8 + 64 * (e / 16) + 16 * i + e % 16];
+/* acc + d * s as the x4 kernels accumulate: one fused multiply-add where
+ * the target has FMA (every SIMD target: the same bits as their kernels);
+ * without it (x86-64, x86-64-v2: old and small CPUs), a multiply and an add,
+ * since libm's software fmaf would cost tens of ns a call; such a build's x4
+ * results differ from the others' in the last bits. */
+static inline float x4_accumulate(float acc, float d, int s) {
+#if defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+    return fmaf(d, (float)s, acc);
+#else
+    return acc + d * (float)s;
+#endif
 }
 
-/* The x4 arithmetic every target's x4 kernels reproduce bit for bit
+/* The x4 arithmetic every SIMD target's x4 kernels reproduce bit for bit
  * (kernels/avx2.c): per row four partial sums, lane j holding elements
  * 4j..4j+3 and 16+4j..16+4j+3 of each block, each scaled by d_w * d_x with a
- * fused multiply-add; then (lane 0 + lane 1) + (lane 2 + lane 3). */
-static void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n, float out[4], int q4) {
+ * fused multiply-add (x4_accumulate); then (lane 0 + lane 1) + (lane 2 +
+ * lane 3). In an x4
+ * group (dims.h) row i's elements 0..15 and 16..31 are at 8 + 16i and
+ * 72 + 16i (q8_0), or the low and high nibbles of the 16 bytes at 8 + 16i
+ * (q4_0). */
+static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n,
+                                                          float out[4], int q4) {
     const size_t block = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
     for (int i = 0; i < 4; i++) {
         float acc[4] = {0, 0, 0, 0};
         for (int b = 0; b < n / CB_QK; b++) {
             const uint8_t *blk = g + (size_t)b * 4 * block;
+            /* typed int8_t: GCC 12's AVX-512 VNNI vectoriser gets a uint8_t
+             * cast to int8_t wrong (measured) */
+            const int8_t *lo = (const int8_t *)blk + 8 + 16 * i, *hi = lo + 64;
+            const uint8_t *nibbles = blk + 8 + 16 * i;
+            const int8_t *xq = x[b].qs;
+            int32_t prod[16];
+            for (int e = 0; e < 16; e++) {
+                const int w_lo = q4 ? (nibbles[e] & 0xF) - 8 : lo[e], w_hi = q4 ? (nibbles[e] >> 4) - 8 : hi[e];
+                prod[e] = w_lo * xq[e] + w_hi * xq[e + 16];
+            }
+            int lane[4];
+            for (int j = 0; j < 4; j++) lane[j] = (prod[4 * j] + prod[4 * j + 1]) + (prod[4 * j + 2] + prod[4 * j + 3]);
             cb_half dw;
             memcpy(&dw, blk + 2 * i, sizeof dw);
             const float d = cb_half_to_float(dw) * cb_half_to_float(x[b].d);
-            for (int j = 0; j < 4; j++) {
-                int sum = 0;
-                for (int e = 4 * j; e < 4 * j + 4; e++)
-                    sum += x4_weight(blk, i, e, q4) * x[b].qs[e] + x4_weight(blk, i, e + 16, q4) * x[b].qs[e + 16];
-                acc[j] = fmaf(d, (float)sum, acc[j]);
-            }
+            for (int j = 0; j < 4; j++) acc[j] = x4_accumulate(acc[j], d, lane[j]);
         }
         out[i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
