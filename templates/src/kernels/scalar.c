@@ -58,8 +58,9 @@ float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) 
 /* acc + d * s as the x4 kernels accumulate: one fused multiply-add where
  * the target has FMA (every SIMD target: the same bits as their kernels);
  * without it (x86-64, x86-64-v2: old and small CPUs), a multiply and an add,
- * since libm's software fmaf would cost tens of ns a call; such a build's x4
- * results differ from the others' in the last bits. */
+ * since libm's fmaf is a software routine there (even the library call into
+ * the FMA instruction costs 3 ns here against 1 for a multiply and add);
+ * such a build's x4 results differ from the others' in the last bits. */
 static inline float x4_accumulate(float acc, float d, int s) {
 #if defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
     return fmaf(d, (float)s, acc);
