@@ -211,10 +211,10 @@ void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
     out[3] = hsum256(acc3);
 }
 
-/* Several tokens over four block-quantized rows. What depends only on the
- * weights is worked out once per row and block for every token (up to 64
- * blocks at a time, in a buffer that stays in L1), so a token costs one
- * integer dot per row and block:
+/* Several tokens over four GGML rows (x4 groups: x4_tokens below). What
+ * depends only on the weights is worked out once per row and block for every
+ * token (up to 64 blocks at a time, in a buffer that stays in L1), so a token
+ * costs one integer dot per row and block:
  *  - q4_0: the unpacked nibbles, dotted as dot4_q4_0 does;
  *  - q8_0 (VNNI only): x + 128 (x ^ 0x80) is unsigned, so dpbusd(acc, x + 128,
  *    w) adds x . w + 128 sum(w); starting acc at -128 sum(w) leaves x . w
