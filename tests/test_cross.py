@@ -141,14 +141,6 @@ def test_cross_server_agrees_with_native(name, compiler, built, tiny_model, run_
                                rtol=1e-4, atol=1e-7)
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return set(next(line for line in fh if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        return set()
-
-
 @pytest.mark.parametrize("name", ["native", "x86-64", "x86-64-v3", "x86-64-v4", "windows-x86-64-v3", "linux-aarch64",
                                   "linux-aarch64-dotprod"])
 def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny_model):
@@ -164,7 +156,7 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
     done = subprocess.run(command(target, build / ("colibri-kernel-check" + target.exe_suffix)),
                           capture_output=True, text=True, env=run_env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    flags = cpu_flags()
+    flags = targets.host_cpu_flags()
     native = ["avx2"] if "avx2" in flags else []
     native += ["avx512"] if "avx512f" in flags and native else []
     families = {"native": native, "x86-64": [], "x86-64-v3": ["avx2"], "x86-64-v4": ["avx2", "avx512"],

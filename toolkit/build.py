@@ -107,18 +107,24 @@ def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Com
     return BuildResult(dist_dir=dist, executable=exe, build_info=info)
 
 
+def resolve_toolchain(target_name: str, compiler_override: str | None = None):
+    """The target (as built by the compiler found for it), that compiler and
+    the kernel family they give."""
+    target = get_target(target_name)
+    compiler = toolchain.find_compiler(target, compiler_override)
+    target = target.for_compiler(compiler.name)
+    return target, compiler, toolchain.resolve_kernels(target, compiler)
+
+
 def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
           build_root: Path = Path("build"), compiler_override: str | None = None,
           quiet: bool = False, sanitize: bool = False) -> BuildResult:
     """sanitize: a debug build with AddressSanitizer and UBSan (dynamically
     linked, slower), packaged as dist/<model>-<target>-asan/."""
     cfg = config_mod.load(model)
-    target = get_target(target_name)
     log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
         f"{cfg['batch_slots']} slots)")
-    compiler = toolchain.find_compiler(target, compiler_override)
-    target = target.for_compiler(compiler.name)
-    kernels = toolchain.resolve_kernels(target, compiler)
+    target, compiler, kernels = resolve_toolchain(target_name, compiler_override)
     log(f"[2/5] target {target.name}: {compiler.version} ({compiler.path}), kernels {kernels}")
     work = build_dir_for(cfg, target, build_root, sanitize).resolve()
     if compiler.name != target.c_compilers[0]:  # another compiler: its own build folder
@@ -137,10 +143,7 @@ def build_generic_server(target_name: str, build_root: Path = Path("build"), qui
     """The same engine and server with every dimension read from the weights
     at run time (what the Python binding compiles), for measuring what the
     specialised build buys. Not packaged: an executable in the build tree."""
-    target = get_target(target_name)
-    compiler = toolchain.find_compiler(target, None)
-    target = target.for_compiler(compiler.name)
-    kernels = toolchain.resolve_kernels(target, compiler)
+    target, compiler, kernels = resolve_toolchain(target_name)
     work = (build_root / f"generic-{target.name}").resolve()
     src = render_tree(RenderInputs(None, target, kernels, compiler.cmake), work / "project")
     configure(src, work / "build", compiler, quiet)

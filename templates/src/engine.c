@@ -98,7 +98,6 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);
     TAKE(logit_items, B);
-    TAKE(wants_logits, B);
     TAKE(expert_seen, (size_t)d->n_layers * E);
     TAKE(rope_cos, ctx * hd / 2);
     TAKE(rope_sin, ctx * hd / 2);
@@ -255,10 +254,9 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
     /* The last layer's FFN feeds only the output head: run it for the
      * items whose logits are wanted (a prompt's last token), not for every
      * prompt token (its routing, reported per token, is still worked out). */
-    for (int i = 0; i < n; i++) e->wants_logits[i] = (uint8_t)(items[i].want_logits != 0);
     for (int l = 0; l < (int)d->n_layers; l++) {
         cb_attention_layer(e, l, items, n);
-        cb_ffn_layer(e, l, n, l == (int)d->n_layers - 1 ? e->wants_logits : NULL);
+        cb_ffn_layer(e, l, n, l == (int)d->n_layers - 1 ? items : NULL);
     }
     /* Final norm and output head only for the rows whose logits are wanted. */
     int rows = 0;

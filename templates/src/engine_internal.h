@@ -50,7 +50,6 @@ struct cb_engine {
 
     float *logits;             /* [B][vocab] */
     int32_t *logit_items;      /* batch item of each logits row [B] */
-    uint8_t *wants_logits;     /* 1 for the items whose logits are wanted [B] */
     int n_items, n_logit_rows; /* of the last batch */
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
@@ -96,9 +95,9 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
 /* The FFN half of a layer: MoE (routed + optional shared expert) or dense.
- * Routing is worked out for every item; the FFN itself only for the items
- * with needed[i] (all when needed is NULL); the others' rows of x are left
- * as they are (the last layer: only rows whose logits are wanted matter). */
-void cb_ffn_layer(cb_engine *e, int layer, int n, const uint8_t *needed);
+ * Routing is worked out for every item; the FFN itself for every item, or
+ * with outputs_of given only for those whose want_logits is set (the last
+ * layer); the others' rows of x are then left as they are. */
+void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_of);
 
 #endif

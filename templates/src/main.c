@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(arg, "--host")) host = value;
         else if (!strcmp(arg, "--kv-cache")) {
             if (!strcmp(value, "f32") || !strcmp(value, "f16")) {
-                kv = value[1] == '1' ? CB_KV_F16 : CB_KV_F32;
+                kv = !strcmp(value, "f16") ? CB_KV_F16 : CB_KV_F32;
             } else {
                 fprintf(stderr, "colibri-server: --kv-cache: got '%s', expected f32 or f16\n", value);
                 bad = 1;

@@ -13,19 +13,22 @@
 #include "kernels/kernels.h"
 #include "router.h"
 
-/* Items i < n with needed[i] (all if needed is NULL) in each expert's list. */
-static void group_by_expert(cb_engine *e, int layer, int n, const uint8_t *needed) {
+/* 1 when item i's FFN output is read (cb_ffn_layer's outputs_of). */
+static inline int needed(const cb_batch_item *outputs_of, int i) { return !outputs_of || outputs_of[i].want_logits; }
+
+/* The needed items i < n in each expert's list. */
+static void group_by_expert(cb_engine *e, int layer, int n, const cb_batch_item *outputs_of) {
     const cb_dims *d = CB_DIMS(e);
     const int E = (int)d->n_experts, k = (int)d->top_k;
     int32_t *start = e->group_start;
     memset(start, 0, sizeof(int32_t) * (E + 1));
     for (int i = 0; i < n; i++)
-        if (!needed || needed[i])
+        if (needed(outputs_of, i))
             for (int j = 0; j < k; j++) start[e->routing[((size_t)i * d->n_layers + layer) * k + j] + 1]++;
     for (int x = 0; x < E; x++) start[x + 1] += start[x];
     /* Fill in item order, so each expert's list is sorted by item. */
     for (int i = 0; i < n; i++) {
-        if (needed && !needed[i]) continue;
+        if (!needed(outputs_of, i)) continue;
         for (int j = 0; j < k; j++) {
             int x = e->routing[((size_t)i * d->n_layers + layer) * k + j];
             int at = start[x]++;
@@ -156,11 +159,12 @@ static void run_units(cb_engine *e, int n_units, int n) {
 }
 
 /* A unit over every (needed) token of the batch, each weighted by w[i]. */
-static int all_tokens_unit(cb_engine *e, int u, const cb_ffn_weights *f, const float *w, int n, const uint8_t *needed) {
+static int all_tokens_unit(cb_engine *e, int u, const cb_ffn_weights *f, const float *w, int n,
+                           const cb_batch_item *outputs_of) {
     const int begin = n * (int)CB_DIMS(e)->top_k;
     int count = 0;
     for (int i = 0; i < n; i++) {
-        if (needed && !needed[i]) continue;
+        if (!needed(outputs_of, i)) continue;
         e->group_items[begin + count] = i;
         e->group_w[begin + count++] = w ? w[i] : 1.0f;
     }
@@ -168,7 +172,7 @@ static int all_tokens_unit(cb_engine *e, int u, const cb_ffn_weights *f, const f
     return count ? u + 1 : u;
 }
 
-void cb_ffn_layer(cb_engine *e, int layer, int n, const uint8_t *needed) {
+void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_of) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[layer];
     const int H = (int)d->hidden, E = (int)d->n_experts, k = (int)d->top_k;
@@ -182,7 +186,7 @@ void cb_ffn_layer(cb_engine *e, int layer, int n, const uint8_t *needed) {
         for (int i = 0; i < n; i++)
             cb_route(e->router_logits + (size_t)i * E, E, k, (int)d->router,
                      e->routing + ((size_t)i * d->n_layers + layer) * k, e->route_w + (size_t)i * k);
-        group_by_expert(e, layer, n, needed);
+        group_by_expert(e, layer, n, outputs_of);
         /* Experts in ascending order, then the shared expert. */
         for (int x = 0; x < E; x++) {
             const int begin = e->group_start[x], count = e->group_start[x + 1] - begin;
@@ -204,13 +208,13 @@ void cb_ffn_layer(cb_engine *e, int layer, int n, const uint8_t *needed) {
                     scale = 1.0f / (1.0f + expf(-cb_dot_f32(e->xn + (size_t)i * H, L->shared_gate, H)));
                 e->shared_scale[i] = scale;
             }
-            n_units = all_tokens_unit(e, n_units, &L->shared, e->shared_scale, n, needed);
+            n_units = all_tokens_unit(e, n_units, &L->shared, e->shared_scale, n, outputs_of);
         }
     } else {
         /* A dense layer routes nowhere: report no experts for it. */
         for (int i = 0; i < n; i++)
             for (int j = 0; j < k; j++) e->routing[((size_t)i * d->n_layers + layer) * k + j] = -1;
-        n_units = all_tokens_unit(e, n_units, &L->dense, NULL, n, needed);
+        n_units = all_tokens_unit(e, n_units, &L->dense, NULL, n, outputs_of);
     }
     if (n_units) run_units(e, n_units, n);
 }
