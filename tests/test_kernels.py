@@ -84,10 +84,12 @@ def test_matrix_kernel_equals_the_row_kernel_bit_for_bit(dtype):
     rows_n, cols = 13, 96
     w = np.stack([rows(cols) for _ in range(rows_n)])
     raw = np.frombuffer(quant.encode(w, dtype), np.uint8)
-    x = np.stack([rows(cols, 3.0) for _ in range(3)])
+    # 3 tokens loop the one-token kernels; 9 take the multi-token ones (matmul.c).
+    x = np.stack([rows(cols, 3.0) for _ in range(9)])
     y = kernels.matmul(dtype, raw, rows_n, x)
+    np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x[:3]), y[:3])
     row_bytes = raw.size // rows_n
-    for t in range(3):
+    for t in range(len(x)):
         for r in range(rows_n):
             assert y[t, r] == kernels.dot(dtype, raw[r * row_bytes:(r + 1) * row_bytes], x[t])
     for r0, r1 in [(0, 4), (4, 13), (1, 6), (8, 12)]:  # splits the threads may make
@@ -104,9 +106,10 @@ def test_x4_results_do_not_depend_on_token_count_or_row_split(dtype):
     rows_n, cols = 16, 96
     w = np.stack([rows(cols) for _ in range(rows_n)])
     raw = np.frombuffer(quant.encode(w, dtype), np.uint8)
-    x = np.stack([rows(cols, 3.0) for _ in range(9)])
+    # The multi-token kernel takes over from 16 tokens (matmul.c).
+    x = np.stack([rows(cols, 3.0) for _ in range(17)])
     alone = np.stack([kernels.matmul(dtype, raw, rows_n, x[t])[0] for t in range(len(x))])
-    for n_tok in (2, 4, 5, 9):
+    for n_tok in (2, 4, 5, 9, 15, 16, 17):
         np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x[:n_tok]), alone[:n_tok])
     for r0, r1 in [(0, 4), (4, 16), (8, 12)]:
         np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, r0, r1)[:, r0:r1], alone[:, r0:r1])

@@ -3,8 +3,8 @@
  *   - from L2: a 128 x 1024 matrix (under 300 KB) multiplied over and over,
  *     with 1, 2, 4 and 8 tokens (per token: weight bytes times tokens / s),
  *     the kernels' arithmetic cost;
- *   - from memory: one token over a 512 MB matrix read once a pass, what a
- *     decode step's expert reads look like to one core.
+ *   - from memory: 1, 2, 4, 8 and 16 tokens over a 512 MB matrix read once
+ *     a pass, what a step's expert reads look like to one core.
  * Prints one line a case; --quick runs each case briefly (a smoke test).
  * Built on demand (ninja colibri-kernel-bench). */
 #include <stdio.h>
@@ -18,6 +18,7 @@
 #define HOT_ROWS 128
 #define COLD_BYTES ((size_t)512 << 20)
 #define MAX_TOKENS 8
+#define COLD_TOKENS 16
 
 static const struct {
     const char *name;
@@ -53,6 +54,9 @@ static void fill(uint8_t *w, uint32_t dtype, uint32_t base, size_t rows) {
     }
 }
 
+/* Rows (whole x4 groups) of a bytes-sized matrix of dtype. */
+static size_t cold_rows(uint32_t dtype, size_t bytes) { return bytes / cb_row_bytes(dtype, COLS) / 4 * 4; }
+
 /* GB/s of weights (bytes per nanosecond): passes over W with n_tok tokens
  * for at least seconds. */
 static double rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y, double seconds) {
@@ -71,15 +75,18 @@ static double rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y, dou
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     const double seconds = quick ? 0.01 : 0.3;
-    static float xf[MAX_TOKENS][COLS];
-    static cb_block_q8_0 xq[MAX_TOKENS][COLS / CB_QK];
-    for (int t = 0; t < MAX_TOKENS; t++) {
+    static float xf[COLD_TOKENS][COLS];
+    static cb_block_q8_0 xq[COLD_TOKENS][COLS / CB_QK];
+    for (int t = 0; t < COLD_TOKENS; t++) {
         for (int c = 0; c < COLS; c++) xf[t][c] = uniform();
         cb_quantize_row_q8_0(xf[t], xq[t], COLS);
     }
     const cb_act A = {&xf[0][0], &xq[0][0], COLS, COLS / CB_QK};
-    const size_t cold_rows = quick ? 4096 : COLD_BYTES / cb_row_bytes(CB_Q8_0, COLS) / 4 * 4;
-    float *Y = cb_aligned_alloc(sizeof(float) * MAX_TOKENS * cold_rows);
+    const size_t cold_bytes = quick ? (size_t)4 << 20 : COLD_BYTES;
+    size_t most_rows = HOT_ROWS; /* Y holds a row of outputs per token and weight row */
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+        if (cold_rows(types[k].dtype, cold_bytes) > most_rows) most_rows = cold_rows(types[k].dtype, cold_bytes);
+    float *Y = cb_aligned_alloc(sizeof(float) * COLD_TOKENS * most_rows);
     uint8_t *hot = cb_aligned_alloc(cb_row_bytes(CB_F16, COLS) * HOT_ROWS);
     if (!Y || !hot) {
         fprintf(stderr, "colibri-kernel-bench: out of memory\n");
@@ -97,7 +104,7 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
-        const size_t rows = cold_rows * cb_row_bytes(CB_Q8_0, COLS) / cb_row_bytes(types[k].dtype, COLS) / 4 * 4;
+        const size_t rows = cold_rows(types[k].dtype, cold_bytes);
         uint8_t *cold = cb_aligned_alloc(cb_row_bytes(types[k].dtype, COLS) * rows);
         if (!cold) {
             fprintf(stderr, "colibri-kernel-bench: out of memory\n");
@@ -105,8 +112,12 @@ int main(int argc, char **argv) {
         }
         fill(cold, types[k].dtype, types[k].base, rows);
         const cb_tensor W = {cold, types[k].dtype, (uint32_t)rows, COLS};
-        printf("kernel-bench %-6s from memory: 1 token %5.1f GB/s\n", types[k].name,
-               rate(&W, &A, 1, Y, 3 * seconds));
+        printf("kernel-bench %-6s from memory:", types[k].name);
+        for (int n_tok = 1; n_tok <= COLD_TOKENS; n_tok *= 2) {
+            const double gbs = rate(&W, &A, n_tok, Y, 3 * seconds);
+            printf("  %d token%s %5.1f GB/s (%5.1f a token)", n_tok, n_tok > 1 ? "s" : " ", gbs, gbs * n_tok);
+        }
+        printf("\n");
         cb_aligned_free(cold);
     }
     cb_aligned_free(hot);

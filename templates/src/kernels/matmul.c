@@ -26,15 +26,20 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
 
 #if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
 /* 1 when a multi-token kernel of this target beats looping the one-token
- * kernel over n_tok tokens (both give the same bits). The x4 one-token
- * kernels are cheap enough that the loop wins at few tokens (per core from
- * L2, q8_0x4 VNNI: 58 token-GB/s looped against 44 / 50 / 55 with the
- * tokens kernel at 2 / 3 / 4 tokens, 60 / 59 at 6 / 8; q4_0x4: 30 / 29
- * looped against 26 / 30 at 2 / 4, 34 against 30 at 8); a batch step's
- * experts mostly see one to four tokens. */
+ * kernel over n_tok tokens (both give the same bits). Weights mostly come
+ * from memory (experts, and a batch step's dense matrices), and there the
+ * looped x4 one-token kernel wins up to about 16 tokens: the first token's
+ * pass waits on memory anyway and the rest read the group from L1 (one core,
+ * a 71 MB q8_0x4 matrix: looped 58 / 57 / 45 token-GB/s against the tokens
+ * kernel's 43 / 39 / 45 at 5 / 8 / 16 tokens, 52 against 55 at 24; q4_0x4 30
+ * against 27 at 8, even at 16). From L2 the tokens kernel is 5-10% ahead at 8
+ * tokens (q8_0x4 65 against 61): the threshold follows memory. GGML rows
+ * (older files, a tied output head): the tokens kernel from 8 tokens (from
+ * memory q8_0 at 2 / 4 tokens 12 / 25 token-GB/s against 26 / 31 looped, even
+ * at 8, 40 against 38 at 16). */
 static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
     const int x4 = dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
-    if (n_tok < (x4 ? 5 : 2)) return 0;
+    if (n_tok < (x4 ? 16 : 8)) return 0;
 #ifdef cb_dot4_tokens_q8_0
     if (dtype == CB_Q8_0 || dtype == CB_Q8_0X4) return 1;
 #endif
