@@ -3,6 +3,7 @@ tiny model: a smoke test of the tool, not a speed test)."""
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,10 @@ def test_bench_reports_all_figures(tmp_path):
         assert run["bandwidth_gb_s"]["median"] > 0 and 0 < run["decode_fraction_of_ceiling"]
     # Eight tokens read at least one token's bytes and at most eight times them.
     assert 1 <= run["aggregate_bound_at_8"] <= 8
+    # The ratio at 8 is the median of runs each against batch 1 measured beside it.
+    each = run["aggregate_over_batch1_at_8_each"]
+    assert each and all(r > 0 for r in each)
+    assert run["aggregate_over_batch1_at_8"] == statistics.median(each)
     # The generic build (dimensions at run time) was measured against it.
     assert run["generic_decode_tok_s"]["median"] > 0 and run["specialised_over_generic"] > 0
     assert "| tiny | q8_0 |" in done.stdout
