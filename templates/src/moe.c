@@ -6,7 +6,6 @@
  * are row chunks of one unit, in memory order (so each thread streams long
  * runs of weights): gate, up and SwiGLU; then down into one row per
  * (token, unit) pair; then each token's pairs are summed in unit order. */
-#include <math.h>
 #include <string.h>
 
 #include "engine_internal.h"
@@ -205,7 +204,7 @@ void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_o
             for (int i = 0; i < n; i++) {
                 float scale = 1.0f;
                 if (L->shared_gate)
-                    scale = 1.0f / (1.0f + expf(-cb_dot_f32(e->xn + (size_t)i * H, L->shared_gate, H)));
+                    scale = 1.0f / (1.0f + cb_expf(-cb_dot_f32(e->xn + (size_t)i * H, L->shared_gate, H)));
                 e->shared_scale[i] = scale;
             }
             n_units = all_tokens_unit(e, n_units, &L->shared, e->shared_scale, n, outputs_of);

@@ -649,6 +649,75 @@ void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t s
     else attn_mix(out, w, v, stride, n, hd, 1);
 }
 
+/* cb_expf (kernels/scalar.c) on eight lanes, operation for operation: the
+ * same bits. min/max take x's NaN through as the reference does. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(CB_EXP_MAX), _mm256_max_ps(_mm256_set1_ps(CB_EXP_MIN), x));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CB_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(CB_LN2_HI), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(CB_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(CB_EXP_C7);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CB_EXP_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CB_EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CB_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CB_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CB_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* cb_softmax_scalar's bits: lane j of the sum takes elements j, j + 8, ...;
+ * the tail's elements go to lanes 0, 1, ... as there. */
+void cb_softmax_avx2(float *x, int n) {
+    if (n <= 0) return;
+    int i = 0;
+    __m256 vmax = _mm256_set1_ps(x[0]);
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    float max = x[0];
+    for (int j = 0; j < 8; j++) max = lanes[j] > max ? lanes[j] : max;
+    for (; i < n; i++) max = x[i] > max ? x[i] : max;
+    const __m256 m = _mm256_set1_ps(max);
+    __m256 sum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_storeu_ps(lanes, sum);
+    for (int j = 0; i < n; i++, j++) {
+        x[i] = cb_expf(x[i] - max);
+        lanes[j] += x[i];
+    }
+    const float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i < n; i++) x[i] *= 1.0f / total;
+}
+
+void cb_exp_shifted_avx2(float *x, int n, float shift, float scale) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(shift)),
+                                                   _mm256_set1_ps(scale))));
+    cb_exp_shifted_scalar(x + i, n - i, shift, scale);
+}
+
+void cb_swiglu_avx2(float *gate, const float *up, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f))); /* -g */
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+    cb_swiglu_scalar(gate + i, up + i, n - i);
+}
+
 /* F16C rounds to nearest even like cb_float_to_half, subnormals included. */
 void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n) {
     int i = 0;

@@ -242,6 +242,53 @@ static int check_attention(const attn_family *f, int *cases) {
     return 0;
 }
 
+/* cb_expf against e^x in double over its whole range, in ulps of the
+ * result; then each family's softmax and swiglu against the scalar ones, bit
+ * for bit (they share cb_expf's arithmetic and the sum's order). */
+typedef void (*softmax_fn)(float *, int);
+typedef void (*swiglu_fn)(float *, const float *, int);
+
+static int check_exp(softmax_fn softmax, swiglu_fn swiglu, const char *name, int *cases, double *worst_ulp) {
+    for (int i = 0; i <= 200000; i++) {
+        const float x = CB_EXP_MIN + (CB_EXP_MAX - CB_EXP_MIN) * (float)i / 200000.0f;
+        const double want = exp((double)x), got = cb_expf(x);
+        const double ulp = ldexp(1.0, ilogb(want) - 23);
+        const double err = fabs(got - want) / ulp;
+        if (err > *worst_ulp) *worst_ulp = err;
+        if (err > 2.0) {
+            printf("  cb_expf(%.9g) = %.9g, e^x = %.9g (%.2f ulp)\n", x, got, want, err);
+            return 1;
+        }
+    }
+    *cases += 200001;
+    if (cb_expf(-1000.0f) != cb_expf(CB_EXP_MIN) || cb_expf(1000.0f) != cb_expf(CB_EXP_MAX) || cb_expf(0.0f) != 1.0f ||
+        cb_expf(NAN) == cb_expf(NAN)) {
+        printf("  cb_expf: clamping, e^0 or NaN wrong\n");
+        return 1;
+    }
+    static const float special[] = {0.0f, -0.0f, 100.0f, -100.0f, 88.5f, -87.5f, 1e-30f, -1e-30f, 20.0f, -20.0f};
+    for (int n = 1; n <= 70; n++) {
+        for (int i = 0; i < n; i++) a[i] = i < 10 && n > 20 ? special[i] : uniform() * (float)(1 << (i % 6));
+        memcpy(b, a, sizeof(float) * n);
+        softmax(a, n);
+        cb_softmax_scalar(b, n);
+        if (memcmp(a, b, sizeof(float) * n) != 0) {
+            printf("  %s softmax n=%d: differs from the reference\n", name, n);
+            return 1;
+        }
+        for (int i = 0; i < n; i++) a[i] = i < 10 && n > 20 ? special[i] : uniform() * 12.0f, v[i] = uniform();
+        memcpy(b, a, sizeof(float) * n);
+        swiglu(a, v, n);
+        cb_swiglu_scalar(b, v, n);
+        if (memcmp(a, b, sizeof(float) * n) != 0) {
+            printf("  %s swiglu n=%d: differs from the reference\n", name, n);
+            return 1;
+        }
+        *cases += 2;
+    }
+    return 0;
+}
+
 /* One case for the block kernels below: four rows (GGML rows, the same as
  * an x4 group, the first also as f16/bf16 bits) and 19 tokens (float and
  * q8_0), nb blocks wide. */
@@ -402,6 +449,14 @@ int main(void) {
         };
         for (int k = 0; k < (int)(sizeof attn / sizeof attn[0]); k++) bad |= check_attention(&attn[k], &cases);
         printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
+    {
+        int cases = 0, bad = 0;
+        double worst_ulp = 0;
+        bad |= check_exp(cb_softmax, cb_swiglu, CB_TARGET_NAME, &cases, &worst_ulp);
+        printf("kernel-check exp: %s (%d cases; cb_expf within %.2f ulp of e^x; softmax and swiglu bit for bit the "
+               "scalar ones)\n", bad ? "FAILED" : "ok", cases, worst_ulp);
         failed |= bad;
     }
 #ifdef cb_dot4_tokens_q4_0

@@ -116,6 +116,9 @@ void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride,
 void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
 void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n);
+void cb_softmax_avx2(float *x, int n);
+void cb_exp_shifted_avx2(float *x, int n, float shift, float scale);
+void cb_swiglu_avx2(float *gate, const float *up, int n);
 #define CB_KERNEL(name) name##_avx2
 #else
 #define CB_KERNEL(name) name##_scalar
@@ -209,10 +212,28 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
 
 /* out = x / sqrt(mean(x^2) + eps) * w, in float32 like transformers. */
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* e^x with one arithmetic on every target (kernels/scalar.c). */
+#define CB_EXP_MIN -87.0f /* e^x stays a normal float: 2^k with k >= -126 */
+#define CB_EXP_MAX 88.0f  /* k <= 127 */
+#define CB_LOG2E 1.44269504089f
+#define CB_LN2_HI 0.693145751953125f /* ln 2 = HI + LO; k * HI is exact */
+#define CB_LN2_LO 1.428606765330187e-6f
+#define CB_EXP_C2 (1.0f / 2)
+#define CB_EXP_C3 (1.0f / 6)
+#define CB_EXP_C4 (1.0f / 24)
+#define CB_EXP_C5 (1.0f / 120)
+#define CB_EXP_C6 (1.0f / 720)
+#define CB_EXP_C7 (1.0f / 5040)
+float cb_expf(float x);
+/* x[i] = cb_expf((x[i] - shift) * scale): a sampler's exp((l - max) / T). */
+void cb_exp_shifted_scalar(float *x, int n, float shift, float scale);
+#define cb_exp_shifted CB_KERNEL(cb_exp_shifted)
 /* In place, numerically safe (max subtracted). */
-void cb_softmax(float *x, int n);
+void cb_softmax_scalar(float *x, int n);
 /* silu(gate) * up, into gate. */
-void cb_swiglu(float *gate, const float *up, int n);
+void cb_swiglu_scalar(float *gate, const float *up, int n);
+#define cb_softmax CB_KERNEL(cb_softmax)
+#define cb_swiglu CB_KERNEL(cb_swiglu)
 /* y += a * x */
 void cb_axpy_scalar(float *y, float a, const float *x, int n);
 #define cb_axpy CB_KERNEL(cb_axpy)

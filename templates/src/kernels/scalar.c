@@ -55,19 +55,23 @@ float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n) 
     return s;
 }
 
-/* acc + d * s as the x4 kernels accumulate: one fused multiply-add where
+/* a * b + c as the SIMD kernels compute it: one fused multiply-add where
  * the target has FMA (every SIMD target: the same bits as their kernels);
  * without it (x86-64, x86-64-v2: old and small CPUs), a multiply and an add,
  * since libm's fmaf is a software routine there (even the library call into
  * the FMA instruction costs 3 ns here against 1 for a multiply and add);
- * such a build's x4 results differ from the others' in the last bits. */
-static inline float x4_accumulate(float acc, float d, int s) {
+ * such a build's x4 results and exponentials differ from the others' in the
+ * last bits. */
+static inline float madd(float a, float b, float c) {
 #if defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
-    return fmaf(d, (float)s, acc);
+    return fmaf(a, b, c);
 #else
-    return acc + d * (float)s;
+    return a * b + c;
 #endif
 }
+
+/* acc + d * s as the x4 kernels accumulate. */
+static inline float x4_accumulate(float acc, float d, int s) { return madd(d, (float)s, acc); }
 
 /* The x4 arithmetic every SIMD target's x4 kernels reproduce bit for bit
  * (kernels/avx2.c): per row four partial sums, lane j holding elements
@@ -120,22 +124,58 @@ void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
-void cb_softmax(float *x, int n) {
+/* e^x, the engine's own: x = k ln2 + r (|r| <= ln2 / 2, ln2 in two parts),
+ * e^r from its Taylor series to r^7 (the next term is below float rounding
+ * there) by Horner's rule, times 2^k put in the exponent bits. x is clamped
+ * to [CB_EXP_MIN, CB_EXP_MAX], where 2^k stays a normal float. Each step is
+ * one float operation that the SIMD kernels repeat (avx2.c exp8), so every
+ * target with FMA gets the same bits, unlike libm's expf, whose last bits
+ * are each C library's own (glibc, MinGW, macOS), and which is a call per
+ * element. Under 2 ulp from e^x (kernel-check measures it). */
+float cb_expf(float x) {
+    if (x != x) return x;
+    x = x < CB_EXP_MIN ? CB_EXP_MIN : x > CB_EXP_MAX ? CB_EXP_MAX : x;
+    const float k = rintf(x * CB_LOG2E);
+    float r = madd(-k, CB_LN2_HI, x);
+    r = madd(-k, CB_LN2_LO, r);
+    float p = CB_EXP_C7;
+    p = madd(p, r, CB_EXP_C6);
+    p = madd(p, r, CB_EXP_C5);
+    p = madd(p, r, CB_EXP_C4);
+    p = madd(p, r, CB_EXP_C3);
+    p = madd(p, r, CB_EXP_C2);
+    p = madd(p, r, 1.0f);
+    p = madd(p, r, 1.0f);
+    const uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+void cb_exp_shifted_scalar(float *x, int n, float shift, float scale) {
+    for (int i = 0; i < n; i++) x[i] = cb_expf((x[i] - shift) * scale);
+}
+
+/* In place, max subtracted. The sum runs in eight interleaved partial sums
+ * (element i into sum i % 8), joined as ((0+1)+(2+3))+((4+5)+(6+7)): the
+ * order a vector of eight lanes takes, so SIMD softmax gives these bits. */
+void cb_softmax_scalar(float *x, int n) {
     float max = x[0];
     for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
-    float sum = 0;
+    float s[8] = {0};
     for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
+        x[i] = cb_expf(x[i] - max);
+        s[i % 8] += x[i];
     }
-    float inv = 1.0f / sum;
+    const float sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    const float inv = 1.0f / sum;
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-void cb_swiglu(float *gate, const float *up, int n) {
+void cb_swiglu_scalar(float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
+        const float g = gate[i];
+        gate[i] = g / (1.0f + cb_expf(-g)) * up[i];
     }
 }
 
