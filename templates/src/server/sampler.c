@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
+
 /* ---- PRNG ---- */
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -109,11 +111,33 @@ static void top_sorted(const float *v, int32_t *idx, int n, int m) {
     sort_first(v, idx, m);
 }
 
+/* The first index of the largest value: the SIMD top-1 (ties to the lower
+ * index, as a scan would give; 5 us against the scan's 113 over 32000). */
 static int32_t argmax(const float *v, int n) {
     int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
+    cb_topk_f32(v, n, 1, &best);
     return best;
+}
+
+/* sum(w) in four partial sums, not one chain of 32000 dependent adds. */
+static double sum_f64(const float *w, int n) {
+    double part[4] = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) part[j] += w[i + j];
+    for (; i < n; i++) part[0] += w[i];
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
+/* An index drawn with probability w[i] / sum(w) (w unnormalised). */
+static int32_t draw(const float *w, int n, cb_rng *rng) {
+    const double u = cb_rng_uniform(rng) * sum_f64(w, n);
+    double acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += w[i];
+        if (acc > u) return i;
+    }
+    return n - 1;
 }
 
 /* ---- sampling ---- */
@@ -139,25 +163,30 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
     if (p->temperature <= 0.0f) return argmax(w, V);
 
     int n = V, sorted = 0;
-    for (int i = 0; i < V; i++) idx[i] = i;
     if (p->top_k > 0 && p->top_k < V) {
+        for (int i = 0; i < V; i++) idx[i] = i;
         top_sorted(w, idx, V, p->top_k);
         n = p->top_k;
         sorted = 1;
     }
     /* Unnormalised probabilities exp((l - max) / T), in place; the most
-     * likely token has 1. exp is monotone, so the order holds. */
+     * likely token has 1. exp is monotone, so the order holds. Over the
+     * whole vocabulary (no top_k) vectorised: 32000 calls of libm's expf
+     * were 125 us of every sampled token. */
     const float max = sorted ? w[idx[0]] : w[argmax(w, V)];
     const float inv_t = 1.0f / p->temperature;
-    double total = 0.0;
-    for (int i = 0; i < n; i++) {
-        float *x = &w[idx[i]];
-        *x = expf((*x - max) * inv_t);
-        total += *x;
-    }
+    if (sorted)
+        for (int i = 0; i < n; i++) w[idx[i]] = cb_expf((w[idx[i]] - max) * inv_t);
+    else
+        cb_exp_shifted(w, V, max, inv_t);
+    if (!sorted && p->top_p >= 1.0f && p->min_p <= 0.0f) return draw(w, V, rng); /* the whole vocabulary */
+    if (!sorted)
+        for (int i = 0; i < V; i++) idx[i] = i;
     if (p->top_p < 1.0f) {
         /* The smallest prefix (in order) holding top_p of the mass. Sort
          * only as much as needed: 64 candidates, then 4x more... */
+        double total = 0.0;
+        for (int i = 0; i < n; i++) total += w[idx[i]];
         const double want = (double)p->top_p * total;
         int m = sorted ? n : (n < 64 ? n : 64), cut = 0;
         for (;;) {
@@ -176,7 +205,7 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
             if (w[idx[i]] >= p->min_p) idx[kept++] = idx[i]; /* keeps the order */
         n = kept; /* the most likely token (1.0) always stays */
     }
-    total = 0.0;
+    double total = 0.0;
     for (int i = 0; i < n; i++) total += w[idx[i]];
     const double u = cb_rng_uniform(rng) * total;
     double acc = 0.0;
@@ -191,9 +220,9 @@ float cb_logprobs(cb_sampler *s, const float *logits, int32_t chosen, int n_top,
                   float *top_lp) {
     const int V = s->vocab;
     const float max = logits[argmax(logits, V)];
-    double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - max);
-    const double lse = max + log(sum);
+    memcpy(s->work, logits, sizeof(float) * V);
+    cb_exp_shifted(s->work, V, max, 1.0f);
+    const double lse = max + log(sum_f64(s->work, V));
     if (n_top > V) n_top = V;
     if (n_top > 0) {
         memcpy(s->work, logits, sizeof(float) * V);
