@@ -254,42 +254,43 @@ cdef class Engine:
         """Experts chosen by the last forward(): int32 [tokens, layers, top_k]."""
         return self._routing
 
-    def forward(self, token_ids, bint all_logits=True):
-        """Runs token_ids from position 0 and returns logits at every position
-        ([tokens, vocab]), or with all_logits=False at the last one only
-        ([1, vocab]: as the server prefills a prompt, the last layer's FFN
-        runs for that token alone)."""
+    def forward(self, token_ids, bint all_logits=True, int start=0):
+        """Runs token_ids from position start and returns logits at every
+        position ([tokens, vocab]), or with all_logits=False at the last one
+        only ([1, vocab]: as the server prefills a prompt, the last layer's
+        FFN runs for that token alone). With start > 0 the tokens continue
+        the ones an earlier call ran at positions 0..start-1."""
         cdef const cb_dims *d = cb_engine_dims(self.e)
         ids = np.ascontiguousarray(token_ids, dtype=np.int32).ravel()
         cdef int n = ids.shape[0]
         if n < 1:
             raise ValueError("forward() needs at least one token")
-        if n > <int>d.context_len:
-            raise ValueError(f"{n} tokens exceed the context length {d.context_len}")
+        if start < 0 or start + n > <int>d.context_len:
+            raise ValueError(f"positions {start}..{start + n - 1} exceed the context length {d.context_len}")
         out = np.empty((n if all_logits else 1, d.vocab), dtype=np.float32)
         routing = np.empty((n, d.n_layers, d.top_k), dtype=np.int32)
         cdef float[:, ::1] out_v = out
         cdef int32_t[::1] ids_v = ids
-        cdef int start = 0, chunk, i, rc
+        cdef int done = 0, chunk, i, rc
         cdef char err[1024]
-        while start < n:
-            chunk = min(self.max_batch, n - start)
+        while done < n:
+            chunk = min(self.max_batch, n - done)
             for i in range(chunk):
-                self.items[i].token = ids_v[start + i]
+                self.items[i].token = ids_v[done + i]
                 self.items[i].slot = 0
-                self.items[i].pos = start + i
-                self.items[i].want_logits = 1 if all_logits or start + i == n - 1 else 0
+                self.items[i].pos = start + done + i
+                self.items[i].want_logits = 1 if all_logits or done + i == n - 1 else 0
             with nogil:
                 rc = cb_engine_forward(self.e, self.items, chunk, err, sizeof(err))
             if rc != 0:
                 raise EngineError(err.decode(errors="replace"))
             for i in range(chunk):
                 if all_logits:
-                    memcpy(&out_v[start + i, 0], cb_engine_logits(self.e, i), sizeof(float) * d.vocab)
-                elif start + i == n - 1:
+                    memcpy(&out_v[done + i, 0], cb_engine_logits(self.e, i), sizeof(float) * d.vocab)
+                elif done + i == n - 1:
                     memcpy(&out_v[0, 0], cb_engine_logits(self.e, 0), sizeof(float) * d.vocab)
-                routing[start + i] = self._routing_of(i)
-            start += chunk
+                routing[done + i] = self._routing_of(i)
+            done += chunk
         self._routing = routing
         return out
 
