@@ -100,6 +100,28 @@ def test_other_shapes_match_reference(workdir):
     np.testing.assert_array_equal(engine.last_routing, experts)
 
 
+@pytest.mark.parametrize("kv_cache", ["f32", "f16"])
+@pytest.mark.parametrize("shape", [(), ("--heads", "2", "--kv-heads", "1", "--hidden-size", "128")])
+def test_a_token_gets_the_same_bits_whatever_run_of_prompt_tokens_it_attends_in(workdir, shape, kv_cache):
+    """A prompt's tokens attend four at a time (the four-query kernels, each
+    K and V row read once for the four); a token left over attends alone. A
+    token's logits must not depend on which, nor on its place in its run of
+    four: forward(ids[:m]) ends with runs of 1-4 tokens, and continuing from
+    position s shifts every run by s (head sizes 16, and 64 on the kernels'
+    vector paths)."""
+    model = synth_model(workdir, "runs-" + "-".join(shape), *shape)
+    engine = Engine(model, threads=1, kv_cache=kv_cache)
+    ids = [(5 * i) % 200 + 1 for i in range(13)]
+    full = engine.forward(ids)
+    for m in range(1, len(ids) + 1):
+        np.testing.assert_array_equal(engine.forward(ids[:m])[m - 1], full[m - 1])
+    for s in (1, 2, 3):
+        engine.forward(ids[:s])
+        np.testing.assert_array_equal(engine.forward(ids[s:], start=s), full[s:])
+    with pytest.raises(ValueError, match="context length"):
+        engine.forward(ids, start=engine.dims["context_length"] - 5)
+
+
 def test_tokenizer_round_trip_and_text_generation(engine):
     ids = engine.tokenize("Grüße, 世界")
     assert ids == list("Grüße, 世界".encode())

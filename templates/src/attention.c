@@ -12,33 +12,75 @@ typedef struct {
     cb_engine *e;
     int layer;
     const cb_batch_item *items;
-    int n, n_tasks;
+    const int32_t *runs; /* run r: items runs[r] .. runs[r+1] - 1 */
+    int n_runs, n_tasks;
 } attn_task;
 
-/* A share of the (item, head) pairs: softmax(q k^T / sqrt(d)) v over
- * positions 0..pos. */
+/* Items split into runs: up to CB_ATTN_BLOCK consecutive items of one slot
+ * at consecutive positions (a prompt chunk), which can attend together. */
+static int find_runs(const cb_batch_item *items, int n, int32_t *runs) {
+    int n_runs = 0;
+    for (int i = 0; i < n;) {
+        int m = 1;
+        while (m < CB_ATTN_BLOCK && i + m < n && items[i + m].slot == items[i].slot &&
+               items[i + m].pos == items[i].pos + m)
+            m++;
+        runs[n_runs++] = i;
+        i += m;
+    }
+    runs[n_runs] = n;
+    return n_runs;
+}
+
+/* softmax(q k^T / sqrt(d)) v over positions 0..pos of one item and head. */
+static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores) {
+    const cb_dims *d = CB_DIMS(e);
+    const int hd = (int)d->head_dim, kvh = h / (int)(d->n_heads / d->n_kv_heads); /* HF repeat_kv: contiguous groups */
+    const int q_dim = (int)d->n_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
+    float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
+    const void *k = cache_head(e, e->k_cache, it->slot, layer, kvh);
+    const void *v = cache_head(e, e->v_cache, it->slot, layer, kvh);
+    if (e->kv_f16) cb_attn_scores_f16(q, k, hd, it->pos + 1, hd, scale, scores);
+    else cb_attn_scores(q, k, hd, it->pos + 1, hd, scale, scores);
+    cb_softmax(scores, it->pos + 1);
+    if (e->kv_f16) cb_attn_mix_f16(out, scores, v, hd, it->pos + 1, hd);
+    else cb_attn_mix(out, scores, v, hd, it->pos + 1, hd);
+}
+
+/* A share of the (run, head) pairs. A whole run of CB_ATTN_BLOCK queries
+ * goes through the four-query kernels, which read each K and V row once for
+ * the four (same bits as one at a time); anything else one query at a time. */
 static void attend_task(void *p, int task, int worker) {
     attn_task *t = p;
     cb_engine *e = t->e;
     const cb_dims *d = CB_DIMS(e);
-    const int nh = (int)d->n_heads, hd = (int)d->head_dim, group = (int)(d->n_heads / d->n_kv_heads);
-    const int q_dim = nh * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *scores = e->scores + (size_t)worker * d->context_len;
+    const int nh = (int)d->n_heads, hd = (int)d->head_dim, q_dim = nh * hd;
+    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * d->context_len;
     int begin, end;
-    cb_split(t->n * nh, task, t->n_tasks, &begin, &end);
+    cb_split(t->n_runs * nh, task, t->n_tasks, &begin, &end);
     for (int job = begin; job < end; job++) {
-        const int i = job / nh, h = job % nh, kvh = h / group; /* HF repeat_kv: contiguous groups */
-        const cb_batch_item *it = &t->items[i];
-        const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
-        float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
-        const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
-        const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
-        if (e->kv_f16) cb_attn_scores_f16(q, k, hd, it->pos + 1, hd, scale, scores);
-        else cb_attn_scores(q, k, hd, it->pos + 1, hd, scale, scores);
-        cb_softmax(scores, it->pos + 1);
-        if (e->kv_f16) cb_attn_mix_f16(out, scores, v, hd, it->pos + 1, hd);
-        else cb_attn_mix(out, scores, v, hd, it->pos + 1, hd);
+        const int r = job / nh, h = job % nh, i0 = t->runs[r], m = t->runs[r + 1] - i0;
+        const cb_batch_item *it = &t->items[i0];
+#ifdef cb_attn_scores4
+        if (m == CB_ATTN_BLOCK) {
+            const int kvh = h / (int)(d->n_heads / d->n_kv_heads), n = it->pos + 1;
+            const size_t ctx = d->context_len;
+            const float scale = 1.0f / sqrtf((float)hd);
+            const float *q = e->q + (size_t)i0 * q_dim + (size_t)h * hd;
+            float *out = e->attn + (size_t)i0 * q_dim + (size_t)h * hd;
+            const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
+            const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
+            if (e->kv_f16) cb_attn_scores4_f16(q, q_dim, k, hd, n, hd, scale, scores, ctx);
+            else cb_attn_scores4(q, q_dim, k, hd, n, hd, scale, scores, ctx);
+            for (int j = 0; j < CB_ATTN_BLOCK; j++) cb_softmax(scores + j * ctx, n + j);
+            if (e->kv_f16) cb_attn_mix4_f16(out, q_dim, scores, ctx, v, hd, n, hd);
+            else cb_attn_mix4(out, q_dim, scores, ctx, v, hd, n, hd);
+            continue;
+        }
+#endif
+        for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h, scores);
     }
 }
 
@@ -94,8 +136,9 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
             }
         }
     }
-    const int pairs = n * (int)d->n_heads, most = 8 * cb_threadpool_size(e->pool);
-    attn_task task = {e, layer, items, n, pairs < most ? pairs : most};
+    const int n_runs = find_runs(items, n, e->attn_runs);
+    const int pairs = n_runs * (int)d->n_heads, most = 8 * cb_threadpool_size(e->pool);
+    attn_task task = {e, layer, items, e->attn_runs, n_runs, pairs < most ? pairs : most};
     cb_threadpool_run(e->pool, attend_task, &task, task.n_tasks);
     /* x += wo attn, straight into the residual stream. */
     const cb_act aa = cb_activations(e, e->attn, q_dim, n, q_dim, e->xq, e->xq_stride);

@@ -79,7 +79,8 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(v, B * kv_dim);
     TAKE(attn, B * q_dim);
     TAKE(proj, B * H);
-    TAKE(scores, (size_t)n_threads * ctx);
+    TAKE(scores, (size_t)n_threads * CB_ATTN_BLOCK * ctx);
+    TAKE(attn_runs, B + 1);
     TAKE(router_logits, B * E);
     TAKE(routing, B * d->n_layers * k);
     TAKE(route_w, B * k);

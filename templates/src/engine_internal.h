@@ -25,7 +25,8 @@ struct cb_engine {
     float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2 */
     float *attn;               /* attention output before wo [B][nh*d] */
     float *proj;               /* wo output / MoE output [B][H] */
-    float *scores;             /* per worker [n_threads][context] */
+    float *scores;             /* per worker [n_threads][CB_ATTN_BLOCK][context] */
+    int32_t *attn_runs;        /* a layer's runs of items attending together [B+1] */
     float *router_logits;      /* [B][E] */
     int32_t *routing;          /* chosen experts [B][L][top_k] */
     float *route_w;            /* their weights, current layer [B][top_k] */

@@ -629,6 +629,90 @@ static inline __attribute__((always_inline)) void attn_mix(float *out, const flo
     }
 }
 
+/* Four queries at consecutive positions of one slot (a prompt chunk),
+ * query i over positions [0, n + i): each K row is loaded once for all four.
+ * Per (query, position) the same FMA chain over the head and the same
+ * reduction as attn_scores, so the same bits. Rows past a query's own
+ * positions get values nobody reads. */
+static inline __attribute__((always_inline)) void attn_scores4(const float *q, size_t q_stride, const void *k,
+                                                               size_t stride, int n, int hd, float scale,
+                                                               float *scores, size_t s_stride, int f16) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
+    const int last = n + CB_ATTN_BLOCK - 1;
+    const float *q1 = q + q_stride, *q2 = q1 + q_stride, *q3 = q2 + q_stride;
+    for (int p = 0; p < last; p += 2) {
+        const uint8_t *r0 = (const uint8_t *)k + (size_t)p * row_bytes;
+        const uint8_t *r1 = (const uint8_t *)k + (size_t)(p + 1 < last ? p + 1 : p) * row_bytes;
+        /* a0-a3: the four queries at p; a4-a7: at p + 1. */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int j = 0; j < hd; j += 8) {
+            const __m256 k0 = load8(r0, j, f16), k1 = load8(r1, j, f16);
+            const __m256 x0 = _mm256_loadu_ps(q + j), x1 = _mm256_loadu_ps(q1 + j);
+            const __m256 x2 = _mm256_loadu_ps(q2 + j), x3 = _mm256_loadu_ps(q3 + j);
+            a0 = _mm256_fmadd_ps(x0, k0, a0);
+            a1 = _mm256_fmadd_ps(x1, k0, a1);
+            a2 = _mm256_fmadd_ps(x2, k0, a2);
+            a3 = _mm256_fmadd_ps(x3, k0, a3);
+            a4 = _mm256_fmadd_ps(x0, k1, a4);
+            a5 = _mm256_fmadd_ps(x1, k1, a5);
+            a6 = _mm256_fmadd_ps(x2, k1, a6);
+            a7 = _mm256_fmadd_ps(x3, k1, a7);
+        }
+        const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        float out[8];
+        _mm256_storeu_ps(out, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        for (int i = 0; i < CB_ATTN_BLOCK; i++) {
+            scores[i * s_stride + p] = out[i];
+            if (p + 1 < last) scores[i * s_stride + p + 1] = out[4 + i];
+        }
+    }
+}
+
+/* out_i = sum over p < n + i of w_i[p] v[p] for four queries (weights rows
+ * w_stride apart): each V row is loaded once for all four; per element the
+ * FMA chain of attn_mix. */
+static inline __attribute__((always_inline)) void attn_mix4(float *out, size_t out_stride, const float *w,
+                                                            size_t w_stride, const void *v, size_t stride, int n,
+                                                            int hd, int f16) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
+    const float *w1 = w + w_stride, *w2 = w1 + w_stride, *w3 = w2 + w_stride;
+    for (int j = 0; j < hd; j += 16) {
+        __m256 o00 = _mm256_setzero_ps(), o01 = o00, o10 = o00, o11 = o00, o20 = o00, o21 = o00, o30 = o00, o31 = o00;
+        for (int p = 0; p < n; p++) {
+            const uint8_t *row = (const uint8_t *)v + (size_t)p * row_bytes;
+            const __m256 v0 = load8(row, j, f16), v1 = load8(row, j + 8, f16);
+            const __m256 b0 = _mm256_broadcast_ss(w + p), b1 = _mm256_broadcast_ss(w1 + p);
+            const __m256 b2 = _mm256_broadcast_ss(w2 + p), b3 = _mm256_broadcast_ss(w3 + p);
+            o00 = _mm256_fmadd_ps(b0, v0, o00), o01 = _mm256_fmadd_ps(b0, v1, o01);
+            o10 = _mm256_fmadd_ps(b1, v0, o10), o11 = _mm256_fmadd_ps(b1, v1, o11);
+            o20 = _mm256_fmadd_ps(b2, v0, o20), o21 = _mm256_fmadd_ps(b2, v1, o21);
+            o30 = _mm256_fmadd_ps(b3, v0, o30), o31 = _mm256_fmadd_ps(b3, v1, o31);
+        }
+        /* The later queries' own last positions: n for queries 1-3, n + 1
+         * for 2-3, n + 2 for 3. */
+        for (int p = n; p < n + CB_ATTN_BLOCK - 1; p++) {
+            const uint8_t *row = (const uint8_t *)v + (size_t)p * row_bytes;
+            const __m256 v0 = load8(row, j, f16), v1 = load8(row, j + 8, f16);
+            if (p < n + 1) {
+                const __m256 b1 = _mm256_broadcast_ss(w1 + p);
+                o10 = _mm256_fmadd_ps(b1, v0, o10), o11 = _mm256_fmadd_ps(b1, v1, o11);
+            }
+            if (p < n + 2) {
+                const __m256 b2 = _mm256_broadcast_ss(w2 + p);
+                o20 = _mm256_fmadd_ps(b2, v0, o20), o21 = _mm256_fmadd_ps(b2, v1, o21);
+            }
+            const __m256 b3 = _mm256_broadcast_ss(w3 + p);
+            o30 = _mm256_fmadd_ps(b3, v0, o30), o31 = _mm256_fmadd_ps(b3, v1, o31);
+        }
+        _mm256_storeu_ps(out + j, o00), _mm256_storeu_ps(out + j + 8, o01);
+        _mm256_storeu_ps(out + out_stride + j, o10), _mm256_storeu_ps(out + out_stride + j + 8, o11);
+        _mm256_storeu_ps(out + 2 * out_stride + j, o20), _mm256_storeu_ps(out + 2 * out_stride + j + 8, o21);
+        _mm256_storeu_ps(out + 3 * out_stride + j, o30), _mm256_storeu_ps(out + 3 * out_stride + j + 8, o31);
+    }
+}
+
 void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores) {
     if (hd % 8) cb_attn_scores_scalar(q, k, stride, n, hd, scale, scores);
     else attn_scores(q, k, stride, n, hd, scale, scores, 0);
@@ -647,6 +731,40 @@ void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, in
 void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
     if (hd % 32) cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
     else attn_mix(out, w, v, stride, n, hd, 1);
+}
+
+/* The four-query kernels for the head sizes the one-query kernels
+ * vectorise; other sizes loop those (their bits either way). */
+void cb_attn_scores4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
+                          float *scores, size_t s_stride) {
+    if (hd % 8)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
+}
+
+void cb_attn_scores4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                              float scale, float *scores, size_t s_stride) {
+    if (hd % 8)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
+}
+
+void cb_attn_mix4_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
+                       int n, int hd) {
+    if (hd % 32)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_mix_avx2(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+    else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 0);
+}
+
+void cb_attn_mix4_f16_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                           size_t stride, int n, int hd) {
+    if (hd % 32)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_mix_f16_avx2(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+    else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1);
 }
 
 /* cb_expf (kernels/scalar.c) on eight lanes, operation for operation: the

@@ -242,6 +242,50 @@ static int check_attention(const attn_family *f, int *cases) {
     return 0;
 }
 
+#ifdef cb_attn_scores4
+/* The four-query kernels against the one-query ones, query by query, bit
+ * for bit: positions n + i for query i, head sizes on and off the vector
+ * widths, both caches. */
+static float queries4[CB_ATTN_BLOCK * 128], scores4[CB_ATTN_BLOCK * ATTN_POS], weights4[CB_ATTN_BLOCK * ATTN_POS],
+    out4[CB_ATTN_BLOCK * 128];
+
+static int check_attention4(int *cases) {
+    for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform(), kv16[i] = cb_float_to_half(kv[i]);
+    for (int f16 = 0; f16 < 2; f16++) {
+        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
+            for (int i = 0; i < CB_ATTN_BLOCK * hd; i++) queries4[i] = uniform();
+            for (int i = 0; i < CB_ATTN_BLOCK * ATTN_POS; i++) weights4[i] = uniform();
+            for (int n = 1; n + CB_ATTN_BLOCK - 1 <= ATTN_POS; n++) {
+                if (f16) {
+                    cb_attn_scores4_f16(queries4, hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
+                    cb_attn_mix4_f16(out4, hd, weights4, ATTN_POS, kv16 + 5, ATTN_STRIDE, n, hd);
+                } else {
+                    cb_attn_scores4(queries4, hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
+                    cb_attn_mix4(out4, hd, weights4, ATTN_POS, kv + 5, ATTN_STRIDE, n, hd);
+                }
+                for (int i = 0; i < CB_ATTN_BLOCK; i++) {
+                    if (f16) {
+                        cb_attn_scores_f16(queries4 + i * hd, kv16 + 3, ATTN_STRIDE, n + i, hd, 0.125f, sc_ref);
+                        cb_attn_mix_f16(o_ref, weights4 + i * ATTN_POS, kv16 + 5, ATTN_STRIDE, n + i, hd);
+                    } else {
+                        cb_attn_scores(queries4 + i * hd, kv + 3, ATTN_STRIDE, n + i, hd, 0.125f, sc_ref);
+                        cb_attn_mix(o_ref, weights4 + i * ATTN_POS, kv + 5, ATTN_STRIDE, n + i, hd);
+                    }
+                    if (memcmp(scores4 + i * ATTN_POS, sc_ref, sizeof(float) * (n + i)) != 0 ||
+                        memcmp(out4 + i * hd, o_ref, sizeof(float) * hd) != 0) {
+                        printf("  four-query attention (%s cache) hd=%d n=%d query %d: differs from one query\n",
+                               f16 ? "f16" : "f32", hd, n, i);
+                        return 1;
+                    }
+                    *cases += 2;
+                }
+            }
+        }
+    }
+    return 0;
+}
+#endif
+
 /* cb_expf against e^x in double over its whole range, in ulps of the
  * result; then each family's softmax and swiglu against the scalar ones, bit
  * for bit (they share cb_expf's arithmetic and the sum's order). */
@@ -451,6 +495,14 @@ int main(void) {
         printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }
+#ifdef cb_attn_scores4
+    {
+        int cases = 0, bad = check_attention4(&cases);
+        printf("kernel-check attention, four queries: %s (%d cases, bit for bit one query at a time)\n",
+               bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
+#endif
     {
         int cases = 0, bad = 0;
         double worst_ulp = 0;

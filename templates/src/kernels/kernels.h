@@ -115,6 +115,21 @@ void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, i
 void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd);
 void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
+/* Four queries of one slot at consecutive positions (query i over positions
+ * [0, n + i), rows q_stride / s_stride / w_stride / out_stride apart), each
+ * K and V row read once for the four; the one-query kernels' bits. */
+#define cb_attn_scores4 cb_attn_scores4_avx2
+#define cb_attn_scores4_f16 cb_attn_scores4_f16_avx2
+#define cb_attn_mix4 cb_attn_mix4_avx2
+#define cb_attn_mix4_f16 cb_attn_mix4_f16_avx2
+void cb_attn_scores4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
+                          float *scores, size_t s_stride);
+void cb_attn_scores4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                              float scale, float *scores, size_t s_stride);
+void cb_attn_mix4_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
+                       int n, int hd);
+void cb_attn_mix4_f16_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                           size_t stride, int n, int hd);
 void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n);
 void cb_softmax_avx2(float *x, int n);
 void cb_exp_shifted_avx2(float *x, int n, float shift, float scale);
@@ -173,6 +188,8 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #define cb_dot_f16 CB_KERNEL(cb_dot_f16)
 #define cb_dot_bf16 CB_KERNEL(cb_dot_bf16)
 #endif
+/* Queries attention takes together where the target has four-query kernels. */
+#define CB_ATTN_BLOCK 4
 #define cb_attn_scores CB_KERNEL(cb_attn_scores)
 #define cb_attn_mix CB_KERNEL(cb_attn_mix)
 #define cb_attn_scores_f16 CB_KERNEL(cb_attn_scores_f16)
