@@ -74,9 +74,9 @@ int main(int argc, char **argv) {
         if (!strcmp(arg, "--model")) model = value;
         else if (!strcmp(arg, "--host")) host = value;
         else if (!strcmp(arg, "--kv-cache")) {
-            if (!strcmp(value, "f32") || !strcmp(value, "f16")) {
-                kv = !strcmp(value, "f16") ? CB_KV_F16 : CB_KV_F32;
-            } else {
+            if (!strcmp(value, "f16")) kv = CB_KV_F16;
+            else if (!strcmp(value, "f32")) kv = CB_KV_F32;
+            else {
                 fprintf(stderr, "colibri-server: --kv-cache: got '%s', expected f32 or f16\n", value);
                 bad = 1;
             }

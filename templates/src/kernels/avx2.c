@@ -567,6 +567,18 @@ void cb_axpy_avx2(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+/* out[i] = scale * (the eight lanes of a_i summed): hadd pairs lanes within
+ * 128-bit halves, after two rounds each half holds four accumulators'
+ * half-sums, which the last add joins. The one- and four-query score kernels
+ * share it, so their bits agree. */
+static inline void sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7,
+                         float scale, float out[8]) {
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+    _mm256_storeu_ps(out, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+}
+
 /* Attention of one head over a float or float16 cache (f16: each row
  * widened by F16C as it is read). Scores: eight positions at a time, each
  * one FMA chain over the head (head_dim a multiple of 8), then one
@@ -596,13 +608,8 @@ static inline __attribute__((always_inline)) void attn_scores(const float *q, co
             a6 = _mm256_fmadd_ps(qj, load8(r[6], j, f16), a6);
             a7 = _mm256_fmadd_ps(qj, load8(r[7], j, f16), a7);
         }
-        /* hadd pairs lanes within 128-bit halves: after two rounds each half
-         * holds four positions' half-sums, which the last add joins. */
-        const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
         float out[8];
-        _mm256_storeu_ps(out, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        sums8(a0, a1, a2, a3, a4, a5, a6, a7, scale, out);
         for (int i = 0; i < 8 && p0 + i < n; i++) scores[p0 + i] = out[i];
     }
 }
@@ -658,11 +665,8 @@ static inline __attribute__((always_inline)) void attn_scores4(const float *q, s
             a6 = _mm256_fmadd_ps(x2, k1, a6);
             a7 = _mm256_fmadd_ps(x3, k1, a7);
         }
-        const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
         float out[8];
-        _mm256_storeu_ps(out, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        sums8(a0, a1, a2, a3, a4, a5, a6, a7, scale, out);
         for (int i = 0; i < CB_ATTN_BLOCK; i++) {
             scores[i * s_stride + p] = out[i];
             if (p + 1 < last) scores[i * s_stride + p + 1] = out[4 + i];

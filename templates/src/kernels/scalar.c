@@ -70,15 +70,11 @@ static inline float madd(float a, float b, float c) {
 #endif
 }
 
-/* acc + d * s as the x4 kernels accumulate. */
-static inline float x4_accumulate(float acc, float d, int s) { return madd(d, (float)s, acc); }
-
 /* The x4 arithmetic every SIMD target's x4 kernels reproduce bit for bit
  * (kernels/avx2.c): per row four partial sums, lane j holding elements
  * 4j..4j+3 and 16+4j..16+4j+3 of each block, each scaled by d_w * d_x with a
- * fused multiply-add (x4_accumulate); then (lane 0 + lane 1) + (lane 2 +
- * lane 3). In an x4
- * group (dims.h) row i's elements 0..15 and 16..31 are at 8 + 16i and
+ * fused multiply-add (madd); then (lane 0 + lane 1) + (lane 2 + lane 3). In
+ * an x4 group (dims.h) row i's elements 0..15 and 16..31 are at 8 + 16i and
  * 72 + 16i (q8_0), or the low and high nibbles of the 16 bytes at 8 + 16i
  * (q4_0). */
 static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n,
@@ -103,7 +99,7 @@ static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, cons
             cb_half dw;
             memcpy(&dw, blk + 2 * i, sizeof dw);
             const float d = cb_half_to_float(dw) * cb_half_to_float(x[b].d);
-            for (int j = 0; j < 4; j++) acc[j] = x4_accumulate(acc[j], d, lane[j]);
+            for (int j = 0; j < 4; j++) acc[j] = madd(d, (float)lane[j], acc[j]);
         }
         out[i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
@@ -131,8 +127,10 @@ void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
  * one float operation that the SIMD kernels repeat (avx2.c exp8), so every
  * target with FMA gets the same bits, unlike libm's expf, whose last bits
  * are each C library's own (glibc, MinGW, macOS), and which is a call per
- * element. Under 2 ulp from e^x (kernel-check measures it). */
-float cb_expf(float x) {
+ * element. Under 2 ulp from e^x (kernel-check measures it). Not inlined,
+ * so that no compiler fuses its last multiply into a caller's add (1 + e^-g;
+ * GCC's default -ffp-contract=fast may), which the SIMD kernels do not. */
+__attribute__((noinline)) float cb_expf(float x) {
     if (x != x) return x;
     x = x < CB_EXP_MIN ? CB_EXP_MIN : x > CB_EXP_MAX ? CB_EXP_MAX : x;
     const float k = rintf(x * CB_LOG2E);

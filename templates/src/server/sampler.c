@@ -171,8 +171,8 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
     }
     /* Unnormalised probabilities exp((l - max) / T), in place; the most
      * likely token has 1. exp is monotone, so the order holds. Over the
-     * whole vocabulary (no top_k) vectorised: 32000 calls of libm's expf
-     * were 125 us of every sampled token. */
+     * whole vocabulary (no top_k) vectorised: with libm's expf a token
+     * sampled from 32000 took 177 us, with this 107 (before draw()). */
     const float max = sorted ? w[idx[0]] : w[argmax(w, V)];
     const float inv_t = 1.0f / p->temperature;
     if (sorted)
