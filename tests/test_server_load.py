@@ -137,13 +137,16 @@ def test_clients_that_leave_free_their_slot_and_queue_place(native_server_dist, 
         body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 240, "stream": True,
                 "ignore_eos": True}  # A must still be running when it leaves
         prompt_before = metric(srv, "colibri_prompt_tokens_total")
-        # A streams; B waits in the queue and leaves before the server looks.
-        a = send_raw(srv.port, body)
-        assert read_status(a)[0] == 200
+        # A takes the slot; B waits in the queue and leaves before the server
+        # looks. Both arrive while the server is stopped: sending B only
+        # after A's first bytes let A (240 tokens of a tiny model, ~12 ms)
+        # finish first now and then, and B was admitted.
         with Paused(srv):
+            a = send_raw(srv.port, body)
             b = send_raw(srv.port, body)
             b.close()
             time.sleep(0.1)
+        assert read_status(a)[0] == 200
         # A leaves mid-stream.
         generated_before = metric(srv, "colibri_generated_tokens_total")
         a.close()
