@@ -589,38 +589,62 @@ static inline __m256 load8(const void *row, int j, int f16) {
                : _mm256_loadu_ps((const float *)row + j);
 }
 
+/* One position's FMA chain over the head, from zero. */
+static inline __attribute__((always_inline)) __m256 row_chain(const float *q, const uint8_t *row, int hd, int f16) {
+    __m256 a = _mm256_setzero_ps();
+    for (int j = 0; j < hd; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load8(row, j, f16), a);
+    return a;
+}
+
 static inline __attribute__((always_inline)) void attn_scores(const float *q, const void *k, size_t stride, int n,
                                                               int hd, float scale, float *scores, int f16) {
     const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
     for (int p0 = 0; p0 < n; p0 += 8) {
         const uint8_t *r[8];
         for (int i = 0; i < 8; i++) r[i] = (const uint8_t *)k + (size_t)(p0 + i < n ? p0 + i : n - 1) * row_bytes;
-        /* Named accumulators: an array of them would live on the stack. */
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int j = 0; j < hd; j += 8) {
-            const __m256 qj = _mm256_loadu_ps(q + j);
-            a0 = _mm256_fmadd_ps(qj, load8(r[0], j, f16), a0);
-            a1 = _mm256_fmadd_ps(qj, load8(r[1], j, f16), a1);
-            a2 = _mm256_fmadd_ps(qj, load8(r[2], j, f16), a2);
-            a3 = _mm256_fmadd_ps(qj, load8(r[3], j, f16), a3);
-            a4 = _mm256_fmadd_ps(qj, load8(r[4], j, f16), a4);
-            a5 = _mm256_fmadd_ps(qj, load8(r[5], j, f16), a5);
-            a6 = _mm256_fmadd_ps(qj, load8(r[6], j, f16), a6);
-            a7 = _mm256_fmadd_ps(qj, load8(r[7], j, f16), a7);
-        }
+        /* Row after row, each read start to end: from memory twice as fast
+         * (one core, hd 64, f32: 22 vs 12 GB/s) as all eight rows a vector
+         * at a time, which the prefetchers follow badly. The out-of-order
+         * core overlaps the eight chains. */
+        const __m256 a0 = row_chain(q, r[0], hd, f16), a1 = row_chain(q, r[1], hd, f16);
+        const __m256 a2 = row_chain(q, r[2], hd, f16), a3 = row_chain(q, r[3], hd, f16);
+        const __m256 a4 = row_chain(q, r[4], hd, f16), a5 = row_chain(q, r[5], hd, f16);
+        const __m256 a6 = row_chain(q, r[6], hd, f16), a7 = row_chain(q, r[7], hd, f16);
         float out[8];
         sums8(a0, a1, a2, a3, a4, a5, a6, a7, scale, out);
         for (int i = 0; i < 8 && p0 + i < n; i++) scores[p0 + i] = out[i];
     }
 }
 
-/* The output stays in registers, 32 floats at a time, across every
- * position: per element the same FMA chain as the scalar reference. */
+/* The output stays in registers, 64 floats at a time (then 32), across
+ * every position: per element the same FMA chain as the scalar reference.
+ * A head of 64 is one pass over V, each row read whole: from memory twice as
+ * fast as two passes of 32 (one core, f32: 25 vs 12 GB/s). */
 static inline __attribute__((always_inline)) void attn_mix(float *out, const float *w, const void *v, size_t stride,
                                                            int n, int hd, int f16) {
     const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
-    for (int j = 0; j < hd; j += 32) {
-        __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 64 <= hd; j += 64) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
+        for (int p = 0; p < n; p++) {
+            const uint8_t *row = (const uint8_t *)v + (size_t)p * row_bytes;
+            const __m256 wp = _mm256_broadcast_ss(w + p);
+            o0 = _mm256_fmadd_ps(wp, load8(row, j, f16), o0);
+            o1 = _mm256_fmadd_ps(wp, load8(row, j + 8, f16), o1);
+            o2 = _mm256_fmadd_ps(wp, load8(row, j + 16, f16), o2);
+            o3 = _mm256_fmadd_ps(wp, load8(row, j + 24, f16), o3);
+            o4 = _mm256_fmadd_ps(wp, load8(row, j + 32, f16), o4);
+            o5 = _mm256_fmadd_ps(wp, load8(row, j + 40, f16), o5);
+            o6 = _mm256_fmadd_ps(wp, load8(row, j + 48, f16), o6);
+            o7 = _mm256_fmadd_ps(wp, load8(row, j + 56, f16), o7);
+        }
+        _mm256_storeu_ps(out + j, o0), _mm256_storeu_ps(out + j + 8, o1);
+        _mm256_storeu_ps(out + j + 16, o2), _mm256_storeu_ps(out + j + 24, o3);
+        _mm256_storeu_ps(out + j + 32, o4), _mm256_storeu_ps(out + j + 40, o5);
+        _mm256_storeu_ps(out + j + 48, o6), _mm256_storeu_ps(out + j + 56, o7);
+    }
+    for (; j < hd; j += 32) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
         for (int p = 0; p < n; p++) {
             const uint8_t *row = (const uint8_t *)v + (size_t)p * row_bytes;
             const __m256 wp = _mm256_broadcast_ss(w + p);
@@ -629,10 +653,8 @@ static inline __attribute__((always_inline)) void attn_mix(float *out, const flo
             o2 = _mm256_fmadd_ps(wp, load8(row, j + 16, f16), o2);
             o3 = _mm256_fmadd_ps(wp, load8(row, j + 24, f16), o3);
         }
-        _mm256_storeu_ps(out + j, o0);
-        _mm256_storeu_ps(out + j + 8, o1);
-        _mm256_storeu_ps(out + j + 16, o2);
-        _mm256_storeu_ps(out + j + 24, o3);
+        _mm256_storeu_ps(out + j, o0), _mm256_storeu_ps(out + j + 8, o1);
+        _mm256_storeu_ps(out + j + 16, o2), _mm256_storeu_ps(out + j + 24, o3);
     }
 }
 

@@ -214,7 +214,7 @@ static int check_attention(const attn_family *f, int *cases) {
     for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform(), kv16[i] = cb_float_to_half(kv[i]);
     for (int f16 = 0; f16 < 2; f16++) {
         const char *cache = f16 ? "f16" : "f32";
-        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
+        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 32) {
             for (int i = 0; i < hd; i++) a[i] = uniform();
             scores_of(f, f16, ATTN_POS, hd, sc_all);
             for (int n = 1; n <= ATTN_POS; n++) {
@@ -252,7 +252,7 @@ static float queries4[CB_ATTN_BLOCK * 128], scores4[CB_ATTN_BLOCK * ATTN_POS], w
 static int check_attention4(int *cases) {
     for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform(), kv16[i] = cb_float_to_half(kv[i]);
     for (int f16 = 0; f16 < 2; f16++) {
-        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 64) {
+        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 32) {
             for (int i = 0; i < CB_ATTN_BLOCK * hd; i++) queries4[i] = uniform();
             for (int i = 0; i < CB_ATTN_BLOCK * ATTN_POS; i++) weights4[i] = uniform();
             for (int n = 1; n + CB_ATTN_BLOCK - 1 <= ATTN_POS; n++) {
