@@ -214,7 +214,7 @@ static int check_attention(const attn_family *f, int *cases) {
     for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform(), kv16[i] = cb_float_to_half(kv[i]);
     for (int f16 = 0; f16 < 2; f16++) {
         const char *cache = f16 ? "f16" : "f32";
-        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 32) {
+        for (int hd = 4; hd <= 128; hd += hd < 64 ? 4 : 32) {
             for (int i = 0; i < hd; i++) a[i] = uniform();
             scores_of(f, f16, ATTN_POS, hd, sc_all);
             for (int n = 1; n <= ATTN_POS; n++) {
@@ -252,7 +252,7 @@ static float queries4[CB_ATTN_BLOCK * 128], scores4[CB_ATTN_BLOCK * ATTN_POS], w
 static int check_attention4(int *cases) {
     for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv[i] = uniform(), kv16[i] = cb_float_to_half(kv[i]);
     for (int f16 = 0; f16 < 2; f16++) {
-        for (int hd = 8; hd <= 128; hd += hd < 64 ? 8 : 32) {
+        for (int hd = 4; hd <= 128; hd += hd < 64 ? 4 : 32) {
             for (int i = 0; i < CB_ATTN_BLOCK * hd; i++) queries4[i] = uniform();
             for (int i = 0; i < CB_ATTN_BLOCK * ATTN_POS; i++) weights4[i] = uniform();
             for (int n = 1; n + CB_ATTN_BLOCK - 1 <= ATTN_POS; n++) {
@@ -286,6 +286,13 @@ static int check_attention4(int *cases) {
 }
 #endif
 
+/* The family whose softmax, SwiGLU and sampler exp are vectorised. */
+#if CB_KERNELS_AVX2
+#define VECTOR_FAMILY "avx2"
+#elif CB_KERNELS_NEON
+#define VECTOR_FAMILY "neon"
+#endif
+
 /* cb_expf against e^x in double over its whole range, in ulps of the
  * result; then, where the target has them, the SIMD softmax and swiglu
  * against the scalar ones, bit for bit (they share cb_expf's arithmetic and
@@ -308,26 +315,34 @@ static int check_exp(int *cases, double *worst_ulp) {
         printf("  cb_expf: clamping, e^0 or NaN wrong\n");
         return 1;
     }
-#if CB_KERNELS_AVX2
+#ifdef VECTOR_FAMILY
     static const float special[] = {0.0f, -0.0f, 100.0f, -100.0f, 88.5f, -87.5f, 1e-30f, -1e-30f, 20.0f, -20.0f};
     for (int n = 1; n <= 70; n++) {
         for (int i = 0; i < n; i++) a[i] = i < 10 && n > 20 ? special[i] : uniform() * (float)(1 << (i % 6));
         memcpy(b, a, sizeof(float) * n);
-        cb_softmax_avx2(a, n);
+        cb_softmax(a, n);
         cb_softmax_scalar(b, n);
         if (memcmp(a, b, sizeof(float) * n) != 0) {
-            printf("  avx2 softmax n=%d: differs from the reference\n", n);
+            printf("  %s softmax n=%d: differs from the reference\n", VECTOR_FAMILY, n);
             return 1;
         }
         for (int i = 0; i < n; i++) a[i] = i < 10 && n > 20 ? special[i] : uniform() * 12.0f, v[i] = uniform();
         memcpy(b, a, sizeof(float) * n);
-        cb_swiglu_avx2(a, v, n);
+        cb_swiglu(a, v, n);
         cb_swiglu_scalar(b, v, n);
         if (memcmp(a, b, sizeof(float) * n) != 0) {
-            printf("  avx2 swiglu n=%d: differs from the reference\n", n);
+            printf("  %s swiglu n=%d: differs from the reference\n", VECTOR_FAMILY, n);
             return 1;
         }
-        *cases += 2;
+        for (int i = 0; i < n; i++) a[i] = i < 10 && n > 20 ? special[i] : uniform() * 30.0f;
+        memcpy(b, a, sizeof(float) * n);
+        cb_exp_shifted(a, n, 0.5f, 1.25f);
+        cb_exp_shifted_scalar(b, n, 0.5f, 1.25f);
+        if (memcmp(a, b, sizeof(float) * n) != 0) {
+            printf("  %s exp_shifted n=%d: differs from the reference\n", VECTOR_FAMILY, n);
+            return 1;
+        }
+        *cases += 3;
     }
 #endif
     return 0;
@@ -488,6 +503,10 @@ int main(void) {
             {"avx2", cb_attn_scores_avx2, cb_attn_mix_avx2, cb_attn_scores_f16_avx2, cb_attn_mix_f16_avx2,
              cb_f32_to_f16_avx2},
 #endif
+#if CB_KERNELS_NEON
+            {"neon", cb_attn_scores_neon, cb_attn_mix_neon, cb_attn_scores_f16_neon, cb_attn_mix_f16_neon,
+             cb_f32_to_f16_neon},
+#endif
             {"scalar", cb_attn_scores_scalar, cb_attn_mix_scalar, cb_attn_scores_f16_scalar, cb_attn_mix_f16_scalar,
              cb_f32_to_f16_scalar},
         };
@@ -507,8 +526,13 @@ int main(void) {
         int cases = 0, bad = 0;
         double worst_ulp = 0;
         bad |= check_exp(&cases, &worst_ulp);
+#ifdef VECTOR_FAMILY
+        const char *simd = "; " VECTOR_FAMILY " softmax, swiglu and exp_shifted bit for bit the scalar ones";
+#else
+        const char *simd = "";
+#endif
         printf("kernel-check exp: %s (%d cases; cb_expf within %.2f ulp of e^x%s)\n", bad ? "FAILED" : "ok", cases,
-               worst_ulp, CB_KERNELS_AVX2 ? "; avx2 softmax and swiglu bit for bit the scalar ones" : "");
+               worst_ulp, simd);
         failed |= bad;
     }
 #ifdef cb_dot4_tokens_q4_0

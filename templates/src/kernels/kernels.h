@@ -156,6 +156,14 @@ void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float
 void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next);
 #define cb_dot4_x4_q8_0 cb_dot4_q8_0x4_neon
 #define cb_dot4_x4_q4_0 cb_dot4_q4_0x4_neon
+void cb_attn_scores_neon(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores);
+void cb_attn_mix_neon(float *out, const float *w, const float *v, size_t stride, int n, int hd);
+void cb_attn_scores_f16_neon(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
+void cb_attn_mix_f16_neon(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_f32_to_f16_neon(const float *x, cb_half *y, int n);
+void cb_softmax_neon(float *x, int n);
+void cb_exp_shifted_neon(float *x, int n, float shift, float scale);
+void cb_swiglu_neon(float *gate, const float *up, int n);
 #endif
 #if CB_KERNELS_DOTPROD
 float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
@@ -190,11 +198,16 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #endif
 /* Queries attention takes together where the target has four-query kernels. */
 #define CB_ATTN_BLOCK 4
-#define cb_attn_scores CB_KERNEL(cb_attn_scores)
-#define cb_attn_mix CB_KERNEL(cb_attn_mix)
-#define cb_attn_scores_f16 CB_KERNEL(cb_attn_scores_f16)
-#define cb_attn_mix_f16 CB_KERNEL(cb_attn_mix_f16)
-#define cb_f32_to_f16 CB_KERNEL(cb_f32_to_f16)
+#if CB_KERNELS_NEON
+#define CB_VECTOR_KERNEL(name) name##_neon
+#else
+#define CB_VECTOR_KERNEL(name) CB_KERNEL(name)
+#endif
+#define cb_attn_scores CB_VECTOR_KERNEL(cb_attn_scores)
+#define cb_attn_mix CB_VECTOR_KERNEL(cb_attn_mix)
+#define cb_attn_scores_f16 CB_VECTOR_KERNEL(cb_attn_scores_f16)
+#define cb_attn_mix_f16 CB_VECTOR_KERNEL(cb_attn_mix_f16)
+#define cb_f32_to_f16 CB_VECTOR_KERNEL(cb_f32_to_f16)
 /* The engine's activation quantizer: the reference's bytes, faster. */
 #define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
 #define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
@@ -245,13 +258,13 @@ void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float cb_expf(float x);
 /* x[i] = cb_expf((x[i] - shift) * scale): a sampler's exp((l - max) / T). */
 void cb_exp_shifted_scalar(float *x, int n, float shift, float scale);
-#define cb_exp_shifted CB_KERNEL(cb_exp_shifted)
+#define cb_exp_shifted CB_VECTOR_KERNEL(cb_exp_shifted)
 /* In place, numerically safe (max subtracted). */
 void cb_softmax_scalar(float *x, int n);
 /* silu(gate) * up, into gate. */
 void cb_swiglu_scalar(float *gate, const float *up, int n);
-#define cb_softmax CB_KERNEL(cb_softmax)
-#define cb_swiglu CB_KERNEL(cb_swiglu)
+#define cb_softmax CB_VECTOR_KERNEL(cb_softmax)
+#define cb_swiglu CB_VECTOR_KERNEL(cb_swiglu)
 /* y += a * x */
 void cb_axpy_scalar(float *y, float a, const float *x, int n);
 #define cb_axpy CB_KERNEL(cb_axpy)

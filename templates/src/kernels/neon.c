@@ -1,5 +1,6 @@
-/* NEON kernels (aarch64; also used by the dotprod family for f32).
- * Reference: kernels/scalar.c. */
+/* NEON kernels (aarch64; also used by the dotprod family): f32 dot, top-k,
+ * attention over the KV cache, exp, softmax and SwiGLU. Reference:
+ * kernels/scalar.c. */
 #include <arm_neon.h>
 
 #include "kernels.h"
@@ -52,4 +53,153 @@ void cb_topk_neon(const float *values, int n, int k, int32_t *ids) {
         cb_topk_lanes(lane_v, lane_i, 4, values, i, n, pv, pi, &bv, &bi);
         cb_topk_pick(values, n, bv, bi, &pv, &pi, &ids[j]);
     }
+}
+
+/* ---- attention over one head of the cache (float or float16 rows) ---- */
+
+static inline float32x4_t load4(const void *row, int j, int f16) {
+    return f16 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)row + j)))
+               : vld1q_f32((const float *)row + j);
+}
+
+/* q . row over the head (a multiple of 4) in two interleaved partial sums;
+ * a position's score does not depend on its neighbours or on n. Positions
+ * are independent chains, which the core overlaps; each row is read start
+ * to end (the prefetchers' pattern). */
+static inline __attribute__((always_inline)) float row_dot(const float *q, const uint8_t *row, int hd, int f16) {
+    float32x4_t a = vdupq_n_f32(0), b = vdupq_n_f32(0);
+    int j = 0;
+    for (; j + 8 <= hd; j += 8) {
+        a = vfmaq_f32(a, vld1q_f32(q + j), load4(row, j, f16));
+        b = vfmaq_f32(b, vld1q_f32(q + j + 4), load4(row, j + 4, f16));
+    }
+    if (j < hd) a = vfmaq_f32(a, vld1q_f32(q + j), load4(row, j, f16));
+    return vaddvq_f32(vaddq_f32(a, b));
+}
+
+static inline __attribute__((always_inline)) void attn_scores(const float *q, const void *k, size_t stride, int n,
+                                                              int hd, float scale, float *scores, int f16) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
+    for (int p = 0; p < n; p++) scores[p] = row_dot(q, (const uint8_t *)k + (size_t)p * row_bytes, hd, f16) * scale;
+}
+
+/* out[j] = sum over p of w[p] v[p][j], per element one FMA chain in p order
+ * (the scalar reference's, contracted): 64 columns at a time in sixteen
+ * registers (a head of 64: one pass over V), then 16, then 4. */
+#define UNROLLED _Pragma("GCC unroll 16") /* the accumulators then live in registers */
+#define MIX_COLUMNS(W)                                                                                   \
+    for (; j + (W) <= hd; j += (W)) {                                                                    \
+        float32x4_t o[(W) / 4];                                                                          \
+        UNROLLED for (int c = 0; c < (W) / 4; c++) o[c] = vdupq_n_f32(0);                                \
+        for (int p = 0; p < n; p++) {                                                                    \
+            const uint8_t *row = (const uint8_t *)v + (size_t)p * row_bytes;                             \
+            const float32x4_t wp = vdupq_n_f32(w[p]);                                                    \
+            UNROLLED for (int c = 0; c < (W) / 4; c++) o[c] = vfmaq_f32(o[c], wp, load4(row, j + 4 * c, f16)); \
+        }                                                                                                \
+        UNROLLED for (int c = 0; c < (W) / 4; c++) vst1q_f32(out + j + 4 * c, o[c]);                     \
+    }
+
+static inline __attribute__((always_inline)) void attn_mix(float *out, const float *w, const void *v, size_t stride,
+                                                           int n, int hd, int f16) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
+    int j = 0;
+    MIX_COLUMNS(64)
+    MIX_COLUMNS(16)
+    MIX_COLUMNS(4)
+}
+#undef MIX_COLUMNS
+#undef UNROLLED
+
+void cb_attn_scores_neon(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores) {
+    if (hd % 4) cb_attn_scores_scalar(q, k, stride, n, hd, scale, scores);
+    else attn_scores(q, k, stride, n, hd, scale, scores, 0);
+}
+
+void cb_attn_mix_neon(float *out, const float *w, const float *v, size_t stride, int n, int hd) {
+    if (hd % 4) cb_attn_mix_scalar(out, w, v, stride, n, hd);
+    else attn_mix(out, w, v, stride, n, hd, 0);
+}
+
+void cb_attn_scores_f16_neon(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores) {
+    if (hd % 4) cb_attn_scores_f16_scalar(q, k, stride, n, hd, scale, scores);
+    else attn_scores(q, k, stride, n, hd, scale, scores, 1);
+}
+
+void cb_attn_mix_f16_neon(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
+    if (hd % 4) cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
+    else attn_mix(out, w, v, stride, n, hd, 1);
+}
+
+/* FCVTN rounds to nearest even like cb_float_to_half, subnormals included. */
+void cb_f32_to_f16_neon(const float *x, cb_half *y, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    cb_f32_to_f16_scalar(x + i, y + i, n - i);
+}
+
+/* ---- exp, softmax, SwiGLU ---- */
+
+/* cb_expf (kernels/scalar.c) on four lanes, operation for operation (its
+ * madd is fmaf on aarch64, so VFMA gives its bits). FMAX and FMIN pass a NaN
+ * through, as the reference does. */
+static inline float32x4_t exp4(float32x4_t x) {
+    x = vminq_f32(vdupq_n_f32(CB_EXP_MAX), vmaxq_f32(vdupq_n_f32(CB_EXP_MIN), x));
+    const float32x4_t k = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(CB_LOG2E)));
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(CB_LN2_HI));
+    r = vfmsq_f32(r, k, vdupq_n_f32(CB_LN2_LO));
+    float32x4_t p = vdupq_n_f32(CB_EXP_C7);
+    p = vfmaq_f32(vdupq_n_f32(CB_EXP_C6), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CB_EXP_C5), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CB_EXP_C4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CB_EXP_C3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CB_EXP_C2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    const int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(bits));
+}
+
+/* cb_softmax_scalar's bits: its eight partial sums are two vectors here
+ * (element i into lane i % 8); the tail's elements go to lanes 0, 1, ... */
+void cb_softmax_neon(float *x, int n) {
+    if (n <= 0) return;
+    int i = 0;
+    float32x4_t vmax = vdupq_n_f32(x[0]);
+    for (; i + 4 <= n; i += 4) vmax = vmaxq_f32(vmax, vld1q_f32(x + i));
+    float max = vmaxvq_f32(vmax);
+    for (; i < n; i++) max = x[i] > max ? x[i] : max;
+    const float32x4_t m = vdupq_n_f32(max);
+    float32x4_t s0 = vdupq_n_f32(0), s1 = vdupq_n_f32(0);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const float32x4_t e0 = exp4(vsubq_f32(vld1q_f32(x + i), m)), e1 = exp4(vsubq_f32(vld1q_f32(x + i + 4), m));
+        vst1q_f32(x + i, e0), vst1q_f32(x + i + 4, e1);
+        s0 = vaddq_f32(s0, e0), s1 = vaddq_f32(s1, e1);
+    }
+    float lanes[8];
+    vst1q_f32(lanes, s0), vst1q_f32(lanes + 4, s1);
+    for (int j = 0; i < n; i++, j++) {
+        x[i] = cb_expf(x[i] - max);
+        lanes[j] += x[i];
+    }
+    const float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    const float32x4_t inv = vdupq_n_f32(1.0f / total);
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), inv));
+    for (; i < n; i++) x[i] *= 1.0f / total;
+}
+
+void cb_exp_shifted_neon(float *x, int n, float shift, float scale) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(x + i, exp4(vmulq_f32(vsubq_f32(vld1q_f32(x + i), vdupq_n_f32(shift)), vdupq_n_f32(scale))));
+    cb_exp_shifted_scalar(x + i, n - i, shift, scale);
+}
+
+void cb_swiglu_neon(float *gate, const float *up, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t g = vld1q_f32(gate + i);
+        const float32x4_t silu = vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), exp4(vnegq_f32(g))));
+        vst1q_f32(gate + i, vmulq_f32(silu, vld1q_f32(up + i)));
+    }
+    cb_swiglu_scalar(gate + i, up + i, n - i);
 }
