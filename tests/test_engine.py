@@ -101,10 +101,12 @@ def test_other_shapes_match_reference(workdir):
 
 
 @pytest.mark.parametrize("kv_cache", ["f32", "f16"])
-@pytest.mark.parametrize("shape", [(), ("--heads", "2", "--kv-heads", "1", "--hidden-size", "128")])
+@pytest.mark.parametrize("shape", [(), ("--heads", "2", "--kv-heads", "1", "--hidden-size", "128"),
+                                   ("--heads", "8", "--kv-heads", "2", "--hidden-size", "128")])
 def test_a_token_gets_the_same_bits_whatever_run_of_prompt_tokens_it_attends_in(workdir, shape, kv_cache):
     """A prompt's tokens attend four at a time (the four-query kernels, each
-    K and V row read once for the four); a token left over attends alone. A
+    K and V row read once for the four); a token left over attends alone, or
+    with the other three heads of its GQA group of four (8 heads on 2). A
     token's logits must not depend on which, nor on its place in its run of
     four: forward(ids[:m]) ends with runs of 1-4 tokens, and continuing from
     position s shifts every run by s (head sizes 16, and 64 on the kernels'

@@ -658,16 +658,17 @@ static inline __attribute__((always_inline)) void attn_mix(float *out, const flo
     }
 }
 
-/* Four queries at consecutive positions of one slot (a prompt chunk),
- * query i over positions [0, n + i): each K row is loaded once for all four.
+/* Four queries at consecutive positions of one slot (a prompt chunk; stair),
+ * query i over positions [0, n + i), or four over [0, n) (a GQA group's
+ * heads at one position): each K row is loaded once for all four.
  * Per (query, position) the same FMA chain over the head and the same
  * reduction as attn_scores, so the same bits. Rows past a query's own
  * positions get values nobody reads. */
 static inline __attribute__((always_inline)) void attn_scores4(const float *q, size_t q_stride, const void *k,
                                                                size_t stride, int n, int hd, float scale,
-                                                               float *scores, size_t s_stride, int f16) {
+                                                               float *scores, size_t s_stride, int f16, int stair) {
     const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
-    const int last = n + CB_ATTN_BLOCK - 1;
+    const int last = stair ? n + CB_ATTN_BLOCK - 1 : n;
     const float *q1 = q + q_stride, *q2 = q1 + q_stride, *q3 = q2 + q_stride;
     for (int p = 0; p < last; p += 2) {
         const uint8_t *r0 = (const uint8_t *)k + (size_t)p * row_bytes;
@@ -766,7 +767,7 @@ void cb_attn_scores4_avx2(const float *q, size_t q_stride, const float *k, size_
     if (hd % 8)
         for (int i = 0; i < CB_ATTN_BLOCK; i++)
             cb_attn_scores_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 1);
 }
 
 void cb_attn_scores4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
@@ -774,7 +775,7 @@ void cb_attn_scores4_f16_avx2(const float *q, size_t q_stride, const cb_half *k,
     if (hd % 8)
         for (int i = 0; i < CB_ATTN_BLOCK; i++)
             cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 1);
 }
 
 void cb_attn_mix4_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
@@ -791,6 +792,25 @@ void cb_attn_mix4_f16_avx2(float *out, size_t out_stride, const float *w, size_t
         for (int i = 0; i < CB_ATTN_BLOCK; i++)
             cb_attn_mix_f16_avx2(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
     else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1);
+}
+
+/* Scores of four queries over the same positions [0, n): the heads of a GQA
+ * group at one position, which share their K rows. (Their V is mixed one
+ * head at a time: four-query mixing ran at half the speed from memory.) */
+void cb_attn_scores_group4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride) {
+    if (hd % 8)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_scalar(q + i * q_stride, k, stride, n, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 0);
+}
+
+void cb_attn_scores_group4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                    float scale, float *scores, size_t s_stride) {
+    if (hd % 8)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 0);
 }
 
 /* cb_expf (kernels/scalar.c) on eight lanes, operation for operation: the

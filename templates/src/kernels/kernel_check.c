@@ -279,6 +279,21 @@ static int check_attention4(int *cases) {
                     }
                     *cases += 2;
                 }
+#ifdef cb_attn_scores_group4
+                /* A GQA group: the four over the same n positions. */
+                if (f16) cb_attn_scores_group4_f16(queries4, hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
+                else cb_attn_scores_group4(queries4, hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
+                for (int i = 0; i < CB_ATTN_BLOCK; i++) {
+                    if (f16) cb_attn_scores_f16(queries4 + i * hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
+                    else cb_attn_scores(queries4 + i * hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
+                    if (memcmp(scores4 + i * ATTN_POS, sc_ref, sizeof(float) * n) != 0) {
+                        printf("  GQA group scores (%s cache) hd=%d n=%d head %d: differs from one query\n",
+                               f16 ? "f16" : "f32", hd, n, i);
+                        return 1;
+                    }
+                    *cases += 1;
+                }
+#endif
             }
         }
     }
@@ -517,7 +532,8 @@ int main(void) {
 #ifdef cb_attn_scores4
     {
         int cases = 0, bad = check_attention4(&cases);
-        printf("kernel-check attention, four queries: %s (%d cases, bit for bit one query at a time)\n",
+        printf("kernel-check attention, four queries: %s (%d cases, prompt runs and GQA groups bit for bit one query at "
+               "a time)\n",
                bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }

@@ -130,6 +130,15 @@ void cb_attn_mix4_avx2(float *out, size_t out_stride, const float *w, size_t w_s
                        int n, int hd);
 void cb_attn_mix4_f16_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
                            size_t stride, int n, int hd);
+/* Scores of four queries over the same positions [0, n): a GQA group's
+ * heads (rows q_stride apart), which share each K row. */
+#define cb_attn_scores_group4 cb_attn_scores_group4_avx2
+#define cb_attn_scores_group4_f16 cb_attn_scores_group4_f16_avx2
+void cb_attn_scores_group4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride);
+void cb_attn_scores_group4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                    float scale, float *scores, size_t s_stride);
+
 void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n);
 void cb_softmax_avx2(float *x, int n);
 void cb_exp_shifted_avx2(float *x, int n, float shift, float scale);
