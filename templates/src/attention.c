@@ -127,54 +127,74 @@ static void clamp(float *x, int n, float limit) {
     for (int i = 0; i < n; i++) x[i] = x[i] > limit ? limit : x[i] < -limit ? -limit : x[i];
 }
 
+typedef struct {
+    int layer;
+    const cb_batch_item *items;
+} layer_tokens;
+
+static void attn_norm_token(cb_engine *e, void *p, int i) {
+    const layer_tokens *t = p;
+    const cb_dims *d = CB_DIMS(e);
+    const size_t H = d->hidden;
+    cb_rmsnorm(e->xn + i * H, e->x + i * H, e->w.layers[t->layer].attn_norm, (int)H, d->norm_eps);
+}
+
+/* Token i's q, k, v: extras, RoPE, then k and v appended to its slot's
+ * cache (before anyone attends, so tokens of one prefill chunk see each
+ * other causally). */
+static void place_qkv_token(cb_engine *e, void *p, int i) {
+    const layer_tokens *t = p;
+    const cb_dims *d = CB_DIMS(e);
+    const cb_layer_weights *L = &e->w.layers[t->layer];
+    const cb_batch_item *it = &t->items[i];
+    const int hd = (int)d->head_dim, q_dim = (int)d->n_heads * hd, kv_dim = (int)d->n_kv_heads * hd;
+    const size_t off = (size_t)it->pos * (hd / 2);
+    float *q = e->q + (size_t)i * q_dim, *k = e->k + (size_t)i * kv_dim, *v = e->v + (size_t)i * kv_dim;
+    if (L->bq) {
+        cb_axpy(q, 1.0f, L->bq, q_dim);
+        cb_axpy(k, 1.0f, L->bk, kv_dim);
+        cb_axpy(v, 1.0f, L->bv, kv_dim);
+    }
+    if (d->qk_norm == CB_QK_NORM_WHOLE) {
+        cb_rmsnorm(q, q, L->q_norm, q_dim, d->norm_eps);
+        cb_rmsnorm(k, k, L->k_norm, kv_dim, d->norm_eps);
+    } else if (d->qk_norm == CB_QK_NORM_PER_HEAD) {
+        for (int h = 0; h < (int)d->n_heads; h++) cb_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, d->norm_eps);
+        for (int h = 0; h < (int)d->n_kv_heads; h++) cb_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, d->norm_eps);
+    }
+    if (d->clip_qkv > 0) {
+        clamp(q, q_dim, d->clip_qkv);
+        clamp(k, kv_dim, d->clip_qkv);
+        clamp(v, kv_dim, d->clip_qkv);
+    }
+    cb_rope_neox(q, (int)d->n_heads, hd, e->rope_cos + off, e->rope_sin + off);
+    cb_rope_neox(k, (int)d->n_kv_heads, hd, e->rope_cos + off, e->rope_sin + off);
+    for (int h = 0; h < (int)d->n_kv_heads; h++) {
+        const size_t at = (size_t)it->pos * hd;
+        uint8_t *kc = cache_head(e, e->k_cache, it->slot, t->layer, h);
+        uint8_t *vc = cache_head(e, e->v_cache, it->slot, t->layer, h);
+        if (e->kv_f16) {
+            cb_f32_to_f16(k + (size_t)h * hd, (cb_half *)kc + at, hd);
+            cb_f32_to_f16(v + (size_t)h * hd, (cb_half *)vc + at, hd);
+        } else {
+            memcpy((float *)kc + at, k + (size_t)h * hd, sizeof(float) * hd);
+            memcpy((float *)vc + at, v + (size_t)h * hd, sizeof(float) * hd);
+        }
+    }
+}
+
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[layer];
     const int H = (int)d->hidden, hd = (int)d->head_dim;
     const int q_dim = (int)d->n_heads * hd, kv_dim = (int)d->n_kv_heads * hd;
-    for (int i = 0; i < n; i++)
-        cb_rmsnorm(e->xn + (size_t)i * H, e->x + (size_t)i * H, L->attn_norm, H, d->norm_eps);
+    layer_tokens tokens = {layer, items};
+    cb_for_tokens(e, n, attn_norm_token, &tokens);
     const cb_act xa = cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride);
     const cb_mm_part qkv[3] = {{&L->wq, e->q, q_dim, CB_SET}, {&L->wk, e->k, kv_dim, CB_SET},
                                {&L->wv, e->v, kv_dim, CB_SET}};
     cb_parallel_matmul(e, qkv, 3, &xa, n);
-    /* Extras, RoPE, then append k and v to each slot's cache before anyone
-     * attends, so tokens of one prefill chunk see each other causally. */
-    for (int i = 0; i < n; i++) {
-        const size_t off = (size_t)items[i].pos * (hd / 2);
-        float *q = e->q + (size_t)i * q_dim, *k = e->k + (size_t)i * kv_dim, *v = e->v + (size_t)i * kv_dim;
-        if (L->bq) {
-            cb_axpy(q, 1.0f, L->bq, q_dim);
-            cb_axpy(k, 1.0f, L->bk, kv_dim);
-            cb_axpy(v, 1.0f, L->bv, kv_dim);
-        }
-        if (d->qk_norm == CB_QK_NORM_WHOLE) {
-            cb_rmsnorm(q, q, L->q_norm, q_dim, d->norm_eps);
-            cb_rmsnorm(k, k, L->k_norm, kv_dim, d->norm_eps);
-        } else if (d->qk_norm == CB_QK_NORM_PER_HEAD) {
-            for (int h = 0; h < (int)d->n_heads; h++) cb_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, d->norm_eps);
-            for (int h = 0; h < (int)d->n_kv_heads; h++) cb_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, d->norm_eps);
-        }
-        if (d->clip_qkv > 0) {
-            clamp(q, q_dim, d->clip_qkv);
-            clamp(k, kv_dim, d->clip_qkv);
-            clamp(v, kv_dim, d->clip_qkv);
-        }
-        cb_rope_neox(q, (int)d->n_heads, hd, e->rope_cos + off, e->rope_sin + off);
-        cb_rope_neox(k, (int)d->n_kv_heads, hd, e->rope_cos + off, e->rope_sin + off);
-        for (int h = 0; h < (int)d->n_kv_heads; h++) {
-            const size_t at = (size_t)items[i].pos * hd;
-            uint8_t *kc = cache_head(e, e->k_cache, items[i].slot, layer, h);
-            uint8_t *vc = cache_head(e, e->v_cache, items[i].slot, layer, h);
-            if (e->kv_f16) {
-                cb_f32_to_f16(k + (size_t)h * hd, (cb_half *)kc + at, hd);
-                cb_f32_to_f16(v + (size_t)h * hd, (cb_half *)vc + at, hd);
-            } else {
-                memcpy((float *)kc + at, k + (size_t)h * hd, sizeof(float) * hd);
-                memcpy((float *)vc + at, v + (size_t)h * hd, sizeof(float) * hd);
-            }
-        }
-    }
+    cb_for_tokens(e, n, place_qkv_token, &tokens);
     const int n_runs = find_runs(items, n, e->attn_runs), per = heads_per_job(d);
     const int jobs = n_runs * (int)d->n_heads / per, most = 8 * cb_threadpool_size(e->pool);
     attn_task task = {e, layer, items, e->attn_runs, n_runs, jobs < most ? jobs : most, per};

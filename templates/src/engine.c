@@ -52,11 +52,49 @@ void cb_parallel_matmul(cb_engine *e, const cb_mm_part *parts, int n_parts, cons
     cb_threadpool_run(e->pool, matmul_task, &j, tasks);
 }
 
+typedef struct {
+    cb_engine *e;
+    cb_token_fn fn;
+    void *ctx;
+    int n, n_tasks;
+} tokens_job;
+
+static void tokens_task(void *p, int task, int worker) {
+    (void)worker;
+    const tokens_job *j = p;
+    int begin, end;
+    cb_split(j->n, task, j->n_tasks, &begin, &end);
+    for (int i = begin; i < end; i++) j->fn(j->e, j->ctx, i);
+}
+
+void cb_for_tokens(cb_engine *e, int n, cb_token_fn fn, void *ctx) {
+    if (n < CB_PARALLEL_TOKENS) {
+        for (int i = 0; i < n; i++) fn(e, ctx, i);
+        return;
+    }
+    const int most = 4 * cb_threadpool_size(e->pool);
+    tokens_job j = {e, fn, ctx, n, n < most ? n : most};
+    cb_threadpool_run(e->pool, tokens_task, &j, j.n_tasks);
+}
+
+typedef struct {
+    const float *X;
+    cb_block_q8_0 *q;
+    int x_stride, q_stride, cols;
+} quantize_job;
+
+static void quantize_token(cb_engine *e, void *p, int t) {
+    (void)e;
+    const quantize_job *j = p;
+    cb_quantize_act_q8_0(j->X + (size_t)t * j->x_stride, j->q + (size_t)t * j->q_stride, j->cols);
+}
+
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride) {
     cb_act a = {X, NULL, x_stride, q_stride};
     const uint32_t dt = CB_DIMS(e)->weight_dtype;
     if (dt == CB_Q8_0 || dt == CB_Q4_0) { /* once, shared by every row and matrix */
-        for (int t = 0; t < n; t++) cb_quantize_act_q8_0(X + (size_t)t * x_stride, q + (size_t)t * q_stride, cols);
+        quantize_job j = {X, q, x_stride, q_stride, cols};
+        cb_for_tokens(e, n, quantize_token, &j);
         a.q = q;
     }
     return a;

@@ -171,20 +171,30 @@ static int all_tokens_unit(cb_engine *e, int u, const cb_ffn_weights *f, const f
     return count ? u + 1 : u;
 }
 
+static void ffn_norm_token(cb_engine *e, void *p, int i) {
+    const cb_dims *d = CB_DIMS(e);
+    const size_t H = d->hidden;
+    cb_rmsnorm(e->xn + i * H, e->x + i * H, e->w.layers[*(const int *)p].ffn_norm, (int)H, d->norm_eps);
+}
+
+static void route_token(cb_engine *e, void *p, int i) {
+    const cb_dims *d = CB_DIMS(e);
+    const int layer = *(const int *)p, E = (int)d->n_experts, k = (int)d->top_k;
+    cb_route(e->router_logits + (size_t)i * E, E, k, (int)d->router,
+             e->routing + ((size_t)i * d->n_layers + layer) * k, e->route_w + (size_t)i * k);
+}
+
 void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_of) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[layer];
     const int H = (int)d->hidden, E = (int)d->n_experts, k = (int)d->top_k;
-    for (int i = 0; i < n; i++)
-        cb_rmsnorm(e->xn + (size_t)i * H, e->x + (size_t)i * H, L->ffn_norm, H, d->norm_eps);
+    cb_for_tokens(e, n, ffn_norm_token, &layer);
     int n_units = 0;
     if (L->is_moe) {
         const cb_act xa = {e->xn, NULL, H, 0};
         const cb_mm_part router = {&L->router, e->router_logits, E, CB_SET};
         cb_parallel_matmul(e, &router, 1, &xa, n);
-        for (int i = 0; i < n; i++)
-            cb_route(e->router_logits + (size_t)i * E, E, k, (int)d->router,
-                     e->routing + ((size_t)i * d->n_layers + layer) * k, e->route_w + (size_t)i * k);
+        cb_for_tokens(e, n, route_token, &layer);
         group_by_expert(e, layer, n, outputs_of);
         /* Experts in ascending order, then the shared expert. */
         for (int x = 0; x < E; x++) {
