@@ -22,9 +22,10 @@ def test_bench_reports_all_figures(tmp_path):
     done = run_cli(*args)
     results = json.loads((tmp_path / "out" / "bench.json").read_text())
     run = results["runs"]["tiny:q8_0"]
-    for key in ("decode_tok_s", "prefill_tok_s"):
+    for key in ("decode_tok_s", "prefill_tok_s", "long_context_decode_tok_s"):
         assert run[key]["median"] > 0
     assert set(run["aggregate_decode_tok_s"]) == {"2", "4", "8"}
+    assert run["long_context_prompt_tokens"] > 16  # deeper than the batch-1 decode's 16-token prompt
     for block in ("sequential_chat", "concurrent_8_chat"):
         assert all(math.isfinite(v) and v >= 0 for v in run[block].values()), run[block]
     assert 0 < run["cold_start_ms"] < 10_000
