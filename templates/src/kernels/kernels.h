@@ -173,6 +173,24 @@ void cb_f32_to_f16_neon(const float *x, cb_half *y, int n);
 void cb_softmax_neon(float *x, int n);
 void cb_exp_shifted_neon(float *x, int n, float shift, float scale);
 void cb_swiglu_neon(float *gate, const float *up, int n);
+#define cb_attn_scores4 cb_attn_scores4_neon
+#define cb_attn_scores4_f16 cb_attn_scores4_f16_neon
+#define cb_attn_mix4 cb_attn_mix4_neon
+#define cb_attn_mix4_f16 cb_attn_mix4_f16_neon
+#define cb_attn_scores_group4 cb_attn_scores_group4_neon
+#define cb_attn_scores_group4_f16 cb_attn_scores_group4_f16_neon
+void cb_attn_scores4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
+                          float *scores, size_t s_stride);
+void cb_attn_scores4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                              float scale, float *scores, size_t s_stride);
+void cb_attn_mix4_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
+                       int n, int hd);
+void cb_attn_mix4_f16_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                           size_t stride, int n, int hd);
+void cb_attn_scores_group4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride);
+void cb_attn_scores_group4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                    float scale, float *scores, size_t s_stride);
 #endif
 #if CB_KERNELS_DOTPROD
 float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);

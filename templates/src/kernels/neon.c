@@ -108,7 +108,6 @@ static inline __attribute__((always_inline)) void attn_mix(float *out, const flo
     MIX_COLUMNS(4)
 }
 #undef MIX_COLUMNS
-#undef UNROLLED
 
 void cb_attn_scores_neon(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores) {
     if (hd % 4) cb_attn_scores_scalar(q, k, stride, n, hd, scale, scores);
@@ -128,6 +127,122 @@ void cb_attn_scores_f16_neon(const float *q, const cb_half *k, size_t stride, in
 void cb_attn_mix_f16_neon(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
     if (hd % 4) cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
     else attn_mix(out, w, v, stride, n, hd, 1);
+}
+
+/* Four queries against each K row read once: at consecutive positions of
+ * one slot (a prompt chunk; stair), query i over positions [0, n + i), or a
+ * GQA group's four heads at one position over [0, n). Per (query, position)
+ * row_dot's two partial sums in its order, so the one-query bits. Rows past
+ * a query's own positions get values nobody reads. */
+static inline __attribute__((always_inline)) void attn_scores4(const float *q, size_t q_stride, const void *k,
+                                                               size_t stride, int n, int hd, float scale,
+                                                               float *scores, size_t s_stride, int f16, int stair) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
+    const int last = stair ? n + CB_ATTN_BLOCK - 1 : n;
+    const float *q1 = q + q_stride, *q2 = q1 + q_stride, *q3 = q2 + q_stride;
+    for (int p = 0; p < last; p++) {
+        const uint8_t *row = (const uint8_t *)k + (size_t)p * row_bytes;
+        float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int j = 0;
+        for (; j + 8 <= hd; j += 8) {
+            const float32x4_t lo = load4(row, j, f16), hi = load4(row, j + 4, f16);
+            a0 = vfmaq_f32(a0, vld1q_f32(q + j), lo), b0 = vfmaq_f32(b0, vld1q_f32(q + j + 4), hi);
+            a1 = vfmaq_f32(a1, vld1q_f32(q1 + j), lo), b1 = vfmaq_f32(b1, vld1q_f32(q1 + j + 4), hi);
+            a2 = vfmaq_f32(a2, vld1q_f32(q2 + j), lo), b2 = vfmaq_f32(b2, vld1q_f32(q2 + j + 4), hi);
+            a3 = vfmaq_f32(a3, vld1q_f32(q3 + j), lo), b3 = vfmaq_f32(b3, vld1q_f32(q3 + j + 4), hi);
+        }
+        if (j < hd) {
+            const float32x4_t lo = load4(row, j, f16);
+            a0 = vfmaq_f32(a0, vld1q_f32(q + j), lo), a1 = vfmaq_f32(a1, vld1q_f32(q1 + j), lo);
+            a2 = vfmaq_f32(a2, vld1q_f32(q2 + j), lo), a3 = vfmaq_f32(a3, vld1q_f32(q3 + j), lo);
+        }
+        scores[p] = vaddvq_f32(vaddq_f32(a0, b0)) * scale;
+        scores[s_stride + p] = vaddvq_f32(vaddq_f32(a1, b1)) * scale;
+        scores[2 * s_stride + p] = vaddvq_f32(vaddq_f32(a2, b2)) * scale;
+        scores[3 * s_stride + p] = vaddvq_f32(vaddq_f32(a3, b3)) * scale;
+    }
+}
+
+/* out_i = sum over p < n + i of w_i[p] v[p] (a prompt chunk's four
+ * queries): each V row read once for the four, 16 columns at a time (then
+ * 4); per element the FMA chain of attn_mix. */
+#define MIX4_COLUMNS(W)                                                                                  \
+    for (; j + (W) <= hd; j += (W)) {                                                                    \
+        float32x4_t o[CB_ATTN_BLOCK][(W) / 4];                                                           \
+        UNROLLED for (int i = 0; i < CB_ATTN_BLOCK; i++)                                                 \
+            UNROLLED for (int c = 0; c < (W) / 4; c++) o[i][c] = vdupq_n_f32(0);                         \
+        for (int p = 0; p < n + CB_ATTN_BLOCK - 1; p++) {                                                \
+            const uint8_t *row = (const uint8_t *)v + (size_t)p * row_bytes;                             \
+            float32x4_t vr[(W) / 4];                                                                     \
+            UNROLLED for (int c = 0; c < (W) / 4; c++) vr[c] = load4(row, j + 4 * c, f16);               \
+            /* positions n.. only for the later queries: their own last ones */                         \
+            UNROLLED for (int i = 0; i < CB_ATTN_BLOCK; i++) {                                           \
+                if (p >= n + i) continue;                                                                \
+                const float32x4_t wp = vdupq_n_f32(w[i * w_stride + p]);                                 \
+                UNROLLED for (int c = 0; c < (W) / 4; c++) o[i][c] = vfmaq_f32(o[i][c], wp, vr[c]);      \
+            }                                                                                            \
+        }                                                                                                \
+        UNROLLED for (int i = 0; i < CB_ATTN_BLOCK; i++)                                                 \
+            UNROLLED for (int c = 0; c < (W) / 4; c++) vst1q_f32(out + i * out_stride + j + 4 * c, o[i][c]); \
+    }
+
+static inline __attribute__((always_inline)) void attn_mix4(float *out, size_t out_stride, const float *w,
+                                                            size_t w_stride, const void *v, size_t stride, int n,
+                                                            int hd, int f16) {
+    const size_t row_bytes = stride * (f16 ? sizeof(cb_half) : sizeof(float));
+    int j = 0;
+    MIX4_COLUMNS(16)
+    MIX4_COLUMNS(4)
+}
+#undef MIX4_COLUMNS
+#undef UNROLLED
+
+void cb_attn_scores4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
+                          float *scores, size_t s_stride) {
+    if (hd % 4)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 1);
+}
+
+void cb_attn_scores4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                              float scale, float *scores, size_t s_stride) {
+    if (hd % 4)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 1);
+}
+
+void cb_attn_mix4_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
+                       int n, int hd) {
+    if (hd % 4)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_mix_scalar(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+    else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 0);
+}
+
+void cb_attn_mix4_f16_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                           size_t stride, int n, int hd) {
+    if (hd % 4)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_mix_f16_scalar(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+    else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1);
+}
+
+void cb_attn_scores_group4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride) {
+    if (hd % 4)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_scalar(q + i * q_stride, k, stride, n, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 0);
+}
+
+void cb_attn_scores_group4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                    float scale, float *scores, size_t s_stride) {
+    if (hd % 4)
+        for (int i = 0; i < CB_ATTN_BLOCK; i++)
+            cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n, hd, scale, scores + i * s_stride);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 0);
 }
 
 /* FCVTN rounds to nearest even like cb_float_to_half, subnormals included. */
