@@ -68,6 +68,16 @@ void cb_attn_mix_scalar(float *out, const float *w, const float *v, size_t strid
  * cb_float_to_half). */
 void cb_attn_scores_f16_scalar(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_f16_scalar(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
+/* Four queries one at a time, query i over n + stair * i positions: the
+ * four-query kernels' reference and fallback (CB_ATTN_BLOCK below). */
+void cb_attn_scores4_scalar(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
+                            float *scores, size_t s_stride, int stair);
+void cb_attn_scores4_f16_scalar(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride, int stair);
+void cb_attn_mix4_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
+                         int n, int hd);
+void cb_attn_mix4_f16_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                             size_t stride, int n, int hd);
 void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n);
 #if CB_KERNELS_AVX2
 float cb_dot_f32_avx2(const float *a, const float *b, int n);

@@ -199,49 +199,37 @@ static inline __attribute__((always_inline)) void attn_mix4(float *out, size_t o
 
 void cb_attn_scores4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
                           float *scores, size_t s_stride) {
-    if (hd % 4)
-        for (int i = 0; i < CB_ATTN_BLOCK; i++)
-            cb_attn_scores_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
+    if (hd % 4) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
     else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 1);
 }
 
 void cb_attn_scores4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
                               float scale, float *scores, size_t s_stride) {
-    if (hd % 4)
-        for (int i = 0; i < CB_ATTN_BLOCK; i++)
-            cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n + i, hd, scale, scores + i * s_stride);
+    if (hd % 4) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
     else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 1);
 }
 
 void cb_attn_mix4_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
                        int n, int hd) {
-    if (hd % 4)
-        for (int i = 0; i < CB_ATTN_BLOCK; i++)
-            cb_attn_mix_scalar(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+    if (hd % 4) cb_attn_mix4_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
     else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 0);
 }
 
 void cb_attn_mix4_f16_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
                            size_t stride, int n, int hd) {
-    if (hd % 4)
-        for (int i = 0; i < CB_ATTN_BLOCK; i++)
-            cb_attn_mix_f16_scalar(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+    if (hd % 4) cb_attn_mix4_f16_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
     else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1);
 }
 
 void cb_attn_scores_group4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
                                 float scale, float *scores, size_t s_stride) {
-    if (hd % 4)
-        for (int i = 0; i < CB_ATTN_BLOCK; i++)
-            cb_attn_scores_scalar(q + i * q_stride, k, stride, n, hd, scale, scores + i * s_stride);
+    if (hd % 4) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
     else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 0);
 }
 
 void cb_attn_scores_group4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
                                     float scale, float *scores, size_t s_stride) {
-    if (hd % 4)
-        for (int i = 0; i < CB_ATTN_BLOCK; i++)
-            cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n, hd, scale, scores + i * s_stride);
+    if (hd % 4) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
     else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 0);
 }
 

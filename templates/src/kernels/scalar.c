@@ -197,6 +197,33 @@ void cb_attn_mix_f16_scalar(float *out, const float *w, const cb_half *v, size_t
         for (int j = 0; j < hd; j++) out[j] += w[p] * cb_half_to_float(v[(size_t)p * stride + j]);
 }
 
+/* Four queries one at a time (rows q_stride / s_stride / w_stride /
+ * out_stride apart), query i over n + i positions (stair: a prompt chunk)
+ * or all over n (a GQA group): what the four-query SIMD kernels compute, and
+ * their fallback for head sizes they do not vectorise. */
+void cb_attn_scores4_scalar(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
+                            float *scores, size_t s_stride, int stair) {
+    for (int i = 0; i < CB_ATTN_BLOCK; i++)
+        cb_attn_scores_scalar(q + i * q_stride, k, stride, n + stair * i, hd, scale, scores + i * s_stride);
+}
+
+void cb_attn_scores4_f16_scalar(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride, int stair) {
+    for (int i = 0; i < CB_ATTN_BLOCK; i++)
+        cb_attn_scores_f16_scalar(q + i * q_stride, k, stride, n + stair * i, hd, scale, scores + i * s_stride);
+}
+
+void cb_attn_mix4_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
+                         int n, int hd) {
+    for (int i = 0; i < CB_ATTN_BLOCK; i++) cb_attn_mix_scalar(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+}
+
+void cb_attn_mix4_f16_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                             size_t stride, int n, int hd) {
+    for (int i = 0; i < CB_ATTN_BLOCK; i++)
+        cb_attn_mix_f16_scalar(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
+}
+
 void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n) {
     for (int i = 0; i < n; i++) y[i] = cb_float_to_half(x[i]);
 }
