@@ -26,7 +26,7 @@ static void usage(FILE *out) {
             "  --request-timeout-ms N    a request must arrive within this (default 10000)\n"
             "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
-            "  --prefill-chunk N         prompt tokens a step takes while others decode; 0: no limit (default 16)\n"
+            "  --prefill-chunk N         prompt tokens a step takes while others decode; 0: no limit (default 8)\n"
             "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory (default f32)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/ (also $COLIBRI_API_KEY)\n"
             "  --verbose                 log connection events\n"
@@ -49,7 +49,7 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
     int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
-    int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, prefill_chunk = 16;
+    int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, prefill_chunk = 8;
     enum cb_kv_type kv = CB_KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
