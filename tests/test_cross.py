@@ -170,8 +170,10 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
     assert "kernel-check attention: ok" in done.stdout, done.stdout
     assert "kernel-check x4 groups: ok" in done.stdout, done.stdout
     assert "kernel-check exp: ok" in done.stdout, done.stdout
+    assert "kernel-check activation quantizer: ok" in done.stdout, done.stdout
     if "avx2" in families:
         assert "kernel-check tokens kernels: ok" in done.stdout, done.stdout
+    if "avx2" in families or "neon" in families:
         assert "kernel-check attention, four queries: ok" in done.stdout, done.stdout
     if name == "native" and native and ({"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags):
         assert "(q8_0, q4_0, f16, bf16;" in done.stdout, done.stdout

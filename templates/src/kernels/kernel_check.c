@@ -363,6 +363,29 @@ static int check_exp(int *cases, double *worst_ulp) {
     return 0;
 }
 
+/* The engine's activation quantizer (the family's) against the reference
+ * bytes: ties at .5 in both signs, zeros, -0.0, NaN-free rows of any scale. */
+static int check_quantizer(int *cases) {
+    static float row[8 * CB_QK];
+    static cb_block_q8_0 got[8], want[8];
+    for (int r = 0; r < 400; r++) {
+        const float scale = (float)(1 << (r % 24)) / 4096.0f;
+        for (int i = 0; i < 8 * CB_QK; i++) row[i] = uniform() * scale;
+        if (r % 4 == 1) /* block amax 127: id = 1, so k + 0.5 are exact ties */
+            for (int i = 0; i < 8 * CB_QK; i++) row[i] = i % CB_QK == 0 ? 127.0f : (float)((int)(uniform() * 126)) + 0.5f;
+        if (r % 4 == 2) row[3] = -0.0f, row[CB_QK + 5] = 0.0f;
+        if (r % 4 == 3) memset(row, 0, sizeof(float) * CB_QK); /* an all-zero block: d = 0 */
+        cb_quantize_act_q8_0(row, got, 8 * CB_QK);
+        cb_quantize_row_q8_0(row, want, 8 * CB_QK);
+        if (memcmp(got, want, sizeof got) != 0) {
+            printf("  activation quantizer row %d: differs from cb_quantize_row_q8_0\n", r);
+            return 1;
+        }
+        *cases += 8;
+    }
+    return 0;
+}
+
 /* One case for the block kernels below: four rows (GGML rows, the same as
  * an x4 group, the first also as f16/bf16 bits) and 19 tokens (float and
  * q8_0), nb blocks wide. */
@@ -564,6 +587,12 @@ int main(void) {
         failed |= bad;
     }
 #endif
+    {
+        int cases = 0, bad = check_quantizer(&cases);
+        printf("kernel-check activation quantizer: %s (%d blocks, bit for bit cb_quantize_row_q8_0)\n",
+               bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
     {
         int cases = 0;
         double worst = 0;

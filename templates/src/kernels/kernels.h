@@ -183,6 +183,7 @@ void cb_f32_to_f16_neon(const float *x, cb_half *y, int n);
 void cb_softmax_neon(float *x, int n);
 void cb_exp_shifted_neon(float *x, int n, float shift, float scale);
 void cb_swiglu_neon(float *gate, const float *up, int n);
+void cb_quantize_row_q8_0_neon(const float *x, cb_block_q8_0 *y, int n);
 #define cb_attn_scores4 cb_attn_scores4_neon
 #define cb_attn_scores4_f16 cb_attn_scores4_f16_neon
 #define cb_attn_mix4 cb_attn_mix4_neon
@@ -246,7 +247,7 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #define cb_attn_mix_f16 CB_VECTOR_KERNEL(cb_attn_mix_f16)
 #define cb_f32_to_f16 CB_VECTOR_KERNEL(cb_f32_to_f16)
 /* The engine's activation quantizer: the reference's bytes, faster. */
-#define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
+#define cb_quantize_act_q8_0 CB_VECTOR_KERNEL(cb_quantize_row_q8_0)
 #define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
 
 static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
