@@ -55,7 +55,7 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
  * four times. Elsewhere one head a job, which spreads a decode step's few
  * items over more threads. */
 static int heads_per_job(const cb_dims *d) {
-#ifdef cb_attn_scores_group4
+#ifdef cb_attn_scores4
     if ((d->n_heads / d->n_kv_heads) % CB_ATTN_BLOCK == 0) return CB_ATTN_BLOCK;
 #endif
     (void)d;
@@ -89,23 +89,21 @@ static void attend_task(void *p, int task, int worker) {
             for (int h = h0; h < h0 + t->heads_per_job; h++) {
                 const float *q = e->q + (size_t)i0 * q_dim + (size_t)h * hd;
                 float *out = e->attn + (size_t)i0 * q_dim + (size_t)h * hd;
-                if (e->kv_f16) cb_attn_scores4_f16(q, q_dim, k, hd, n, hd, scale, scores, ctx);
-                else cb_attn_scores4(q, q_dim, k, hd, n, hd, scale, scores, ctx);
+                if (e->kv_f16) cb_attn_scores4_f16(q, q_dim, k, hd, n, hd, scale, scores, ctx, 1);
+                else cb_attn_scores4(q, q_dim, k, hd, n, hd, scale, scores, ctx, 1);
                 for (int j = 0; j < CB_ATTN_BLOCK; j++) cb_softmax(scores + j * ctx, n + j);
                 if (e->kv_f16) cb_attn_mix4_f16(out, q_dim, scores, ctx, v, hd, n, hd);
                 else cb_attn_mix4(out, q_dim, scores, ctx, v, hd, n, hd);
             }
             continue;
         }
-#endif
-#ifdef cb_attn_scores_group4
         if (t->heads_per_job == CB_ATTN_BLOCK) {
             for (int i = i0; i < i0 + m; i++) {
                 const int n = t->items[i].pos + 1;
                 const float *q = e->q + (size_t)i * q_dim + (size_t)h0 * hd;
                 float *out = e->attn + (size_t)i * q_dim + (size_t)h0 * hd;
-                if (e->kv_f16) cb_attn_scores_group4_f16(q, hd, k, hd, n, hd, scale, scores, ctx);
-                else cb_attn_scores_group4(q, hd, k, hd, n, hd, scale, scores, ctx);
+                if (e->kv_f16) cb_attn_scores4_f16(q, hd, k, hd, n, hd, scale, scores, ctx, 0);
+                else cb_attn_scores4(q, hd, k, hd, n, hd, scale, scores, ctx, 0);
                 for (int j = 0; j < CB_ATTN_BLOCK; j++) cb_softmax(scores + j * ctx, n);
                 /* V one head at a time: its rows come from memory once, from
                  * L2 for the other heads, and the one-query mix is twice as
@@ -131,13 +129,6 @@ typedef struct {
     int layer;
     const cb_batch_item *items;
 } layer_tokens;
-
-static void attn_norm_token(cb_engine *e, void *p, int i) {
-    const layer_tokens *t = p;
-    const cb_dims *d = CB_DIMS(e);
-    const size_t H = d->hidden;
-    cb_rmsnorm(e->xn + i * H, e->x + i * H, e->w.layers[t->layer].attn_norm, (int)H, d->norm_eps);
-}
 
 /* Token i's q, k, v: extras, RoPE, then k and v appended to its slot's
  * cache (before anyone attends, so tokens of one prefill chunk see each
@@ -188,12 +179,12 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     const cb_layer_weights *L = &e->w.layers[layer];
     const int H = (int)d->hidden, hd = (int)d->head_dim;
     const int q_dim = (int)d->n_heads * hd, kv_dim = (int)d->n_kv_heads * hd;
-    layer_tokens tokens = {layer, items};
-    cb_for_tokens(e, n, attn_norm_token, &tokens);
+    cb_rmsnorm_tokens(e, n, L->attn_norm);
     const cb_act xa = cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride);
     const cb_mm_part qkv[3] = {{&L->wq, e->q, q_dim, CB_SET}, {&L->wk, e->k, kv_dim, CB_SET},
                                {&L->wv, e->v, kv_dim, CB_SET}};
     cb_parallel_matmul(e, qkv, 3, &xa, n);
+    layer_tokens tokens = {layer, items};
     cb_for_tokens(e, n, place_qkv_token, &tokens);
     const int n_runs = find_runs(items, n, e->attn_runs), per = heads_per_job(d);
     const int jobs = n_runs * (int)d->n_heads / per, most = 8 * cb_threadpool_size(e->pool);

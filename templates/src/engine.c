@@ -77,6 +77,16 @@ void cb_for_tokens(cb_engine *e, int n, cb_token_fn fn, void *ctx) {
     cb_threadpool_run(e->pool, tokens_task, &j, j.n_tasks);
 }
 
+static void rmsnorm_token(cb_engine *e, void *weight, int i) {
+    const cb_dims *d = CB_DIMS(e);
+    const size_t H = d->hidden;
+    cb_rmsnorm(e->xn + i * H, e->x + i * H, weight, (int)H, d->norm_eps);
+}
+
+void cb_rmsnorm_tokens(cb_engine *e, int n, const float *weight) {
+    cb_for_tokens(e, n, rmsnorm_token, (void *)weight);
+}
+
 typedef struct {
     const float *X;
     cb_block_q8_0 *q;

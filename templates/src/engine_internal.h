@@ -100,6 +100,8 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
 #define CB_PARALLEL_TOKENS 8
 typedef void (*cb_token_fn)(cb_engine *e, void *ctx, int i);
 void cb_for_tokens(cb_engine *e, int n, cb_token_fn fn, void *ctx);
+/* xn[i] = RMSNorm(x[i]) * weight for the first n tokens. */
+void cb_rmsnorm_tokens(cb_engine *e, int n, const float *weight);
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
 /* The FFN half of a layer: MoE (routed + optional shared expert) or dense.

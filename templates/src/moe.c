@@ -171,12 +171,6 @@ static int all_tokens_unit(cb_engine *e, int u, const cb_ffn_weights *f, const f
     return count ? u + 1 : u;
 }
 
-static void ffn_norm_token(cb_engine *e, void *p, int i) {
-    const cb_dims *d = CB_DIMS(e);
-    const size_t H = d->hidden;
-    cb_rmsnorm(e->xn + i * H, e->x + i * H, e->w.layers[*(const int *)p].ffn_norm, (int)H, d->norm_eps);
-}
-
 static void route_token(cb_engine *e, void *p, int i) {
     const cb_dims *d = CB_DIMS(e);
     const int layer = *(const int *)p, E = (int)d->n_experts, k = (int)d->top_k;
@@ -188,7 +182,7 @@ void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_o
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[layer];
     const int H = (int)d->hidden, E = (int)d->n_experts, k = (int)d->top_k;
-    cb_for_tokens(e, n, ffn_norm_token, &layer);
+    cb_rmsnorm_tokens(e, n, L->ffn_norm);
     int n_units = 0;
     if (L->is_moe) {
         const cb_act xa = {e->xn, NULL, H, 0};

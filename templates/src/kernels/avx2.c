@@ -763,15 +763,15 @@ void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t s
 /* The four-query kernels for the head sizes the one-query kernels
  * vectorise; other sizes go to the scalar ones, as the one-query kernels do. */
 void cb_attn_scores4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
-                          float *scores, size_t s_stride) {
-    if (hd % 8) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 1);
+                          float *scores, size_t s_stride, int stair) {
+    if (hd % 8) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, stair);
 }
 
 void cb_attn_scores4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                              float scale, float *scores, size_t s_stride) {
-    if (hd % 8) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 1);
+                              float scale, float *scores, size_t s_stride, int stair) {
+    if (hd % 8) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, stair);
 }
 
 void cb_attn_mix4_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
@@ -784,21 +784,6 @@ void cb_attn_mix4_f16_avx2(float *out, size_t out_stride, const float *w, size_t
                            size_t stride, int n, int hd) {
     if (hd % 32) cb_attn_mix4_f16_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
     else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1);
-}
-
-/* Scores of four queries over the same positions [0, n): the heads of a GQA
- * group at one position, which share their K rows. (Their V is mixed one
- * head at a time: four-query mixing ran at half the speed from memory.) */
-void cb_attn_scores_group4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
-                                float scale, float *scores, size_t s_stride) {
-    if (hd % 8) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 0);
-}
-
-void cb_attn_scores_group4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                                    float scale, float *scores, size_t s_stride) {
-    if (hd % 8) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 0);
 }
 
 /* cb_expf (kernels/scalar.c) on eight lanes, operation for operation: the

@@ -244,8 +244,9 @@ static int check_attention(const attn_family *f, int *cases) {
 
 #ifdef cb_attn_scores4
 /* The four-query kernels against the one-query ones, query by query, bit
- * for bit: positions n + i for query i, head sizes on and off the vector
- * widths, both caches. */
+ * for bit: positions n + i for query i (a prompt chunk) and n for all (a
+ * GQA group's scores), head sizes on and off the vector widths, both
+ * caches. */
 static float queries4[CB_ATTN_BLOCK * 128], scores4[CB_ATTN_BLOCK * ATTN_POS], weights4[CB_ATTN_BLOCK * ATTN_POS],
     out4[CB_ATTN_BLOCK * 128];
 
@@ -257,10 +258,10 @@ static int check_attention4(int *cases) {
             for (int i = 0; i < CB_ATTN_BLOCK * ATTN_POS; i++) weights4[i] = uniform();
             for (int n = 1; n + CB_ATTN_BLOCK - 1 <= ATTN_POS; n++) {
                 if (f16) {
-                    cb_attn_scores4_f16(queries4, hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
+                    cb_attn_scores4_f16(queries4, hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS, 1);
                     cb_attn_mix4_f16(out4, hd, weights4, ATTN_POS, kv16 + 5, ATTN_STRIDE, n, hd);
                 } else {
-                    cb_attn_scores4(queries4, hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
+                    cb_attn_scores4(queries4, hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS, 1);
                     cb_attn_mix4(out4, hd, weights4, ATTN_POS, kv + 5, ATTN_STRIDE, n, hd);
                 }
                 for (int i = 0; i < CB_ATTN_BLOCK; i++) {
@@ -279,10 +280,9 @@ static int check_attention4(int *cases) {
                     }
                     *cases += 2;
                 }
-#ifdef cb_attn_scores_group4
                 /* A GQA group: the four over the same n positions. */
-                if (f16) cb_attn_scores_group4_f16(queries4, hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
-                else cb_attn_scores_group4(queries4, hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS);
+                if (f16) cb_attn_scores4_f16(queries4, hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS, 0);
+                else cb_attn_scores4(queries4, hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, scores4, ATTN_POS, 0);
                 for (int i = 0; i < CB_ATTN_BLOCK; i++) {
                     if (f16) cb_attn_scores_f16(queries4 + i * hd, kv16 + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
                     else cb_attn_scores(queries4 + i * hd, kv + 3, ATTN_STRIDE, n, hd, 0.125f, sc_ref);
@@ -293,7 +293,6 @@ static int check_attention4(int *cases) {
                     }
                     *cases += 1;
                 }
-#endif
             }
         }
     }
@@ -309,8 +308,8 @@ static int check_attention4(int *cases) {
 #endif
 
 /* cb_expf against e^x in double over its whole range, in ulps of the
- * result; then, where the target has them, the SIMD softmax and swiglu
- * against the scalar ones, bit for bit (they share cb_expf's arithmetic and
+ * result; then, where the target has them, the SIMD softmax, swiglu and
+ * exp_shifted against the scalar ones, bit for bit (they share cb_expf's arithmetic and
  * the sum's order). */
 static int check_exp(int *cases, double *worst_ulp) {
     for (int i = 0; i <= 200000; i++) {

@@ -125,40 +125,39 @@ void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, i
 void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd);
 void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
-/* Four queries of one slot at consecutive positions (query i over positions
- * [0, n + i), rows q_stride / s_stride / w_stride / out_stride apart), each
- * K and V row read once for the four; the one-query kernels' bits. */
+/* Four queries (rows q_stride / s_stride / w_stride / out_stride apart),
+ * each K and V row read once for the four; the one-query kernels' bits.
+ * Scores: query i over positions [0, n + stair * i): stair 1 for a slot's
+ * consecutive positions (a prompt chunk), 0 for a GQA group's heads at one
+ * position. Mix: query i over [0, n + i) (prompt chunks only). */
 #define cb_attn_scores4 cb_attn_scores4_avx2
 #define cb_attn_scores4_f16 cb_attn_scores4_f16_avx2
 #define cb_attn_mix4 cb_attn_mix4_avx2
 #define cb_attn_mix4_f16 cb_attn_mix4_f16_avx2
 void cb_attn_scores4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
-                          float *scores, size_t s_stride);
+                          float *scores, size_t s_stride, int stair);
 void cb_attn_scores4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                              float scale, float *scores, size_t s_stride);
+                              float scale, float *scores, size_t s_stride, int stair);
 void cb_attn_mix4_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
                        int n, int hd);
 void cb_attn_mix4_f16_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
                            size_t stride, int n, int hd);
-/* Scores of four queries over the same positions [0, n): a GQA group's
- * heads (rows q_stride apart), which share each K row. */
-#define cb_attn_scores_group4 cb_attn_scores_group4_avx2
-#define cb_attn_scores_group4_f16 cb_attn_scores_group4_f16_avx2
-void cb_attn_scores_group4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
-                                float scale, float *scores, size_t s_stride);
-void cb_attn_scores_group4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                                    float scale, float *scores, size_t s_stride);
 
 void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n);
 void cb_softmax_avx2(float *x, int n);
 void cb_exp_shifted_avx2(float *x, int n, float shift, float scale);
 void cb_swiglu_avx2(float *gate, const float *up, int n);
+#endif
+/* Families nest (build_config.h): AVX512 implies AVX2, DOTPROD implies NEON.
+ * A kernel a family lacks falls back to the family below; CB_KERNEL names
+ * the one every AVX2 and every NEON build has, else the scalar one. */
+#if CB_KERNELS_AVX2
 #define CB_KERNEL(name) name##_avx2
+#elif CB_KERNELS_NEON
+#define CB_KERNEL(name) name##_neon
 #else
 #define CB_KERNEL(name) name##_scalar
 #endif
-/* Families nest (build_config.h): AVX512 implies AVX2, DOTPROD implies NEON.
- * A kernel a family lacks falls back to the family below (CB_KERNEL). */
 #if CB_KERNELS_AVX512
 float cb_dot_f32_avx512(const float *a, const float *b, int n);
 void cb_topk_avx512(const float *values, int n, int k, int32_t *ids);
@@ -184,24 +183,19 @@ void cb_softmax_neon(float *x, int n);
 void cb_exp_shifted_neon(float *x, int n, float shift, float scale);
 void cb_swiglu_neon(float *gate, const float *up, int n);
 void cb_quantize_row_q8_0_neon(const float *x, cb_block_q8_0 *y, int n);
+void cb_axpy_neon(float *y, float a, const float *x, int n);
 #define cb_attn_scores4 cb_attn_scores4_neon
 #define cb_attn_scores4_f16 cb_attn_scores4_f16_neon
 #define cb_attn_mix4 cb_attn_mix4_neon
 #define cb_attn_mix4_f16 cb_attn_mix4_f16_neon
-#define cb_attn_scores_group4 cb_attn_scores_group4_neon
-#define cb_attn_scores_group4_f16 cb_attn_scores_group4_f16_neon
 void cb_attn_scores4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
-                          float *scores, size_t s_stride);
+                          float *scores, size_t s_stride, int stair);
 void cb_attn_scores4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                              float scale, float *scores, size_t s_stride);
+                              float scale, float *scores, size_t s_stride, int stair);
 void cb_attn_mix4_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
                        int n, int hd);
 void cb_attn_mix4_f16_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
                            size_t stride, int n, int hd);
-void cb_attn_scores_group4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
-                                float scale, float *scores, size_t s_stride);
-void cb_attn_scores_group4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                                    float scale, float *scores, size_t s_stride);
 #endif
 #if CB_KERNELS_DOTPROD
 float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
@@ -236,18 +230,13 @@ float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n)
 #endif
 /* Queries attention takes together where the target has four-query kernels. */
 #define CB_ATTN_BLOCK 4
-#if CB_KERNELS_NEON
-#define CB_VECTOR_KERNEL(name) name##_neon
-#else
-#define CB_VECTOR_KERNEL(name) CB_KERNEL(name)
-#endif
-#define cb_attn_scores CB_VECTOR_KERNEL(cb_attn_scores)
-#define cb_attn_mix CB_VECTOR_KERNEL(cb_attn_mix)
-#define cb_attn_scores_f16 CB_VECTOR_KERNEL(cb_attn_scores_f16)
-#define cb_attn_mix_f16 CB_VECTOR_KERNEL(cb_attn_mix_f16)
-#define cb_f32_to_f16 CB_VECTOR_KERNEL(cb_f32_to_f16)
+#define cb_attn_scores CB_KERNEL(cb_attn_scores)
+#define cb_attn_mix CB_KERNEL(cb_attn_mix)
+#define cb_attn_scores_f16 CB_KERNEL(cb_attn_scores_f16)
+#define cb_attn_mix_f16 CB_KERNEL(cb_attn_mix_f16)
+#define cb_f32_to_f16 CB_KERNEL(cb_f32_to_f16)
 /* The engine's activation quantizer: the reference's bytes, faster. */
-#define cb_quantize_act_q8_0 CB_VECTOR_KERNEL(cb_quantize_row_q8_0)
+#define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
 #define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
 
 static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
@@ -296,13 +285,13 @@ void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float cb_expf(float x);
 /* x[i] = cb_expf((x[i] - shift) * scale): a sampler's exp((l - max) / T). */
 void cb_exp_shifted_scalar(float *x, int n, float shift, float scale);
-#define cb_exp_shifted CB_VECTOR_KERNEL(cb_exp_shifted)
+#define cb_exp_shifted CB_KERNEL(cb_exp_shifted)
 /* In place, numerically safe (max subtracted). */
 void cb_softmax_scalar(float *x, int n);
 /* silu(gate) * up, into gate. */
 void cb_swiglu_scalar(float *gate, const float *up, int n);
-#define cb_softmax CB_VECTOR_KERNEL(cb_softmax)
-#define cb_swiglu CB_VECTOR_KERNEL(cb_swiglu)
+#define cb_softmax CB_KERNEL(cb_softmax)
+#define cb_swiglu CB_KERNEL(cb_swiglu)
 /* y += a * x */
 void cb_axpy_scalar(float *y, float a, const float *x, int n);
 #define cb_axpy CB_KERNEL(cb_axpy)

@@ -1,7 +1,8 @@
 /* NEON kernels (aarch64; also used by the dotprod family): f32 dot, top-k,
- * attention over the KV cache, exp, softmax and SwiGLU. Reference:
+ * axpy, attention over the KV cache, exp, softmax and SwiGLU. Reference:
  * kernels/scalar.c. */
 #include <arm_neon.h>
+#include <math.h>
 
 #include "kernels.h"
 #include "topk_simd.h"
@@ -198,15 +199,15 @@ static inline __attribute__((always_inline)) void attn_mix4(float *out, size_t o
 #undef UNROLLED
 
 void cb_attn_scores4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
-                          float *scores, size_t s_stride) {
-    if (hd % 4) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 1);
+                          float *scores, size_t s_stride, int stair) {
+    if (hd % 4) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, stair);
 }
 
 void cb_attn_scores4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                              float scale, float *scores, size_t s_stride) {
-    if (hd % 4) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 1);
+                              float scale, float *scores, size_t s_stride, int stair) {
+    if (hd % 4) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, stair);
 }
 
 void cb_attn_mix4_neon(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
@@ -221,16 +222,12 @@ void cb_attn_mix4_f16_neon(float *out, size_t out_stride, const float *w, size_t
     else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1);
 }
 
-void cb_attn_scores_group4_neon(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
-                                float scale, float *scores, size_t s_stride) {
-    if (hd % 4) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, 0);
-}
-
-void cb_attn_scores_group4_f16_neon(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                                    float scale, float *scores, size_t s_stride) {
-    if (hd % 4) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0);
-    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, 0);
+/* y += a * x: each element one fused multiply-add, as the compiler
+ * contracts the scalar reference on aarch64. */
+void cb_axpy_neon(float *y, float a, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
 /* FCVTN rounds to nearest even like cb_float_to_half, subnormals included. */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "kernels/kernels.h"
 
 /* ---- PRNG ---- */
@@ -111,14 +112,6 @@ static void top_sorted(const float *v, int32_t *idx, int n, int m) {
     sort_first(v, idx, m);
 }
 
-/* The first index of the largest value: the SIMD top-1 (ties to the lower
- * index, as a scan would give; 5 us against the scan's 113 over 32000). */
-static int32_t argmax(const float *v, int n) {
-    int32_t best = 0;
-    cb_topk_f32(v, n, 1, &best);
-    return best;
-}
-
 /* sum(w) in four partial sums, not one chain of 32000 dependent adds. */
 static double sum_f64(const float *w, int n) {
     double part[4] = {0, 0, 0, 0};
@@ -160,7 +153,7 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
     int32_t *idx = s->idx;
     memcpy(w, logits, sizeof(float) * V);
     apply_penalties(s, p, history, n_history);
-    if (p->temperature <= 0.0f) return argmax(w, V);
+    if (p->temperature <= 0.0f) return cb_argmax(w, V);
 
     int n = V, sorted = 0;
     if (p->top_k > 0 && p->top_k < V) {
@@ -173,7 +166,7 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
      * likely token has 1. exp is monotone, so the order holds. Over the
      * whole vocabulary (no top_k) vectorised: with libm's expf a token
      * sampled from 32000 took 177 us, with this 107 (before draw()). */
-    const float max = sorted ? w[idx[0]] : w[argmax(w, V)];
+    const float max = sorted ? w[idx[0]] : w[cb_argmax(w, V)];
     const float inv_t = 1.0f / p->temperature;
     if (sorted)
         for (int i = 0; i < n; i++) w[idx[i]] = cb_expf((w[idx[i]] - max) * inv_t);
@@ -219,7 +212,7 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
 float cb_logprobs(cb_sampler *s, const float *logits, int32_t chosen, int n_top, int32_t *top_ids,
                   float *top_lp) {
     const int V = s->vocab;
-    const float max = logits[argmax(logits, V)];
+    const float max = logits[cb_argmax(logits, V)];
     memcpy(s->work, logits, sizeof(float) * V);
     cb_exp_shifted(s->work, V, max, 1.0f);
     const double lse = max + log(sum_f64(s->work, V));
