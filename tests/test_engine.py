@@ -110,7 +110,7 @@ def test_a_token_gets_the_same_bits_whatever_run_of_prompt_tokens_it_attends_in(
     token's logits must not depend on which, nor on its place in its run of
     four: forward(ids[:m]) ends with runs of 1-4 tokens, and continuing from
     position s shifts every run by s (head sizes 16, and 64 on the kernels'
-    vector paths)."""
+    vector paths), and not on how many threads share the heads."""
     model = synth_model(workdir, "runs-" + "-".join(shape), *shape)
     engine = Engine(model, threads=1, kv_cache=kv_cache)
     ids = [(5 * i) % 200 + 1 for i in range(13)]
@@ -120,6 +120,10 @@ def test_a_token_gets_the_same_bits_whatever_run_of_prompt_tokens_it_attends_in(
     for s in (1, 2, 3):
         engine.forward(ids[:s])
         np.testing.assert_array_equal(engine.forward(ids[s:], start=s), full[s:])
+    # A lone token on more threads than its GQA groups: its heads go one a job instead.
+    many = Engine(model, threads=4, kv_cache=kv_cache)
+    many.forward(ids[:12])
+    np.testing.assert_array_equal(many.forward(ids[12:], start=12), full[12:])
     with pytest.raises(ValueError, match="context length"):
         engine.forward(ids, start=engine.dims["context_length"] - 5)
 

@@ -52,13 +52,16 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
 
 /* Heads taken four at a time where each KV head serves a multiple of four
  * query heads (GQA): four of them score against each K row read once, not
- * four times. Elsewhere one head a job, which spreads a decode step's few
- * items over more threads. */
-static int heads_per_job(const cb_dims *d) {
+ * four times, as long as that still leaves a job for every thread (a
+ * 4-KV-head model's batch-1 decode has 4 such jobs a layer: enough for 2 or
+ * 4 threads, not for 16). Elsewhere one head a job, which spreads a decode
+ * step's few items over more threads. Same bits either way. */
+static int heads_per_job(const cb_dims *d, int n_runs, int threads) {
 #ifdef cb_attn_scores4
-    if ((d->n_heads / d->n_kv_heads) % CB_ATTN_BLOCK == 0) return CB_ATTN_BLOCK;
+    if ((d->n_heads / d->n_kv_heads) % CB_ATTN_BLOCK == 0 && n_runs * (int)d->n_heads / CB_ATTN_BLOCK >= threads)
+        return CB_ATTN_BLOCK;
 #endif
-    (void)d;
+    (void)d, (void)n_runs, (void)threads;
     return 1;
 }
 
@@ -186,7 +189,8 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     cb_parallel_matmul(e, qkv, 3, &xa, n);
     layer_tokens tokens = {layer, items};
     cb_for_tokens(e, n, place_qkv_token, &tokens);
-    const int n_runs = find_runs(items, n, e->attn_runs), per = heads_per_job(d);
+    const int n_runs = find_runs(items, n, e->attn_runs);
+    const int per = heads_per_job(d, n_runs, cb_threadpool_size(e->pool));
     const int jobs = n_runs * (int)d->n_heads / per, most = 8 * cb_threadpool_size(e->pool);
     attn_task task = {e, layer, items, e->attn_runs, n_runs, jobs < most ? jobs : most, per};
     cb_threadpool_run(e->pool, attend_task, &task, task.n_tasks);
