@@ -40,7 +40,12 @@ def test_bench_reports_all_figures(tmp_path):
     assert run["aggregate_over_batch1_at_8"] == statistics.median(each)
     # The generic build (dimensions at run time) was measured against it.
     assert run["generic_decode_tok_s"]["median"] > 0 and run["specialised_over_generic"] > 0
-    assert "| tiny | q8_0 |" in done.stdout
+    # The machine's own spread: one identical step timed in-process, just before the chats.
+    step = run["identical_step"]
+    assert step["steps"] == 64 and 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"] <= step["max_ms"]
+    assert step["p99_over_p50"] == step["p99_ms"] / step["p50_ms"]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| tiny | q8_0 |"))
+    assert f"| {step['p99_over_p50']:.2f} |" in row
 
 
 def test_step_spread_prints_its_percentiles(tiny_model):

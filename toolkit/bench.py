@@ -243,6 +243,28 @@ def latency(results: list[dict]) -> dict:
             "itl_p99_over_p50": percentile(itl, 99) / percentile(itl, 50) if itl else float("nan")}
 
 
+def identical_step_spread(model: Path, threads: int, steps: int = 256) -> dict:
+    """One decode step, the same token at the same position, timed again and
+    again in the compiled engine in-process: every step reads the same
+    weights and does the same arithmetic, so the spread of its times is the
+    machine's (bandwidth and cores shared with other tenants), the floor
+    under any inter-token P99 / P50. Empty without the engine binding."""
+    from . import Engine
+    if Engine is None:
+        return {}
+    engine = Engine(str(model), threads=threads)
+    for _ in range(8):  # page the weights in, settle the thread pool
+        engine.forward([5])
+    ms = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.forward([5])
+        ms.append((time.perf_counter() - start) * 1e3)
+    p50, p99 = percentile(ms, 50), percentile(ms, 99)
+    return {"steps": steps, "p50_ms": p50, "p90_ms": percentile(ms, 90), "p99_ms": p99, "max_ms": max(ms),
+            "p99_over_p50": p99 / p50}
+
+
 def specialisation_ratio(srv: "Server", generic_exe: Path, model: Path, threads: int, repeats: int) -> dict:
     """Decode of the specialised server against the generic build of the same
     code, both running, requests alternating between them (the noise of a
@@ -313,6 +335,8 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
         res["aggregate_over_batch1_at_8"] = statistics.median(ratios)
         res["aggregate_over_batch1_at_8_each"] = ratios
         res["aggregate_bound_at_8"] = 8 / batch_bytes_ratio(model, 8)
+        # The machine's own step spread, just before the inter-token latencies it bounds.
+        res["identical_step"] = identical_step_spread(model, threads, 64 if quick else 256)
         seq = [chat_request(srv.url, i) for i in range(10 if quick else 30)]
         res["sequential_chat"] = latency(seq)
         peak = [0.0]
@@ -374,23 +398,27 @@ def machine() -> dict:
 def markdown(results: dict) -> str:
     rows = ["| model | weights | decode tok/s (min-max) | GB/s | ceiling tok/s | of ceiling | decode after 896 tok/s "
             "| prefill 512 tok/s "
-            "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms | ITL P50 / P99 ms (1) | ITL P50 / P99 ms (8) "
+            "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms | ITL P50 / P99 ms alone (P99/P50) "
+            "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50) "
             "| RSS idle / load / after MiB | cold start ms | specialised / generic decode |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in results["runs"].items():
         preset, dtype = key.rsplit(":", 1)
         d, p = r["decode_tok_s"], r["prefill_tok_s"]
         agg = r["aggregate_decode_tok_s"]
         s, c = r["sequential_chat"], r["concurrent_8_chat"]
         bw = r.get("bandwidth_gb_s", {}).get("median")
+        step = f"{r['identical_step']['p99_over_p50']:.2f}" if r.get("identical_step") else "-"
         rows.append(
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | "
             f"{bw:.1f} | {r['decode_ceiling_tok_s']:.0f} | {r['decode_fraction_of_ceiling']:.0%} | " if bw else
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | - | - | - | ")
         rows[-1] += (f"{r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f} | {agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
                      f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x) | "
-                     f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} | "
-                     f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} | {r['rss_idle_start_mib']:.0f} / "
+                     f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} "
+                     f"({s['itl_p99_over_p50']:.2f}) | {step} | "
+                     f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} ({c['itl_p99_over_p50']:.2f}) | "
+                     f"{r['rss_idle_start_mib']:.0f} / "
                      f"{r['rss_under_load_mib']:.0f} / {r['rss_idle_after_mib']:.0f} | {r['cold_start_ms']:.0f} | "
                      f"{r['specialised_over_generic']:.2f} |")
     m = results["machine"]
