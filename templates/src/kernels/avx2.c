@@ -375,13 +375,12 @@ static inline __m256i pair_ints(__m256i lo, __m256i hi, __m256i xlo, __m256i xhi
 }
 
 static inline __attribute__((always_inline)) void dot4_x4(const void *group, const cb_block_q8_0 *x, int n,
-                                                          float out[4], const void *next, int q4) {
+                                                          float out[4], int q4) {
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
-    const int nb = n / CB_QK, lines = (int)((size_t)nb * 4 * block_bytes / 64), per = (lines + nb - 1) / nb;
+    const int nb = n / CB_QK;
     const uint8_t *g = group;
     __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        if (next) prefetch_share(next, b * per, b * per + per < lines ? b * per + per : lines);
         const uint8_t *blk = g + (size_t)b * 4 * block_bytes;
         const __m256i xlo = half_of(x[b].qs), xhi = half_of(x[b].qs + 16);
         const __m256i start = q4 || VNNI ? minus_sums(xlo, xhi, q4 ? 8 : (char)0x80) : _mm256_setzero_si256();
@@ -395,12 +394,12 @@ static inline __attribute__((always_inline)) void dot4_x4(const void *group, con
     store_rows(acc01, acc23, out);
 }
 
-void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    dot4_x4(group, x, n, out, next, 0);
+void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
+    dot4_x4(group, x, n, out, 0);
 }
 
-void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    dot4_x4(group, x, n, out, next, 1);
+void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
+    dot4_x4(group, x, n, out, 1);
 }
 
 /* What x4_tokens works out once per block for every token. */
@@ -435,9 +434,9 @@ static inline __attribute__((always_inline)) void x4_token_block(const x4_block 
  * four integer dots, two conversions and two fmas a block. Same lanes and
  * float order as dot4_x4. */
 static inline __attribute__((always_inline)) void x4_tokens(const void *group, const cb_block_q8_0 *const *x,
-                                                            int n_tok, int n, float *out, const void *next, int q4) {
+                                                            int n_tok, int n, float *out, int q4) {
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
-    const int nb = n / CB_QK, lines = (int)((size_t)nb * 4 * block_bytes / 64);
+    const int nb = n / CB_QK;
     const uint8_t *g = group;
     x4_block pre[BLOCKS_AT_ONCE];
     /* All of matmul's token group at once (4 KB of sums): the
@@ -451,7 +450,6 @@ static inline __attribute__((always_inline)) void x4_tokens(const void *group, c
         for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
             const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
             for (int b = 0; b < bn; b++) {
-                if (next && t0 == 0) prefetch_share(next, (b0 + b) * lines / nb, (b0 + b + 1) * lines / nb);
                 const uint8_t *blk = g + (size_t)(b0 + b) * 4 * block_bytes;
                 pre[b].w = load_halves(blk, q4);
                 if (!q4) {
@@ -472,15 +470,13 @@ static inline __attribute__((always_inline)) void x4_tokens(const void *group, c
     }
 }
 
-void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
-                                const void *next) {
-    x4_tokens(group, x, n_tok, n, out, next, 1);
+void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    x4_tokens(group, x, n_tok, n, out, 1);
 }
 
 #if VNNI
-void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out,
-                                const void *next) {
-    x4_tokens(group, x, n_tok, n, out, next, 0);
+void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    x4_tokens(group, x, n_tok, n, out, 0);
 }
 #endif
 

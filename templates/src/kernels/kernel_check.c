@@ -437,9 +437,9 @@ static int check_tokens_kernels(int *cases) {
                 cb_dot4_q4_0(rows4, sizeof rows4[0], toks[t], n, want, NULL);
                 if (!same("dot4_tokens_q4_0", nb, t, got + 4 * t, want, 4)) return 1;
             }
-            cb_dot4_tokens_x4_q4_0(group4, xs, n_tok, n, got, NULL);
+            cb_dot4_tokens_x4_q4_0(group4, xs, n_tok, n, got);
             for (int t = 0; t < n_tok; t++) {
-                cb_dot4_x4_q4_0(group4, toks[t], n, want, NULL);
+                cb_dot4_x4_q4_0(group4, toks[t], n, want);
                 if (!same("dot4_tokens_q4_0x4", nb, t, got + 4 * t, want, 4)) return 1;
             }
 #ifdef cb_dot4_tokens_q8_0
@@ -448,9 +448,9 @@ static int check_tokens_kernels(int *cases) {
                 cb_dot4_q8_0(rows8, sizeof rows8[0], toks[t], n, want, NULL);
                 if (!same("dot4_tokens_q8_0", nb, t, got + 4 * t, want, 4)) return 1;
             }
-            cb_dot4_tokens_x4_q8_0(group8, xs, n_tok, n, got, NULL);
+            cb_dot4_tokens_x4_q8_0(group8, xs, n_tok, n, got);
             for (int t = 0; t < n_tok; t++) {
-                cb_dot4_x4_q8_0(group8, toks[t], n, want, NULL);
+                cb_dot4_x4_q8_0(group8, toks[t], n, want);
                 if (!same("dot4_tokens_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
             }
 #endif
@@ -502,8 +502,8 @@ static int check_x4(int *cases, double *worst) {
                     }
                 }
 #ifdef cb_dot4_x4_q8_0
-                if (q4) cb_dot4_x4_q4_0(group4, toks[t], n, got, NULL);
-                else cb_dot4_x4_q8_0(group8, toks[t], n, got, NULL);
+                if (q4) cb_dot4_x4_q4_0(group4, toks[t], n, got);
+                else cb_dot4_x4_q8_0(group8, toks[t], n, got);
                 if (!same(q4 ? "q4_0x4" : "q8_0x4", nb, t, got, want, 4)) return 1;
 #endif
                 *cases += 1;

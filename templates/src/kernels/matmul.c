@@ -3,8 +3,13 @@
 
 #include "kernels.h"
 
-/* Rows ahead of the current four that the kernel pulls into the cache:
- * about 8 KB at 1 KB rows, a DRAM latency's worth of streaming and more. */
+/* GGML rows (four interleaved streams, which the hardware prefetcher follows
+ * badly): rows ahead of the current four that the kernel pulls into the
+ * cache, about 8 KB at 1 KB rows, a DRAM latency's worth of streaming and
+ * more. x4 groups are one stream and go without: decode in-process with and
+ * without the prefetch alternating token by token, without was 0-3% faster
+ * (bench-olmoe q8_0 / q4_0, bench-mixtral q8_0, batch 1 and 8; prefill
+ * alike). */
 #define PREFETCH_ROWS 8
 /* Tokens handed to a multi-token kernel at once (its scratch is per call). */
 #define TOKEN_GROUP 64
@@ -59,10 +64,10 @@ static void dot4_tokens(uint32_t dtype, const void *rows, size_t row_bytes, cons
     switch (dtype) {
 #ifdef cb_dot4_tokens_q8_0
     case CB_Q8_0: cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, next); break;
-    case CB_Q8_0X4: cb_dot4_tokens_x4_q8_0(rows, xs, tn, cols, d, next); break;
+    case CB_Q8_0X4: cb_dot4_tokens_x4_q8_0(rows, xs, tn, cols, d); break;
 #endif
     case CB_Q4_0: cb_dot4_tokens_q4_0(rows, row_bytes, xs, tn, cols, d, next); break;
-    case CB_Q4_0X4: cb_dot4_tokens_x4_q4_0(rows, xs, tn, cols, d, next); break;
+    case CB_Q4_0X4: cb_dot4_tokens_x4_q4_0(rows, xs, tn, cols, d); break;
     }
 }
 #endif
@@ -87,8 +92,8 @@ static void dot4(uint32_t dtype, const void *rows, size_t row_bytes, const cb_bl
     case CB_Q4_0: cb_dot4_q4_0(rows, row_bytes, xq, cols, d, next); break;
 #endif
 #ifdef cb_dot4_x4_q8_0
-    case CB_Q8_0X4: cb_dot4_x4_q8_0(rows, xq, cols, d, next); break;
-    case CB_Q4_0X4: cb_dot4_x4_q4_0(rows, xq, cols, d, next); break;
+    case CB_Q8_0X4: cb_dot4_x4_q8_0(rows, xq, cols, d); break;
+    case CB_Q4_0X4: cb_dot4_x4_q4_0(rows, xq, cols, d); break;
 #else
     case CB_Q8_0X4: cb_dot4_q8_0x4_scalar(rows, xq, cols, d); break;
     case CB_Q4_0X4: cb_dot4_q4_0x4_scalar(rows, xq, cols, d); break;
@@ -107,8 +112,10 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
      * would (the same bytes, reordered); x4 matrices have whole groups and
      * callers split rows by fours. */
     if (by_fours(W->dtype)) {
-        /* The kernel prefetches PREFETCH_ROWS ahead; start the first ones here. */
-        const int ahead = r0 + PREFETCH_ROWS < (int)W->rows ? r0 + PREFETCH_ROWS : (int)W->rows;
+        /* GGML rows: the kernel prefetches PREFETCH_ROWS ahead; start the
+         * first ones here. */
+        const int x4 = W->dtype == CB_Q8_0X4 || W->dtype == CB_Q4_0X4;
+        const int ahead = x4 ? r0 : r0 + PREFETCH_ROWS < (int)W->rows ? r0 + PREFETCH_ROWS : (int)W->rows;
         for (const uint8_t *p = w + (size_t)r0 * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64)
             cb_prefetch(p);
 #if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
@@ -131,8 +138,9 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                         cb_prefetch_write(Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r);
                     }
                     for (int g = r; g < r + rn; g += 4) {
-                        const void *next =
-                            g + PREFETCH_ROWS + 4 <= (int)W->rows ? w + (size_t)(g + PREFETCH_ROWS) * row_bytes : NULL;
+                        const void *next = !x4 && g + PREFETCH_ROWS + 4 <= (int)W->rows
+                                               ? w + (size_t)(g + PREFETCH_ROWS) * row_bytes
+                                               : NULL;
                         dot4_tokens(W->dtype, w + (size_t)g * row_bytes, row_bytes, xs, tn, cols, d, t0 ? NULL : next);
                         for (int t = 0; t < tn; t++)
                             for (int i = 0; i < 4; i++) staged[t][g - r + i] = d[t * 4 + i];
@@ -149,7 +157,8 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
 #endif
         for (; r + 4 <= r1; r += 4) {
             const void *rows = w + (size_t)r * row_bytes;
-            const void *next = r + PREFETCH_ROWS + 4 <= (int)W->rows ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
+            const void *next =
+                !x4 && r + PREFETCH_ROWS + 4 <= (int)W->rows ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
             for (int t = 0; t < n_tok; t++) {
                 const cb_block_q8_0 *xq = A->q + (size_t)(in ? in[t] : t) * A->q_stride;
                 float d[4];

@@ -125,13 +125,11 @@ static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, cons
     }
 }
 
-void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    (void)next;
+void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
     dot4_x4(group, x, n, out, 0);
 }
 
-void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    (void)next;
+void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
     dot4_x4(group, x, n, out, 1);
 }
 
