@@ -40,6 +40,12 @@ def test_bench_reports_all_figures(tmp_path):
     assert run["aggregate_over_batch1_at_8"] == statistics.median(each)
     # The generic build (dimensions at run time) was measured against it.
     assert run["generic_decode_tok_s"]["median"] > 0 and run["specialised_over_generic"] > 0
+    # Decode paired step by step with a read of as many bytes (colibri-decode-bench): the C engine
+    # counts the same weight bytes a token as the toolkit does.
+    paired = run["paired_decode"]
+    assert paired["pairs"] == 32 and paired["active_bytes_per_token"] == run["active_bytes_per_token"]
+    assert paired["decode_tok_s"] > 0 and paired["read_gb_s_p10"] <= paired["read_gb_s"] <= paired["read_gb_s_p90"]
+    assert 0 < paired["decode_over_read_p10"] <= paired["decode_over_read"] <= paired["decode_over_read_p90"]
     # The machine's own spread: one identical step timed in-process, just before the chats.
     step = run["identical_step"]
     assert step["steps"] == 64 and 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"] <= step["max_ms"]

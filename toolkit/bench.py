@@ -243,6 +243,39 @@ def latency(results: list[dict]) -> dict:
             "itl_p99_over_p50": percentile(itl, 99) / percentile(itl, 50) if itl else float("nan")}
 
 
+PAIRED = re.compile(r"decode-bench: (\d+) pairs, (\d+) threads, (\d+) bytes of weights a token: decode ([\d.]+) tok/s "
+                    r"\(([\d.]+) GB/s\); read beside it ([\d.]+) GB/s \(P10 ([\d.]+), P90 ([\d.]+)\); "
+                    r"decode / read ([\d.]+) \(P10 ([\d.]+), P90 ([\d.]+)\)")
+
+
+def build_decode_bench(generic_exe: Path) -> Path | None:
+    """colibri-decode-bench in the generic build (it opens any model)."""
+    from . import toolchain
+    build = generic_exe.parent
+    done = subprocess.run([toolchain.ninja_exe(), "-C", str(build), "colibri-decode-bench"], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        log(f"colibri-decode-bench did not build: {done.stdout[-300:]}{done.stderr[-300:]}")
+        return None
+    return build / ("colibri-decode-bench" + generic_exe.suffix)
+
+
+def paired_decode(tool: Path, model: Path, threads: int, pairs: int) -> dict:
+    """Batch-1 decode steps each followed by a 2-thread streaming read of as
+    many bytes, in one process (colibri-decode-bench): decode / read per pair
+    compares decode with the bandwidth of the same moment, which the
+    bandwidth measured between decode runs (the ceiling column) may miss."""
+    done = subprocess.run([str(tool), str(model), "--pairs", str(pairs), "--threads", str(threads)],
+                          capture_output=True, text=True, timeout=600)
+    got = PAIRED.search(done.stdout)
+    if done.returncode != 0 or not got:
+        log(f"colibri-decode-bench failed: {done.stdout[-300:]}{done.stderr[-300:]}")
+        return {}
+    keys = ("pairs", "threads", "active_bytes_per_token", "decode_tok_s", "decode_gb_s", "read_gb_s", "read_gb_s_p10",
+            "read_gb_s_p90", "decode_over_read", "decode_over_read_p10", "decode_over_read_p90")
+    return {k: (int(v) if i < 3 else float(v)) for i, (k, v) in enumerate(zip(keys, got.groups()))}
+
+
 def identical_step_spread(model: Path, threads: int, steps: int = 256) -> dict:
     """One decode step, the same token at the same position, timed again and
     again in the compiled engine in-process: every step reads the same
@@ -283,8 +316,10 @@ def specialisation_ratio(srv: "Server", generic_exe: Path, model: Path, threads:
 
 
 def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBandwidth, quick: bool,
-            generic_exe: Path | None = None) -> dict:
+            generic_exe: Path | None = None, decode_bench: Path | None = None) -> dict:
     res: dict = {"active_bytes_per_token": active_bytes_per_token(model)}
+    if decode_bench:  # before the server starts: the two must not share the cores
+        res["paired_decode"] = paired_decode(decode_bench, model, threads, 32 if quick else 256)
     warm = Server(exe, model, threads).start()  # pages the weights in: cold start is measured warm
     decode_request(warm.url, 16, 8)
     warm.stop()
@@ -396,12 +431,13 @@ def machine() -> dict:
 
 
 def markdown(results: dict) -> str:
-    rows = ["| model | weights | decode tok/s (min-max) | GB/s | ceiling tok/s | of ceiling | decode after 896 tok/s "
+    rows = ["| model | weights | decode tok/s (min-max) | GB/s | ceiling tok/s | of ceiling "
+            "| decode / read, paired (P10-P90) | decode after 896 tok/s "
             "| prefill 512 tok/s "
             "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms | ITL P50 / P99 ms alone (P99/P50) "
             "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50) "
             "| RSS idle / load / after MiB | cold start ms | specialised / generic decode |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in results["runs"].items():
         preset, dtype = key.rsplit(":", 1)
         d, p = r["decode_tok_s"], r["prefill_tok_s"]
@@ -409,11 +445,14 @@ def markdown(results: dict) -> str:
         s, c = r["sequential_chat"], r["concurrent_8_chat"]
         bw = r.get("bandwidth_gb_s", {}).get("median")
         step = f"{r['identical_step']['p99_over_p50']:.2f}" if r.get("identical_step") else "-"
+        pd = r.get("paired_decode")
+        paired = (f"{pd['decode_over_read']:.0%} ({pd['decode_over_read_p10']:.0%}-{pd['decode_over_read_p90']:.0%}) "
+                  f"at {pd['read_gb_s']:.0f} GB/s" if pd else "-")
         rows.append(
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | "
             f"{bw:.1f} | {r['decode_ceiling_tok_s']:.0f} | {r['decode_fraction_of_ceiling']:.0%} | " if bw else
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | - | - | - | ")
-        rows[-1] += (f"{r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f} | {agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
+        rows[-1] += (f"{paired} | {r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f} | {agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
                      f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x) | "
                      f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} "
                      f"({s['itl_p99_over_p50']:.2f}) | {step} | "
@@ -432,6 +471,7 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
     out.mkdir(parents=True, exist_ok=True)
     log(f"building the generic server for {target}")
     generic_exe = build_generic_server(target, out / "build")
+    decode_bench = build_decode_bench(generic_exe)
     membw = MemoryBandwidth(membw_source, out, threads)
     results = {"command": "colibri-build bench " + " ".join(sys.argv[2:]), "machine": machine(),
                "threads": threads, "date": time.strftime("%Y-%m-%d"), "runs": {}, "llama_cpp": LLAMA_CPP}
@@ -441,7 +481,8 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
             log(f"building {model.name} for {target}")
             exe = build(model, target, dist_root=out / "dist", build_root=out / "build", quiet=True).executable
             log(f"measuring {model.name}")
-            results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick, generic_exe)
+            results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick, generic_exe,
+                                                               decode_bench)
             log(json.dumps(r))
             (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))

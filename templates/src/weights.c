@@ -269,3 +269,16 @@ int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t 
 #undef FIELD
     return 0;
 }
+
+size_t cb_weights_active_bytes(const cb_weights *w) {
+    const cb_dims *d = &w->header->dims;
+    const cb_tensor_entry *t = entries(w);
+    size_t total = 0, experts = 0;
+    for (uint32_t i = 0; i < w->header->n_tensors; i++) {
+        if (strstr(t[i].name, ".expert.")) experts += t[i].nbytes;
+        else if (!strcmp(t[i].name, "tok_embd")) total += t[i].nbytes / t[i].shape[0] + (d->tied_embeddings ? t[i].nbytes : 0);
+        else total += t[i].nbytes;
+    }
+    /* Per layer experts' bytes * top_k / n_experts, summed: the same as over all layers. */
+    return total + (d->n_experts ? experts / d->n_experts * d->top_k : 0);
+}

@@ -101,6 +101,10 @@ int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len);
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len);
 void cb_weights_unmap(cb_weights *w);
+/* Weight bytes one decoded token reads: every dense tensor, top_k experts
+ * of each MoE layer (experts of a layer are equal in size), one embedding
+ * row (the whole table too when it is the output head). */
+size_t cb_weights_active_bytes(const cb_weights *w);
 
 /* Compares a model's dims with the ones a server was built for; returns 0
  * or -1 naming the first field that differs. */

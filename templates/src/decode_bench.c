@@ -1,0 +1,123 @@
+/* colibri-decode-bench: decode speed against the memory bandwidth of the
+ * same moment. A shared machine's bandwidth can change within seconds (here
+ * ~30 <-> ~55 GB/s), so a bandwidth measured before or after a decode run
+ * may belong to another state than the run. Here each batch-1 decode step
+ * is paired with a streaming read of as many bytes as the step's weights,
+ * right after it, through the engine's own thread pool (the same threads),
+ * from a buffer of its own; the pairs' ratios then compare like with like.
+ *
+ *   colibri-decode-bench MODEL_DIR [--pairs N] [--threads T]
+ *
+ * Prints one line: the weight bytes a token reads, decode tok/s and GB/s,
+ * the read's GB/s (median, P10, P90) and the median (P10, P90) of the pairs'
+ * decode / read ratios. Built on demand (ninja colibri-decode-bench). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "platform/platform.h"
+
+#define READ_TASK_BYTES ((size_t)1 << 20)
+#define MIN_READ_BYTES ((size_t)256 << 20) /* far past any cache, even for a tiny model */
+
+typedef struct {
+    const uint64_t *base;
+    uint64_t sums[64]; /* one per worker: the reads' results go somewhere */
+} read_job;
+
+/* One 1 MiB task of the read: eight independent sums, a sequential stream. */
+static void read_task(void *p, int task, int worker) {
+    read_job *j = p;
+    const uint64_t *q = j->base + (size_t)task * (READ_TASK_BYTES / 8);
+    uint64_t s[8] = {0};
+    for (size_t i = 0; i < READ_TASK_BYTES / 8; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += q[i + k];
+    j->sums[worker & 63] += s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+}
+
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-th percentile (nearest rank) of n values, sorted in place. */
+static double percentile(double *v, int n, int q) {
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    int at = (q * (n - 1) + 50) / 100;
+    return v[at];
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL;
+    int pairs = 256, threads = 2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (argv[i][0] != '-' && !model) model = argv[i];
+        else {
+            fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N] [--threads T]\n");
+            return 2;
+        }
+    }
+    if (!model || pairs < 2) {
+        fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N >= 2] [--threads T]\n");
+        return 2;
+    }
+    char err[512];
+    cb_engine *e = cb_engine_open(model, threads, 1, CB_KV_F32, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "colibri-decode-bench: %s\n", err);
+        return 1;
+    }
+    const cb_dims *d = CB_DIMS(e);
+    const size_t active = cb_weights_active_bytes(&e->w);
+    size_t read_bytes = active > MIN_READ_BYTES ? active : MIN_READ_BYTES;
+    read_bytes = (read_bytes + READ_TASK_BYTES - 1) / READ_TASK_BYTES * READ_TASK_BYTES;
+    uint64_t *buffer = cb_aligned_alloc(read_bytes);
+    double *read_gbs = malloc(sizeof(double) * (size_t)pairs), *ratio = malloc(sizeof(double) * (size_t)pairs);
+    if (!buffer || !read_gbs || !ratio) {
+        fprintf(stderr, "colibri-decode-bench: out of memory (a %zu MB read buffer)\n", read_bytes >> 20);
+        return 1;
+    }
+    memset(buffer, 1, read_bytes); /* its pages exist before the first read */
+
+    /* A 16-token prompt, then decode from position 16 (as the server bench). */
+    cb_batch_item items[16];
+    const int prompt = d->context_len > 32 ? 16 : 1;
+    for (int i = 0; i < prompt; i++) items[i] = (cb_batch_item){(7 * i) % (int)d->vocab, 0, i, i == prompt - 1};
+    if (cb_engine_forward(e, items, prompt, err, sizeof err)) {
+        fprintf(stderr, "colibri-decode-bench: %s\n", err);
+        return 1;
+    }
+    read_job job = {buffer, {0}};
+    int token = 3 % (int)d->vocab;
+    double decode_seconds = 0;
+    for (int p = 0; p < pairs; p++) {
+        const cb_batch_item one = {token, 0, prompt + p % ((int)d->context_len - prompt), 1};
+        uint64_t start = cb_now_ns();
+        if (cb_engine_forward(e, &one, 1, err, sizeof err)) {
+            fprintf(stderr, "colibri-decode-bench: %s\n", err);
+            return 1;
+        }
+        const double step = (double)(cb_now_ns() - start) * 1e-9;
+        token = (token * 31 + 7) % (int)d->vocab;
+        start = cb_now_ns();
+        cb_threadpool_run(e->pool, read_task, &job, (int)(read_bytes / READ_TASK_BYTES));
+        const double read = (double)(cb_now_ns() - start) * 1e-9;
+        decode_seconds += step;
+        read_gbs[p] = (double)read_bytes / read * 1e-9;
+        ratio[p] = (double)active / step * 1e-9 / read_gbs[p];
+    }
+    const double tok_s = pairs / decode_seconds;
+    printf("decode-bench: %d pairs, %d threads, %zu bytes of weights a token: decode %.1f tok/s (%.1f GB/s); "
+           "read beside it %.1f GB/s (P10 %.1f, P90 %.1f); decode / read %.2f (P10 %.2f, P90 %.2f)\n",
+           pairs, cb_threadpool_size(e->pool), active, tok_s, tok_s * (double)active * 1e-9,
+           percentile(read_gbs, pairs, 50), percentile(read_gbs, pairs, 10), percentile(read_gbs, pairs, 90),
+           percentile(ratio, pairs, 50), percentile(ratio, pairs, 10), percentile(ratio, pairs, 90));
+    cb_aligned_free(buffer);
+    free(read_gbs), free(ratio);
+    cb_engine_close(e);
+    return 0;
+}
