@@ -434,7 +434,8 @@ def markdown(results: dict) -> str:
     rows = ["| model | weights | decode tok/s (min-max) | GB/s | ceiling tok/s | of ceiling "
             "| decode / read, paired (P10-P90) | decode after 896 tok/s "
             "| prefill 512 tok/s "
-            "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms | ITL P50 / P99 ms alone (P99/P50) "
+            "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms "
+            "| ITL P50 / P99 ms alone (P99/P50) "
             "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50) "
             "| RSS idle / load / after MiB | cold start ms | specialised / generic decode |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -452,7 +453,8 @@ def markdown(results: dict) -> str:
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | "
             f"{bw:.1f} | {r['decode_ceiling_tok_s']:.0f} | {r['decode_fraction_of_ceiling']:.0%} | " if bw else
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | - | - | - | ")
-        rows[-1] += (f"{paired} | {r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f} | {agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
+        rows[-1] += (f"{paired} | {r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f} | "
+                     f"{agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
                      f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x) | "
                      f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} "
                      f"({s['itl_p99_over_p50']:.2f}) | {step} | "

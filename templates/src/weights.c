@@ -276,7 +276,8 @@ size_t cb_weights_active_bytes(const cb_weights *w) {
     size_t total = 0, experts = 0;
     for (uint32_t i = 0; i < w->header->n_tensors; i++) {
         if (strstr(t[i].name, ".expert.")) experts += t[i].nbytes;
-        else if (!strcmp(t[i].name, "tok_embd")) total += t[i].nbytes / t[i].shape[0] + (d->tied_embeddings ? t[i].nbytes : 0);
+        else if (!strcmp(t[i].name, "tok_embd")) /* a row, and all of it when it is the output head */
+            total += t[i].nbytes / t[i].shape[0] + (d->tied_embeddings ? t[i].nbytes : 0);
         else total += t[i].nbytes;
     }
     /* Per layer experts' bytes * top_k / n_experts, summed: the same as over all layers. */
