@@ -95,7 +95,7 @@ int cb_task_rows(const cb_engine *e, int total_rows, int multiple);
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride);
 /* fn(e, ctx, i) for each token i < n: a layer's per-token work (norms,
  * quantizing activations, RoPE, routing), over the thread pool from
- * CB_PARALLEL_TOKENS tokens (a prompt chunk, a batch step), where it is ~5%
+ * CB_PARALLEL_TOKENS tokens (a prompt chunk, a batch step), where it is 5-7%
  * of the step that would otherwise run on one thread while the rest wait. */
 #define CB_PARALLEL_TOKENS 8
 typedef void (*cb_token_fn)(cb_engine *e, void *ctx, int i);
