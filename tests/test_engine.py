@@ -71,6 +71,24 @@ def test_thread_count_does_not_change_results(tiny_model):
     assert np.array_equal(one, two) and np.array_equal(one, three)
 
 
+def test_decode_steps_are_the_same_bits_on_more_threads_than_cores(tiny_model):
+    """Single-token steps split each expert's gate/up and down into tasks on
+    every thread, and a down task waits for its expert's gate/up tasks run by
+    other threads (one two-phase job): on 4 threads of a 2-core machine they
+    are preempted mid-task, and a down that read a half-written hidden row
+    would change the logits."""
+    def decode(threads):
+        engine = Engine(tiny_model, threads=threads)
+        rows = [engine.forward(PROMPT)[-1]]
+        for i in range(48):
+            rows.append(engine.forward([int(np.argmax(rows[-1]))], start=len(PROMPT) + i)[-1])
+        return np.stack(rows)
+
+    one = decode(1)
+    for _ in range(3):
+        assert np.array_equal(decode(4), one)
+
+
 def test_f16_kv_cache_halves_memory_and_stays_close(tiny_model, reference):
     """K and V rounded to float16 as they are cached: half the bytes, logits
     near the float32 reference but not equal to it, a token's numbers

@@ -143,6 +143,8 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(item_pairs, B * (k + 1));
     TAKE(item_pair_count, B);
     TAKE(unit_task, E + 2);
+    TAKE(down_task, E + 2);
+    TAKE(unit_gate_up_done, E + 1);
     TAKE(xq, B * (size_t)e->xq_stride);
     TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);

@@ -42,7 +42,9 @@ struct cb_engine {
     float *pair_out;           /* down(hid) per pair [B*(top_k+1)][H] */
     int32_t *item_pairs;       /* each token's pairs in unit order [B][top_k+1] */
     int32_t *item_pair_count;  /* [B] */
-    int32_t *unit_task;        /* first task of each unit in the current job [E+2] */
+    int32_t *unit_task;        /* first gate/up task of each unit in the FFN job [E+2] */
+    int32_t *down_task;        /* first down task of each unit in the FFN job [E+2] */
+    atomic_int *unit_gate_up_done; /* gate/up tasks finished, per unit [E+1] */
 
     cb_block_q8_0 *xq;         /* activations quantized for q8_0/q4_0 weights [B][xq_stride] */
     int xq_stride;             /* blocks per row: the widest matrix input / 32 */

@@ -2,10 +2,11 @@
  * by expert, and run each chosen expert once over all its tokens, so tokens
  * (of any slot) that pick the same expert share one read of its weights;
  * plus the shared expert where the model has one. Dense layers: one MLP.
- * All the layer's FFNs ("units") run in two thread-pool jobs whose tasks
- * are row chunks of one unit, in memory order (so each thread streams long
- * runs of weights): gate, up and SwiGLU; then down into one row per
- * (token, unit) pair; then each token's pairs are summed in unit order. */
+ * All the layer's FFNs ("units") run in one two-phase thread-pool job whose
+ * tasks are row chunks of one unit, in memory order (so each thread streams
+ * long runs of weights): gate, up and SwiGLU; then down into one row per
+ * (token, unit) pair, each unit's down as soon as its own gate and up are
+ * done; then each token's pairs are summed in unit order. */
 #include <string.h>
 
 #include "engine_internal.h"
@@ -43,29 +44,29 @@ static void group_by_expert(cb_engine *e, int layer, int n, const cb_batch_item 
 typedef struct {
     cb_engine *e;
     int n_units, n;
-    int chunk;           /* rows per task */
-    cb_act xa;           /* the FFN input, xn (quantized) */
+    int chunk, down_chunk, sum_chunk; /* rows per gate/up, down and sum task */
+    cb_act xa;             /* the FFN input, xn (quantized) */
 } ffn_job;
 
 /* Tasks run unit by unit, each unit's rows in chunks, so the tasks are in
- * the weights' memory order (experts ascending). unit_task[u] is the first
- * task of unit u; unit_task[n_units] the number of tasks. */
-static int number_tasks(cb_engine *e, int n_units, int chunk, int rows_of_down) {
-    int tasks = 0;
+ * the weights' memory order (experts ascending). first[u] is the first
+ * task of unit u (counting from task0); first[n_units] ends the last. */
+static int number_tasks(cb_engine *e, int32_t *first, int task0, int n_units, int chunk, int rows_of_down) {
+    int tasks = task0;
     for (int u = 0; u < n_units; u++) {
-        e->unit_task[u] = tasks;
+        first[u] = tasks;
         const int rows = rows_of_down ? (int)e->units[u].f->down.rows : (int)e->units[u].f->gate.rows;
         tasks += (rows + chunk - 1) / chunk;
     }
-    e->unit_task[n_units] = tasks;
-    return tasks;
+    first[n_units] = tasks;
+    return tasks - task0;
 }
 
-static int unit_of_task(const cb_engine *e, int n_units, int task) {
-    int lo = 0, hi = n_units - 1; /* the last u with unit_task[u] <= task */
+static int unit_of_task(const int32_t *first, int n_units, int task) {
+    int lo = 0, hi = n_units - 1; /* the last u with first[u] <= task */
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (e->unit_task[mid] <= task) lo = mid;
+        if (first[mid] <= task) lo = mid;
         else hi = mid - 1;
     }
     return lo;
@@ -73,11 +74,9 @@ static int unit_of_task(const cb_engine *e, int n_units, int task) {
 
 /* Rows [r0, r0+chunk) of one unit's gate and up: hid = silu(gate) * up,
  * then quantized (chunk is a multiple of 32, so its blocks are whole). */
-static void gate_up_task(void *p, int task, int worker) {
-    (void)worker;
-    const ffn_job *j = p;
+static void gate_up_task(const ffn_job *j, int task) {
     cb_engine *e = j->e;
-    const int I_max = e->ffn_max, u = unit_of_task(e, j->n_units, task);
+    const int I_max = e->ffn_max, u = unit_of_task(e->unit_task, j->n_units, task);
     const cb_ffn_unit *unit = &e->units[u];
     const int I = (int)unit->f->gate.rows, r0 = (task - e->unit_task[u]) * j->chunk;
     const int r1 = r0 + j->chunk < I ? r0 + j->chunk : I;
@@ -91,21 +90,30 @@ static void gate_up_task(void *p, int task, int worker) {
             cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
                                  e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
     }
+    atomic_fetch_add_explicit(&e->unit_gate_up_done[u], 1, memory_order_release);
 }
 
 /* Rows [r0, r0+chunk) of one unit's down projection, for each of its
- * pairs: pair_out[pair] = down(hid[pair]). */
-static void down_task(void *p, int task, int worker) {
-    (void)worker;
-    const ffn_job *j = p;
+ * pairs: pair_out[pair] = down(hid[pair]), once the unit's hid is whole. */
+static void down_task(const ffn_job *j, int task) {
     cb_engine *e = j->e;
-    const int H = (int)CB_DIMS(e)->hidden, u = unit_of_task(e, j->n_units, task);
+    const int H = (int)CB_DIMS(e)->hidden, u = unit_of_task(e->down_task, j->n_units, task);
     const cb_ffn_unit *unit = &e->units[u];
-    const int r0 = (task - e->unit_task[u]) * j->chunk, r1 = r0 + j->chunk < H ? r0 + j->chunk : H;
+    const int r0 = (task - e->down_task[u]) * j->down_chunk, r1 = r0 + j->down_chunk < H ? r0 + j->down_chunk : H;
+    cb_wait_count(&e->unit_gate_up_done[u], e->unit_task[u + 1] - e->unit_task[u]);
     const cb_act a = {e->hid + (size_t)unit->begin * e->ffn_max,
                       j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride};
     cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->pair_out + (size_t)unit->begin * H, H, NULL,
                    CB_SET, NULL);
+}
+
+/* The job's first phase is every unit's gate/up tasks, its second their
+ * down tasks (numbered after them). */
+static void ffn_task(void *p, int task, int worker) {
+    (void)worker;
+    const ffn_job *j = p;
+    if (task < j->e->unit_task[j->n_units]) gate_up_task(j, task);
+    else down_task(j, task);
 }
 
 /* Rows [r0, r0+chunk) of the hidden size: x += sum over a token's pairs, in
@@ -116,7 +124,7 @@ static void sum_task(void *p, int task, int worker) {
     const ffn_job *j = p;
     cb_engine *e = j->e;
     const int H = (int)CB_DIMS(e)->hidden, per = (int)CB_DIMS(e)->top_k + 1;
-    const int r0 = task * j->chunk, r1 = r0 + j->chunk < H ? r0 + j->chunk : H;
+    const int r0 = task * j->sum_chunk, r1 = r0 + j->sum_chunk < H ? r0 + j->sum_chunk : H;
     for (int i = 0; i < j->n; i++) {
         float *proj = e->proj + (size_t)i * H;
         memset(proj + r0, 0, sizeof(float) * (r1 - r0));
@@ -145,12 +153,13 @@ static void run_units(cb_engine *e, int n_units, int n) {
     int rows = 0;
     for (int u = 0; u < n_units; u++) rows += (int)e->units[u].f->gate.rows;
     list_item_pairs(e, n_units, n);
-    ffn_job j = {e, n_units, n, cb_task_rows(e, rows, CB_QK), cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
-    cb_threadpool_run(e->pool, gate_up_task, &j, number_tasks(e, n_units, j.chunk, 0));
-    j.chunk = cb_task_rows(e, n_units * H, 4);
-    cb_threadpool_run(e->pool, down_task, &j, number_tasks(e, n_units, j.chunk, 1));
-    j.chunk = cb_task_rows(e, H, 4);
-    const int sum_tasks = (H + j.chunk - 1) / j.chunk;
+    ffn_job j = {e, n_units, n, cb_task_rows(e, rows, CB_QK), cb_task_rows(e, n_units * H, 4), cb_task_rows(e, H, 4),
+                 cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
+    const int gate_up_tasks = number_tasks(e, e->unit_task, 0, n_units, j.chunk, 0);
+    const int down_tasks = number_tasks(e, e->down_task, gate_up_tasks, n_units, j.down_chunk, 1);
+    for (int u = 0; u < n_units; u++) atomic_store_explicit(&e->unit_gate_up_done[u], 0, memory_order_relaxed);
+    cb_threadpool_run2(e->pool, ffn_task, &j, gate_up_tasks, down_tasks);
+    const int sum_tasks = (H + j.sum_chunk - 1) / j.sum_chunk;
     if (n * n_units < 64) /* a few thousand adds: done here, not as a job */
         for (int t = 0; t < sum_tasks; t++) sum_task(&j, t, 0);
     else

@@ -41,7 +41,7 @@ struct cb_threadpool {
     worker_arg *args;
     cb_mutex *lock;
     cb_cond *wake;
-    share *shares;                     /* [n] */
+    share *shares;                     /* [2][n]: first phase, second phase */
     _Alignas(64) _Atomic uint32_t gen; /* the current job; workers wake when it changes */
     _Alignas(64) atomic_int done;      /* tasks of the current job finished */
     _Alignas(64) atomic_int sleepers;  /* workers blocked on wake */
@@ -65,15 +65,17 @@ static int claim(share *s, uint32_t gen, int from_back) {
     }
 }
 
-/* Runs tasks of job gen, its own share first, until none is left. */
+/* Runs tasks of job gen, phase by phase, its own share first, until none
+ * is left. */
 static void run_tasks(cb_threadpool *tp, uint32_t gen, int worker) {
-    for (int k = 0; k < tp->n; k++) {
-        share *s = &tp->shares[(worker + k) % tp->n];
-        for (int task; (task = claim(s, gen, k != 0)) >= 0;) {
-            tp->fn(tp->ctx, task, worker);
-            atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+    for (int phase = 0; phase < 2; phase++)
+        for (int k = 0; k < tp->n; k++) {
+            share *s = &tp->shares[phase * tp->n + (worker + k) % tp->n];
+            for (int task; (task = claim(s, gen, k != 0)) >= 0;) {
+                tp->fn(tp->ctx, task, worker);
+                atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+            }
         }
-    }
 }
 
 static void worker_main(void *p) {
@@ -118,7 +120,7 @@ cb_threadpool *cb_threadpool_create(int n_threads) {
     tp->wake = cb_cond_create();
     tp->threads = calloc((size_t)n_threads, sizeof *tp->threads);
     tp->args = calloc((size_t)n_threads, sizeof *tp->args);
-    tp->shares = cb_aligned_alloc((size_t)n_threads * sizeof *tp->shares);
+    tp->shares = cb_aligned_alloc(2 * (size_t)n_threads * sizeof *tp->shares);
     if (!tp->lock || !tp->wake || !tp->threads || !tp->args || !tp->shares) {
         cb_threadpool_destroy(tp);
         return NULL;
@@ -154,7 +156,22 @@ void cb_threadpool_destroy(cb_threadpool *tp) {
 
 int cb_threadpool_size(const cb_threadpool *tp) { return tp->n; }
 
-void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_tasks) {
+void cb_wait_count(atomic_int *counter, int target) {
+    uint64_t start = 0;
+    uint32_t spins = 0;
+    while (atomic_load_explicit(counter, memory_order_acquire) < target) {
+        if ((++spins & 63) != 0) {
+            cb_cpu_relax();
+            continue;
+        }
+        uint64_t now = cb_now_ns();
+        if (!start) start = now;
+        if (now - start >= SPIN_NS) cb_thread_yield();
+    }
+}
+
+void cb_threadpool_run2(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_first, int n_second) {
+    const int n_tasks = n_first + n_second;
     if (n_tasks <= 0) return;
     if (tp->n == 1 || n_tasks == 1 || n_tasks > CB_MAX_TASKS) { /* callers keep n_tasks far below */
         for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
@@ -166,8 +183,11 @@ void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_tasks)
     const uint32_t gen = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
     for (int w = 0; w < tp->n; w++) {
         int begin, end;
-        cb_split(n_tasks, w, tp->n, &begin, &end);
+        cb_split(n_first, w, tp->n, &begin, &end);
         atomic_store_explicit(&tp->shares[w].word, SHARE(gen, end, begin), memory_order_relaxed);
+        cb_split(n_second, w, tp->n, &begin, &end);
+        atomic_store_explicit(&tp->shares[tp->n + w].word, SHARE(gen, n_first + end, n_first + begin),
+                              memory_order_relaxed);
     }
     atomic_store(&tp->gen, gen); /* seq_cst: publishes the shares, ordered before the sleepers check */
     if (atomic_load(&tp->sleepers) > 0) {
@@ -177,15 +197,9 @@ void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_tasks)
     }
     run_tasks(tp, gen, 0);
     /* Every task is claimed; wait for the ones other workers are running. */
-    uint64_t start = 0;
-    uint32_t spins = 0;
-    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks) {
-        if ((++spins & 63) != 0) {
-            cb_cpu_relax();
-            continue;
-        }
-        uint64_t now = cb_now_ns();
-        if (!start) start = now;
-        if (now - start >= SPIN_NS) cb_thread_yield();
-    }
+    cb_wait_count(&tp->done, n_tasks);
+}
+
+void cb_threadpool_run(cb_threadpool *tp, cb_task_fn fn, void *ctx, int n_tasks) {
+    cb_threadpool_run2(tp, fn, ctx, n_tasks, 0);
 }
