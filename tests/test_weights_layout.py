@@ -1,5 +1,6 @@
-"""The weights file layout: each expert's tensors in one page-aligned block,
-and experts that are never routed to are never read from disk."""
+"""The weights file layout: each expert's tensors in one page-aligned block
+(2 MiB-aligned where blocks are large), and experts that are never routed to
+are never read from disk, in 4 KiB or in 2 MiB pages."""
 
 import ctypes
 import mmap
@@ -10,7 +11,7 @@ import pytest
 
 from colibri_build import Engine
 from colibri_build.synth import synth
-from colibri_build.weights import PAGE, read_header
+from colibri_build.weights import HUGE_PAGE, PAGE, read_header
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +57,81 @@ def page_residency(path) -> np.ndarray:
             mm.close()
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise and mincore (Linux)")
-def test_unrouted_experts_are_never_read(many_experts):
-    path = many_experts / "weights.cbw"
+@pytest.fixture(scope="module")
+def large_experts(tmp_path_factory):
+    """1.5 MiB expert blocks (f32, 512 x 256 x 3): laid out for 2 MiB pages."""
+    return synth("olmoe", "tiny", tmp_path_factory.mktemp("m") / "large", seed=6,
+                 overrides={"hidden_size": 256, "heads": 4, "kv_heads": 4, "experts": 16, "top_k": 2,
+                            "expert_ffn_size": 512})
+
+
+def test_large_expert_blocks_own_whole_2_mib_pages_and_the_gaps_are_holes(large_experts):
+    path = large_experts / "weights.cbw"
+    assert read_header(path)["alignment"] == HUGE_PAGE
+    _, blocks = expert_blocks(path)
+    spans = sorted(blocks.values())
+    for (begin, end), (next_begin, _) in zip(spans, spans[1:] + [(path.stat().st_size, 0)]):
+        assert begin % HUGE_PAGE == 0 and next_begin == (end + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+    data = sum(end - begin for begin, end in spans)
+    gaps = sum(-(end - begin) % HUGE_PAGE for begin, end in spans)
+    assert gaps > 10 * PAGE  # 0.5 MiB a block
+    assert os.stat(path).st_blocks * 512 < path.stat().st_size - gaps // 2, "the padding takes disk space"
+    assert data + spans[0][0] <= path.stat().st_size
+
+
+def evict(path):
     with open(path, "rb") as fh:  # drop the file from the page cache
         os.fsync(fh.fileno())
         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    engine = Engine(many_experts, threads=1)
+
+
+def pmd_mapped_kib(path) -> int:
+    """The most of path that one of this process's mappings maps in 2 MiB pages."""
+    most, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if not line[0].isupper() or ":" not in line.split()[0]:  # a mapping's header line
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("FilePmdMapped:"):
+            most = max(most, int(line.split()[1]))
+    return most
+
+
+def file_pages_map_huge(folder) -> bool:
+    """Whether this kernel and file system put a file read through a
+    MADV_HUGEPAGE mapping in 2 MiB pages (large folios in the page cache)."""
+    probe = folder / "probe.bin"
+    probe.write_bytes(os.urandom(4 * HUGE_PAGE))
+    evict(probe)
+    with open(probe, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+            sum(mm[i] for i in range(0, len(mm), PAGE))
+            return pmd_mapped_kib(probe) > 0
+        finally:
+            mm.close()
+            probe.unlink()
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
+                    reason="needs MADV_HUGEPAGE and /proc (Linux)")
+def test_large_experts_are_mapped_in_2_mib_pages(large_experts):
+    if not file_pages_map_huge(large_experts):
+        pytest.skip("this kernel or file system keeps file pages at 4 KiB")
+    path = large_experts / "weights.cbw"
+    evict(path)
+    engine = Engine(large_experts, threads=1)
+    engine.forward([1, 2, 3])
+    assert pmd_mapped_kib(path) >= 2048
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise and mincore (Linux)")
+@pytest.mark.parametrize("model", ["many_experts", "large_experts"])
+def test_unrouted_experts_are_never_read(model, request):
+    folder = request.getfixturevalue(model)
+    path = folder / "weights.cbw"
+    evict(path)
+    engine = Engine(folder, threads=1)
     engine.forward([1, 2, 3])
     used = {(layer, int(e)) for layer in range(engine.dims["layers"]) for e in np.unique(engine.last_routing[:, layer])}
     _, blocks = expert_blocks(path)
@@ -72,6 +141,6 @@ def test_unrouted_experts_are_never_read(many_experts):
         return sum(int(resident[b // PAGE:(e + PAGE - 1) // PAGE].sum()) for k, (b, e) in blocks.items() if k in keys)
     unused_pages = pages(set(blocks) - used)
     used_pages = pages(used)
-    assert len(used) < len(blocks) // 4
+    assert len(used) < len(blocks) * 3 // 4
     assert used_pages > 0
     assert unused_pages == 0, f"{unused_pages} pages of unrouted experts were read"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelError
-from .weights import DTYPE_NAMES, read_header, tensor_dtype
+from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype
 
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
 LLAMA_CPP = {"bench-olmoe": {"decode": 63, "prefill": 156, "ttft_ms": 139},
@@ -400,15 +400,15 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
 
 def current_layout(folder: Path) -> bool:
     """False for a model written before matrices were stored in today's x4
-    layout: it would run on slower kernels (or be refused), and the figures
-    would mislead."""
+    layout, or before experts were aligned for 2 MiB pages: it would run on
+    slower kernels or pages (or be refused), and the figures would mislead."""
     cfg = json.loads((folder / "model-config.json").read_text())
     try:
         header = read_header(folder / cfg["weights"]["file"])
     except ModelError:  # e.g. an x4 layout since replaced
         return False
-    return all(tensor_dtype(cfg, name, t.shape) == DTYPE_NAMES[t.dtype]
-               for name, t in header["tensors"].items())
+    return header["alignment"] == expert_alignment(cfg) and all(
+        tensor_dtype(cfg, name, t.shape) == DTYPE_NAMES[t.dtype] for name, t in header["tensors"].items())
 
 
 def ensure_model(models_dir: Path, preset: str, dtype: str) -> Path:

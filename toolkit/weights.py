@@ -1,7 +1,10 @@
 """The engine's weights file (.cbw): a header the C loader checks, a tensor
 table, then tensor data. Each expert's tensors (gate, up, down) lie together
 in one block that starts on a page boundary, so an expert that is never
-routed to is never paged in. Layout mirrors templates/src/weights.h."""
+routed to is never paged in; where a block is at least 1 MiB, on a 2 MiB
+boundary with nothing else up to the next one, so the engine can map the
+file in 2 MiB pages (the gaps are holes: no disk space). Layout mirrors
+templates/src/weights.h."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from .errors import ModelError
 MAGIC = b"COLIBRI\0"
 VERSION = 1
 PAGE = 4096
+HUGE_PAGE = 2 << 20  # CB_HUGE_ALIGNMENT
 TENSOR_ALIGN = 64
 NAME_BYTES = 48
 
@@ -141,16 +145,33 @@ class TensorEntry:
     nbytes: int
 
 
+def _nbytes(cfg: dict, name: str, shape: tuple[int, ...]) -> tuple[str, int]:
+    dtype = tensor_dtype(cfg, name, shape)
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    return dtype, rows * quant.row_bytes(dtype, shape[-1])
+
+
+def expert_alignment(cfg: dict) -> int:
+    """2 MiB where an expert's block is at least 1 MiB (real models' are
+    several MiB; the padding to the next 2 MiB is then under half a block,
+    and only a hole), else a 4 KiB page. The header records it."""
+    if not cfg["experts"] or len(cfg["dense_layers"]) >= cfg["layers"]:
+        return PAGE
+    shapes = dict(expected_shapes(cfg))
+    p = next(name for name in shapes if ".expert." in name).rsplit(".", 1)[0] + "."
+    block = sum(_nbytes(cfg, p + part, shapes[p + part])[1] for part in ("gate", "up", "down"))
+    return HUGE_PAGE if block >= (1 << 20) else PAGE
+
+
 def plan_layout(cfg: dict) -> tuple[int, list[TensorEntry]]:
     shapes = expected_shapes(cfg)
     header_bytes = _round_up(HEADER.size, 8) + TENSOR_ENTRY.size * len(shapes)
+    align = expert_alignment(cfg)
     offset = _round_up(header_bytes, PAGE)
     entries = []
     for name, shape in shapes:
-        dtype = tensor_dtype(cfg, name, shape)
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        nbytes = rows * quant.row_bytes(dtype, shape[-1])
-        offset = _round_up(offset, PAGE if is_expert_block_start(name) else TENSOR_ALIGN)
+        dtype, nbytes = _nbytes(cfg, name, shape)
+        offset = _round_up(offset, align if is_expert_block_start(name) else TENSOR_ALIGN)
         entries.append(TensorEntry(name, DTYPE_IDS[dtype], shape, offset, nbytes))
         offset += nbytes
     return header_bytes, entries
@@ -159,8 +180,8 @@ def plan_layout(cfg: dict) -> tuple[int, list[TensorEntry]]:
 def _pack_header(cfg: dict, n_tensors: int, header_bytes: int) -> bytes:
     dims = dims_from_config(cfg)
     name = cfg["name"].encode()
-    return HEADER.pack(MAGIC, VERSION, PAGE, n_tensors, header_bytes, *(dims[f] for f in DIMS_FIELDS),
-                       *(dims[f] for f in DIMS_FLOATS), *tokenizer_info(cfg), name)
+    return HEADER.pack(MAGIC, VERSION, expert_alignment(cfg), n_tensors, header_bytes,
+                       *(dims[f] for f in DIMS_FIELDS), *(dims[f] for f in DIMS_FLOATS), *tokenizer_info(cfg), name)
 
 
 def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> str:
@@ -168,6 +189,7 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
     tensor's dtype) to path atomically; returns the file's sha256. Tensors
     are consumed one at a time, so a large model never sits in RAM whole."""
     header_bytes, entries = plan_layout(cfg)
+    align = expert_alignment(cfg)
     tmp = path.with_name(path.name + ".partial")
     digest = hashlib.sha256()
     with open(tmp, "wb") as fh:
@@ -187,13 +209,22 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
             if name != ent.name or tuple(array.shape) != ent.shape:
                 raise ModelError(f"{path}: tensor '{name}' {tuple(array.shape)} given where "
                                  f"'{ent.name}' {ent.shape} was expected")
-            _write(fh, digest, b"\0" * (ent.offset - pos))
+            _skip(fh, digest, ent.offset - pos)
             data = quant.encode(array, DTYPE_NAMES[ent.dtype])
             assert len(data) == ent.nbytes
             _write(fh, digest, data)
             pos = ent.offset + ent.nbytes
-        tail = _round_up(pos, PAGE) - pos  # whole pages, so the last expert maps cleanly
-        _write(fh, digest, b"\0" * tail)
+        # Whole pages (2 MiB ones where experts are so aligned), so the last
+        # expert maps cleanly.
+        _skip(fh, digest, _round_up(pos, align) - pos)
+        fh.truncate(fh.tell())
+        fh.flush()
+        os.fsync(fh.fileno())
+        if hasattr(os, "posix_fadvise"):
+            # The page cache holds what was just written in small pages, and
+            # a mapping can only take 2 MiB pages for what it reads itself:
+            # leave it to the first engine to read the file back.
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     os.replace(tmp, path)
     return digest.hexdigest()
 
@@ -201,6 +232,17 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
 def _write(fh: BinaryIO, digest, data: bytes) -> None:
     fh.write(data)
     digest.update(data)
+
+
+def _skip(fh: BinaryIO, digest, n: int) -> None:
+    """n zero bytes: written when few, a hole (no disk space) when many."""
+    if n < 64 << 10:
+        _write(fh, digest, b"\0" * n)
+        return
+    fh.seek(n, os.SEEK_CUR)
+    zeros = bytes(1 << 20)
+    for done in range(0, n, len(zeros)):
+        digest.update(zeros[:min(len(zeros), n - done)])
 
 
 def read_header(path: Path) -> dict:

@@ -207,8 +207,9 @@ void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_o
             uint8_t *seen = &e->expert_seen[(size_t)layer * E + x];
             if (!*seen) {
                 /* First use: ask for the whole block at once (the mapping has
-                 * no readahead, so faults alone would read it 4 KiB at a time). */
-                cb_map_advise_willneed(L->experts[x].block, L->experts[x].block_bytes);
+                 * no readahead, so faults alone would read it 4 KiB at a time;
+                 * in 2 MiB pages each fault reads 2 MiB, see cb_weights_map). */
+                if (!e->w.huge_pages) cb_map_advise_willneed(L->experts[x].block, L->experts[x].block_bytes);
                 *seen = 1;
             }
         }

@@ -15,6 +15,7 @@
 #define CB_WEIGHTS_MAGIC "COLIBRI"
 #define CB_WEIGHTS_VERSION 1
 #define CB_TENSOR_NAME_BYTES 48
+#define CB_HUGE_ALIGNMENT (2u << 20) /* expert blocks on 2 MiB pages (header alignment) */
 
 /* bytes: synthetic; bpe, spm: model_dir/tokenizer.cbt (tokenizer.h). */
 /* NONE: a model converted without a tokenizer serves token ids only. */
@@ -88,6 +89,7 @@ typedef struct {
 typedef struct {
     cb_mapped_file file;
     const cb_weights_header *header;
+    int huge_pages;                      /* the mapping is advised 2 MiB pages (cb_weights_map) */
     cb_tensor tok_embd;                  /* [vocab, H] */
     const float *output_norm;            /* [H] */
     cb_tensor output;                    /* [vocab, H]: tok_embd when tied */

@@ -54,6 +54,18 @@ static void advise(const void *addr, size_t len, int advice) {
 void cb_map_advise_willneed(const void *addr, size_t len) { advise(addr, len, MADV_WILLNEED); }
 void cb_map_advise_random(const void *addr, size_t len) { advise(addr, len, MADV_RANDOM); }
 
+int cb_map_advise_huge(const void *addr, size_t len) {
+#ifdef MADV_HUGEPAGE
+    /* Only where a PMD page is 2 MiB (4 KiB base pages): on a 64 KiB-page
+     * arm64 kernel it would be 512 MiB. */
+    uintptr_t start = (uintptr_t)addr & ~(uintptr_t)4095;
+    if (sysconf(_SC_PAGESIZE) == 4096 && madvise((void *)start, (uintptr_t)addr + len - start, MADV_HUGEPAGE) == 0)
+        return 0;
+#endif
+    (void)addr, (void)len;
+    return -1;
+}
+
 struct cb_thread { pthread_t id; void (*fn)(void *); void *arg; };
 struct cb_mutex { pthread_mutex_t m; };
 struct cb_cond { pthread_cond_t c; };

@@ -82,6 +82,12 @@ void cb_map_advise_willneed(const void *addr, size_t len) {
  * paged in on touch with small read-ahead, which is what experts want. */
 void cb_map_advise_random(const void *addr, size_t len) { (void)addr; (void)len; }
 
+/* Large pages on Windows are for committed memory, never for file views. */
+int cb_map_advise_huge(const void *addr, size_t len) {
+    (void)addr, (void)len;
+    return -1;
+}
+
 struct cb_thread { HANDLE handle; void (*fn)(void *); void *arg; };
 struct cb_mutex { CRITICAL_SECTION cs; };
 struct cb_cond { CONDITION_VARIABLE cv; };
