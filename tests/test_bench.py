@@ -46,6 +46,7 @@ def test_bench_reports_all_figures(tmp_path):
     assert paired["pairs"] == 32 and paired["active_bytes_per_token"] == run["active_bytes_per_token"]
     assert paired["decode_tok_s"] > 0 and paired["read_gb_s_p10"] <= paired["read_gb_s"] <= paired["read_gb_s_p90"]
     assert 0 < paired["decode_over_read_p10"] <= paired["decode_over_read"] <= paired["decode_over_read_p90"]
+    assert paired["pages"] == "4 KiB"  # the tiny model's experts are too small for 2 MiB pages
     # The machine's own spread: one identical step timed in-process, just before the chats.
     step = run["identical_step"]
     assert step["steps"] == 64 and 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"] <= step["max_ms"]

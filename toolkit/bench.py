@@ -245,7 +245,7 @@ def latency(results: list[dict]) -> dict:
 
 PAIRED = re.compile(r"decode-bench: (\d+) pairs, (\d+) threads, (\d+) bytes of weights a token: decode ([\d.]+) tok/s "
                     r"\(([\d.]+) GB/s\); read beside it ([\d.]+) GB/s \(P10 ([\d.]+), P90 ([\d.]+)\); "
-                    r"decode / read ([\d.]+) \(P10 ([\d.]+), P90 ([\d.]+)\)")
+                    r"decode / read ([\d.]+) \(P10 ([\d.]+), P90 ([\d.]+)\); pages (\d+ [KM]iB)")
 
 
 def build_decode_bench(generic_exe: Path) -> Path | None:
@@ -273,7 +273,9 @@ def paired_decode(tool: Path, model: Path, threads: int, pairs: int) -> dict:
         return {}
     keys = ("pairs", "threads", "active_bytes_per_token", "decode_tok_s", "decode_gb_s", "read_gb_s", "read_gb_s_p10",
             "read_gb_s_p90", "decode_over_read", "decode_over_read_p10", "decode_over_read_p90")
-    return {k: (int(v) if i < 3 else float(v)) for i, (k, v) in enumerate(zip(keys, got.groups()))}
+    out = {k: (int(v) if i < 3 else float(v)) for i, (k, v) in enumerate(zip(keys, got.groups()))}
+    out["pages"] = got.group(len(keys) + 1)
+    return out
 
 
 def identical_step_spread(model: Path, threads: int, steps: int = 256) -> dict:
@@ -448,7 +450,7 @@ def markdown(results: dict) -> str:
         step = f"{r['identical_step']['p99_over_p50']:.2f}" if r.get("identical_step") else "-"
         pd = r.get("paired_decode")
         paired = (f"{pd['decode_over_read']:.0%} ({pd['decode_over_read_p10']:.0%}-{pd['decode_over_read_p90']:.0%}) "
-                  f"at {pd['read_gb_s']:.0f} GB/s" if pd else "-")
+                  f"at {pd['read_gb_s']:.0f} GB/s, {pd['pages']} pages" if pd else "-")
         rows.append(
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | "
             f"{bw:.1f} | {r['decode_ceiling_tok_s']:.0f} | {r['decode_fraction_of_ceiling']:.0%} | " if bw else
