@@ -6,10 +6,9 @@
 /* GGML rows (four interleaved streams, which the hardware prefetcher follows
  * badly): rows ahead of the current four that the kernel pulls into the
  * cache, about 8 KB at 1 KB rows, a DRAM latency's worth of streaming and
- * more. x4 groups are one stream and go without: decode in-process with and
- * without the prefetch alternating token by token, without was 0-3% faster
- * (bench-olmoe q8_0 / q4_0, bench-mixtral q8_0, batch 1 and 8; prefill
- * alike). */
+ * more. x4 groups are one stream, which their one-token kernel prefetches
+ * itself a fixed distance ahead (X4_PREFETCH_BYTES in avx2.c): this ahead-
+ * by-rows prefetch from here was 0-3% slower for them on an AMD EPYC. */
 #define PREFETCH_ROWS 8
 /* Tokens handed to a multi-token kernel at once (its scratch is per call). */
 #define TOKEN_GROUP 64
