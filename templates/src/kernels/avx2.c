@@ -31,6 +31,15 @@ float cb_dot_f32_avx2(const float *a, const float *b, int n) {
     return sum;
 }
 
+/* How far ahead of their loads the one-token kernels (x4 groups, f16 and
+ * bf16 rows) ask for the weight stream, a line per 64 bytes. The hardware
+ * prefetcher alone left decode well short of a plain read; in-process,
+ * alternating step by step (Xeon, 2 threads, 2 MiB pages), bench-olmoe q8_0
+ * batch 1 took 0.94 / 0.86 / 0.81 / 0.81 / 0.83 / 0.84 of the time with 1 /
+ * 2 / 4 / 8 / 16 / 32 KB (0.96 with one line a block at 2 KB), bench-mixtral
+ * q8_0 0.87 at 2 KB, bench-olmoe f16 0.79 at 4 KB and 0.78 at 8. */
+#define STREAM_PREFETCH_BYTES 4096
+
 /* 8 f16 or bf16 weights as floats: F16C, or bf16 as the top half of a
  * float32 (widen, shift left 16). */
 static inline __attribute__((always_inline)) __m256 widen8(const uint16_t *w, int bf16) {
@@ -47,6 +56,7 @@ static inline __attribute__((always_inline)) float dot_half(const uint16_t *w, c
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
+        if ((i & 31) == 0) _mm_prefetch((const char *)(w + i) + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
         acc0 = _mm256_fmadd_ps(widen8(w + i, bf16), _mm256_loadu_ps(x + i), acc0);
         acc1 = _mm256_fmadd_ps(widen8(w + i + 8, bf16), _mm256_loadu_ps(x + i + 8), acc1);
     }
@@ -374,14 +384,6 @@ static inline __m256i pair_ints(__m256i lo, __m256i hi, __m256i xlo, __m256i xhi
     return _mm256_add_epi32(dot_i8x32(lo, xlo), dot_i8x32(hi, xhi));
 }
 
-/* How far ahead of its loads the one-token x4 kernel asks for the stream,
- * each block's lines (one per 64 bytes). The hardware prefetcher alone left
- * decode well short of a plain read; in-process, alternating step by step
- * (Xeon, 2 threads, 2 MiB pages), bench-olmoe q8_0 batch 1 took 0.94 / 0.86
- * / 0.81 / 0.81 / 0.83 / 0.84 of the time with 1 / 2 / 4 / 8 / 16 / 32 KB
- * (0.96 with one line a block at 2 KB), bench-mixtral q8_0 0.87 at 2 KB. */
-#define X4_PREFETCH_BYTES 4096
-
 static inline __attribute__((always_inline)) void dot4_x4(const void *group, const cb_block_q8_0 *x, int n,
                                                           float out[4], int q4) {
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
@@ -390,8 +392,8 @@ static inline __attribute__((always_inline)) void dot4_x4(const void *group, con
     __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * 4 * block_bytes;
-        _mm_prefetch((const char *)blk + X4_PREFETCH_BYTES, _MM_HINT_T1);
-        if (!q4) _mm_prefetch((const char *)blk + X4_PREFETCH_BYTES + 64, _MM_HINT_T1); /* 136 bytes a block */
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
+        if (!q4) _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1); /* 136 bytes a block */
         const __m256i xlo = half_of(x[b].qs), xhi = half_of(x[b].qs + 16);
         const __m256i start = q4 || VNNI ? minus_sums(xlo, xhi, q4 ? 8 : (char)0x80) : _mm256_setzero_si256();
         const __m256 d8 = _mm256_mul_ps(group_scales(blk), _mm256_set1_ps(_cvtsh_ss(x[b].d)));
