@@ -21,10 +21,12 @@ void cb_unmap_file(cb_mapped_file *m);
  * the pages touched (experts, so unrouted experts stay on disk). */
 void cb_map_advise_willneed(const void *addr, size_t len);
 void cb_map_advise_random(const void *addr, size_t len);
-/* Asks for the range to be backed by 2 MiB pages where the file's page
- * cache can hold them; a fault then reads the aligned 2 MiB around it.
- * 0 when the system took the advice (Linux with transparent huge pages and
- * 4 KiB base pages), else -1 and nothing changes. */
+/* Asks for the range (a file mapping, or allocated memory) to be backed by
+ * 2 MiB pages where the system can: a fault on a file mapping then reads
+ * the aligned 2 MiB around it (where its page cache can hold such pages),
+ * on memory it takes a whole zeroed 2 MiB page. 0 when the system took the
+ * advice (Linux with transparent huge pages and 4 KiB base pages), else -1
+ * and nothing changes. */
 int cb_map_advise_huge(const void *addr, size_t len);
 
 typedef struct cb_thread cb_thread;
