@@ -11,7 +11,7 @@ import pytest
 
 from colibri_build import Engine
 from colibri_build.synth import synth
-from colibri_build.weights import HUGE_PAGE, PAGE, read_header
+from colibri_build.weights import HUGE_PAGE, PAGE, huge_mapped_bytes, read_header, warm_page_cache
 
 
 @pytest.fixture(scope="module")
@@ -85,17 +85,6 @@ def evict(path):
         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def pmd_mapped_kib(path) -> int:
-    """The most of path that one of this process's mappings maps in 2 MiB pages."""
-    most, inside = 0, False
-    for line in open("/proc/self/smaps"):
-        if not line[0].isupper() or ":" not in line.split()[0]:  # a mapping's header line
-            inside = line.rstrip().endswith(str(path))
-        elif inside and line.startswith("FilePmdMapped:"):
-            most = max(most, int(line.split()[1]))
-    return most
-
-
 def file_pages_map_huge(folder) -> bool:
     """Whether this kernel and file system put a file read through a
     MADV_HUGEPAGE mapping in 2 MiB pages (large folios in the page cache)."""
@@ -107,7 +96,7 @@ def file_pages_map_huge(folder) -> bool:
         try:
             mm.madvise(mmap.MADV_HUGEPAGE)
             sum(mm[i] for i in range(0, len(mm), PAGE))
-            return pmd_mapped_kib(probe) > 0
+            return huge_mapped_bytes(probe) > 0
         finally:
             mm.close()
             probe.unlink()
@@ -122,7 +111,37 @@ def test_large_experts_are_mapped_in_2_mib_pages(large_experts):
     evict(path)
     engine = Engine(large_experts, threads=1)
     engine.forward([1, 2, 3])
-    assert pmd_mapped_kib(path) >= 2048
+    assert huge_mapped_bytes(path) >= HUGE_PAGE
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
+                    reason="needs MADV_HUGEPAGE and /proc (Linux)")
+def test_warm_puts_a_copied_file_in_2_mib_pages(large_experts, tmp_path):
+    """A copy's page cache is in small pages (written so, read back without
+    MADV_HUGEPAGE); colibri-build warm drops them and reads it back huge."""
+    if not file_pages_map_huge(large_experts):
+        pytest.skip("this kernel or file system keeps file pages at 4 KiB")
+    copy = tmp_path / "weights.cbw"
+    with open(large_experts / "weights.cbw", "rb") as src, open(copy, "wb") as dst:
+        while chunk := src.read(PAGE):
+            dst.write(chunk)
+    with open(copy, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            view = np.frombuffer(mm, dtype=np.uint8)
+            view[::PAGE].sum()
+            del view
+            before = huge_mapped_bytes(copy)
+        finally:
+            mm.close()
+    got = warm_page_cache(copy)
+    assert got["bytes"] == copy.stat().st_size
+    assert got["huge_bytes"] >= copy.stat().st_size // 2 > before, (before, got)
+
+
+def test_warm_names_a_missing_file(tmp_path):
+    with pytest.raises(Exception, match="cannot open"):
+        warm_page_cache(tmp_path / "missing.cbw")
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise and mincore (Linux)")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelError
-from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype
+from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype, warm_page_cache
 
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
 LLAMA_CPP = {"bench-olmoe": {"decode": 63, "prefill": 156, "ttft_ms": 139},
@@ -484,7 +484,9 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
             model = ensure_model(models_dir, preset, dtype)
             log(f"building {model.name} for {target}")
             exe = build(model, target, dist_root=out / "dist", build_root=out / "build", quiet=True).executable
-            log(f"measuring {model.name}")
+            warmed = warm_page_cache(model / "weights.cbw")  # one page-cache state for every run: 2 MiB pages
+            log(f"measuring {model.name} ({warmed['bytes'] >> 20} MiB, in 2 MiB pages: "
+                f"{'?' if warmed['huge_bytes'] is None else warmed['huge_bytes'] >> 20} MiB)")
             results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick, generic_exe,
                                                                decode_bench)
             log(json.dumps(r))

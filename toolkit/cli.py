@@ -196,6 +196,20 @@ def bench(presets, dtypes, models_dir, out, threads, repeats, quick, target, mem
         path.write_text(f"{head}<!-- bench:begin -->\n{table}<!-- bench:end -->{tail}")
 
 
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+def warm(model):
+    """Read MODEL's weights into the page cache in 2 MiB pages (Linux), which
+    decode streams faster than the 4 KiB pages a copy of the file leaves."""
+    from .config import load
+    from .weights import warm_page_cache
+    cfg = load(model)
+    path = cfg.path.parent / cfg.data["weights"]["file"]
+    got = warm_page_cache(path)
+    huge = "unknown" if got["huge_bytes"] is None else f"{got['huge_bytes'] / 2**20:.0f} MiB"
+    click.echo(f"{path}: {got['bytes'] / 2**20:.0f} MiB read, in 2 MiB pages: {huge}")
+
+
 @main.command("tokenizer")
 @click.argument("src", type=click.Path(path_type=Path, exists=True))
 @click.argument("out_dir", type=click.Path(path_type=Path))

@@ -9,6 +9,7 @@ templates/src/weights.h."""
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -276,3 +277,52 @@ def load_tensors(path: Path) -> dict[str, np.ndarray]:
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     return {name: quant.dequantize(np.asarray(mm[t.offset:t.offset + t.nbytes]), DTYPE_NAMES[t.dtype], t.shape)
             for name, t in info["tensors"].items()}
+
+
+def huge_mapped_bytes(path: Path) -> int | None:
+    """How much of path the most 2 MiB-mapped of this process's mappings of
+    it maps in 2 MiB pages (/proc/self/smaps); None where there is no /proc."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    most, inside, name = 0, False, str(Path(path).resolve())
+    for line in lines:
+        field = line.split(maxsplit=1)[0] if line else ""
+        if not field.endswith(":") or not field[:1].isupper():  # a mapping's header line
+            inside = line.rstrip().endswith(name)
+        elif inside and field == "FilePmdMapped:":
+            most = max(most, int(line.split()[1]) * 1024)
+    return most
+
+
+def warm_page_cache(path: Path) -> dict:
+    """Reads path into the page cache in 2 MiB pages where the system can:
+    what the cache holds of it in 4 KiB pages (left by a copy or an earlier
+    read) is dropped first, unless a running process maps it, then every
+    page is read through a MADV_HUGEPAGE mapping, which is how the page cache
+    gets 2 MiB pages for a file. Returns the file's size and how much of it
+    this mapping saw in 2 MiB pages (None where that cannot be told)."""
+    path = Path(path)
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot open: {exc.strerror}") from None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            raise ModelError(f"{path}: empty file")
+        if hasattr(os, "posix_fadvise"):
+            os.fsync(fh.fileno())  # pages still being written back would stay
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                mm.madvise(mmap.MADV_HUGEPAGE)
+            view = np.frombuffer(mm, dtype=np.uint8)
+            view[::PAGE].sum()  # one byte a page: every page read
+            del view
+            huge = huge_mapped_bytes(path)
+        finally:
+            mm.close()
+    return {"bytes": size, "huge_bytes": huge}

@@ -45,7 +45,7 @@ typedef struct {
     cb_engine *e;
     int n_units, n;
     int chunk, down_chunk, sum_chunk; /* rows per gate/up, down and sum task */
-    cb_act xa;             /* the FFN input, xn (quantized) */
+    cb_act xa;                        /* the FFN input, xn (quantized) */
 } ffn_job;
 
 /* Tasks run unit by unit, each unit's rows in chunks, so the tasks are in
