@@ -11,7 +11,9 @@ import pytest
 
 from colibri_build import Engine
 from colibri_build.synth import synth
-from colibri_build.weights import HUGE_PAGE, PAGE, huge_mapped_bytes, read_header, warm_page_cache
+from colibri_build.errors import ModelError
+from colibri_build.weights import (HUGE_PAGE, PAGE, drop_from_page_cache, huge_mapped_bytes, read_header,
+                                   warm_page_cache)
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +82,8 @@ def test_large_expert_blocks_own_whole_2_mib_pages_and_the_gaps_are_holes(large_
 
 
 def evict(path):
-    with open(path, "rb") as fh:  # drop the file from the page cache
-        os.fsync(fh.fileno())
-        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    with open(path, "rb") as fh:
+        drop_from_page_cache(fh)
 
 
 def file_pages_map_huge(folder) -> bool:
@@ -140,7 +141,7 @@ def test_warm_puts_a_copied_file_in_2_mib_pages(large_experts, tmp_path):
 
 
 def test_warm_names_a_missing_file(tmp_path):
-    with pytest.raises(Exception, match="cannot open"):
+    with pytest.raises(ModelError, match="cannot open"):
         warm_page_cache(tmp_path / "missing.cbw")
 
 

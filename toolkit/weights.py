@@ -164,7 +164,8 @@ def expert_alignment(cfg: dict) -> int:
     return HUGE_PAGE if block >= (1 << 20) else PAGE
 
 
-def plan_layout(cfg: dict) -> tuple[int, list[TensorEntry]]:
+def plan_layout(cfg: dict) -> tuple[int, int, list[TensorEntry]]:
+    """Header bytes, the experts' alignment and every tensor's place."""
     shapes = expected_shapes(cfg)
     header_bytes = _round_up(HEADER.size, 8) + TENSOR_ENTRY.size * len(shapes)
     align = expert_alignment(cfg)
@@ -175,13 +176,13 @@ def plan_layout(cfg: dict) -> tuple[int, list[TensorEntry]]:
         offset = _round_up(offset, align if is_expert_block_start(name) else TENSOR_ALIGN)
         entries.append(TensorEntry(name, DTYPE_IDS[dtype], shape, offset, nbytes))
         offset += nbytes
-    return header_bytes, entries
+    return header_bytes, align, entries
 
 
-def _pack_header(cfg: dict, n_tensors: int, header_bytes: int) -> bytes:
+def _pack_header(cfg: dict, n_tensors: int, header_bytes: int, align: int) -> bytes:
     dims = dims_from_config(cfg)
     name = cfg["name"].encode()
-    return HEADER.pack(MAGIC, VERSION, expert_alignment(cfg), n_tensors, header_bytes,
+    return HEADER.pack(MAGIC, VERSION, align, n_tensors, header_bytes,
                        *(dims[f] for f in DIMS_FIELDS), *(dims[f] for f in DIMS_FLOATS), *tokenizer_info(cfg), name)
 
 
@@ -189,12 +190,11 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
     """Writes tensors (float arrays in expected_shapes order, encoded to each
     tensor's dtype) to path atomically; returns the file's sha256. Tensors
     are consumed one at a time, so a large model never sits in RAM whole."""
-    header_bytes, entries = plan_layout(cfg)
-    align = expert_alignment(cfg)
+    header_bytes, align, entries = plan_layout(cfg)
     tmp = path.with_name(path.name + ".partial")
     digest = hashlib.sha256()
     with open(tmp, "wb") as fh:
-        head = bytearray(_pack_header(cfg, len(entries), header_bytes))
+        head = bytearray(_pack_header(cfg, len(entries), header_bytes, align))
         head += b"\0" * (_round_up(HEADER.size, 8) - HEADER.size)
         for ent in entries:
             shape = list(ent.shape) + [0] * (4 - len(ent.shape))
@@ -220,12 +220,10 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
         _skip(fh, digest, _round_up(pos, align) - pos)
         fh.truncate(fh.tell())
         fh.flush()
-        os.fsync(fh.fileno())
-        if hasattr(os, "posix_fadvise"):
-            # The page cache holds what was just written in small pages, and
-            # a mapping can only take 2 MiB pages for what it reads itself:
-            # leave it to the first engine to read the file back.
-            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        # The page cache holds what was just written in small pages, and a
+        # mapping can only take 2 MiB pages for what it reads itself: leave
+        # it to the first engine to read the file back.
+        drop_from_page_cache(fh)
     os.replace(tmp, path)
     return digest.hexdigest()
 
@@ -233,6 +231,14 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
 def _write(fh: BinaryIO, digest, data: bytes) -> None:
     fh.write(data)
     digest.update(data)
+
+
+def drop_from_page_cache(fh: BinaryIO) -> None:
+    """Drops the open file's cached pages that no process maps (after
+    fsync: pages still being written back would stay)."""
+    os.fsync(fh.fileno())
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _skip(fh: BinaryIO, digest, n: int) -> None:
@@ -289,7 +295,7 @@ def huge_mapped_bytes(path: Path) -> int | None:
     most, inside, name = 0, False, str(Path(path).resolve())
     for line in lines:
         field = line.split(maxsplit=1)[0] if line else ""
-        if not field.endswith(":") or not field[:1].isupper():  # a mapping's header line
+        if not field.endswith(":"):  # a mapping's header line (its address range)
             inside = line.rstrip().endswith(name)
         elif inside and field == "FilePmdMapped:":
             most = max(most, int(line.split()[1]) * 1024)
@@ -312,9 +318,7 @@ def warm_page_cache(path: Path) -> dict:
         size = os.fstat(fh.fileno()).st_size
         if size == 0:
             raise ModelError(f"{path}: empty file")
-        if hasattr(os, "posix_fadvise"):
-            os.fsync(fh.fileno())  # pages still being written back would stay
-            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        drop_from_page_cache(fh)
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             if hasattr(mmap, "MADV_HUGEPAGE"):

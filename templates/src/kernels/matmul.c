@@ -7,7 +7,7 @@
  * badly): rows ahead of the current four that the kernel pulls into the
  * cache, about 8 KB at 1 KB rows, a DRAM latency's worth of streaming and
  * more. x4 groups are one stream, which their one-token kernel prefetches
- * itself a fixed distance ahead (X4_PREFETCH_BYTES in avx2.c): this ahead-
+ * itself a fixed distance ahead (STREAM_PREFETCH_BYTES in avx2.c): this ahead-
  * by-rows prefetch from here was 0-3% slower for them on an AMD EPYC. */
 #define PREFETCH_ROWS 8
 /* Tokens handed to a multi-token kernel at once (its scratch is per call). */

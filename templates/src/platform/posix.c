@@ -44,26 +44,25 @@ void cb_unmap_file(cb_mapped_file *m) {
     memset(m, 0, sizeof *m);
 }
 
-static void advise(const void *addr, size_t len, int advice) {
+static int advise(const void *addr, size_t len, int advice) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t start = (uintptr_t)addr & ~(page - 1);
     uintptr_t end = (uintptr_t)addr + len;
-    if (end > start) madvise((void *)start, end - start, advice);
+    return end > start ? madvise((void *)start, end - start, advice) : -1;
 }
 
-void cb_map_advise_willneed(const void *addr, size_t len) { advise(addr, len, MADV_WILLNEED); }
-void cb_map_advise_random(const void *addr, size_t len) { advise(addr, len, MADV_RANDOM); }
+void cb_map_advise_willneed(const void *addr, size_t len) { (void)advise(addr, len, MADV_WILLNEED); }
+void cb_map_advise_random(const void *addr, size_t len) { (void)advise(addr, len, MADV_RANDOM); }
 
 int cb_map_advise_huge(const void *addr, size_t len) {
 #ifdef MADV_HUGEPAGE
     /* Only where a PMD page is 2 MiB (4 KiB base pages): on a 64 KiB-page
      * arm64 kernel it would be 512 MiB. */
-    uintptr_t start = (uintptr_t)addr & ~(uintptr_t)4095;
-    if (sysconf(_SC_PAGESIZE) == 4096 && madvise((void *)start, (uintptr_t)addr + len - start, MADV_HUGEPAGE) == 0)
-        return 0;
-#endif
+    return sysconf(_SC_PAGESIZE) == 4096 && advise(addr, len, MADV_HUGEPAGE) == 0 ? 0 : -1;
+#else
     (void)addr, (void)len;
     return -1;
+#endif
 }
 
 struct cb_thread { pthread_t id; void (*fn)(void *); void *arg; };
