@@ -165,6 +165,43 @@ def test_clients_that_leave_free_their_slot_and_queue_place(native_server_dist, 
         stop_checked(srv)
 
 
+def read_json_reply(sock: socket.socket) -> dict:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"(?im)^Content-Length: (\d+)", head).group(1))
+    while len(body) < length:
+        body += sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("args, room", [((), lambda slots: slots - 1), (("--step-tokens", "3"), lambda slots: 2),
+                                        (("--step-tokens", "0"), lambda slots: 63)], ids=["default", "3", "0"])
+def test_a_prompt_fills_what_decoding_leaves_of_a_step(native_server_dist, tiny_model, tiny_config, args, room):
+    """While A decodes, B's prompt goes in over the steps A's token leaves
+    room in: by default a step carries at most one token a slot (a full
+    decode step, so B's prompt does not lengthen A's steps), with
+    --step-tokens N at most N, with 0 a whole 64-token step."""
+    srv = RunningServer(native_server_dist / "colibri-server", tiny_model, *args)
+    try:
+        a_body = {"prompt": [1, 2, 3, 4], "max_tokens": 240, "ignore_eos": True, "stream": True}
+        b_body = {"prompt": [(5 * i) % 200 + 1 for i in range(50)], "max_tokens": 1}
+        with Paused(srv):
+            a = send_raw(srv.port, a_body, "/v1/completions")
+        assert read_status(a)[0] == 200  # A decodes (its 240 tiny-model tokens take ~12 ms)
+        with Paused(srv):  # B arrives while A has most of its tokens to go
+            b = send_raw(srv.port, b_body, "/v1/completions")
+            time.sleep(0.1)
+        steps = read_json_reply(b)["timings"]["prompt_steps"]
+        assert steps == -(-len(b_body["prompt"]) // room(tiny_config["batch_slots"]))
+        a.close()
+        b.close()
+    finally:
+        stop_checked(srv)
+
+
 def rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))

@@ -128,6 +128,7 @@ class Server:
     exe: Path
     model: Path
     threads: int
+    args: tuple = ()  # more server options
     proc: subprocess.Popen | None = None
     url: str = ""
     start_s: float = 0.0
@@ -137,7 +138,7 @@ class Server:
         import requests
         t0 = time.perf_counter()
         self.proc = subprocess.Popen([str(self.exe), "--model", str(self.model), "--port", "0", "--threads",
-                                      str(self.threads)], stderr=subprocess.PIPE, text=True)
+                                      str(self.threads), *self.args], stderr=subprocess.PIPE, text=True)
         for line in self.proc.stderr:
             self.stderr.append(line)
             match = re.search(r"listening on (http://[^\s]+)", line)
@@ -438,7 +439,7 @@ def markdown(results: dict) -> str:
             "| prefill 512 tok/s "
             "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms "
             "| ITL P50 / P99 ms alone (P99/P50) "
-            "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50) "
+            "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50); TTFT P50 "
             "| RSS idle / load / after MiB | cold start ms | specialised / generic decode |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in results["runs"].items():
@@ -460,7 +461,7 @@ def markdown(results: dict) -> str:
                      f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x) | "
                      f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} "
                      f"({s['itl_p99_over_p50']:.2f}) | {step} | "
-                     f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} ({c['itl_p99_over_p50']:.2f}) | "
+                     f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} ({c['itl_p99_over_p50']:.2f}); {c['ttft_p50_ms']:.0f} | "
                      f"{r['rss_idle_start_mib']:.0f} / "
                      f"{r['rss_under_load_mib']:.0f} / {r['rss_idle_after_mib']:.0f} | {r['cold_start_ms']:.0f} | "
                      f"{r['specialised_over_generic']:.2f} |")

@@ -26,7 +26,8 @@ static void usage(FILE *out) {
             "  --request-timeout-ms N    a request must arrive within this (default 10000)\n"
             "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
-            "  --prefill-chunk N         prompt tokens a step takes while others decode; 0: no limit (default 8)\n"
+            "  --step-tokens N           most tokens a step carries while requests decode, prompt tokens filling\n"
+            "                            what decoding leaves; 0: no limit (default: the slot count)\n"
             "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory (default f32)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/ (also $COLIBRI_API_KEY)\n"
             "  --verbose                 log connection events\n"
@@ -49,7 +50,7 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
     int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
-    int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, prefill_chunk = 8;
+    int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
     enum cb_kv_type kv = CB_KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -90,7 +91,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(arg, "--request-timeout-ms")) bad = parse_int(arg, value, 1, 3600000, &request_timeout);
         else if (!strcmp(arg, "--idle-timeout-ms")) bad = parse_int(arg, value, 1, 3600000, &idle_timeout);
         else if (!strcmp(arg, "--grace-ms")) bad = parse_int(arg, value, 0, 3600000, &grace_ms);
-        else if (!strcmp(arg, "--prefill-chunk")) bad = parse_int(arg, value, 0, 1 << 20, &prefill_chunk);
+        else if (!strcmp(arg, "--step-tokens")) bad = parse_int(arg, value, 0, 1 << 20, &step_tokens);
         else {
             fprintf(stderr, "colibri-server: unknown option '%s' (see --help)\n", arg);
             return 2;
@@ -110,7 +111,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "colibri-server: %s\n", err);
         return 1;
     }
-    cb_app_options opt = {queue >= 0 ? queue : 2 * cb_engine_n_slots(engine), api_key, prefill_chunk};
+    const int n_slots = cb_engine_n_slots(engine);
+    cb_app_options opt = {queue >= 0 ? queue : 2 * n_slots, api_key, step_tokens >= 0 ? step_tokens : n_slots};
     cb_app *app = cb_app_create(engine, &opt);
     if (!app) {
         fprintf(stderr, "colibri-server: out of memory for request buffers\n");
@@ -141,7 +143,7 @@ int main(int argc, char **argv) {
     const cb_dims *d = cb_engine_dims(engine);
     fprintf(stderr, "colibri-server: model %s (%u layers, %u experts top-%u), %d slots, queue %d, kernels %s, "
             "KV cache %s %.1f MiB%s\n",
-            cb_engine_model_name(engine), d->n_layers, d->n_experts, d->top_k, cb_engine_n_slots(engine),
+            cb_engine_model_name(engine), d->n_layers, d->n_experts, d->top_k, n_slots,
             opt.queue_cap, CB_KERNELS_NAME, kv == CB_KV_F16 ? "f16" : "f32",
             (double)cb_engine_kv_bytes(engine) / (1 << 20), api_key ? ", API key required" : "");
     fprintf(stderr, "colibri-server: listening on http://%s:%d\n", host, cb_netloop_port(loop));

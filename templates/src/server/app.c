@@ -22,7 +22,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->dims = cb_engine_dims(engine);
     a->n_slots = cb_engine_n_slots(engine);
     a->api_key = opt->api_key;
-    a->prefill_chunk = opt->prefill_chunk;
+    a->step_tokens = opt->step_tokens;
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
@@ -191,7 +191,7 @@ static void admit(cb_app *a, int s, cb_request *q) {
     const int ctx = (int)a->dims->context_len;
     st->req = q;
     st->admitted_ns = cb_now_ns();
-    st->n_fed = st->n_generated = 0;
+    st->n_fed = st->n_generated = st->prompt_steps = 0;
     st->max_tokens = q->max_tokens > ctx - q->n_prompt ? ctx - q->n_prompt : q->max_tokens;
     st->finish_reason = NULL;
     st->stopped = 0;
@@ -582,11 +582,17 @@ int cb_app_step(cb_app *a) {
     const int L = (int)a->dims->n_layers, E = (int)a->dims->n_experts, k = (int)a->dims->top_k;
     int n = 0, limit = max_batch;
     /* Decoding slots first (one token each), then prompt chunks. While some
-     * requests decode, a step takes at most prefill_chunk prompt tokens: a
-     * whole 64-token chunk would stall their next token several times over
-     * (chunked prefill keeps inter-token latency flat; TTFT pays). */
+     * requests decode, a step carries at most step_tokens tokens (default
+     * the slot count: a full decode step), prompt tokens filling what the
+     * decoding slots leave and at least one: each token a MoE step carries
+     * reads experts the others did not pick, so a step with a prompt chunk
+     * on top of the decoding slots is longer and delays all their next
+     * tokens (flat inter-token latency; time to first token pays). */
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && n > 0 && a->prefill_chunk > 0 && n + a->prefill_chunk < limit) limit = n + a->prefill_chunk;
+        if (pass == 1 && n > 0 && a->step_tokens > 0) {
+            const int cap = a->step_tokens > n ? a->step_tokens : n + 1;
+            if (cap < limit) limit = cap;
+        }
         for (int s = 0; s < a->n_slots && n < limit; s++) {
             cb_slot *st = &a->slots[s];
             if (!st->req) continue;
@@ -597,6 +603,7 @@ int cb_app_step(cb_app *a) {
             } else if (pass == 1 && prefilling) {
                 int take = n_prompt - st->n_fed;
                 if (take > limit - n) take = limit - n;
+                st->prompt_steps++;
                 for (int i = 0; i < take; i++) {
                     int pos = st->n_fed + i;
                     a->batch[n] = (cb_batch_item){st->req->prompt[pos], s, pos, pos == n_prompt - 1};

@@ -13,7 +13,7 @@ typedef struct cb_app cb_app;
 typedef struct {
     int queue_cap;       /* requests that may wait for a slot; more get 429 */
     const char *api_key; /* NULL: no auth; else "Authorization: Bearer KEY" on /v1/ */
-    int prefill_chunk;   /* prompt tokens a step takes while other requests decode (0: no limit) */
+    int step_tokens;     /* most tokens a step carries while some requests decode (0: no limit) */
 } cb_app_options;
 
 /* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */

@@ -46,6 +46,7 @@ typedef struct {
 typedef struct {
     cb_request *req;             /* NULL: free */
     int n_fed, n_generated, max_tokens;
+    int prompt_steps;            /* forward steps that carried part of the prompt */
     int32_t next_token;          /* sampled, not yet fed */
     const char *finish_reason;   /* set when done */
     int stopped;                 /* a stop sequence ended the text */
@@ -95,7 +96,7 @@ struct cb_app {
     size_t text_cap;
     int32_t *ids;                /* /tokenize and /detokenize [scratch_cap] */
     char *response;              /* [CB_RESPONSE_BYTES] */
-    int prefill_chunk;           /* prompt tokens per step while others decode (0: fill the step) */
+    int step_tokens;             /* most tokens a step carries while some decode (0: no limit) */
     cb_sampler sampler;
     cb_metrics metrics;
     const char *api_key;         /* NULL: no auth */

@@ -70,6 +70,8 @@ static void write_usage(cb_jw *w, const cb_slot *st) {
     cb_jw_double(w, prompt_ms > 0 ? st->req->n_prompt / prompt_ms * 1e3 : 0);
     cb_jw_key(w, "decode_tokens_per_second");
     cb_jw_double(w, decode_ms > 0 ? (st->n_generated - 1) / decode_ms * 1e3 : 0);
+    cb_jw_key(w, "prompt_steps"); /* more than the prompt needs alone: other requests were decoding */
+    cb_jw_int(w, st->prompt_steps);
     cb_jw_end_object(w);
 }
 
