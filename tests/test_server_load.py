@@ -177,13 +177,14 @@ def read_json_reply(sock: socket.socket) -> dict:
     return json.loads(body)
 
 
-@pytest.mark.parametrize("args, room", [((), lambda slots: slots - 1), (("--step-tokens", "3"), lambda slots: 2),
-                                        (("--step-tokens", "0"), lambda slots: 63)], ids=["default", "3", "0"])
+@pytest.mark.parametrize("args, room", [((), lambda cfg: cfg["batch_slots"] - 1), (("--step-tokens", "3"), lambda cfg: 2),
+                                        (("--step-tokens", "0"), lambda cfg: cfg["max_batch_tokens"] - 1)],
+                         ids=["default", "3", "0"])
 def test_a_prompt_fills_what_decoding_leaves_of_a_step(native_server_dist, tiny_model, tiny_config, args, room):
     """While A decodes, B's prompt goes in over the steps A's token leaves
     room in: by default a step carries at most one token a slot (a full
     decode step, so B's prompt does not lengthen A's steps), with
-    --step-tokens N at most N, with 0 a whole 64-token step."""
+    --step-tokens N at most N, with 0 a whole step (max_batch_tokens)."""
     srv = RunningServer(native_server_dist / "colibri-server", tiny_model, *args)
     try:
         a_body = {"prompt": [1, 2, 3, 4], "max_tokens": 240, "ignore_eos": True, "stream": True}
@@ -195,7 +196,7 @@ def test_a_prompt_fills_what_decoding_leaves_of_a_step(native_server_dist, tiny_
             b = send_raw(srv.port, b_body, "/v1/completions")
             time.sleep(0.1)
         steps = read_json_reply(b)["timings"]["prompt_steps"]
-        assert steps == -(-len(b_body["prompt"]) // room(tiny_config["batch_slots"]))
+        assert steps == -(-len(b_body["prompt"]) // room(tiny_config))
         a.close()
         b.close()
     finally:
