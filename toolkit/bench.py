@@ -485,7 +485,8 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
             model = ensure_model(models_dir, preset, dtype)
             log(f"building {model.name} for {target}")
             exe = build(model, target, dist_root=out / "dist", build_root=out / "build", quiet=True).executable
-            warmed = warm_page_cache(model / "weights.cbw")  # one page-cache state for every run: 2 MiB pages
+            weights = model / json.loads((model / "model-config.json").read_text())["weights"]["file"]
+            warmed = warm_page_cache(weights)  # one page-cache state for every run: 2 MiB pages
             log(f"measuring {model.name} ({warmed['bytes'] >> 20} MiB, in 2 MiB pages: "
                 f"{'?' if warmed['huge_bytes'] is None else warmed['huge_bytes'] >> 20} MiB)")
             results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick, generic_exe,
