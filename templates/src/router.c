@@ -13,7 +13,7 @@ void cb_topk_scalar(const float *values, int n, int k, int32_t *ids) {
             int taken = 0;
             for (int p = 0; p < j; p++) taken |= ids[p] == i;
             if (taken) continue;
-            if (best < 0 || values[i] > values[best]) best = i;
+            if (best < 0 || cb_ranks_before(values[i], i, values[best], best)) best = i;
         }
         ids[j] = best;
     }

@@ -1,6 +1,6 @@
 /* colibri-kernel-check: every SIMD kernel this build compiles in, against
  * its scalar reference, on seeded inputs: all tail lengths, ties, -0.0,
- * -inf, k > n. One line per family; exit status 1 on any disagreement.
+ * +-inf, NaN, k > n. One line per family; exit status 1 on any disagreement.
  * Built on demand (ninja colibri-kernel-check) and run by the tests on each
  * target, natively or under wine / qemu. */
 #include <math.h>
@@ -64,22 +64,39 @@ static int check_dot(dot_fn dot, int *cases, double *worst) {
     return 0;
 }
 
-/* Top-k: identical ids. Values from a few levels, so ties are common. */
+/* Top-k: identical ids. Values from a few levels, so ties are common; NaN
+ * and +-inf in some rounds (a model gone wrong), where every id must still
+ * be a valid index, each once, NaN ones last. */
 static int check_topk(topk_fn topk, int *cases) {
     static const float levels[] = {0.25f, 0.5f, 0.5f, 0.125f, 0.0f, -0.0f, 1.0f, -1.0f};
     const int ks[] = {1, 2, 4, 8};
     for (int n = 1; n <= 300; n += n < 40 ? 1 : 37) {
-        for (int round = 0; round < 6; round++) {
+        for (int round = 0; round < 10; round++) {
             for (int i = 0; i < n; i++) {
                 uint32_t r = next_u32();
-                v[i] = round < 2 ? uniform() : levels[r % 8];
+                v[i] = round < 2 || round >= 6 ? uniform() : levels[r % 8];
                 if (round == 5 && r % 5 == 0) v[i] = -INFINITY;
                 if (round == 4) v[i] = -INFINITY; /* all -inf: lowest indices first */
+                if (round == 6 && r % 3 == 0) v[i] = NAN;
+                if (round == 7) v[i] = r % 2 ? NAN : -NAN; /* all NaN: lowest indices first */
+                if (round == 8) v[i] = r % 4 == 0 ? NAN : r % 4 == 1 ? -INFINITY : r % 4 == 2 ? INFINITY : levels[r % 8];
+                if (round == 9 && r % 7 == 0) v[i] = NAN; /* a few NaN among ... */
+                if (round == 9 && r % 7 == 1) v[i] = -INFINITY; /* ... -inf and ties */
+                if (round == 9 && r % 7 == 2) v[i] = 0.5f;
             }
             for (int q = 0; q < 6; q++) {
                 int k = q < 4 ? ks[q] : q == 4 ? n : n + 1; /* n + 1: the last id is -1 */
                 cb_topk_scalar(v, n, k, ids_ref);
                 topk(v, n, k, ids_got);
+                for (int j = 0; j < k && j < n; j++) {
+                    int dup = ids_got[j] < 0 || ids_got[j] >= n;
+                    for (int p = 0; p < j && !dup; p++) dup = ids_got[p] == ids_got[j];
+                    if (dup || (j > 0 && !cb_ranks_before(v[ids_got[j - 1]], ids_got[j - 1], v[ids_got[j]], ids_got[j]))) {
+                        printf("  topk n=%d k=%d round %d: pick %d (id %d) is out of range, repeated or out of order\n", n,
+                               k, round, j, ids_got[j]);
+                        return 1;
+                    }
+                }
                 if (memcmp(ids_ref, ids_got, (size_t)k * sizeof ids_ref[0]) != 0) {
                     printf("  topk n=%d k=%d round %d: ids differ from the reference\n", n, k, round);
                     for (int j = 0; j < k && j < 16; j++) printf("    %d: got %d, reference %d\n", j, ids_got[j], ids_ref[j]);

@@ -57,7 +57,16 @@ float cb_dot_q4_0_scalar(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
  * every target's x4 kernels reproduce bit for bit (kernels/scalar.c). */
 void cb_dot4_q8_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
 void cb_dot4_q4_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
-/* Top-k of values[n], highest first, ties to the lower index (router.h). */
+/* The total order every top-k and argmax ranks by: does (v, i) come before
+ * (w, j)? Higher value first, NaN after everything (-inf included), equal
+ * values (0 and -0 too, NaN and NaN) to the lower index. Total, so a pick is
+ * a valid index whatever the floats and the same on every path. */
+static inline int cb_ranks_before(float v, int i, float w, int j) {
+    if (v != v) return w != w && i < j;
+    if (w != w) return 1;
+    return v > w || (v == w && i < j);
+}
+/* Top-k of values[n] in that order (router.h); ids past n (k > n) are -1. */
 void cb_topk_scalar(const float *values, int n, int k, int32_t *ids);
 /* Attention of one head over n cached positions, rows `stride` floats apart:
  * scores[p] = scale * (q . K[p]); out = sum over p ascending of w[p] * V[p]
