@@ -50,3 +50,24 @@ def test_topk_ranks_nan_last_and_always_gives_valid_ids(seed):
             assert list(kernels.topk(v, k)) == ranked(v)[:k], (n, k, v)
         nans = np.full(n, np.nan, np.float32)
         assert list(kernels.topk(nans, min(n, 8))) == list(range(min(n, 8)))
+
+
+# ---- sampling ----
+
+def completion(prompt, **extra):
+    return {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "colibri_trace": True, **extra}
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-45, 3e-39])
+def test_tiny_temperature_is_greedy(server_exe, tiny_model, temperature, start_server):
+    """Before: 1/T was infinite, every weight NaN, and the sampler gave the
+    last token of the vocabulary every time."""
+    server = start_server(server_exe, tiny_model)
+    prompt = [72, 101, 108, 108, 111]
+    greedy = server.post("/v1/completions", completion(prompt, max_tokens=8))
+    for extra in ({}, {"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}):
+        tiny = server.post("/v1/completions", completion(prompt, max_tokens=8, temperature=temperature, seed=3,
+                                                         **extra))
+        assert tiny.status_code == 200, tiny.text
+        assert tiny.json()["colibri_trace"]["completion_tokens"] == greedy.json()["colibri_trace"]["completion_tokens"]
+    stop_checked(server)

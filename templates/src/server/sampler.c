@@ -1,5 +1,6 @@
 #include "sampler.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,9 +54,9 @@ void cb_sampler_free(cb_sampler *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* ---- ordering: a before b when v[a] > v[b], ties to the lower id ---- */
+/* ---- ordering: a before b when v[a] > v[b], ties to the lower id, NaN last ---- */
 
-static inline int before(const float *v, int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+static inline int before(const float *v, int32_t a, int32_t b) { return cb_ranks_before(v[a], a, v[b], b); }
 
 static inline void swap_i(int32_t *x, int i, int j) {
     int32_t t = x[i];
@@ -122,9 +123,12 @@ static double sum_f64(const float *w, int n) {
     return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
-/* An index drawn with probability w[i] / sum(w) (w unnormalised). */
-static int32_t draw(const float *w, int n, cb_rng *rng) {
-    const double u = cb_rng_uniform(rng) * sum_f64(w, n);
+/* An index drawn with probability w[i] / sum(w) (w unnormalised); top
+ * where the weights do not sum to a positive finite number (NaN, inf). */
+static int32_t draw(const float *w, int n, int32_t top, cb_rng *rng) {
+    const double total = sum_f64(w, n);
+    if (!(total > 0.0 && total <= DBL_MAX)) return top;
+    const double u = cb_rng_uniform(rng) * total;
     double acc = 0.0;
     for (int i = 0; i < n; i++) {
         acc += w[i];
@@ -153,7 +157,10 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
     int32_t *idx = s->idx;
     memcpy(w, logits, sizeof(float) * V);
     apply_penalties(s, p, history, n_history);
-    if (p->temperature <= 0.0f) return cb_argmax(w, V);
+    /* Greedy also where 1/T overflows (T under ~3e-39): its weights would be
+     * exp(0 * inf), NaN, and a positive T that small is greedy anyway. */
+    const float inv_t = 1.0f / p->temperature;
+    if (!(p->temperature > 0.0f) || !isfinite(inv_t)) return cb_argmax(w, V);
 
     int n = V, sorted = 0;
     if (p->top_k > 0 && p->top_k < V) {
@@ -166,13 +173,17 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
      * likely token has 1. exp is monotone, so the order holds. Over the
      * whole vocabulary (no top_k) vectorised: with libm's expf a token
      * sampled from 32000 took 177 us, with this 107 (before draw()). */
-    const float max = sorted ? w[idx[0]] : w[cb_argmax(w, V)];
-    const float inv_t = 1.0f / p->temperature;
+    const int32_t top = sorted ? idx[0] : cb_argmax(w, V);
+    const float max = w[top];
+    /* Non-finite logits (the server fails such a request before sampling)
+     * would make every weight NaN: the most likely token, never an index
+     * out of range. */
+    if (!isfinite(max)) return top;
     if (sorted)
         for (int i = 0; i < n; i++) w[idx[i]] = cb_expf((w[idx[i]] - max) * inv_t);
     else
         cb_exp_shifted(w, V, max, inv_t);
-    if (!sorted && p->top_p >= 1.0f && p->min_p <= 0.0f) return draw(w, V, rng); /* the whole vocabulary */
+    if (!sorted && p->top_p >= 1.0f && p->min_p <= 0.0f) return draw(w, V, top, rng); /* the whole vocabulary */
     if (!sorted)
         for (int i = 0; i < V; i++) idx[i] = i;
     if (p->top_p < 1.0f) {
@@ -196,10 +207,12 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
         int kept = 0;
         for (int i = 0; i < n; i++)
             if (w[idx[i]] >= p->min_p) idx[kept++] = idx[i]; /* keeps the order */
-        n = kept; /* the most likely token (1.0) always stays */
+        if (!kept) idx[kept++] = top; /* only with NaN weights: the most likely (1.0) stays */
+        n = kept;
     }
     double total = 0.0;
     for (int i = 0; i < n; i++) total += w[idx[i]];
+    if (!(total > 0.0 && total <= DBL_MAX)) return top;
     const double u = cb_rng_uniform(rng) * total;
     double acc = 0.0;
     for (int i = 0; i < n; i++) {

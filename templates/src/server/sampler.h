@@ -21,7 +21,7 @@ uint64_t cb_rng_next(cb_rng *r);
 double cb_rng_uniform(cb_rng *r);
 
 typedef struct {
-    float temperature;       /* <= 0: greedy (argmax, ties to the lowest id) */
+    float temperature;       /* <= 0, or under ~3e-39 (1/T overflows): greedy (argmax, ties to the lowest id) */
     float top_p;             /* 1: off */
     float min_p;             /* 0: off; relative to the most likely token */
     float presence_penalty;  /* OpenAI's: subtracted once from every token */
