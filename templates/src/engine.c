@@ -2,6 +2,7 @@
  * Qwen3-MoE and OLMoE share it; their differences are fields of cb_dims):
  *   x = embed[token]; per layer: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x));
  *   logits = output(RMSNorm(x)) */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +150,7 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);
     TAKE(logit_items, B);
+    TAKE(item_fault, B);
     TAKE(expert_seen, (size_t)d->n_layers * E);
     TAKE(rope_cos, ctx * hd / 2);
     TAKE(rope_sin, ctx * hd / 2);
@@ -293,8 +295,40 @@ static int check_batch(const cb_engine *e, const cb_batch_item *items, int n, ch
     return 0;
 }
 
+/* 1 when x[0..n) holds no NaN and no inf (one compare a float, vectorised). */
+static int all_finite(const float *x, size_t n) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad |= !(fabsf(x[i]) <= FLT_MAX);
+    return !bad;
+}
+
+/* Marks the items whose residual stream holds a non-finite value after
+ * layer l (the first such layer is kept). Rows never mix, so an item's
+ * fault is its own: the rest of the batch is unaffected. */
+static void find_faults(cb_engine *e, int n, int layer) {
+    const size_t H = CB_DIMS(e)->hidden;
+    for (int i = 0; i < n; i++)
+        if (e->item_fault[i] < 0 && !all_finite(e->x + (size_t)i * H, H)) e->item_fault[i] = layer;
+}
+
+/* The return value of a forward that ran: the number of items that went
+ * non-finite, the first one described in err. */
+static int report_faults(const cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
+    int bad = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        if (e->item_fault[i] < 0) continue;
+        bad++;
+        char where[48];
+        cb_engine_fault_text(e, e->item_fault[i], where, sizeof where);
+        snprintf(err, err_len, "item %d (slot %d, position %d): the model produced non-finite values (NaN/inf) %s", i,
+                 items[i].slot, items[i].pos, where);
+    }
+    return bad;
+}
+
 int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
     if (check_batch(e, items, n, err, err_len) != 0) return -1;
+    for (int i = 0; i < n; i++) e->item_fault[i] = -1;
     const cb_dims *d = CB_DIMS(e);
     const int H = (int)d->hidden;
     const cb_tensor *embd = &e->w.tok_embd;
@@ -308,6 +342,7 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
     for (int l = 0; l < (int)d->n_layers; l++) {
         cb_attention_layer(e, l, items, n);
         cb_ffn_layer(e, l, n, l == (int)d->n_layers - 1 ? items : NULL);
+        find_faults(e, n, l);
     }
     /* Final norm and output head only for the rows whose logits are wanted. */
     int rows = 0;
@@ -321,9 +356,22 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
         const cb_mm_part head = {&e->w.output, e->logits, (int)d->vocab, CB_SET};
         cb_parallel_matmul(e, &head, 1, &a, rows);
     }
+    for (int r = 0; r < rows; r++) {
+        int32_t *fault = &e->item_fault[e->logit_items[r]];
+        if (*fault < 0 && !all_finite(e->logits + (size_t)r * d->vocab, d->vocab)) *fault = (int32_t)d->n_layers;
+    }
     e->n_items = n;
     e->n_logit_rows = rows;
-    return 0;
+    return report_faults(e, items, n, err, err_len);
+}
+
+int cb_engine_item_fault(const cb_engine *e, int item) {
+    return item >= 0 && item < e->n_items ? e->item_fault[item] : -1;
+}
+
+void cb_engine_fault_text(const cb_engine *e, int fault, char *buf, size_t len) {
+    if (fault >= (int)CB_DIMS(e)->n_layers) snprintf(buf, len, "in the logits");
+    else snprintf(buf, len, "at layer %d", fault);
 }
 
 const float *cb_engine_logits(const cb_engine *e, int row) {
@@ -338,8 +386,9 @@ const int32_t *cb_engine_routing(const cb_engine *e, int item, int layer) {
 }
 
 int32_t cb_argmax(const float *logits, int n) {
-    /* The SIMD top-1, ties to the lower index: a scalar scan waits on each
-     * comparison (113 us against 5 over 32000 logits). */
+    /* The SIMD top-1, ties to the lower index, NaN last (so always in
+     * 0..n-1): a scalar scan waits on each comparison (113 us against 5
+     * over 32000 logits). */
     int32_t best = 0;
     cb_topk_f32(logits, n, 1, &best);
     return best;

@@ -46,10 +46,24 @@ const char *cb_engine_model_name(const cb_engine *e);
 
 const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e);
 
-/* Runs the batch; returns 0, or -1 with a message in err (bad slot, position
- * past the context, batch too large, token out of the vocabulary). */
+/* Runs the batch. Returns
+ *   0  every item's numbers stayed finite;
+ *  -1  nothing ran: a message in err (bad slot, position past the context,
+ *      batch too large, token out of the vocabulary);
+ *  >0  the batch ran, but that many items met a NaN or inf (a broken weight,
+ *      an overflow): err describes the first; cb_engine_item_fault() tells
+ *      which. Items never mix, so the others' results are exact (the same
+ *      bits as without the faulty ones); a faulty item's logits and the KV
+ *      cache it wrote are garbage: fail its request (its slot's later
+ *      positions read that cache). */
 int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n_items,
                       char *err, size_t err_len);
+/* For the item-th token of the last batch: -1 when its numbers were finite,
+ * else where they first were not: a layer 0..n_layers-1 (its residual stream
+ * after that layer), or n_layers (its logits). */
+int cb_engine_item_fault(const cb_engine *e, int item);
+/* A fault as words: "at layer 3", "in the logits". */
+void cb_engine_fault_text(const cb_engine *e, int fault, char *buf, size_t len);
 /* Logits [vocab] of the row-th item of the last batch that had want_logits
  * set (rows counted in batch order). Valid until the next forward. */
 const float *cb_engine_logits(const cb_engine *e, int row);
@@ -57,7 +71,8 @@ const float *cb_engine_logits(const cb_engine *e, int row);
  * top_k entries, highest router weight first. */
 const int32_t *cb_engine_routing(const cb_engine *e, int item, int layer);
 
-/* Greedy choice: the highest logit, ties to the lowest token id. */
+/* Greedy choice: the highest logit, ties to the lowest token id, NaN below
+ * everything: always an id in 0..n-1 (n >= 1). */
 int32_t cb_argmax(const float *logits, int n);
 
 #endif

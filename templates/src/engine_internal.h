@@ -53,6 +53,7 @@ struct cb_engine {
 
     float *logits;             /* [B][vocab] */
     int32_t *logit_items;      /* batch item of each logits row [B] */
+    int32_t *item_fault;       /* where each item's numbers went non-finite, -1 if not [B] */
     int n_items, n_logit_rows; /* of the last batch */
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */

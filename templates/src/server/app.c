@@ -574,6 +574,24 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     if (st->finish_reason) finish(a, s);
 }
 
+/* Fails slot s's request with a 500 naming where its numbers went
+ * non-finite (a streamed one: an error event, then the end); the slot is
+ * free for the next request (which rewrites the cache before reading it). */
+static void fail_non_finite(cb_app *a, int s, int fault) {
+    cb_slot *st = &a->slots[s];
+    char where[48], message[160];
+    cb_engine_fault_text(a->engine, fault, where, sizeof where);
+    snprintf(message, sizeof message, "the model produced non-finite values (NaN/inf) %s for this request", where);
+    fprintf(stderr, "colibri-server: request failed: %s\n", message);
+    cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
+    if (c && st->req->stream) {
+        if (cb_stream_error(a, c, message) != CB_CONN_OK) cb_conn_close(c);
+    } else if (c) {
+        cb_respond_error(a, c, 500, NULL, message);
+    }
+    release_slot(a, s);
+}
+
 /* ---- the scheduler ---- */
 
 int cb_app_step(cb_app *a) {
@@ -614,7 +632,8 @@ int cb_app_step(cb_app *a) {
     }
     if (n == 0) return 0;
     char err[256];
-    if (cb_engine_forward(a->engine, a->batch, n, err, sizeof err) != 0) {
+    const int faults = cb_engine_forward(a->engine, a->batch, n, err, sizeof err);
+    if (faults < 0) {
         /* A bug, not a client error: fail the requests of this step loudly. */
         fprintf(stderr, "colibri-server: forward failed: %s\n", err);
         for (int i = 0; i < n; i++) {
@@ -626,6 +645,11 @@ int cb_app_step(cb_app *a) {
             release_slot(a, a->batch_slot[i]);
         }
         return 0;
+    }
+    /* Items that met a NaN or inf fail their own request only. */
+    for (int i = 0; faults > 0 && i < n; i++) {
+        const int fault = cb_engine_item_fault(a->engine, i);
+        if (fault >= 0 && a->slots[a->batch_slot[i]].req) fail_non_finite(a, a->batch_slot[i], fault);
     }
     const uint64_t now = cb_now_ns();
     int row = 0;

@@ -121,5 +121,7 @@ void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st);
 /* Stream pieces; each returns CB_CONN_OK or the netloop error. */
 int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token);
 int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st);
+/* Ends a started stream with an OpenAI-shaped error event (server_error). */
+int cb_stream_error(cb_app *a, cb_conn *c, const char *message);
 
 #endif
