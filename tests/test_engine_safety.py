@@ -195,3 +195,173 @@ def test_a_non_finite_embedding_fails_only_its_request(server_exe, nan_embedding
     assert_names_non_finite(bad)
     assert good.status_code == 200 and good.json()["colibri_trace"] == alone.json()["colibri_trace"]
     stop_checked(server)
+
+
+# ---- a header that lies ----
+
+INTERESTING = [0, 1, 2, 3, 7, 63, 64, 4095, 4096, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFFE]
+INTERESTING64 = INTERESTING + [1 << 32, 1 << 40, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, (1 << 64) - 4096]
+
+
+def mutate(raw: bytearray, rng: random.Random, n_tensors: int) -> str:
+    """Sets one header or tensor-table field to a value that may break it;
+    returns what it did."""
+    table = (HEADER.size + 7) // 8 * 8
+    if rng.random() < 0.4:  # a 32-bit field of the header (after the magic)
+        at = rng.randrange(8, HEADER.size - 64, 4)
+        old = struct.unpack_from("<I", raw, at)[0]
+        new = rng.choice(INTERESTING + [old + 1, old - 1 & 0xFFFFFFFF, old * 2 & 0xFFFFFFFF, rng.getrandbits(32)])
+        struct.pack_into("<I", raw, at, new)
+        return f"header +{at}: {old} -> {new}"
+    entry = table + TENSOR_ENTRY.size * rng.randrange(n_tensors)
+    field = rng.choice(["dtype", "ndim", "shape0", "shape1", "offset", "nbytes", "offset", "nbytes"])
+    at = entry + {"dtype": 48, "ndim": 52, "shape0": 56, "shape1": 64, "offset": 88, "nbytes": 96}[field]
+    if field in ("dtype", "ndim"):
+        struct.pack_into("<I", raw, at, rng.choice(INTERESTING + [rng.randrange(8)]))
+        return f"tensor at {entry}: {field}"
+    old = struct.unpack_from("<Q", raw, at)[0]
+    new = rng.choice(INTERESTING64 + [old + 1, old - 1, old + 4, old + 64, old + 4096, old - 4096, old * 2,
+                                      rng.getrandbits(64)]) & ((1 << 64) - 1)
+    struct.pack_into("<Q", raw, at, new)
+    return f"tensor at {entry}: {field} {old} -> {new}"
+
+
+def mutated_models(tiny_model: Path, out: Path, count: int, seed: int) -> list[tuple[Path, str]]:
+    original = (tiny_model / "weights.cbw").read_bytes()
+    n_tensors = struct.unpack_from("<I", original, 16)[0]
+    rng = random.Random(seed)
+    models = []
+    for i in range(count):
+        folder = out / f"m{i}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        for f in tiny_model.iterdir():
+            if f.name != "weights.cbw":
+                (folder / f.name).symlink_to(f)
+        raw = bytearray(original)
+        what = "; ".join(mutate(raw, rng, n_tensors) for _ in range(rng.choice([1, 1, 2, 3])))
+        (folder / "weights.cbw").write_bytes(bytes(raw))
+        models.append((folder, what))
+    return models
+
+
+OPEN_ALL = """
+import json, sys
+from colibri_build import Engine
+for folder in json.loads(sys.argv[1]):
+    try:
+        e = Engine(folder, threads=1)
+    except Exception as exc:
+        print("refused", type(exc).__name__, str(exc).replace("\\n", " "), flush=True)
+        continue
+    try:
+        e.forward([1, 2, 3])
+        print("ran", flush=True)
+    except Exception as exc:
+        print("failed", type(exc).__name__, str(exc).replace("\\n", " "), flush=True)
+"""
+
+
+def test_corrupt_headers_are_refused_or_run_cleanly_in_the_engine(tiny_model, tmp_path):
+    """200 seeded mutations of the header and tensor table: each is refused
+    with a message naming the file, or runs; the process never dies. Before:
+    offsets and sizes pointing anywhere were used as they were (SIGSEGV /
+    SIGBUS; misaligned loads)."""
+    models = mutated_models(tiny_model, tmp_path, 200, seed=17)
+    done = subprocess.run([sys.executable, "-c", OPEN_ALL, json.dumps([str(m) for m, _ in models])],
+                          capture_output=True, text=True, timeout=600)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == len(models), (
+        f"died ({done.returncode}) at mutation {len(lines)}: {models[len(lines)][1] if len(lines) < len(models) else ''}"
+        f"\n{done.stderr[-3000:]}")
+    for (model, what), line in zip(models, lines):
+        assert line == "ran" or line.startswith("refused EngineError"), (what, line)
+        if line.startswith("refused"):
+            assert "weights.cbw" in line or "tokenizer" in line or "cannot allocate" in line, (what, line)
+    assert sum(line.startswith("refused") for line in lines) > 100
+
+
+def test_corrupt_headers_are_refused_or_served_by_the_asan_server(asan_server_dist, tiny_model, tmp_path):
+    exe = asan_server_dist / "colibri-server"
+    for model, what in mutated_models(tiny_model, tmp_path, 40, seed=29):
+        proc = subprocess.Popen([str(exe), "--model", str(model), "--port", "0"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stderr.readline()
+            while line and "listening on" not in line:
+                if "ERROR: AddressSanitizer" in line or "runtime error" in line:
+                    break
+                line = proc.stderr.readline()
+            if line and "listening on" in line:
+                port = re.search(r":(\d+)", line.split("http://")[1]).group(1)
+                r = requests.post(f"http://127.0.0.1:{port}/v1/completions", json=completion([1, 2, 3]), timeout=60)
+                assert r.status_code in (200, 500), (what, r.text)
+                proc.terminate()
+        finally:
+            _, rest = proc.communicate(timeout=60)
+        assert "Sanitizer" not in rest and "runtime error" not in rest, (what, rest[-4000:])
+        assert proc.returncode in (0, 1, 2), (what, proc.returncode, rest[-2000:])
+
+
+def entry_at(raw: bytes, name: str) -> int:
+    n_tensors = struct.unpack_from("<I", raw, 16)[0]
+    table = (HEADER.size + 7) // 8 * 8
+    for i in range(n_tensors):
+        at = table + i * TENSOR_ENTRY.size
+        if raw[at:at + 48].rstrip(b"\0").decode() == name:
+            return at
+    raise KeyError(name)
+
+
+# Where cb_weights_header's fields lie (weights.h): magic, version,
+# alignment, n_tensors, header_bytes, then cb_dims and cb_tok_info.
+FIELD = {name: 24 + 4 * i for i, name in enumerate(
+    ["arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts", "top_k", "expert_ffn",
+     "n_shared_experts", "shared_ffn", "context_len", "router", "weight_dtype", "qk_norm", "qkv_bias", "shared_gate",
+     "dense_ffn", "tied_embeddings", "norm_eps", "rope_theta", "clip_qkv", "tok_kind", "bos_id", "eos_id",
+     "role_system", "role_user", "role_assistant", "end_of_turn"])}
+
+
+def lies(raw: bytearray):
+    """Corruptions the old loader took as they were (or failed on later,
+    without naming them), each with words its refusal must hold."""
+    norm = entry_at(raw, "blk.0.attn_norm")
+    expert = entry_at(raw, "blk.1.expert.2.down")
+    offset = struct.unpack_from("<Q", raw, norm + 88)[0]
+    vocab = struct.unpack_from("<I", raw, FIELD["vocab"])[0]
+    yield "misaligned vector", ("<Q", norm + 88, offset + 4), "not a multiple of 64"
+    yield "tensor over the header", ("<Q", expert + 88, 0), "past the tensor table"
+    yield "offset wraps", ("<Q", expert + 88, (1 << 64) - 64), "outside the file"
+    yield "nbytes past the shape", ("<Q", norm + 96, 1 << 62), "shape and dtype make"
+    yield "zero dimension", ("<Q", norm + 56, 0), "dimension is 0"
+    yield "bad dtype", ("<I", norm + 48, 99), "dtype 99: unknown"
+    yield "header_bytes", ("<I", 20, 1 << 30), "header_bytes"
+    yield "alignment", ("<I", 12, 3), "alignment"
+    yield "eos past vocab", ("<I", FIELD["eos_id"], vocab), f"eos_id is {vocab}"
+    yield "user role past vocab", ("<I", FIELD["role_user"], 70000), "chat_roles.user"
+    yield "top_k over experts", ("<I", FIELD["top_k"], 9), "top_k is 9"
+    yield "huge hidden", ("<I", FIELD["hidden"], 0x7FFFFFFF), "hidden_size"
+    yield "huge context", ("<I", FIELD["context_len"], 0xFFFFFFFF), "context_length"
+    yield "heads not a multiple", ("<I", FIELD["n_kv_heads"], 3), "multiple of kv_heads"
+    yield "NaN rope theta", ("<f", FIELD["rope_theta"], float("nan")), "rope.theta"
+    yield "negative norm eps", ("<f", FIELD["norm_eps"], -1.0), "norm_eps"
+
+
+def test_each_lie_in_the_header_is_refused_by_name(tiny_model, tmp_path):
+    """Before: most of these loaded (misaligned loads, the header read as
+    weights, a chat turn feeding a token past the vocabulary, NaN from the
+    first token) or failed later without naming the field."""
+    original = bytearray((tiny_model / "weights.cbw").read_bytes())
+    for what, (fmt, at, value), words in lies(original):
+        folder = tmp_path / what.replace(" ", "-")
+        folder.mkdir()
+        for f in tiny_model.iterdir():
+            if f.name != "weights.cbw":
+                (folder / f.name).symlink_to(f)
+        raw = bytearray(original)
+        struct.pack_into(fmt, raw, at, value)
+        (folder / "weights.cbw").write_bytes(bytes(raw))
+        with pytest.raises(RuntimeError) as refused:
+            Engine(folder, threads=1)
+        assert "weights.cbw" in str(refused.value) and words in str(refused.value), (what, str(refused.value))

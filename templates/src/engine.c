@@ -212,6 +212,14 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
 #endif
     e->max_batch = CB_MAX_BATCH;
     e->kv_f16 = kv == CB_KV_F16;
+    /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
+    const double kv_bytes = 2.0 * e->n_slots * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim *
+                            (e->kv_f16 ? 2.0 : 4.0);
+    if (kv_bytes > 0x1p50) {
+        snprintf(err, err_len, "%s: the KV cache of %d slots of %u tokens would take %.3g GiB", path, e->n_slots,
+                 d->context_len, kv_bytes / 0x1p30);
+        goto fail;
+    }
     e->ffn_max = max_int((int)d->expert_ffn, max_int((int)d->shared_ffn, (int)d->dense_ffn));
     const int widest = max_int(max_int((int)d->hidden, (int)(d->n_heads * d->head_dim)), e->ffn_max);
     e->xq_stride = (widest + CB_QK - 1) / CB_QK;

@@ -7,6 +7,122 @@ static const cb_tensor_entry *entries(const cb_weights *w) {
     return (const cb_tensor_entry *)(w->file.data + ((sizeof(cb_weights_header) + 7) & ~(size_t)7));
 }
 
+static const char *dtype_name(uint32_t dtype) {
+    static const char *names[CB_DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "q4_0",
+                                                "q8_0x4 of an earlier layout (re-convert the model)", "q4_0x4",
+                                                "q8_0x4"};
+    return dtype < CB_DTYPE_COUNT ? names[dtype] : "unknown";
+}
+
+/* The header's numbers within what the engine can size without overflow
+ * (every product of them below stays far under 2^63) and consistent with one
+ * another; the rest (which tensors, their shapes) cb_weights_bind checks. */
+#define CB_MAX_SIZE (1u << 24) /* any width, vocabulary or context */
+static int check_dims(const cb_weights_header *h, const char *path, char *err, size_t err_len) {
+    const cb_dims *d = &h->dims;
+    const struct {
+        const char *name;
+        uint32_t value, min, max;
+    } fields[] = {
+        {"layers", d->n_layers, 1, 4096},
+        {"hidden_size", d->hidden, 1, CB_MAX_SIZE},
+        {"heads", d->n_heads, 1, 65536},
+        {"kv_heads", d->n_kv_heads, 1, 65536},
+        {"head_dim", d->head_dim, 2, 65536},
+        {"vocab_size", d->vocab, 1, CB_MAX_SIZE},
+        {"experts", d->n_experts, 1, 65536},
+        {"top_k", d->top_k, 1, d->n_experts < 64 ? d->n_experts : 64},
+        {"expert_ffn_size", d->expert_ffn, 0, CB_MAX_SIZE},
+        {"shared_experts", d->n_shared_experts, 0, 1},
+        {"shared_expert_ffn_size", d->shared_ffn, 0, CB_MAX_SIZE},
+        {"context_length", d->context_len, 1, CB_MAX_SIZE},
+        {"dense_ffn_size", d->dense_ffn, 0, CB_MAX_SIZE},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].value < fields[i].min || fields[i].value > fields[i].max) {
+            snprintf(err, err_len, "%s: header: %s is %u, expected %u..%u", path, fields[i].name, fields[i].value,
+                     fields[i].min, fields[i].max);
+            return -1;
+        }
+    if (d->n_heads % d->n_kv_heads || (uint64_t)d->n_heads * d->head_dim > CB_MAX_SIZE) {
+        snprintf(err, err_len, "%s: header: %u heads of %u over %u kv_heads (heads must be a multiple of kv_heads, "
+                 "heads * head_dim at most %u)", path, d->n_heads, d->head_dim, d->n_kv_heads, CB_MAX_SIZE);
+        return -1;
+    }
+    if (!(d->norm_eps >= 0.0f && d->norm_eps < 1.0f) || !(d->rope_theta >= 1.0f && d->rope_theta < 1e30f) ||
+        !(d->clip_qkv >= 0.0f && d->clip_qkv < 1e30f)) {
+        snprintf(err, err_len, "%s: header: norm_eps %g, rope.theta %g or clip_qkv %g out of range", path,
+                 (double)d->norm_eps, (double)d->rope_theta, (double)d->clip_qkv);
+        return -1;
+    }
+    if (h->tok.kind > CB_TOKENIZER_SPM) {
+        snprintf(err, err_len, "%s: header: tokenizer kind %u unknown", path, h->tok.kind);
+        return -1;
+    }
+    /* Token ids the server feeds the model itself (chat turns, BOS). */
+    const struct {
+        const char *name;
+        uint32_t id;
+    } ids[] = {{"bos_id", h->tok.bos_id},          {"eos_id", h->tok.eos_id},
+               {"chat_roles.system", h->tok.role_system}, {"chat_roles.user", h->tok.role_user},
+               {"chat_roles.assistant", h->tok.role_assistant}, {"chat_roles.end_of_turn", h->tok.end_of_turn}};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if (ids[i].id != CB_NO_TOKEN && ids[i].id >= d->vocab) {
+            snprintf(err, err_len, "%s: header: tokenizer %s is %u, past the vocabulary of %u", path, ids[i].name,
+                     ids[i].id, d->vocab);
+            return -1;
+        }
+    return 0;
+}
+
+/* One table entry against the file: a known dtype, 1..4 nonzero dims whose
+ * size is nbytes, 64-byte aligned data after the table and inside the file.
+ * 0, or -1 naming the tensor and the field. */
+static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, size_t file_size, const char *path,
+                       char *err, size_t err_len) {
+    const int name_ok = t->name[CB_TENSOR_NAME_BYTES - 1] == 0;
+    const char *name = name_ok ? t->name : "?";
+    const char *why = NULL;
+    char detail[160];
+    uint64_t rows = 1, cols = t->shape[0];
+    if (!name_ok) why = "its name is not terminated";
+    else if (t->dtype >= CB_DTYPE_COUNT || cb_row_bytes(t->dtype, 32) == 0) {
+        snprintf(detail, sizeof detail, "dtype %u: %s", t->dtype, dtype_name(t->dtype));
+        why = detail;
+    }
+    else if (t->ndim < 1 || t->ndim > 4) why = "ndim outside 1..4";
+    for (uint32_t k = 0; !why && k < t->ndim; k++) {
+        if (t->shape[k] == 0 || t->shape[k] > UINT32_MAX) why = "a dimension is 0 or over 2^32";
+        else if (k + 1 < t->ndim) {
+            if (rows > UINT64_MAX / t->shape[k]) why = "its shape overflows";
+            else rows *= t->shape[k];
+        } else cols = t->shape[k];
+    }
+    if (!why) {
+        const uint64_t row_bytes = cb_row_bytes(t->dtype, (uint32_t)cols);
+        const int blocks = t->dtype >= CB_Q8_0;
+        if ((blocks && cols % 32) || row_bytes == 0 || rows > UINT64_MAX / row_bytes || rows * row_bytes != t->nbytes) {
+            snprintf(detail, sizeof detail, "%llu bytes where its shape and dtype make %llu",
+                     (unsigned long long)t->nbytes,
+                     (unsigned long long)(row_bytes && rows <= UINT64_MAX / row_bytes ? rows * row_bytes : 0));
+            why = detail;
+        }
+    }
+    if (!why && (t->offset % 64 || t->offset < table_end)) {
+        snprintf(detail, sizeof detail, "offset %llu is not a multiple of 64 past the tensor table (%zu bytes)",
+                 (unsigned long long)t->offset, table_end);
+        why = detail;
+    }
+    if (!why && (t->offset > file_size || t->nbytes > file_size - t->offset)) {
+        snprintf(detail, sizeof detail, "bytes %llu..%llu lie outside the file of %zu bytes (truncated?)",
+                 (unsigned long long)t->offset, (unsigned long long)t->offset + t->nbytes, file_size);
+        why = detail;
+    }
+    if (!why) return 0;
+    snprintf(err, err_len, "%s: tensor '%.*s' (#%u): %s", path, CB_TENSOR_NAME_BYTES - 1, name, i, why);
+    return -1;
+}
+
 int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
     memset(w, 0, sizeof *w);
     if (cb_map_file(path, &w->file, err, err_len) != 0) return -1;
@@ -30,15 +146,15 @@ int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
         snprintf(err, err_len, "%s: truncated tensor table", path);
         goto fail;
     }
-    const cb_tensor_entry *t = entries(w);
-    for (uint32_t i = 0; i < h->n_tensors; i++) {
-        if (t[i].name[CB_TENSOR_NAME_BYTES - 1] != 0 || t[i].ndim < 1 || t[i].ndim > 4 ||
-            t[i].offset > w->file.size || t[i].nbytes > w->file.size - t[i].offset) {
-            snprintf(err, err_len, "%s: tensor #%u (%.*s) lies outside the file (truncated?)", path, i,
-                     CB_TENSOR_NAME_BYTES - 1, t[i].name);
-            goto fail;
-        }
+    if (h->header_bytes != table_end || (h->alignment != 4096 && h->alignment != CB_HUGE_ALIGNMENT)) {
+        snprintf(err, err_len, "%s: header: header_bytes %u (expected %zu for %u tensors), alignment %u (expected "
+                 "4096 or %u)", path, h->header_bytes, table_end, h->n_tensors, h->alignment, CB_HUGE_ALIGNMENT);
+        goto fail;
     }
+    if (check_dims(h, path, err, err_len) != 0) goto fail;
+    const cb_tensor_entry *t = entries(w);
+    for (uint32_t i = 0; i < h->n_tensors; i++)
+        if (check_entry(&t[i], i, table_end, w->file.size, path, err, err_len) != 0) goto fail;
     w->header = h;
     /* A file whose expert blocks start and end on 2 MiB boundaries
      * (toolkit/weights.py does so where a block is at least 1 MiB) can be
@@ -69,13 +185,6 @@ size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     case CB_Q4_0X4: return (size_t)cols / 32 * 18; /* fp16 scale + 16 bytes of nibbles */
     default: return 0;
     }
-}
-
-static const char *dtype_name(uint32_t dtype) {
-    static const char *names[CB_DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "q4_0",
-                                                "q8_0x4 of an earlier layout (re-convert the model)", "q4_0x4",
-                                                "q8_0x4"};
-    return dtype < CB_DTYPE_COUNT ? names[dtype] : "unknown";
 }
 
 typedef struct {
@@ -223,7 +332,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
             if (b.failed) break;
             const uint8_t *start = X->gate.data;
             const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(dt, (uint32_t)I);
-            const uintptr_t align = w->huge_pages ? CB_HUGE_ALIGNMENT : 4096;
+            const uintptr_t align = w->header->alignment; /* 4096 or CB_HUGE_ALIGNMENT (cb_weights_map) */
             if ((((uintptr_t)start - (uintptr_t)w->file.data) & (align - 1)) != 0 ||
                 (const uint8_t *)X->up.data < start || (const uint8_t *)X->down.data < start) {
                 snprintf(err, err_len, "expert %u of layer %u is not one block aligned to %zu bytes", e, l,
