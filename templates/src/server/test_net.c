@@ -967,7 +967,7 @@ static int is_openai_error(const response *r, const char *type)
            c > 0 && toks[c].type == CB_JSON_NULL;
 }
 
-static client cl_a, cl_b, cl_s; /* big buffers: keep them off the stack */
+static client cl_a, cl_b, cl_c, cl_s; /* big buffers: keep them off the stack */
 static response resp;
 
 static void test_loop_basic(int port)
@@ -1102,16 +1102,19 @@ static void test_loop_slow_client(int port)
     const char *slow = "GET /slow HTTP/1.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     uint64_t t0, dropped_after = 0;
     size_t k;
-    int served = 0, dropped = 0;
+    int served = 0, dropped = 0, timed_out = 0;
 
     CHECK(client_open(&cl_s, port) == 0);
     t0 = now_ms();
     for (k = 0; slow[k] != '\0'; k++) {
         struct pollfd p = {cl_s.fd, POLLIN, 0};
-        if (send(cl_s.fd, slow + k, 1, MSG_NOSIGNAL) != 1 ||
-            (poll(&p, 1, 0) == 1 && client_closed_within(&cl_s, 1))) {
-            dropped = 1;
+        if (send(cl_s.fd, slow + k, 1, MSG_NOSIGNAL) != 1 || poll(&p, 1, 0) == 1) {
+            /* Cut off mid-head: told so with 408, then closed. */
             dropped_after = now_ms() - t0;
+            timed_out = client_response(&cl_s, &resp, 0) == 0 && resp.status == 408 &&
+                        is_openai_error(&resp, "invalid_request_error") &&
+                        strncmp(head_value(&resp, "connection"), "close", 5) == 0;
+            dropped = client_closed_within(&cl_s, 1500);
             break;
         }
         if (k == 3) {
@@ -1128,14 +1131,23 @@ static void test_loop_slow_client(int port)
         dropped_after = now_ms() - t0;
     }
     CHECK(served);
+    CHECK(timed_out);
     CHECK(dropped);
     CHECK(dropped_after >= 250 && dropped_after < 1500);
     if (!(dropped_after >= 250 && dropped_after < 1500))
         fprintf(stderr, "  slow client dropped after %llu ms\n", (unsigned long long)dropped_after);
     client_close(&cl_s);
 
-    /* A client that connects and sends nothing is dropped too. */
+    /* A client that connects and sends nothing is dropped too, silently. */
     CHECK(client_open(&cl_s, port) == 0);
+    CHECK(client_closed_within(&cl_s, 1500));
+    client_close(&cl_s);
+
+    /* A body that stops arriving: 408, then closed. */
+    CHECK(client_open(&cl_s, port) == 0);
+    client_sends(&cl_s, "POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\n1234");
+    CHECK(client_response(&cl_s, &resp, 0) == 0 && resp.status == 408 &&
+          strstr(resp.body, "300 ms") != NULL);
     CHECK(client_closed_within(&cl_s, 1500));
     client_close(&cl_s);
 }
@@ -1231,7 +1243,17 @@ static void test_loop_disconnect(echo_app *app, int port)
     CHECK(atomic_load(&app->never_closed));
 }
 
-/* One slot only, polled from this thread: the second client gets 503. */
+static void poll_rounds(cb_netloop *loop, int n)
+{
+    int i;
+    for (i = 0; i < n; i++)
+        cb_netloop_poll(loop, 10);
+}
+
+/* One slot and one spare entry, polled from this thread. A full table
+ * gives a quiet connection's slot to a new client; with every slot busy,
+ * the spare entry serves the spare path (health) and answers anything else
+ * 503 with Retry-After; with the spare taken too, 503 at once. */
 static void test_loop_table_full(void)
 {
     cb_netloop_config cfg;
@@ -1244,6 +1266,8 @@ static void test_loop_table_full(void)
     cb_netloop_config_init(&cfg);
     cfg.port = 0;
     cfg.max_conns = 1;
+    cfg.spare_conns = 1;
+    cfg.spare_path = "/health";
     cfg.app = &app;
     cfg.on_request = echo_on_request;
     cfg.on_close = echo_on_close;
@@ -1252,27 +1276,90 @@ static void test_loop_table_full(void)
     if (loop == NULL)
         return;
     port = cb_netloop_port(loop);
-    CHECK(client_open(&cl_a, port) == 0);
-    for (i = 0; i < 5; i++)
-        cb_netloop_poll(loop, 10);
-    CHECK(cb_netloop_active(loop) == 1);
-    CHECK(client_open(&cl_b, port) == 0);
-    for (i = 0; i < 5; i++)
-        cb_netloop_poll(loop, 10);
-    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503 &&
-          is_openai_error(&resp, "server_error"));
-    client_close(&cl_b);
 
-    /* The held slot still works. */
-    client_sends(&cl_a, "GET /x HTTP/1.1\r\n\r\n");
-    for (i = 0; i < 5; i++)
-        cb_netloop_poll(loop, 10);
+    /* A is busy: half its request head is in. */
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET /x HTTP/1.1\r\n");
+    poll_rounds(loop, 5);
+    CHECK(cb_netloop_active(loop) == 1);
+
+    /* B lands on the spare entry: not the spare path, so 503 and closed. */
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /other HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503 &&
+          is_openai_error(&resp, "server_error") && head_value(&resp, "retry-after") != NULL &&
+          strncmp(head_value(&resp, "connection"), "close", 5) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_closed_within(&cl_b, 500));
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+
+    /* The spare path is served on the spare entry (GET and HEAD alike). */
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /health HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 200 && body_is(&resp, "path=/health") &&
+          strncmp(head_value(&resp, "connection"), "close", 5) == 0);
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "HEAD /health HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 1) == 0 && resp.status == 200);
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+
+    /* Slot and spare both taken (B is busy too): 503 at once. */
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /y HTTP/1.1\r\n");
+    poll_rounds(loop, 5);
+    CHECK(cb_netloop_active(loop) == 2);
+    CHECK(client_open(&cl_c, port) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_c, &resp, 0) == 0 && resp.status == 503 &&
+          is_openai_error(&resp, "server_error"));
+    client_close(&cl_c);
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+
+    /* A's request completes: A now idles, kept alive. */
+    client_sends(&cl_a, "\r\n");
+    poll_rounds(loop, 5);
     CHECK(client_response(&cl_a, &resp, 0) == 0 && body_is(&resp, "path=/x"));
+    CHECK(cb_netloop_active(loop) == 1);
+
+    /* C takes A's slot: A is closed, C is served on a regular slot and
+     * kept alive. */
+    CHECK(client_open(&cl_c, port) == 0);
+    client_sends(&cl_c, "GET /z HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_closed_within(&cl_a, 500));
+    CHECK(client_response(&cl_c, &resp, 0) == 0 && body_is(&resp, "path=/z") &&
+          strncmp(head_value(&resp, "connection"), "keep-alive", 10) == 0);
     client_close(&cl_a);
+    client_close(&cl_c);
     for (i = 0; i < 20 && cb_netloop_active(loop) > 0; i++)
         cb_netloop_poll(loop, 10);
     CHECK(cb_netloop_active(loop) == 0);
-    CHECK(atomic_load(&app.closes) == 1);
+    cb_netloop_destroy(loop);
+
+    /* No spare entries: a full, busy table answers 503 at once. */
+    cfg.spare_conns = 0;
+    loop = cb_netloop_create(&cfg, err, sizeof err);
+    CHECK(loop != NULL);
+    if (loop == NULL)
+        return;
+    port = cb_netloop_port(loop);
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET /x HTTP/1.1\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_open(&cl_b, port) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503 &&
+          is_openai_error(&resp, "server_error"));
+    client_close(&cl_b);
+    client_close(&cl_a);
     cb_netloop_destroy(loop);
 }
 
