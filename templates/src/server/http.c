@@ -120,6 +120,31 @@ static int note_header(cb_http_request *req, const cb_http_header *h,
     return 0;
 }
 
+/* An absolute-form target ("http://host:port/path?q", RFC 9112 3.2.2),
+ * which proxies send and servers must accept, is reduced to its path and
+ * query, so routing sees the same target as in origin form. */
+static void origin_form(cb_http_request *req)
+{
+    static const char root[] = "/";
+    const char *t = req->path, *end = req->path + req->path_len, *p;
+    size_t skip;
+    if (req->path_len >= 7 && equals_nocase(t, 7, "http://"))
+        skip = 7;
+    else if (req->path_len >= 8 && equals_nocase(t, 8, "https://"))
+        skip = 8;
+    else
+        return;
+    for (p = t + skip; p < end && *p != '/' && *p != '?'; p++) {
+    }
+    if (p < end && *p == '/') {
+        req->path = p;
+        req->path_len = (size_t)(end - p);
+    } else { /* an empty path is "/" (the query, if any, is dropped) */
+        req->path = root;
+        req->path_len = 1;
+    }
+}
+
 /* Consumes CRLF at *p. */
 static int take_crlf(const char **p, const char *end)
 {
@@ -171,6 +196,7 @@ static int parse_head(const char *buf, size_t len, cb_http_request *req)
         return CB_HTTP_BAD;
     req->path = start;
     req->path_len = (size_t)(p - start);
+    origin_form(req);
     p++;
 
     for (i = 0; i < sizeof version_prefix - 1; i++, p++) {

@@ -31,7 +31,8 @@ typedef struct {
 typedef struct {
     const char *method;
     size_t method_len;
-    const char *path; /* request target as sent, "?query" included */
+    const char *path; /* request target, "?query" included; an absolute-form
+                         target ("http://host/p") is reduced to its path */
     size_t path_len;
     int minor_version; /* 0 or 1: only HTTP/1.0 and HTTP/1.1 are accepted */
     cb_http_header headers[CB_HTTP_MAX_HEADERS];

@@ -119,6 +119,15 @@ static void test_http_good(void)
     CHECK(parse_s("GET / HTTP/1.1\r\nX-Empty:\r\nX-Tab:\ta\tb\t\r\n\r\n", &req) > 0 &&
           req.headers[0].value_len == 0 && span_is(req.headers[1].value, req.headers[1].value_len, "a\tb"));
     CHECK(parse_s("GET / HTTP/1.1\r\nX-Utf8: caf\xc3\xa9\r\n\r\n", &req) > 0);
+    /* Absolute-form targets (RFC 9112 3.2.2) route like their path. */
+    CHECK(parse_s("GET http://127.0.0.1:8080/health HTTP/1.1\r\n\r\n", &req) > 0 &&
+          span_is(req.path, req.path_len, "/health") && cb_http_path_is(&req, "/health"));
+    CHECK(parse_s("GET HTTPS://h/v1/models?x=1 HTTP/1.1\r\n\r\n", &req) > 0 &&
+          span_is(req.path, req.path_len, "/v1/models?x=1"));
+    CHECK(parse_s("GET http://h:1 HTTP/1.1\r\n\r\n", &req) > 0 && span_is(req.path, req.path_len, "/"));
+    CHECK(parse_s("GET http://h?q=1 HTTP/1.1\r\n\r\n", &req) > 0 && span_is(req.path, req.path_len, "/"));
+    CHECK(parse_s("GET httpx://h/a HTTP/1.1\r\n\r\n", &req) > 0 &&
+          span_is(req.path, req.path_len, "httpx://h/a"));
     CHECK(parse_s("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", &req) > 0 &&
           req.content_length == 5);
     CHECK(parse_s("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", &req) > 0 && req.content_length == 0);
