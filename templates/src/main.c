@@ -6,6 +6,7 @@
 
 #include "build_config.h"
 #include "engine.h"
+#include "platform/net.h"
 #include "platform/platform.h"
 #include "server/app.h"
 #include "server/netloop.h"
@@ -22,7 +23,9 @@ static void usage(FILE *out) {
             "  --threads N               compute threads (default: one per CPU)\n"
             "  --slots N                 concurrent generations, at most %d (default %d)\n"
             "  --queue N                 requests that may wait for a slot; more get 429 (default 2 x slots)\n"
-            "  --max-conns N             open connections; more get 503 (default 64)\n"
+            "  --max-conns N             open connections (default 256); when full, the longest-idle one is\n"
+            "                            closed for a newcomer; with all busy, 8 spare entries answer /health\n"
+            "                            and 503 to the rest\n"
             "  --request-timeout-ms N    a request must arrive within this (default 10000)\n"
             "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
@@ -49,7 +52,7 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 
 int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
-    int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
+    int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 256, verbose = 0;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
     enum cb_kv_type kv = CB_KV_F32;
     for (int i = 1; i < argc; i++) {
@@ -104,6 +107,20 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (api_key && !*api_key) api_key = NULL;
+    /* Every connection (and spare entry) is a descriptor; the rest is the
+     * listener, the poller, the model's files and stdio. */
+    const int fd_spare = 8, fd_other = 64, fd_room = cb_net_fd_room(max_conns + fd_spare + fd_other);
+    if (fd_room < max_conns + fd_spare + fd_other) {
+        if (fd_room - fd_spare - fd_other < 1) {
+            fprintf(stderr, "colibri-server: only %d file descriptors may be open (ulimit -n); need at least %d\n",
+                    fd_room, fd_spare + fd_other + 1);
+            return 1;
+        }
+        fprintf(stderr, "colibri-server: --max-conns %d needs %d file descriptors but the limit (ulimit -n) is %d: "
+                "serving %d connections\n", max_conns, max_conns + fd_spare + fd_other, fd_room,
+                fd_room - fd_spare - fd_other);
+        max_conns = fd_room - fd_spare - fd_other;
+    }
 
     char err[1024];
     cb_engine *engine = cb_engine_open(model, threads, slots, kv, err, sizeof err);
@@ -125,6 +142,8 @@ int main(int argc, char **argv) {
     cfg.port = port;
     cfg.write_buf_size = 1u << 20; /* a whole response (with trace) must fit */
     cfg.max_conns = max_conns;
+    cfg.spare_conns = fd_spare;
+    cfg.spare_path = "/health"; /* a load balancer's check answers even when every connection is busy */
     cfg.request_timeout_ms = request_timeout;
     cfg.idle_timeout_ms = idle_timeout;
     cfg.verbose = verbose;

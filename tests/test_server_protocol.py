@@ -1,0 +1,179 @@
+"""The server's HTTP protocol edges (issue 17): a full connection table
+never locks out health checks or new clients, /metrics takes a key,
+HEAD and absolute-form targets work, time limits answer 408, keys can stay
+out of the process list, and every error names its own cause. Runs against
+the normal and the sanitizer build."""
+
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+
+from conftest import RunningServer, sse_events, stop_checked
+
+pytestmark = pytest.mark.slow
+
+HELLO = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+
+
+def error_of(reply, status):
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    return error["message"]
+
+
+def connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def read_head(sock: socket.socket, buf: bytearray) -> tuple[int, dict]:
+    """Reads one response head from sock (bytes beyond it stay in buf)."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response head: {bytes(buf)!r}"
+        buf += chunk
+    end = buf.index(b"\r\n\r\n")
+    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    del buf[:end + 4]
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return int(lines[0].split()[1]), headers
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, dict, bytes]:
+    """One Content-Length response."""
+    status, headers = read_head(sock, buf)
+    n = int(headers["content-length"])
+    while len(buf) < n:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a body"
+        buf += chunk
+    body = bytes(buf[:n])
+    del buf[:n]
+    return status, headers, body
+
+
+def exchange(sock: socket.socket, request: bytes) -> tuple[int, dict, bytes]:
+    sock.sendall(request)
+    return read_response(sock, bytearray())
+
+
+def closed_by_server(sock: socket.socket, seconds: float = 5) -> bytes:
+    """Everything the server still sends before it closes the connection."""
+    sock.settimeout(seconds)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+# ---- item 6: a full connection table ----
+
+MAX_CONNS = 4
+
+
+@pytest.fixture(scope="module")
+def small_server(server_exe, tiny_model):
+    srv = RunningServer(server_exe, tiny_model, "--threads", "2", "--max-conns", str(MAX_CONNS),
+                        "--request-timeout-ms", "60000")
+    yield srv
+    stop_checked(srv)
+
+
+def test_idle_keep_alive_connections_do_not_lock_anyone_out(small_server):
+    """Twice as many idle keep-alive connections as slots: each newcomer
+    takes the slot of the longest-idle one, and the ones closed for it are
+    the oldest. Before: the fifth got 503 for 30 s (the idle timeout)."""
+    idle = []
+    try:
+        for i in range(2 * MAX_CONNS):
+            sock = connect(small_server)
+            status, headers, _ = exchange(sock, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 200, f"connection {i} got {status}"
+            assert headers["connection"] == "keep-alive"
+            idle.append(sock)
+        # The first MAX_CONNS were closed (oldest first) to make room.
+        for sock in idle[:MAX_CONNS]:
+            assert closed_by_server(sock) == b""
+        assert requests.get(small_server.url + "/health", timeout=10).status_code == 200
+        assert small_server.post("/v1/chat/completions", HELLO).status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_health_answers_when_every_connection_is_busy(small_server):
+    """Every slot holds a request mid-body: /health is still answered (on a
+    spare entry, then closed) and other requests get an OpenAI-shaped 503
+    with Retry-After. Before: 503 for /health too."""
+    busy = []
+    try:
+        for _ in range(MAX_CONNS):
+            sock = connect(small_server)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mess")
+            busy.append(sock)
+        time.sleep(0.2)
+        with connect(small_server) as sock:
+            status, headers, body = exchange(sock, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 200 and json.loads(body)["status"] == "ok"
+            assert headers["connection"] == "close"
+        with connect(small_server) as sock:
+            status, headers, body = exchange(sock, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 503 and headers["retry-after"] == "1"
+            assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+    finally:
+        for sock in busy:
+            sock.close()
+    assert small_server.post("/v1/chat/completions", HELLO).status_code == 200
+
+
+def test_health_answers_while_every_connection_streams(server_exe, tiny_model):
+    """Every connection streams a generation: /health answers at once."""
+    srv = RunningServer(server_exe, tiny_model, "--threads", "2", "--max-conns", "2")
+    body = {**HELLO, "max_tokens": 200, "stream": True, "ignore_eos": True}
+    try:
+        streams = [requests.post(srv.url + "/v1/chat/completions", json=body, stream=True, timeout=60)
+                   for _ in range(2)]
+        try:
+            assert all(s.status_code == 200 for s in streams)
+            reply = requests.get(srv.url + "/health", timeout=10)
+            assert reply.status_code == 200 and reply.json()["status"] == "ok"
+            for s in streams:
+                assert sse_events(s)[-1] == "[DONE]"
+        finally:
+            for s in streams:
+                s.close()
+    finally:
+        stop_checked(srv)
+
+
+def test_max_conns_is_clamped_to_the_descriptor_limit(server_exe, tiny_model):
+    """With a hard limit of 200 descriptors, --max-conns 1000 is clamped
+    (and said so) rather than failing accept() later; the server serves."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 200))
+
+    proc = subprocess.Popen([str(server_exe), "--model", str(tiny_model), "--port", "0", "--max-conns", "1000"],
+                            stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    try:
+        seen = ""
+        while "listening on" not in seen:
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        assert "--max-conns 1000 needs 1072 file descriptors but the limit (ulimit -n) is 200: " \
+               "serving 128 connections" in seen
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    assert proc.returncode == 0
