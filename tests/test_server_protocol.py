@@ -177,3 +177,161 @@ def test_max_conns_is_clamped_to_the_descriptor_limit(server_exe, tiny_model):
         proc.terminate()
         proc.communicate(timeout=20)
     assert proc.returncode == 0
+
+
+# ---- item 8: keys, HEAD, absolute-form, 408, /tokenize ----
+
+@pytest.fixture(scope="module")
+def server(server_exe, tiny_model):
+    srv = RunningServer(server_exe, tiny_model, "--threads", "2", "--request-timeout-ms", "400")
+    yield srv
+    stop_checked(srv)
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/metrics"])
+def test_head_is_get_without_the_body(server, path):
+    """HEAD gets GET's status and headers, Content-Length included, and no
+    body: the GET pipelined behind it is the next thing on the wire.
+    Before: 405."""
+    with connect(server) as sock:
+        get_status, get_headers, get_body = exchange(sock, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        buf = bytearray()
+        status, headers = read_head(sock, buf)
+        assert status == get_status == 200
+        assert headers["content-type"] == get_headers["content-type"]
+        # /metrics grows between the two answers (it counts the GET).
+        if path != "/metrics":
+            assert headers["content-length"] == get_headers["content-length"] == str(len(get_body))
+        status, _, body = read_response(sock, buf)
+        assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_post_endpoints_do_not_answer_head_and_say_what_is_allowed(server):
+    reply = requests.head(server.url + "/v1/chat/completions", timeout=10)
+    assert reply.status_code == 405 and reply.headers["allow"] == "POST"
+    reply = requests.put(server.url + "/health", timeout=10)
+    assert reply.status_code == 405 and reply.headers["allow"] == "GET, HEAD"
+    assert "not allowed" in error_of(reply, 405)
+
+
+def test_absolute_form_targets_route_like_their_path(server):
+    """RFC 9112 3.2.2: a server must accept absolute-form targets. Before:
+    404 'no such endpoint'."""
+    with connect(server) as sock:
+        host = f"127.0.0.1:{server.port}"
+        status, _, body = exchange(sock, f"GET http://{host}/health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        payload = json.dumps(HELLO).encode()
+        status, _, body = exchange(sock, f"POST http://{host}/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                                         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+                                         .encode() + payload)
+        assert status == 200 and json.loads(body)["object"] == "chat.completion"
+
+
+@pytest.mark.parametrize("partial", [b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+                                     b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"me"],
+                         ids=["head", "body"])
+def test_a_request_cut_off_by_the_timeout_gets_408(server, partial):
+    """Before: closed without a word."""
+    with connect(server) as sock:
+        sock.sendall(partial)
+        data = closed_by_server(sock)
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), data
+    assert b"Connection: close\r\n" in data and b"within 400 ms" in data
+
+
+def test_a_quiet_connection_is_closed_silently(server):
+    """Nothing of a request arrived: no 408, just the close (RFC 9110 allows it)."""
+    with connect(server) as sock:
+        assert closed_by_server(sock) == b""
+
+
+def test_tokenize_of_a_huge_text_is_413_naming_the_limit(server):
+    """A text whose token list does not fit the answer: 413 with the count
+    and the limit. Before: 500 'response too large'."""
+    reply = server.post("/tokenize", {"content": "x" * 300000})
+    message = error_of(reply, 413)
+    assert "'content' is 300000 tokens; /tokenize answers at most 262128 at once" in message
+    assert len(server.post("/tokenize", {"content": "x" * 200000}).json()["tokens"]) == 200000
+
+
+def keyed_server(server_exe, tiny_model, *args, env=None):
+    return RunningServer(server_exe, tiny_model, "--threads", "2", *args, env=env)
+
+
+def status(srv, path, key=None, scheme="Bearer"):
+    headers = {"Authorization": f"{scheme} {key}"} if key else {}
+    return requests.get(srv.url + path, headers=headers, timeout=10).status_code
+
+
+def test_metrics_needs_the_api_key(server_exe, tiny_model):
+    """/metrics shows traffic and per-layer expert counts: with --api-key it
+    needs the key; /health stays open. Before: /metrics answered anyone."""
+    srv = keyed_server(server_exe, tiny_model, "--api-key", "k1")
+    try:
+        assert status(srv, "/metrics") == 401
+        assert status(srv, "/metrics", "wrong") == 401
+        assert status(srv, "/metrics", "k1") == 200
+        assert status(srv, "/health") == 200
+    finally:
+        stop_checked(srv)
+
+
+def test_metrics_key_and_metrics_public(server_exe, tiny_model):
+    srv = keyed_server(server_exe, tiny_model, "--api-key", "k1", "--metrics-key", "m1")
+    try:
+        assert status(srv, "/metrics") == 401
+        assert status(srv, "/metrics", "m1") == 200
+        assert status(srv, "/metrics", "k1") == 200
+        assert status(srv, "/v1/models", "m1") == 401  # the metrics key opens /metrics only
+    finally:
+        stop_checked(srv)
+    srv = keyed_server(server_exe, tiny_model, "--api-key", "k1", "--metrics-public")
+    try:
+        assert status(srv, "/metrics") == 200
+        assert status(srv, "/v1/models") == 401
+    finally:
+        stop_checked(srv)
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer  "])
+def test_the_bearer_scheme_is_case_insensitive(server_exe, tiny_model, scheme):
+    """RFC 9110 11.1: auth schemes are case-insensitive. Before: 401."""
+    srv = keyed_server(server_exe, tiny_model, "--api-key", "k1")
+    try:
+        assert status(srv, "/v1/models", "k1", scheme) == 200
+        assert status(srv, "/v1/models", "k2", scheme) == 401
+    finally:
+        stop_checked(srv)
+
+
+def test_api_key_from_a_file_or_the_environment(server_exe, tiny_model, tmp_path):
+    """--api-key-file keeps the key out of ps; either flag overrides
+    $COLIBRI_API_KEY."""
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    srv = keyed_server(server_exe, tiny_model, "--api-key-file", str(key_file), env={"COLIBRI_API_KEY": "env"})
+    try:
+        assert "from-file" not in " ".join(srv.proc.args)
+        assert status(srv, "/v1/models", "from-file") == 200
+        assert status(srv, "/v1/models", "env") == 401
+    finally:
+        stop_checked(srv)
+    srv = keyed_server(server_exe, tiny_model, env={"COLIBRI_API_KEY": "env"})
+    try:
+        assert status(srv, "/v1/models", "env") == 200
+        assert status(srv, "/v1/models") == 401
+    finally:
+        stop_checked(srv)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--api-key-file", "/nonexistent/key"], "--api-key-file: cannot open '/nonexistent/key'"),
+    (["--api-key", "a", "--api-key-file", "/dev/null"], "--api-key and --api-key-file both given"),
+    (["--api-key-file", "/dev/null"], "'/dev/null': the first line holds no key"),
+])
+def test_bad_key_flags_are_refused_at_start(server_exe, tiny_model, args, message):
+    done = subprocess.run([str(server_exe), "--model", str(tiny_model), *args], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
