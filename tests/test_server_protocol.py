@@ -335,3 +335,55 @@ def test_bad_key_flags_are_refused_at_start(server_exe, tiny_model, args, messag
     done = subprocess.run([str(server_exe), "--model", str(tiny_model), *args], capture_output=True, text=True,
                           timeout=30)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+# ---- item 9: each error names its own cause ----
+
+def test_a_role_error_does_not_blame_the_context(server):
+    body = {"messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 2}
+    message = error_of(server.post("/v1/chat/completions", body), 400)
+    assert message == "messages[0].role: got 'wizard', expected system, user or assistant"
+
+
+def test_a_long_prompt_says_how_long_it_is(server):
+    message = error_of(server.post("/v1/completions", {"prompt": "y" * 300}), 400)
+    assert message == "the prompt is 301 tokens (context_length 256, so at most 255 prompt tokens)"
+    body = {"messages": [{"role": "user", "content": "x" * 300}], "max_tokens": 2}
+    message = error_of(server.post("/v1/chat/completions", body), 400)
+    assert message.startswith("the prompt is 30") and "(context_length 256, so at most 255" in message
+
+
+@pytest.fixture(scope="module")
+def model_without_tokenizer(tiny_model, tmp_path_factory):
+    """The tiny model as a conversion without a tokenizer writes it (kind
+    'none' in the config and the weights header)."""
+    from colibri_build import config as config_mod
+    from colibri_build.synth import random_tensors
+    from colibri_build.weights import write_weights
+
+    folder = tmp_path_factory.mktemp("no-tokenizer")
+    cfg = json.loads((tiny_model / "model-config.json").read_text())
+    cfg["tokenizer"] = {"kind": "none", "bos_id": 256, "eos_id": 257}
+    cfg = config_mod.validate(cfg, source="test")
+    cfg["weights"]["sha256"] = write_weights(cfg, folder / cfg["weights"]["file"], random_tensors(cfg, cfg["seed"]))
+    (folder / "model-config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_a_model_without_tokenizer_says_so(server_exe, model_without_tokenizer):
+    """Before: a text prompt got 'the prompt is longer than 255 tokens', a
+    chat 'this model has no chat template ... (context_length 256, ...)',
+    /detokenize an empty text."""
+    srv = RunningServer(server_exe, model_without_tokenizer, "--threads", "2")
+    try:
+        for path, body in [("/v1/completions", {"prompt": "hello", "max_tokens": 2}),
+                           ("/v1/chat/completions", HELLO),
+                           ("/tokenize", {"content": "hello"}),
+                           ("/detokenize", {"tokens": [1, 2]}),
+                           ("/apply-template", {"messages": HELLO["messages"]})]:
+            message = error_of(srv.post(path, body), 400)
+            assert "converted without one" in message and "context_length" not in message, (path, message)
+        reply = srv.post("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
+    finally:
+        stop_checked(srv)

@@ -297,6 +297,16 @@ static void respond_text(cb_app *a, cb_conn *c, const char *what, const char *ke
     else cb_respond_json(a, c, 200, &w);
 }
 
+/* A model converted without a tokenizer has no text side: say so rather
+ * than answer with empty text or a misleading error. */
+static int refuse_without_tokenizer(cb_app *a, cb_conn *c, const char *what) {
+    if (cb_engine_tokenizer(a->engine)->kind != CB_TOKENIZER_NONE) return 0;
+    char msg[192];
+    snprintf(msg, sizeof msg, "%s needs a tokenizer, and this model was converted without one", what);
+    cb_respond_error(a, c, 400, "invalid_request_error", msg);
+    return 1;
+}
+
 /* Most token ids a /tokenize answer holds: each is at most the digits of
  * the largest id, plus a comma. */
 static int tokenize_answer_limit(const cb_app *a) {
@@ -307,6 +317,7 @@ static int tokenize_answer_limit(const cb_app *a) {
 
 static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
     char err[256];
+    if (refuse_without_tokenizer(a, c, "/tokenize")) return;
     if (cb_request_parse_object(a, body, len, err, sizeof err)) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
@@ -351,6 +362,7 @@ static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len)
 
 static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
     char err[256];
+    if (refuse_without_tokenizer(a, c, "/detokenize")) return;
     if (cb_request_parse_object(a, body, len, err, sizeof err)) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
@@ -389,6 +401,7 @@ static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t le
 static void handle_apply_template(cb_app *a, cb_conn *c, const char *body, size_t len) {
     char err[256];
     int n_messages = 0;
+    if (refuse_without_tokenizer(a, c, "/apply-template")) return;
     if (cb_request_messages(a, body, len, &n_messages, err, sizeof err)) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
