@@ -164,9 +164,9 @@ static int take_crlf(const char **p, const char *end)
  * CB_HTTP_BAD, CB_HTTP_TOO_LARGE (too many fields) or CB_HTTP_INCOMPLETE. */
 static int parse_head(const char *buf, size_t len, cb_http_request *req)
 {
-    static const char version_prefix[] = "HTTP/1.";
+    static const char version_prefix[] = "HTTP/";
     const char *p = buf, *end = buf + len, *start;
-    int conn_close = 0, conn_keep = 0, r;
+    int conn_close = 0, conn_keep = 0, major, r;
     size_t i;
 
     /* Empty lines before the request line (left by sloppy clients after a
@@ -199,20 +199,28 @@ static int parse_head(const char *buf, size_t len, cb_http_request *req)
     origin_form(req);
     p++;
 
+    /* HTTP-version is "HTTP/" DIGIT "." DIGIT (RFC 9112 2.3). */
     for (i = 0; i < sizeof version_prefix - 1; i++, p++) {
         if (p == end)
             return CB_HTTP_INCOMPLETE;
         if (*p != version_prefix[i])
             return CB_HTTP_BAD;
     }
-    if (p == end)
-        return CB_HTTP_INCOMPLETE;
-    if (*p != '0' && *p != '1')
-        return CB_HTTP_BAD;
-    req->minor_version = *p - '0';
-    p++;
+    for (i = 0; i < 3; i++) {
+        if (p + i == end)
+            return CB_HTTP_INCOMPLETE;
+        if (i == 1 ? p[i] != '.' : (p[i] < '0' || p[i] > '9'))
+            return CB_HTTP_BAD;
+    }
+    major = p[0] - '0';
+    /* A later 1.x is served as 1.1, the highest this server implements
+     * (RFC 9110 2.5). */
+    req->minor_version = p[2] > '1' ? 1 : p[2] - '0';
+    p += 3;
     if ((r = take_crlf(&p, end)) != 0)
         return r;
+    if (major != 1)
+        return CB_HTTP_VERSION;
 
     for (;;) {
         cb_http_header *h;

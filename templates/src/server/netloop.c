@@ -560,6 +560,18 @@ static int conn_quiet(const cb_conn *c)
     return c->state == ST_READ_HEAD && c->rlen == 0;
 }
 
+/* 431 naming which limit: the field count (the head is shorter than the
+ * byte limit) or the byte limit. */
+static void fail_head_too_large(cb_netloop *loop, cb_conn *c)
+{
+    char msg[96];
+    if (c->rlen < loop->cfg.max_header_size)
+        snprintf(msg, sizeof msg, "more than %d header fields", CB_HTTP_MAX_HEADERS);
+    else
+        snprintf(msg, sizeof msg, "request head over the limit of %zu bytes", loop->cfg.max_header_size);
+    fail_request(c, 431, msg);
+}
+
 /* The head is parsed (head_len bytes): check the framing, find room for
  * the body. */
 static void start_request(cb_netloop *loop, cb_conn *c, size_t head_len)
@@ -716,7 +728,9 @@ static void conn_advance(cb_netloop *loop, cb_conn *c)
             else if (r == CB_HTTP_BAD)
                 fail_request(c, 400, "malformed HTTP request");
             else if (r == CB_HTTP_TOO_LARGE)
-                fail_request(c, 431, "request header fields too large");
+                fail_head_too_large(loop, c);
+            else if (r == CB_HTTP_VERSION)
+                fail_request(c, 505, "HTTP version not supported: send HTTP/1.1 or HTTP/1.0");
             else
                 start_request(loop, c, (size_t)r);
             continue;

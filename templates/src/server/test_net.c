@@ -172,8 +172,9 @@ static void test_http_bad(void)
         {LIT("GET / HTTP/1.1\r\nHost\r\n\r\n")},
         {LIT("GET  / HTTP/1.1\r\n\r\n")},
         {LIT(" GET / HTTP/1.1\r\n\r\n")},
-        {LIT("GET / HTTP/2.0\r\n\r\n")},
-        {LIT("GET / HTTP/1.2\r\n\r\n")},
+        {LIT("GET / HTTP/1\r\n\r\n")},
+        {LIT("GET / HTTP/1.10\r\n\r\n")},
+        {LIT("GET / HTTP/x.1\r\n\r\n")},
         {LIT("GET / http/1.1\r\n\r\n")},
         {LIT("GET /\x01 HTTP/1.1\r\n\r\n")},
         {LIT("G\0T / HTTP/1.1\r\n\r\n")},
@@ -207,6 +208,13 @@ static void test_http_bad(void)
             fprintf(stderr, "  bad request %zu: got %d\n", k, r);
         CHECK(r == CB_HTTP_BAD);
     }
+    /* Another major version is not malformed: 505, not 400. A later 1.x
+     * is read as 1.1 (RFC 9110 2.5). */
+    CHECK(parse_s("GET / HTTP/2.0\r\n\r\n", &req) == CB_HTTP_VERSION);
+    CHECK(parse_s("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", &req) == CB_HTTP_VERSION);
+    CHECK(parse_s("GET / HTTP/1.2\r\n\r\n", &req) > 0 && req.minor_version == 1 && req.keep_alive == 1);
+    CHECK(parse_s("GET / HTTP/2.0\r\n", &req) == CB_HTTP_VERSION); /* known once the line is */
+    CHECK(parse_s("GET / HTTP/2.0", &req) == CB_HTTP_INCOMPLETE);
     CHECK(parse_s("GET / HTTP/1.1", &req) == CB_HTTP_INCOMPLETE);
     CHECK(parse_s("", &req) == CB_HTTP_INCOMPLETE);
 }
@@ -1078,9 +1086,30 @@ static void test_loop_errors(int port)
 
     /* Malformed: 400. */
     CHECK(client_open(&cl_a, port) == 0);
-    client_sends(&cl_a, "GET / HTTP/9.9\r\n\r\n");
+    client_sends(&cl_a, "GET / HTTP/x.9\r\n\r\n");
     CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 400 &&
           is_openai_error(&resp, "invalid_request_error"));
+    client_close(&cl_a);
+
+    /* Another HTTP version: 505 saying so. */
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET / HTTP/9.9\r\n\r\n");
+    CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 505 &&
+          is_openai_error(&resp, "server_error") && strstr(resp.body, "HTTP version not supported") != NULL);
+    client_close(&cl_a);
+
+    /* More header fields than the parser holds: 431 naming the count. */
+    CHECK(client_open(&cl_a, port) == 0);
+    {
+        char many[2048] = "GET / HTTP/1.1\r\n";
+        int k;
+        for (k = 0; k < CB_HTTP_MAX_HEADERS + 1; k++)
+            strcat(many, "X: y\r\n");
+        strcat(many, "\r\n");
+        client_sends(&cl_a, many);
+    }
+    CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 431 &&
+          strstr(resp.body, "more than 32 header fields") != NULL);
     client_close(&cl_a);
 
     /* Head over max_header_size (1024 here): 431. */
@@ -1089,7 +1118,8 @@ static void test_loop_errors(int port)
     memcpy(big, "GET / HTTP/1.1\r\nX: ", 19);
     client_send(&cl_a, big, sizeof big);
     CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 431 &&
-          is_openai_error(&resp, "invalid_request_error"));
+          is_openai_error(&resp, "invalid_request_error") &&
+          strstr(resp.body, "over the limit of 1024 bytes") != NULL);
     client_close(&cl_a);
 
     /* Chunked request bodies are refused with 411. */
