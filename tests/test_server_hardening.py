@@ -140,18 +140,20 @@ def test_a_client_that_stops_mid_body_is_cut_off(server):
 
 
 def test_a_connection_past_the_limit_takes_the_slot_of_an_idle_one(server):
-    """The table is full of connections that sent nothing: a newcomer is
-    served and the one quiet longest is closed for it (a table full of busy
+    """The table is full of kept-alive idle connections: a newcomer is
+    served and the one idle longest is closed for it (a table full of busy
     ones: test_server_protocol.py)."""
     idle = []
-    for _ in range(6):
-        idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
-        time.sleep(0.02)
     try:
-        time.sleep(0.1)
+        for _ in range(6):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            idle.append(sock)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
             extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert extra.recv(4096).startswith(b"HTTP/1.1 200")
+            reply = extra.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 200") and b"Connection: keep-alive" in reply
         idle[0].settimeout(5)
         assert idle[0].recv(4096) == b""
     finally:

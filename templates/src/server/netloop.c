@@ -21,6 +21,8 @@
 #define REQUESTS_PER_ROUND 8  /* pipelined requests one connection starts per round */
 #define READS_PER_EVENT 8     /* recv calls per readiness event, for fairness */
 #define LINGER_MS 1000        /* after an error reply: wait this long for the client's FIN */
+#define FRESH_MS 1000         /* a new connection's time to start its request before its slot
+                                 may go to another newcomer */
 #define CHUNK_END "0\r\n\r\n"
 #define CHUNK_END_LEN 5
 #define CHUNK_FRAMING 20      /* upper bound of a chunk's "<hex>\r\n" + "\r\n" */
@@ -65,6 +67,7 @@ struct cb_conn {
     uint64_t write_progress_ms; /* last time queued bytes moved */
     uint64_t quiet_since;       /* loop->quiet_seq when opened or its last exchange ended:
                                    a clock, not ms, so the order is exact */
+    uint64_t opened_ms;
 
     uint8_t minor_version;
     uint8_t keep_alive;
@@ -842,14 +845,18 @@ static uint64_t conn_deadline(const cb_netloop *loop, const cb_conn *c)
 }
 
 /* The table is full: close the connection that has been quiet longest
- * (no byte of a request) to make room. 0 when every one is busy. */
+ * (no byte of a request) to make room. 0 when every one is busy. A new
+ * connection gets FRESH_MS to start its request first: in a burst of
+ * clients, the early ones are not dropped before they could send (the
+ * late ones get a spare entry's 503 instead). */
 static int reclaim_quiet(cb_netloop *loop)
 {
     cb_conn *oldest = NULL;
     int i;
     for (i = 0; i < loop->n_conns; i++) {
         cb_conn *c = &loop->conns[i];
-        if (!c->spare && conn_quiet(c) && (oldest == NULL || c->quiet_since < oldest->quiet_since))
+        if (!c->spare && conn_quiet(c) && (c->idle || loop->now - c->opened_ms >= FRESH_MS) &&
+            (oldest == NULL || c->quiet_since < oldest->quiet_since))
             oldest = c;
     }
     if (oldest == NULL)
@@ -896,6 +903,7 @@ static void accept_clients(cb_netloop *loop)
         if (!spare)
             loop->n_main++;
         c->quiet_since = ++loop->quiet_seq;
+        c->opened_ms = loop->now;
         c->sock = s;
         c->state = ST_READ_HEAD;
         c->interest = CB_POLL_READ;

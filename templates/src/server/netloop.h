@@ -19,8 +19,8 @@
  *       + large_body_buffers * max_body_size.
  *
  * A full table: a new client first takes the place of the longest-idle
- * connection that has no byte of a request (kept alive, or opened and
- * silent), which is closed. When every connection is busy, the client gets
+ * connection that has no byte of a request (kept alive, or opened over a
+ * second ago and silent), which is closed. When every connection is busy, the client gets
  * one of spare_conns spare entries: there a request for spare_path (GET or
  * HEAD, e.g. /health) is served and any other gets 503 with Retry-After,
  * and the connection is closed after the answer. With the spares taken too,

@@ -1383,6 +1383,31 @@ static void test_loop_table_full(void)
     CHECK(cb_netloop_active(loop) == 0);
     cb_netloop_destroy(loop);
 
+    /* A new connection's slot is not given away before it had a second
+     * to send its request; after that it is. */
+    cfg.spare_conns = 1;
+    loop = cb_netloop_create(&cfg, err, sizeof err);
+    CHECK(loop != NULL);
+    if (loop == NULL)
+        return;
+    port = cb_netloop_port(loop);
+    CHECK(client_open(&cl_a, port) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /x HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503);
+    client_close(&cl_b);
+    poll_rounds(loop, 110); /* > 1 s */
+    CHECK(client_open(&cl_c, port) == 0);
+    client_sends(&cl_c, "GET /x HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_closed_within(&cl_a, 500));
+    CHECK(client_response(&cl_c, &resp, 0) == 0 && body_is(&resp, "path=/x"));
+    client_close(&cl_a);
+    client_close(&cl_c);
+    cb_netloop_destroy(loop);
+
     /* No spare entries: a full, busy table answers 503 at once. */
     cfg.spare_conns = 0;
     loop = cb_netloop_create(&cfg, err, sizeof err);
