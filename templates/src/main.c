@@ -26,7 +26,7 @@ static void usage(FILE *out) {
             "  --max-conns N             open connections (default 256); when full, the longest-idle one is\n"
             "                            closed for a newcomer; with all busy, 8 spare entries answer /health\n"
             "                            and 503 to the rest\n"
-            "  --request-timeout-ms N    a request must arrive within this (default 10000)\n"
+            "  --request-timeout-ms N    a request must arrive within this, else 408 (default 10000)\n"
             "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
             "  --step-tokens N           most tokens a step carries while requests decode, prompt tokens filling\n"
