@@ -49,6 +49,7 @@ typedef struct {
     int expect_continue;       /* "Expect: 100-continue" */
     const char *authorization; /* value of Authorization, NULL when absent */
     size_t authorization_len;
+    const char *error;         /* CB_HTTP_BAD: what is wrong, for the 400 */
 } cb_http_request;
 
 /* Parses the request head at the start of buf with the default limit of

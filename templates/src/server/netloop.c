@@ -563,6 +563,15 @@ static int conn_quiet(const cb_conn *c)
     return c->state == ST_READ_HEAD && c->rlen == 0;
 }
 
+/* 400 naming what the parser found wrong. */
+static void fail_malformed(cb_conn *c)
+{
+    char msg[192];
+    snprintf(msg, sizeof msg, "malformed HTTP request: %s",
+             c->req.error != NULL ? c->req.error : "bad request head");
+    fail_request(c, 400, msg);
+}
+
 /* 431 naming which limit: the field count (the head is shorter than the
  * byte limit) or the byte limit. */
 static void fail_head_too_large(cb_netloop *loop, cb_conn *c)
@@ -729,7 +738,7 @@ static void conn_advance(cb_netloop *loop, cb_conn *c)
             if (r == CB_HTTP_INCOMPLETE)
                 c->scanned = c->rlen;
             else if (r == CB_HTTP_BAD)
-                fail_request(c, 400, "malformed HTTP request");
+                fail_malformed(c);
             else if (r == CB_HTTP_TOO_LARGE)
                 fail_head_too_large(loop, c);
             else if (r == CB_HTTP_VERSION)

@@ -168,45 +168,47 @@ static void test_http_bad(void)
     static const struct {
         const char *s;
         size_t n;
+        const char *why; /* in the parser's reason */
     } bad[] = {
-        {LIT("GET / HTTP/1.1\r\nHost\r\n\r\n")},
-        {LIT("GET  / HTTP/1.1\r\n\r\n")},
-        {LIT(" GET / HTTP/1.1\r\n\r\n")},
-        {LIT("GET / HTTP/1\r\n\r\n")},
-        {LIT("GET / HTTP/1.10\r\n\r\n")},
-        {LIT("GET / HTTP/x.1\r\n\r\n")},
-        {LIT("GET / http/1.1\r\n\r\n")},
-        {LIT("GET /\x01 HTTP/1.1\r\n\r\n")},
-        {LIT("G\0T / HTTP/1.1\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\x01" "b\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\x7f\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\0b\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\nHost: x\n\n")},
-        {LIT("GET / HTTP/1.1\r\nHost: x\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nHost : x\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\r\n continued\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\n: x\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 12a\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: +1\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length:\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 1, 1\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 9223372036854775808\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n")},
-        {LIT("GET /caf\xc3\xa9 HTTP/1.1\r\n\r\n")},
-        {LIT("GET /\x01")},  /* rejected before the head is complete */
-        {LIT("GE\r\n")},
+        {LIT("GET / HTTP/1.1\r\nHost\r\n\r\n"), "a header line without a colon"},
+        {LIT("GET  / HTTP/1.1\r\n\r\n"), "more than one space after the method"},
+        {LIT(" GET / HTTP/1.1\r\n\r\n"), "the request line is not"},
+        {LIT("GET / HTTP/1\r\n\r\n"), "the HTTP version is not"},
+        {LIT("GET / HTTP/1.10\r\n\r\n"), "does not end in CRLF after the version"},
+        {LIT("GET / HTTP/x.1\r\n\r\n"), "the HTTP version is not"},
+        {LIT("GET / http/1.1\r\n\r\n"), "does not end in an HTTP version"},
+        {LIT("GET /\x01 HTTP/1.1\r\n\r\n"), "control or non-ASCII byte"},
+        {LIT("G\0T / HTTP/1.1\r\n\r\n"), "the request line is not"},
+        {LIT("GET / HTTP/1.1\r\nX: a\x01" "b\r\n\r\n"), "control character"},
+        {LIT("GET / HTTP/1.1\r\nX: a\x7f\r\n\r\n"), "control character"},
+        {LIT("GET / HTTP/1.1\r\nX: a\0b\r\n\r\n"), "control character"},
+        {LIT("GET / HTTP/1.1\nHost: x\n\n"), "bare LF"},
+        {LIT("GET / HTTP/1.1\r\nHost: x\n\r\n"), "bare LF"},
+        {LIT("GET / HTTP/1.1\r\r\n\r\n"), "CR not followed by LF"},
+        {LIT("GET / HTTP/1.1\r\nHost : x\r\n\r\n"), "a blank between a header name and its colon"},
+        {LIT("GET / HTTP/1.1\r\nX: a\r\n continued\r\n\r\n"), "obsolete line folding"},
+        {LIT("GET / HTTP/1.1\r\n: x\r\n\r\n"), "no name before its colon"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 12a\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: +1\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length:\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 1, 1\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 9223372036854775808\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"), "two different Content-Length"},
+        {LIT("GET / HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n"), "two Authorization fields"},
+        {LIT("GET /caf\xc3\xa9 HTTP/1.1\r\n\r\n"), "control or non-ASCII byte"},
+        {LIT("GET /\x01"), "control or non-ASCII byte"},  /* rejected before the head is complete */
+        {LIT("GE\r\n"), "the request line is not"},
     };
     size_t k;
     cb_http_request req;
     for (k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         int r = parse_n(bad[k].s, bad[k].n, &req);
-        if (r != CB_HTTP_BAD)
-            fprintf(stderr, "  bad request %zu: got %d\n", k, r);
+        if (r != CB_HTTP_BAD || req.error == NULL || strstr(req.error, bad[k].why) == NULL)
+            fprintf(stderr, "  bad request %zu: got %d (%s)\n", k, r, req.error ? req.error : "no reason");
         CHECK(r == CB_HTTP_BAD);
+        CHECK(req.error != NULL && strstr(req.error, bad[k].why) != NULL);
     }
     /* Another major version is not malformed: 505, not 400. A later 1.x
      * is read as 1.1 (RFC 9110 2.5). */
@@ -1088,7 +1090,8 @@ static void test_loop_errors(int port)
     CHECK(client_open(&cl_a, port) == 0);
     client_sends(&cl_a, "GET / HTTP/x.9\r\n\r\n");
     CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 400 &&
-          is_openai_error(&resp, "invalid_request_error"));
+          is_openai_error(&resp, "invalid_request_error") &&
+          strstr(resp.body, "malformed HTTP request: the HTTP version is not") != NULL);
     client_close(&cl_a);
 
     /* Another HTTP version: 505 saying so. */
