@@ -6,6 +6,7 @@
 
 #include "build_config.h"
 #include "engine.h"
+#include "platform/net.h"
 #include "platform/platform.h"
 #include "server/app.h"
 #include "server/netloop.h"
@@ -22,18 +23,48 @@ static void usage(FILE *out) {
             "  --threads N               compute threads (default: one per CPU)\n"
             "  --slots N                 concurrent generations, at most %d (default %d)\n"
             "  --queue N                 requests that may wait for a slot; more get 429 (default 2 x slots)\n"
-            "  --max-conns N             open connections; more get 503 (default 64)\n"
-            "  --request-timeout-ms N    a request must arrive within this (default 10000)\n"
+            "  --max-conns N             open connections (default 256); when full, the longest-idle one is\n"
+            "                            closed for a newcomer; with all busy, 8 spare entries answer /health\n"
+            "                            and 503 to the rest\n"
+            "  --request-timeout-ms N    a request must arrive within this, else 408 (default 10000)\n"
             "  --idle-timeout-ms N       a kept-alive connection may idle this long (default 30000)\n"
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
             "  --step-tokens N           most tokens a step carries while requests decode, prompt tokens filling\n"
             "                            what decoding leaves; 0: no limit (default: the slot count)\n"
             "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory (default f32)\n"
-            "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/ (also $COLIBRI_API_KEY)\n"
+            "  --api-key KEY             require 'Authorization: Bearer KEY' on every endpoint but /health\n"
+            "  --api-key-file PATH       the same, the key read from the file's first line (not shown in ps);\n"
+            "                            either flag overrides $COLIBRI_API_KEY\n"
+            "  --metrics-key KEY         /metrics also takes this key, e.g. for a scraper (also\n"
+            "                            $COLIBRI_METRICS_KEY); with --api-key, /metrics needs one of the two\n"
+            "  --metrics-public          /metrics needs no key even with --api-key\n"
             "  --verbose                 log connection events\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
             CB_MAX_SLOTS, CB_MAX_SLOTS, CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
             CB_KERNELS_NAME, CB_TOOLKIT_VERSION);
+}
+
+/* A key from the first line of a file (trailing blanks and line end
+ * dropped), so it shows in no process list. 0, or -1 with a message. */
+static int read_key_file(const char *path, char *key, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "colibri-server: --api-key-file: cannot open '%s'\n", path);
+        return -1;
+    }
+    size_t n = 0;
+    int ch;
+    while ((ch = fgetc(f)) != EOF && ch != '\n' && n + 1 < cap) key[n++] = (char)ch;
+    const int too_long = ch != EOF && ch != '\n';
+    fclose(f);
+    while (n > 0 && (key[n - 1] == '\r' || key[n - 1] == ' ' || key[n - 1] == '\t')) n--;
+    key[n] = 0;
+    if (too_long || n == 0) {
+        fprintf(stderr, "colibri-server: --api-key-file: '%s': %s\n", path,
+                too_long ? "the first line is longer than 4095 bytes" : "the first line holds no key");
+        return -1;
+    }
+    return 0;
 }
 
 static int parse_int(const char *flag, const char *text, int min, int max, int *out) {
@@ -49,7 +80,10 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 
 int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
-    int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
+    int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 256, verbose = 0;
+    const char *api_key_flag = NULL, *api_key_file = NULL, *metrics_key = getenv("COLIBRI_METRICS_KEY");
+    static char api_key_buf[4096];
+    int metrics_public = 0;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
     enum cb_kv_type kv = CB_KV_F32;
     for (int i = 1; i < argc; i++) {
@@ -64,6 +98,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(arg, "--verbose")) {
             verbose = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--metrics-public")) {
+            metrics_public = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -82,7 +120,9 @@ int main(int argc, char **argv) {
                 bad = 1;
             }
         }
-        else if (!strcmp(arg, "--api-key")) api_key = value;
+        else if (!strcmp(arg, "--api-key")) api_key_flag = value;
+        else if (!strcmp(arg, "--api-key-file")) api_key_file = value;
+        else if (!strcmp(arg, "--metrics-key")) metrics_key = value;
         else if (!strcmp(arg, "--port")) bad = parse_int(arg, value, 0, 65535, &port);
         else if (!strcmp(arg, "--threads")) bad = parse_int(arg, value, 0, 1024, &threads);
         else if (!strcmp(arg, "--slots")) bad = parse_int(arg, value, 1, CB_MAX_SLOTS, &slots);
@@ -103,7 +143,29 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (api_key_flag && api_key_file) {
+        fprintf(stderr, "colibri-server: --api-key and --api-key-file both given; use one\n");
+        return 2;
+    }
+    if (api_key_file && read_key_file(api_key_file, api_key_buf, sizeof api_key_buf) != 0) return 2;
+    if (api_key_file) api_key = api_key_buf;
+    else if (api_key_flag) api_key = api_key_flag;
     if (api_key && !*api_key) api_key = NULL;
+    if (metrics_key && !*metrics_key) metrics_key = NULL;
+    /* Every connection (and spare entry) is a descriptor; the rest is the
+     * listener, the poller, the model's files and stdio. */
+    const int fd_spare = 8, fd_other = 64, fd_room = cb_net_fd_room(max_conns + fd_spare + fd_other);
+    if (fd_room < max_conns + fd_spare + fd_other) {
+        if (fd_room - fd_spare - fd_other < 1) {
+            fprintf(stderr, "colibri-server: only %d file descriptors may be open (ulimit -n); need at least %d\n",
+                    fd_room, fd_spare + fd_other + 1);
+            return 1;
+        }
+        fprintf(stderr, "colibri-server: --max-conns %d needs %d file descriptors but the limit (ulimit -n) is %d: "
+                "serving %d connections\n", max_conns, max_conns + fd_spare + fd_other, fd_room,
+                fd_room - fd_spare - fd_other);
+        max_conns = fd_room - fd_spare - fd_other;
+    }
 
     char err[1024];
     cb_engine *engine = cb_engine_open(model, threads, slots, kv, err, sizeof err);
@@ -112,7 +174,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int n_slots = cb_engine_n_slots(engine);
-    cb_app_options opt = {queue >= 0 ? queue : 2 * n_slots, api_key, step_tokens >= 0 ? step_tokens : n_slots};
+    cb_app_options opt = {queue >= 0 ? queue : 2 * n_slots, api_key, step_tokens >= 0 ? step_tokens : n_slots,
+                          metrics_key, metrics_public};
     cb_app *app = cb_app_create(engine, &opt);
     if (!app) {
         fprintf(stderr, "colibri-server: out of memory for request buffers\n");
@@ -125,6 +188,8 @@ int main(int argc, char **argv) {
     cfg.port = port;
     cfg.write_buf_size = 1u << 20; /* a whole response (with trace) must fit */
     cfg.max_conns = max_conns;
+    cfg.spare_conns = fd_spare;
+    cfg.spare_path = "/health"; /* a load balancer's check answers even when every connection is busy */
     cfg.request_timeout_ms = request_timeout;
     cfg.idle_timeout_ms = idle_timeout;
     cfg.verbose = verbose;

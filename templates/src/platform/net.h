@@ -56,6 +56,11 @@ ptrdiff_t cb_net_send(cb_sock s, const void *buf, size_t len);
 void cb_net_shutdown_write(cb_sock s);
 void cb_net_close(cb_sock s);
 
+/* Makes room for `want` open descriptors (sockets and files): raises the
+ * soft limit (RLIMIT_NOFILE) up to the hard one when it is lower. Returns
+ * how many the process may now hold, at most want. */
+int cb_net_fd_room(int want);
+
 /* Monotonic milliseconds, for deadlines. */
 uint64_t cb_net_now_ms(void);
 

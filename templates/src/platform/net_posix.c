@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,21 @@ int cb_net_init(void)
     if (spare_fd < 0)
         spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     return 0;
+}
+
+int cb_net_fd_room(int want)
+{
+    struct rlimit lim;
+    rlim_t need = (rlim_t)(want > 0 ? want : 0);
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= need)
+        return want;
+    /* Up to the hard limit, not just to want: files the engine opens
+     * later need room too. Some kernels refuse RLIM_INFINITY. */
+    lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? need : lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= need)
+        return want;
+    return (int)lim.rlim_cur;
 }
 
 static int set_nonblocking(int fd)

@@ -204,6 +204,9 @@ void cb_net_close(cb_sock s)
         closesocket((SOCKET)s);
 }
 
+/* Winsock sockets are kernel handles with no per-process count to raise. */
+int cb_net_fd_room(int want) { return want; }
+
 uint64_t cb_net_now_ms(void) { return GetTickCount64(); }
 
 /* ---- readiness: WSAPoll over a compact array, like the poll(2) variant ---- */

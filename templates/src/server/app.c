@@ -22,6 +22,8 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->dims = cb_engine_dims(engine);
     a->n_slots = cb_engine_n_slots(engine);
     a->api_key = opt->api_key;
+    a->metrics_key = opt->metrics_key;
+    a->metrics_public = opt->metrics_public;
     a->step_tokens = opt->step_tokens;
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
@@ -273,19 +275,49 @@ typedef void (*route_fn)(cb_app *a, cb_conn *c, const char *body, size_t len);
 
 /* ---- /tokenize, /detokenize, /apply-template (llama.cpp's shapes) ---- */
 
+/* An answer of /tokenize, /detokenize or /apply-template too large for the
+ * response buffer: the client asked for too much at once (413), not a
+ * server fault. */
+static void respond_too_large(cb_app *a, cb_conn *c, const char *what) {
+    char msg[192];
+    snprintf(msg, sizeof msg, "%s: the answer would be over the %u-byte response limit; send less at once", what,
+             CB_RESPONSE_BYTES);
+    cb_respond_error(a, c, 413, "invalid_request_error", msg);
+}
+
 /* {"<key>": a->text[0..len)} */
-static void respond_text(cb_app *a, cb_conn *c, const char *key, size_t len) {
+static void respond_text(cb_app *a, cb_conn *c, const char *what, const char *key, size_t len) {
     cb_jw w;
     cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
     cb_jw_begin_object(&w);
     cb_jw_key(&w, key);
     cb_jw_str_n(&w, a->text, len);
     cb_jw_end_object(&w);
-    cb_respond_json(a, c, 200, &w);
+    if (w.overflow) respond_too_large(a, c, what);
+    else cb_respond_json(a, c, 200, &w);
+}
+
+/* A model converted without a tokenizer has no text side: say so rather
+ * than answer with empty text or a misleading error. */
+static int refuse_without_tokenizer(cb_app *a, cb_conn *c, const char *what) {
+    if (cb_engine_tokenizer(a->engine)->kind != CB_TOKENIZER_NONE) return 0;
+    char msg[192];
+    snprintf(msg, sizeof msg, "%s needs a tokenizer, and this model was converted without one", what);
+    cb_respond_error(a, c, 400, "invalid_request_error", msg);
+    return 1;
+}
+
+/* Most token ids a /tokenize answer holds: each is at most the digits of
+ * the largest id, plus a comma. */
+static int tokenize_answer_limit(const cb_app *a) {
+    int digits = 1;
+    for (uint32_t v = a->dims->vocab; v >= 10; v /= 10) digits++;
+    return (int)((CB_RESPONSE_BYTES - 64) / (unsigned)(digits + 1));
 }
 
 static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
     char err[256];
+    if (refuse_without_tokenizer(a, c, "/tokenize")) return;
     if (cb_request_parse_object(a, body, len, err, sizeof err)) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
@@ -311,6 +343,12 @@ static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len)
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
     }
+    const int most = tokenize_answer_limit(a);
+    if (got > most) {
+        snprintf(err, sizeof err, "'content' is %d tokens; /tokenize answers at most %d at once", got, most);
+        cb_respond_error(a, c, 413, "invalid_request_error", err);
+        return;
+    }
     cb_jw w;
     cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
     cb_jw_begin_object(&w);
@@ -324,6 +362,7 @@ static void handle_tokenize(cb_app *a, cb_conn *c, const char *body, size_t len)
 
 static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t len) {
     char err[256];
+    if (refuse_without_tokenizer(a, c, "/detokenize")) return;
     if (cb_request_parse_object(a, body, len, err, sizeof err)) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
@@ -351,16 +390,18 @@ static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t le
     }
     long got = cb_detokenize(tok, a->ids, n, a->text, a->text_cap, NULL);
     if (got < 0) {
-        cb_respond_error(a, c, 400, "invalid_request_error", "the text of 'tokens' is too long");
+        snprintf(err, sizeof err, "the text of 'tokens' is over %zu bytes", a->text_cap);
+        cb_respond_error(a, c, 413, "invalid_request_error", err);
         return;
     }
-    respond_text(a, c, "content", (size_t)got);
+    respond_text(a, c, "/detokenize", "content", (size_t)got);
 }
 
 /* The prompt text the chat template makes of messages (no inference). */
 static void handle_apply_template(cb_app *a, cb_conn *c, const char *body, size_t len) {
     char err[256];
     int n_messages = 0;
+    if (refuse_without_tokenizer(a, c, "/apply-template")) return;
     if (cb_request_messages(a, body, len, &n_messages, err, sizeof err)) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
@@ -371,53 +412,115 @@ static void handle_apply_template(cb_app *a, cb_conn *c, const char *body, size_
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
     }
-    respond_text(a, c, "prompt", (size_t)got);
+    respond_text(a, c, "/apply-template", "prompt", (size_t)got);
 }
 
-/* One line per endpoint. auth: needs the API key when one is set. */
+/* Who may call an endpoint: anyone (health checks of load balancers), the
+ * holder of the API key, or (/metrics) of the API key or the metrics key. */
+enum { AUTH_NONE, AUTH_API, AUTH_METRICS };
+
+/* One line per endpoint; a GET endpoint answers HEAD as well. */
 static const struct {
     const char *method, *path;
     route_fn fn;
     int auth;
 } routes[] = {
-    {"GET", "/health", handle_health, 0},
-    {"GET", "/metrics", handle_metrics, 0},
-    {"GET", "/v1/models", handle_models, 1},
-    {"POST", "/v1/chat/completions", handle_chat, 1},
-    {"POST", "/v1/completions", handle_completions, 1},
-    {"POST", "/tokenize", handle_tokenize, 1},
-    {"POST", "/detokenize", handle_detokenize, 1},
-    {"POST", "/apply-template", handle_apply_template, 1},
+    {"GET", "/health", handle_health, AUTH_NONE},
+    {"GET", "/metrics", handle_metrics, AUTH_METRICS},
+    {"GET", "/v1/models", handle_models, AUTH_API},
+    {"POST", "/v1/chat/completions", handle_chat, AUTH_API},
+    {"POST", "/v1/completions", handle_completions, AUTH_API},
+    {"POST", "/tokenize", handle_tokenize, AUTH_API},
+    {"POST", "/detokenize", handle_detokenize, AUTH_API},
+    {"POST", "/apply-template", handle_apply_template, AUTH_API},
 };
 
-/* "Bearer KEY" equals the key; compared in constant time. */
-static int authorized(const cb_app *a, const cb_http_request *req) {
-    if (!a->api_key) return 1;
-    const size_t klen = strlen(a->api_key);
-    if (!req->authorization || req->authorization_len != klen + 7 ||
-        strncmp(req->authorization, "Bearer ", 7) != 0)
-        return 0;
+/* The credentials of "Authorization: Bearer KEY": the scheme is
+ * case-insensitive and may be followed by several spaces (RFC 9110 11.1,
+ * 11.4). 0 when the field is absent or another scheme. */
+static int bearer_token(const cb_http_request *req, const char **tok, size_t *len) {
+    static const char scheme[] = "bearer";
+    const char *v = req->authorization;
+    size_t n = req->authorization_len, i = 0;
+    if (!v || n <= sizeof scheme) return 0;
+    for (; i < sizeof scheme - 1; i++)
+        if ((v[i] | 0x20) != scheme[i]) return 0;
+    if (v[i] != ' ') return 0;
+    while (i < n && v[i] == ' ') i++;
+    *tok = v + i, *len = n - i;
+    return 1;
+}
+
+/* tok equals key, compared in constant time for keys of the same length. */
+static int key_matches(const char *key, const char *tok, size_t len) {
+    if (!key || strlen(key) != len) return 0;
     unsigned diff = 0;
-    for (size_t i = 0; i < klen; i++) diff |= (unsigned char)(req->authorization[7 + i] ^ a->api_key[i]);
+    for (size_t i = 0; i < len; i++) diff |= (unsigned char)(tok[i] ^ key[i]);
     return diff == 0;
+}
+
+static int authorized(const cb_app *a, const cb_http_request *req, int auth) {
+    if (auth == AUTH_NONE) return 1;
+    if (auth == AUTH_METRICS && (a->metrics_public || (!a->api_key && !a->metrics_key))) return 1;
+    if (auth == AUTH_API && !a->api_key) return 1;
+    const char *tok;
+    size_t len;
+    if (!bearer_token(req, &tok, &len)) return 0;
+    return key_matches(a->api_key, tok, len) || (auth == AUTH_METRICS && key_matches(a->metrics_key, tok, len));
+}
+
+/* 405 with the Allow field RFC 9110 15.5.6 asks for: the path's methods. */
+static void respond_not_allowed(cb_app *a, cb_conn *c, const cb_http_request *req) {
+    char allow[64] = "Allow: ", body[256];
+    size_t used = strlen(allow);
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        if (!cb_http_path_is(req, routes[i].path)) continue;
+        const int get = !strcmp(routes[i].method, "GET");
+        used += (size_t)snprintf(allow + used, sizeof allow - used, "%s%s%s", used > 7 ? ", " : "",
+                                 routes[i].method, get ? ", HEAD" : "");
+    }
+    snprintf(allow + used, sizeof allow - used, "\r\n");
+    cb_jw w;
+    cb_jw_init(&w, body, sizeof body);
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "error");
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "message");
+    cb_jw_str(&w, "method not allowed for this endpoint");
+    cb_jw_key(&w, "type");
+    cb_jw_str(&w, "invalid_request_error");
+    cb_jw_key(&w, "param");
+    cb_jw_null(&w);
+    cb_jw_key(&w, "code");
+    cb_jw_null(&w);
+    cb_jw_end_object(&w);
+    cb_jw_end_object(&w);
+    cb_metrics_status(&a->metrics, 405);
+    cb_conn_respond(c, 405, "application/json", body, w.len, allow);
 }
 
 void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const char *body, size_t len) {
     cb_app *a = app;
     int path_known = 0;
+    /* HEAD is GET without the body: the netloop drops the body and keeps
+     * its Content-Length. */
+    const int head = cb_http_method_is(req, "HEAD");
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         if (!cb_http_path_is(req, routes[i].path)) continue;
         path_known = 1;
-        if (!cb_http_method_is(req, routes[i].method)) continue;
-        if (routes[i].auth && !authorized(a, req)) {
+        if (!cb_http_method_is(req, routes[i].method) && !(head && !strcmp(routes[i].method, "GET"))) continue;
+        if (!authorized(a, req, routes[i].auth)) {
             cb_respond_error(a, c, 401, "invalid_request_error",
-                             "missing or incorrect API key: send 'Authorization: Bearer <key>'");
+                             routes[i].auth == AUTH_METRICS
+                                 ? "missing or incorrect key for /metrics: send 'Authorization: Bearer <key>' "
+                                   "with the API key or the metrics key"
+                                 : "missing or incorrect API key: send 'Authorization: Bearer <key>'");
             return;
         }
         routes[i].fn(a, c, body, len);
         return;
     }
-    if (path_known) cb_respond_error(a, c, 405, NULL, "method not allowed for this endpoint");
+    if (path_known) respond_not_allowed(a, c, req);
     else cb_respond_error(a, c, 404, NULL, "no such endpoint");
 }
 

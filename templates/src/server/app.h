@@ -12,8 +12,10 @@ typedef struct cb_app cb_app;
 
 typedef struct {
     int queue_cap;       /* requests that may wait for a slot; more get 429 */
-    const char *api_key; /* NULL: no auth; else "Authorization: Bearer KEY" on /v1/ */
+    const char *api_key; /* NULL: no auth; else "Authorization: Bearer KEY" everywhere but /health */
     int step_tokens;     /* most tokens a step carries while some requests decode (0: no limit) */
+    const char *metrics_key; /* this key also opens /metrics (for scrapers); NULL: none */
+    int metrics_public;  /* /metrics needs no key, even with api_key set */
 } cb_app_options;
 
 /* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */

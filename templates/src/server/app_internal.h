@@ -100,6 +100,8 @@ struct cb_app {
     cb_sampler sampler;
     cb_metrics metrics;
     const char *api_key;         /* NULL: no auth */
+    const char *metrics_key;     /* NULL: /metrics takes the API key only */
+    int metrics_public;          /* /metrics needs no key */
     int draining;                /* shutting down: no new requests */
     uint64_t requests;
 };

@@ -84,6 +84,13 @@ static int parse_content_length(const char *s, size_t n, int64_t *out)
     return 0;
 }
 
+/* A malformed head: the reason goes to req->error. */
+static int bad(cb_http_request *req, const char *why)
+{
+    req->error = why;
+    return CB_HTTP_BAD;
+}
+
 /* Folds one field into the request's convenience members. */
 static int note_header(cb_http_request *req, const cb_http_header *h,
                        int *conn_close, int *conn_keep)
@@ -94,10 +101,10 @@ static int note_header(cb_http_request *req, const cb_http_header *h,
     if (equals_nocase(h->name, h->name_len, "content-length")) {
         int64_t cl;
         if (parse_content_length(v, vn, &cl) != 0)
-            return CB_HTTP_BAD;
+            return bad(req, "Content-Length is not a decimal number of bytes (or overflows)");
         /* Differing lengths are the classic request-smuggling vector. */
         if (req->content_length >= 0 && req->content_length != cl)
-            return CB_HTTP_BAD;
+            return bad(req, "two different Content-Length fields");
         req->content_length = cl;
     } else if (equals_nocase(h->name, h->name_len, "transfer-encoding")) {
         req->has_transfer_encoding = 1;
@@ -110,7 +117,7 @@ static int note_header(cb_http_request *req, const cb_http_header *h,
             *conn_keep = 1;
     } else if (equals_nocase(h->name, h->name_len, "authorization")) {
         if (req->authorization != NULL)
-            return CB_HTTP_BAD;
+            return bad(req, "two Authorization fields");
         req->authorization = v;
         req->authorization_len = vn;
     } else if (equals_nocase(h->name, h->name_len, "expect")) {
@@ -120,17 +127,44 @@ static int note_header(cb_http_request *req, const cb_http_header *h,
     return 0;
 }
 
-/* Consumes CRLF at *p. */
-static int take_crlf(const char **p, const char *end)
+/* An absolute-form target ("http://host:port/path?q", RFC 9112 3.2.2),
+ * which proxies send and servers must accept, is reduced to its path and
+ * query, so routing sees the same target as in origin form. */
+static void origin_form(cb_http_request *req)
+{
+    static const char root[] = "/";
+    const char *t = req->path, *end = req->path + req->path_len, *p;
+    size_t skip;
+    if (req->path_len >= 7 && equals_nocase(t, 7, "http://"))
+        skip = 7;
+    else if (req->path_len >= 8 && equals_nocase(t, 8, "https://"))
+        skip = 8;
+    else
+        return;
+    for (p = t + skip; p < end && *p != '/' && *p != '?'; p++) {
+    }
+    if (p < end && *p == '/') {
+        req->path = p;
+        req->path_len = (size_t)(end - p);
+    } else { /* an empty path is "/" (the query, if any, is dropped) */
+        req->path = root;
+        req->path_len = 1;
+    }
+}
+
+/* Consumes CRLF at *p; `what` names the line for the error. */
+static int take_crlf(cb_http_request *req, const char **p, const char *end, const char *what)
 {
     if (*p == end)
         return CB_HTTP_INCOMPLETE;
+    if (**p == '\n')
+        return bad(req, "a line ends in a bare LF, not CRLF");
     if (**p != '\r')
-        return CB_HTTP_BAD;
+        return bad(req, what);
     if (*p + 1 == end)
         return CB_HTTP_INCOMPLETE;
     if ((*p)[1] != '\n')
-        return CB_HTTP_BAD;
+        return bad(req, "a CR not followed by LF");
     *p += 2;
     return 0;
 }
@@ -139,15 +173,15 @@ static int take_crlf(const char **p, const char *end)
  * CB_HTTP_BAD, CB_HTTP_TOO_LARGE (too many fields) or CB_HTTP_INCOMPLETE. */
 static int parse_head(const char *buf, size_t len, cb_http_request *req)
 {
-    static const char version_prefix[] = "HTTP/1.";
+    static const char version_prefix[] = "HTTP/";
     const char *p = buf, *end = buf + len, *start;
-    int conn_close = 0, conn_keep = 0, r;
+    int conn_close = 0, conn_keep = 0, major, r;
     size_t i;
 
     /* Empty lines before the request line (left by sloppy clients after a
      * body) are skipped, as RFC 9112 2.2 asks. */
     while (p < end && *p == '\r') {
-        if ((r = take_crlf(&p, end)) != 0)
+        if ((r = take_crlf(req, &p, end, "a bare CR before the request line")) != 0)
             return r;
     }
 
@@ -157,7 +191,8 @@ static int parse_head(const char *buf, size_t len, cb_http_request *req)
     if (p == end)
         return CB_HTTP_INCOMPLETE;
     if (p == start || *p != ' ')
-        return CB_HTTP_BAD;
+        return bad(req, "the request line is not 'METHOD SP target SP HTTP/1.1' (the method is not a token "
+                        "followed by one space)");
     req->method = start;
     req->method_len = (size_t)(p - start);
     p++;
@@ -167,26 +202,37 @@ static int parse_head(const char *buf, size_t len, cb_http_request *req)
         p++;
     if (p == end)
         return CB_HTTP_INCOMPLETE;
-    if (p == start || *p != ' ')
-        return CB_HTTP_BAD;
+    if (p == start)
+        return bad(req, "the request line has more than one space after the method");
+    if (*p != ' ')
+        return bad(req, "the request target holds a control or non-ASCII byte (percent-encode it)");
     req->path = start;
     req->path_len = (size_t)(p - start);
+    origin_form(req);
     p++;
 
+    /* HTTP-version is "HTTP/" DIGIT "." DIGIT (RFC 9112 2.3). */
     for (i = 0; i < sizeof version_prefix - 1; i++, p++) {
         if (p == end)
             return CB_HTTP_INCOMPLETE;
         if (*p != version_prefix[i])
-            return CB_HTTP_BAD;
+            return bad(req, "the request line does not end in an HTTP version ('HTTP/1.1')");
     }
-    if (p == end)
-        return CB_HTTP_INCOMPLETE;
-    if (*p != '0' && *p != '1')
-        return CB_HTTP_BAD;
-    req->minor_version = *p - '0';
-    p++;
-    if ((r = take_crlf(&p, end)) != 0)
+    for (i = 0; i < 3; i++) {
+        if (p + i == end)
+            return CB_HTTP_INCOMPLETE;
+        if (i == 1 ? p[i] != '.' : (p[i] < '0' || p[i] > '9'))
+            return bad(req, "the HTTP version is not 'HTTP/' digit '.' digit");
+    }
+    major = p[0] - '0';
+    /* A later 1.x is served as 1.1, the highest this server implements
+     * (RFC 9110 2.5). */
+    req->minor_version = p[2] > '1' ? 1 : p[2] - '0';
+    p += 3;
+    if ((r = take_crlf(req, &p, end, "the request line does not end in CRLF after the version")) != 0)
         return r;
+    if (major != 1)
+        return CB_HTTP_VERSION;
 
     for (;;) {
         cb_http_header *h;
@@ -195,7 +241,7 @@ static int parse_head(const char *buf, size_t len, cb_http_request *req)
         if (p == end)
             return CB_HTTP_INCOMPLETE;
         if (*p == '\r') {
-            if ((r = take_crlf(&p, end)) != 0)
+            if ((r = take_crlf(req, &p, end, "a bare CR")) != 0)
                 return r;
             req->keep_alive = conn_close ? 0 : (req->minor_version == 1 || conn_keep);
             return (int)(p - buf);
@@ -211,8 +257,14 @@ static int parse_head(const char *buf, size_t len, cb_http_request *req)
             p++;
         if (p == end)
             return CB_HTTP_INCOMPLETE;
-        if (p == start || *p != ':')
-            return CB_HTTP_BAD;
+        if (p == start)
+            return bad(req, *p == ' ' || *p == '\t' ? "a header line starts with a blank (obsolete line folding)"
+                           : *p == '\n'              ? "a line ends in a bare LF, not CRLF"
+                                                     : "a header line has no name before its colon");
+        if (*p != ':')
+            return bad(req, *p == ' ' || *p == '\t' ? "a blank between a header name and its colon"
+                           : *p == '\r' || *p == '\n' ? "a header line without a colon"
+                                                     : "a header name holds a character not allowed in a token");
         h->name = start;
         h->name_len = (size_t)(p - start);
         p++;
@@ -225,7 +277,7 @@ static int parse_head(const char *buf, size_t len, cb_http_request *req)
         if (p == end)
             return CB_HTTP_INCOMPLETE;
         value_end = p;
-        if ((r = take_crlf(&p, end)) != 0)
+        if ((r = take_crlf(req, &p, end, "a header value holds a control character")) != 0)
             return r;
         while (value_end > start && (value_end[-1] == ' ' || value_end[-1] == '\t'))
             value_end--;

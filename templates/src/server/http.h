@@ -20,6 +20,8 @@
 #define CB_HTTP_INCOMPLETE (-2) /* the head is not all there yet */
 #define CB_HTTP_TOO_LARGE (-3)  /* head over the byte limit or more than
                                    CB_HTTP_MAX_HEADERS fields: answer 431 */
+#define CB_HTTP_VERSION (-4)    /* a well-formed request line of an HTTP
+                                   version other than 1.x: answer 505 */
 
 typedef struct {
     const char *name; /* as sent; compare with cb_http_find_header() */
@@ -31,9 +33,10 @@ typedef struct {
 typedef struct {
     const char *method;
     size_t method_len;
-    const char *path; /* request target as sent, "?query" included */
+    const char *path; /* request target, "?query" included; an absolute-form
+                         target ("http://host/p") is reduced to its path */
     size_t path_len;
-    int minor_version; /* 0 or 1: only HTTP/1.0 and HTTP/1.1 are accepted */
+    int minor_version; /* 0 or 1 (HTTP/1.2 and later 1.x count as 1.1) */
     cb_http_header headers[CB_HTTP_MAX_HEADERS];
     size_t n_headers;
 
@@ -46,13 +49,15 @@ typedef struct {
     int expect_continue;       /* "Expect: 100-continue" */
     const char *authorization; /* value of Authorization, NULL when absent */
     size_t authorization_len;
+    const char *error;         /* CB_HTTP_BAD: what is wrong, for the 400 */
 } cb_http_request;
 
 /* Parses the request head at the start of buf with the default limit of
  * CB_HTTP_MAX_HEADER_BYTES. Returns the head length in bytes (the body, if
  * any, starts at buf + result), CB_HTTP_INCOMPLETE, CB_HTTP_BAD or
- * CB_HTTP_TOO_LARGE. Rejected as bad: a request line that is not
- * "METHOD SP target SP HTTP/1.x CRLF", control characters, bare LF,
+ * CB_HTTP_TOO_LARGE or CB_HTTP_VERSION. HTTP/1.x with x > 1 is read as
+ * HTTP/1.1. Rejected as bad: a request line that is not
+ * "METHOD SP target SP HTTP/d.d CRLF", control characters, bare LF,
  * whitespace before a colon, folded lines, a Content-Length that is not all
  * digits or overflows or differs between two fields, two Authorization
  * fields. Empty lines before the request line are skipped (RFC 9112 2.2). */

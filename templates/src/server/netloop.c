@@ -21,6 +21,8 @@
 #define REQUESTS_PER_ROUND 8  /* pipelined requests one connection starts per round */
 #define READS_PER_EVENT 8     /* recv calls per readiness event, for fairness */
 #define LINGER_MS 1000        /* after an error reply: wait this long for the client's FIN */
+#define FRESH_MS 1000         /* a new connection's time to start its request before its slot
+                                 may go to another newcomer */
 #define CHUNK_END "0\r\n\r\n"
 #define CHUNK_END_LEN 5
 #define CHUNK_FRAMING 20      /* upper bound of a chunk's "<hex>\r\n" + "\r\n" */
@@ -63,6 +65,9 @@ struct cb_conn {
 
     uint64_t deadline_ms;       /* while reading or lingering; 0: none */
     uint64_t write_progress_ms; /* last time queued bytes moved */
+    uint64_t quiet_since;       /* loop->quiet_seq when opened or its last exchange ended:
+                                   a clock, not ms, so the order is exact */
+    uint64_t opened_ms;
 
     uint8_t minor_version;
     uint8_t keep_alive;
@@ -73,6 +78,7 @@ struct cb_conn {
     uint8_t peer_eof;      /* the client closed its sending side */
     uint8_t broken;        /* a send failed outside the loop: close next round */
     uint8_t needs_service; /* conn_advance() must run next round */
+    uint8_t spare;         /* holds a spare entry: serves spare_path only, then closes */
 };
 
 struct cb_netloop {
@@ -82,16 +88,19 @@ struct cb_netloop {
     cb_poller *poller;
     cb_poll_event *events;
     int max_events;
-    cb_conn *conns;       /* [max_conns] */
+    cb_conn *conns;       /* [n_conns = max_conns + spare_conns] */
+    int n_conns;
+    int n_main;           /* open connections not on a spare entry */
     uint32_t *free_slots; /* stack of unused slot numbers */
     int n_free;
-    char *read_slab;      /* max_conns * read_buf_size */
-    char *write_slab;     /* max_conns * write_buf_size */
+    char *read_slab;      /* n_conns * read_buf_size */
+    char *write_slab;     /* n_conns * write_buf_size */
     char *large_slab;     /* n_large * max_body_size */
     int *free_large;      /* stack of unused large buffers */
     int n_large;
     int n_free_large;
     uint64_t now; /* the clock at the start of the current round's work */
+    uint64_t quiet_seq;   /* counts connections becoming quiet (see cb_conn) */
     char busy_reply[512]; /* 503 sent to a client when every slot is taken */
     size_t busy_reply_len;
 };
@@ -120,7 +129,8 @@ void cb_netloop_config_init(cb_netloop_config *cfg)
     cfg->host = "127.0.0.1";
     cfg->port = 8080;
     cfg->backlog = 128;
-    cfg->max_conns = 64;
+    cfg->max_conns = 256;
+    cfg->spare_conns = 8;
     cfg->read_buf_size = 64 * 1024;
     cfg->write_buf_size = 128 * 1024;
     cfg->max_header_size = CB_HTTP_MAX_HEADER_BYTES;
@@ -142,7 +152,7 @@ cb_conn *cb_netloop_conn(cb_netloop *loop, cb_conn_id id)
 {
     uint32_t slot = (uint32_t)(id & 0xffffffffu), gen = (uint32_t)(id >> 32);
     cb_conn *c;
-    if (slot >= (uint32_t)loop->cfg.max_conns)
+    if (slot >= (uint32_t)loop->n_conns)
         return NULL;
     c = &loop->conns[slot];
     return (c->state != ST_FREE && c->gen == gen) ? c : NULL;
@@ -157,13 +167,13 @@ int cb_netloop_port(const cb_netloop *loop) { return loop->port; }
 
 int cb_netloop_active(const cb_netloop *loop)
 {
-    return loop->cfg.max_conns - loop->n_free;
+    return loop->n_conns - loop->n_free;
 }
 
 int cb_netloop_unsent(const cb_netloop *loop)
 {
     int i, n = 0;
-    for (i = 0; i < loop->cfg.max_conns; i++) {
+    for (i = 0; i < loop->n_conns; i++) {
         const cb_conn *c = &loop->conns[i];
         n += c->state != ST_FREE && (c->wpos < c->wlen || c->state == ST_SENDING);
     }
@@ -198,6 +208,8 @@ static void conn_close(cb_netloop *loop, cb_conn *c, int notify, const char *why
     c->sock = CB_SOCK_INVALID;
     release_large(loop, c);
     c->state = ST_FREE;
+    if (!c->spare)
+        loop->n_main--;
     c->gen++;
     if (c->gen == 0) /* keep handles non-zero after wrapping */
         c->gen = 1;
@@ -519,13 +531,57 @@ void cb_conn_close(cb_conn *c)
 /* ---- the state machine (loop side) ---- */
 
 /* Refuses the request with an OpenAI-shaped error and closes afterwards. */
-static void fail_request(cb_conn *c, int status, const char *message)
+static void fail_request_with(cb_conn *c, int status, const char *message, const char *extra_headers)
 {
+    char body[512];
+    size_t n = error_json(body, sizeof body, status, NULL, message);
     loop_log(c->loop, "conn %u: %d %s", c->slot, status, message);
     c->keep_alive = 0;
     c->state = ST_WAIT_APP;
-    if (cb_conn_respond_error(c, status, NULL, message) != CB_CONN_OK)
+    if (n == 0 || cb_conn_respond(c, status, "application/json", body, n, extra_headers) != CB_CONN_OK)
         c->broken = 1;
+}
+
+static void fail_request(cb_conn *c, int status, const char *message)
+{
+    fail_request_with(c, status, message, NULL);
+}
+
+/* A request only partly here when its time ran out: say so, then close. */
+static void time_out_request(cb_netloop *loop, cb_conn *c)
+{
+    char msg[128];
+    release_large(loop, c);
+    snprintf(msg, sizeof msg, "the request did not arrive in full within %d ms",
+             loop->cfg.request_timeout_ms);
+    fail_request(c, 408, msg);
+}
+
+/* Not a byte of a request has arrived (a new or a kept-alive connection). */
+static int conn_quiet(const cb_conn *c)
+{
+    return c->state == ST_READ_HEAD && c->rlen == 0;
+}
+
+/* 400 naming what the parser found wrong. */
+static void fail_malformed(cb_conn *c)
+{
+    char msg[192];
+    snprintf(msg, sizeof msg, "malformed HTTP request: %s",
+             c->req.error != NULL ? c->req.error : "bad request head");
+    fail_request(c, 400, msg);
+}
+
+/* 431 naming which limit: the field count (the head is shorter than the
+ * byte limit) or the byte limit. */
+static void fail_head_too_large(cb_netloop *loop, cb_conn *c)
+{
+    char msg[96];
+    if (c->rlen < loop->cfg.max_header_size)
+        snprintf(msg, sizeof msg, "more than %d header fields", CB_HTTP_MAX_HEADERS);
+    else
+        snprintf(msg, sizeof msg, "request head over the limit of %zu bytes", loop->cfg.max_header_size);
+    fail_request(c, 431, msg);
 }
 
 /* The head is parsed (head_len bytes): check the framing, find room for
@@ -541,6 +597,17 @@ static void start_request(cb_netloop *loop, cb_conn *c, size_t head_len)
     c->minor_version = (uint8_t)req->minor_version;
     c->head_only = (uint8_t)cb_http_method_is(req, "HEAD");
     c->large = -1;
+
+    if (c->spare) {
+        /* Every regular slot is busy: only the spare path is served here. */
+        if (loop->cfg.spare_path == NULL || !cb_http_path_is(req, loop->cfg.spare_path) ||
+            !(cb_http_method_is(req, "GET") || c->head_only)) {
+            fail_request_with(c, 503, "server busy: every connection is in use; retry shortly",
+                              "Retry-After: 1\r\n");
+            return;
+        }
+        c->keep_alive = 0;
+    }
 
     if (req->has_transfer_encoding) {
         /* Both framings at once is how requests get smuggled. */
@@ -621,6 +688,7 @@ static void finish_exchange(cb_netloop *loop, cb_conn *c)
     c->head_only = 0;
     c->state = ST_READ_HEAD;
     c->idle = c->rlen == 0;
+    c->quiet_since = ++loop->quiet_seq;
     c->deadline_ms = deadline_after(loop, c->idle ? loop->cfg.idle_timeout_ms
                                                   : loop->cfg.request_timeout_ms);
 }
@@ -670,9 +738,11 @@ static void conn_advance(cb_netloop *loop, cb_conn *c)
             if (r == CB_HTTP_INCOMPLETE)
                 c->scanned = c->rlen;
             else if (r == CB_HTTP_BAD)
-                fail_request(c, 400, "malformed HTTP request");
+                fail_malformed(c);
             else if (r == CB_HTTP_TOO_LARGE)
-                fail_request(c, 431, "request header fields too large");
+                fail_head_too_large(loop, c);
+            else if (r == CB_HTTP_VERSION)
+                fail_request(c, 505, "HTTP version not supported: send HTTP/1.1 or HTTP/1.0");
             else
                 start_request(loop, c, (size_t)r);
             continue;
@@ -783,7 +853,28 @@ static uint64_t conn_deadline(const cb_netloop *loop, const cb_conn *c)
     return 0;
 }
 
-/* Every slot is taken: answer 503 at once and hang up. */
+/* The table is full: close the connection that has been quiet longest
+ * (no byte of a request) to make room. 0 when every one is busy. A new
+ * connection gets FRESH_MS to start its request first: in a burst of
+ * clients, the early ones are not dropped before they could send (the
+ * late ones get a spare entry's 503 instead). */
+static int reclaim_quiet(cb_netloop *loop)
+{
+    cb_conn *oldest = NULL;
+    int i;
+    for (i = 0; i < loop->n_conns; i++) {
+        cb_conn *c = &loop->conns[i];
+        if (!c->spare && conn_quiet(c) && (c->idle || loop->now - c->opened_ms >= FRESH_MS) &&
+            (oldest == NULL || c->quiet_since < oldest->quiet_since))
+            oldest = c;
+    }
+    if (oldest == NULL)
+        return 0;
+    conn_close(loop, oldest, 1, "idle, its slot went to a new connection");
+    return 1;
+}
+
+/* Every slot and spare entry is taken: answer 503 at once and hang up. */
 static void refuse_busy(cb_netloop *loop, cb_sock s)
 {
     char discard[4096];
@@ -794,7 +885,8 @@ static void refuse_busy(cb_netloop *loop, cb_sock s)
     cb_net_send(s, loop->busy_reply, loop->busy_reply_len);
     cb_net_shutdown_write(s);
     cb_net_close(s);
-    loop_log(loop, "connection refused: all %d slots busy", loop->cfg.max_conns);
+    loop_log(loop, "connection refused: all %d slots and %d spare entries busy", loop->cfg.max_conns,
+             loop->cfg.spare_conns);
 }
 
 static void accept_clients(cb_netloop *loop)
@@ -803,18 +895,24 @@ static void accept_clients(cb_netloop *loop)
     for (k = 0; k < ACCEPTS_PER_ROUND; k++) {
         cb_sock s;
         cb_conn *c;
-        int r = cb_net_accept(loop->listener, &s);
+        int spare, r = cb_net_accept(loop->listener, &s);
         if (r == CB_NET_AGAIN)
             return;
         if (r != 0) {
             loop_log(loop, "accept failed");
             return;
         }
+        spare = loop->n_main >= loop->cfg.max_conns && !reclaim_quiet(loop);
         if (loop->n_free == 0) {
             refuse_busy(loop, s);
             continue;
         }
         c = &loop->conns[loop->free_slots[--loop->n_free]];
+        c->spare = (uint8_t)spare;
+        if (!spare)
+            loop->n_main++;
+        c->quiet_since = ++loop->quiet_seq;
+        c->opened_ms = loop->now;
         c->sock = s;
         c->state = ST_READ_HEAD;
         c->interest = CB_POLL_READ;
@@ -830,10 +928,12 @@ static void accept_clients(cb_netloop *loop)
             cb_net_close(s);
             c->sock = CB_SOCK_INVALID;
             c->state = ST_FREE;
+            if (!spare)
+                loop->n_main--;
             loop->free_slots[loop->n_free++] = c->slot;
             continue;
         }
-        loop_log(loop, "conn %u opened", c->slot);
+        loop_log(loop, spare ? "conn %u opened on a spare entry" : "conn %u opened", c->slot);
     }
 }
 
@@ -843,7 +943,7 @@ int cb_netloop_poll(cb_netloop *loop, int timeout_ms)
     int urgent = 0, wait_ms = timeout_ms, n, i;
 
     loop->now = cb_net_now_ms();
-    for (i = 0; i < loop->cfg.max_conns; i++) {
+    for (i = 0; i < loop->n_conns; i++) {
         cb_conn *c = &loop->conns[i];
         uint64_t dl;
         if (c->state != ST_FREE && c->needs_service)
@@ -852,6 +952,15 @@ int cb_netloop_poll(cb_netloop *loop, int timeout_ms)
             continue;
         dl = conn_deadline(loop, c);
         if (dl != 0 && dl <= loop->now) {
+            /* RFC 9110 15.5.9: a request cut short gets 408; a quiet
+             * connection may simply be closed. */
+            if ((c->state == ST_READ_HEAD && c->rlen > 0) || c->state == ST_READ_BODY) {
+                time_out_request(loop, c);
+                conn_advance(loop, c);
+                if (c->state != ST_FREE)
+                    urgent |= c->needs_service;
+                continue;
+            }
             conn_close(loop, c, 1, "time limit");
             continue;
         }
@@ -922,15 +1031,16 @@ cb_netloop *cb_netloop_create(const cb_netloop_config *cfg, char *err, size_t er
     int n_large = 0, i;
 
     if (cfg->on_request == NULL || cfg->max_conns < 1 || cfg->max_conns > (1 << 20) ||
+        cfg->spare_conns < 0 || cfg->spare_conns > (1 << 10) ||
         cfg->read_buf_size < 1024 || cfg->write_buf_size < 1024 ||
         cfg->max_header_size < 64 || cfg->max_header_size > cfg->read_buf_size ||
         cfg->large_body_buffers < 0) {
         snprintf(err, err_len,
-                 "invalid network configuration (need on_request, 1 <= max_conns, buffers >= 1 KiB, "
-                 "64 <= max_header_size <= read_buf_size)");
+                 "invalid network configuration (need on_request, 1 <= max_conns, 0 <= spare_conns <= 1024, "
+                 "buffers >= 1 KiB, 64 <= max_header_size <= read_buf_size)");
         return NULL;
     }
-    n_conns = (size_t)cfg->max_conns;
+    n_conns = (size_t)cfg->max_conns + (size_t)cfg->spare_conns;
     /* Bodies that fit after any head never need a large buffer. */
     if (cfg->max_header_size + cfg->max_body_size > cfg->read_buf_size)
         n_large = cfg->large_body_buffers;
@@ -949,7 +1059,8 @@ cb_netloop *cb_netloop_create(const cb_netloop_config *cfg, char *err, size_t er
     loop->cfg = *cfg;
     loop->listener = CB_SOCK_INVALID;
     loop->n_large = n_large;
-    loop->max_events = cfg->max_conns + 1;
+    loop->n_conns = (int)n_conns;
+    loop->max_events = loop->n_conns + 1;
     loop->conns = calloc(n_conns, sizeof *loop->conns);
     loop->free_slots = calloc(n_conns, sizeof *loop->free_slots);
     loop->events = calloc((size_t)loop->max_events, sizeof *loop->events);
@@ -966,7 +1077,7 @@ cb_netloop *cb_netloop_create(const cb_netloop_config *cfg, char *err, size_t er
         cb_netloop_destroy(loop);
         return NULL;
     }
-    for (i = 0; i < cfg->max_conns; i++) {
+    for (i = 0; i < loop->n_conns; i++) {
         cb_conn *c = &loop->conns[i];
         c->loop = loop;
         c->sock = CB_SOCK_INVALID;
@@ -976,9 +1087,9 @@ cb_netloop *cb_netloop_create(const cb_netloop_config *cfg, char *err, size_t er
         c->large = -1;
         c->rbuf = loop->read_slab + (size_t)i * cfg->read_buf_size;
         c->wbuf = loop->write_slab + (size_t)i * cfg->write_buf_size;
-        loop->free_slots[i] = (uint32_t)(cfg->max_conns - 1 - i); /* slot 0 first */
+        loop->free_slots[i] = (uint32_t)(loop->n_conns - 1 - i); /* slot 0 first */
     }
-    loop->n_free = cfg->max_conns;
+    loop->n_free = loop->n_conns;
     for (i = 0; i < n_large; i++)
         loop->free_large[i] = i;
     loop->n_free_large = n_large;
@@ -1001,8 +1112,8 @@ cb_netloop *cb_netloop_create(const cb_netloop_config *cfg, char *err, size_t er
         cb_netloop_destroy(loop);
         return NULL;
     }
-    loop_log(loop, "listening on %s:%d, %d connections, %zu MiB of buffers",
-             cfg->host ? cfg->host : "0.0.0.0", loop->port, cfg->max_conns,
+    loop_log(loop, "listening on %s:%d, %d connections + %d spare, %zu MiB of buffers",
+             cfg->host ? cfg->host : "0.0.0.0", loop->port, cfg->max_conns, cfg->spare_conns,
              (read_bytes + write_bytes + large_bytes) >> 20);
     return loop;
 }
@@ -1013,7 +1124,7 @@ void cb_netloop_destroy(cb_netloop *loop)
     if (loop == NULL)
         return;
     if (loop->conns != NULL) {
-        for (i = 0; i < loop->cfg.max_conns; i++) {
+        for (i = 0; i < loop->n_conns; i++) {
             cb_conn *c = &loop->conns[i];
             if (c->state != ST_FREE && loop->free_slots != NULL)
                 conn_close(loop, c, 0, NULL);

@@ -15,8 +15,16 @@
  *                                    the read buffer borrows one of these
  *                                    while it arrives and gives it back when
  *                                    on_request() returns. None free: 503.
- * Total = max_conns * (read_buf_size + write_buf_size)
+ * Total = (max_conns + spare_conns) * (read_buf_size + write_buf_size)
  *       + large_body_buffers * max_body_size.
+ *
+ * A full table: a new client first takes the place of the longest-idle
+ * connection that has no byte of a request (kept alive, or opened over a
+ * second ago and silent), which is closed. When every connection is busy, the client gets
+ * one of spare_conns spare entries: there a request for spare_path (GET or
+ * HEAD, e.g. /health) is served and any other gets 503 with Retry-After,
+ * and the connection is closed after the answer. With the spares taken too,
+ * the client gets 503 at once.
  *
  * Requests on one connection are handled one at a time: the next pipelined
  * request is parsed only after the previous response has been sent.
@@ -29,7 +37,9 @@
  * request_timeout_ms of its first byte (of the connection's opening for a
  * new one); a kept-alive connection may wait idle_timeout_ms for the next
  * request; pending response bytes must make progress every
- * write_timeout_ms. Past a limit the connection is closed without reply. */
+ * write_timeout_ms. A request only partly received when its time is up is
+ * answered 408 and the connection closed; an idle connection (no byte of a
+ * request) and a stalled writer are closed without reply. */
 #ifndef CB_NETLOOP_H
 #define CB_NETLOOP_H
 
@@ -59,7 +69,10 @@ typedef struct {
     const char *host;         /* see cb_net_listen(); default "127.0.0.1" */
     int port;                 /* 0: any free port; default 8080 */
     int backlog;              /* default 128 */
-    int max_conns;            /* slots; one more client gets 503. default 64 */
+    int max_conns;            /* connection slots; default 256 */
+    int spare_conns;          /* entries past max_conns for clients of a
+                                 full table (see above); default 8 */
+    const char *spare_path;   /* the path a spare entry serves; NULL: none */
     size_t read_buf_size;     /* per connection; default 64 KiB */
     size_t write_buf_size;    /* per connection; default 128 KiB */
     size_t max_header_size;   /* <= read_buf_size; default 16 KiB, over: 431 */
@@ -84,7 +97,7 @@ void cb_netloop_destroy(cb_netloop *loop);
 
 /* The bound port (the one picked when the configured port was 0). */
 int cb_netloop_port(const cb_netloop *loop);
-/* Open connections. */
+/* Open connections (spare entries included). */
 int cb_netloop_active(const cb_netloop *loop);
 /* Connections with response bytes not yet sent (for a graceful exit). */
 int cb_netloop_unsent(const cb_netloop *loop);

@@ -159,15 +159,33 @@ static int parse_messages(reader *r, int *n_out) {
     return 0;
 }
 
+/* A prompt of n tokens must leave room for one generated token. */
+static int check_prompt_length(reader *r, int n, int ctx) {
+    if (n <= ctx - 1) return 0;
+    return fail(r, "the prompt is %d tokens (context_length %d, so at most %d prompt tokens)", n, ctx, ctx - 1);
+}
+
+/* The text side of a request on a model converted without a tokenizer. */
+static int no_tokenizer(reader *r, const char *what) {
+    if (cb_engine_tokenizer(r->a->engine)->kind != CB_TOKENIZER_NONE) return 0;
+    return fail(r, "%s needs a tokenizer, and this model was converted without one: send token ids to "
+                   "/v1/completions ('prompt': [ids])", what);
+}
+
 static int read_messages(reader *r, cb_request *q, int ctx) {
     cb_app *a = r->a;
     int n_messages, status;
     if ((status = parse_messages(r, &n_messages))) return status;
+    if ((status = no_tokenizer(r, "/v1/chat/completions"))) return status;
     char err[256];
-    /* Leave room for at least one generated token. */
+    /* Formatted into a->ids, which holds any prompt the body can make, so a
+     * failure is about the messages (role, template) and the length check
+     * below can give the real count. */
     int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, n_messages, a->text, a->text_cap,
-                           q->prompt, ctx - 1, err, sizeof err);
-    if (n < 0) return fail(r, "%s (context_length %d, so at most %d prompt tokens)", err, ctx, ctx - 1);
+                           a->ids, (int)a->scratch_cap, err, sizeof err);
+    if (n < 0) return fail(r, "%s", err);
+    if ((status = check_prompt_length(r, n, ctx))) return status;
+    memcpy(q->prompt, a->ids, (size_t)n * sizeof *q->prompt);
     q->n_prompt = n;
     return 0;
 }
@@ -178,22 +196,28 @@ static int read_prompt(reader *r, cb_request *q, int ctx) {
     int v = cb_json_find(r->body, t, 0, "prompt");
     if (v < 0) return fail(r, "'prompt' is required");
     if (t[v].type == CB_JSON_STRING) {
-        /* BOS, then the text, as a plain completion would start. */
-        q->prompt[0] = (int32_t)tok->info.bos_id;
+        int status = no_tokenizer(r, "a text 'prompt'");
+        if (status) return status;
         int n = cb_json_unescape(r->body, &t[v], r->a->scratch, r->a->scratch_cap);
         if (n < 0) return fail(r, "'prompt' holds an invalid string");
-        int got = cb_tokenize(tok, r->a->scratch, (size_t)n, q->prompt + 1, ctx - 2);
-        if (got < 0)
-            return fail(r, "the prompt is longer than %d tokens (context_length %d, so at most %d prompt tokens)",
-                        ctx - 1, ctx, ctx - 1);
+        /* Into a->ids, which holds any prompt the body can make: a failure
+         * names its own cause, and a long prompt its real length. */
+        char err[256];
+        int got = cb_tokenize_ex(tok, r->a->scratch, (size_t)n, 1, r->a->ids, (int)r->a->scratch_cap, err,
+                                 sizeof err);
+        if (got < 0) return fail(r, "'prompt': %s", err);
+        if ((status = check_prompt_length(r, got + 1, ctx))) return status;
+        /* BOS, then the text, as a plain completion would start. */
+        q->prompt[0] = (int32_t)tok->info.bos_id;
+        memcpy(q->prompt + 1, r->a->ids, (size_t)got * sizeof *q->prompt);
         q->n_prompt = got + 1;
         return 0;
     }
     if (t[v].type != CB_JSON_ARRAY) return fail(r, "'prompt' must be a string or an array of token ids");
     const int n = t[v].size;
     if (n == 0) return fail(r, "'prompt' must not be empty");
-    if (n > ctx - 1)
-        return fail(r, "the prompt is %d tokens (context_length %d, so at most %d prompt tokens)", n, ctx, ctx - 1);
+    int status = check_prompt_length(r, n, ctx);
+    if (status) return status;
     for (int i = 0, e = v + 1; i < n; i++, e = t[e].next) {
         int64_t id;
         if (cb_json_get_int64(r->body, &t[e], &id) != 0 || id < 0 || id >= (int64_t)r->a->dims->vocab)

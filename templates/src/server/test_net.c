@@ -119,6 +119,15 @@ static void test_http_good(void)
     CHECK(parse_s("GET / HTTP/1.1\r\nX-Empty:\r\nX-Tab:\ta\tb\t\r\n\r\n", &req) > 0 &&
           req.headers[0].value_len == 0 && span_is(req.headers[1].value, req.headers[1].value_len, "a\tb"));
     CHECK(parse_s("GET / HTTP/1.1\r\nX-Utf8: caf\xc3\xa9\r\n\r\n", &req) > 0);
+    /* Absolute-form targets (RFC 9112 3.2.2) route like their path. */
+    CHECK(parse_s("GET http://127.0.0.1:8080/health HTTP/1.1\r\n\r\n", &req) > 0 &&
+          span_is(req.path, req.path_len, "/health") && cb_http_path_is(&req, "/health"));
+    CHECK(parse_s("GET HTTPS://h/v1/models?x=1 HTTP/1.1\r\n\r\n", &req) > 0 &&
+          span_is(req.path, req.path_len, "/v1/models?x=1"));
+    CHECK(parse_s("GET http://h:1 HTTP/1.1\r\n\r\n", &req) > 0 && span_is(req.path, req.path_len, "/"));
+    CHECK(parse_s("GET http://h?q=1 HTTP/1.1\r\n\r\n", &req) > 0 && span_is(req.path, req.path_len, "/"));
+    CHECK(parse_s("GET httpx://h/a HTTP/1.1\r\n\r\n", &req) > 0 &&
+          span_is(req.path, req.path_len, "httpx://h/a"));
     CHECK(parse_s("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", &req) > 0 &&
           req.content_length == 5);
     CHECK(parse_s("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", &req) > 0 && req.content_length == 0);
@@ -159,45 +168,55 @@ static void test_http_bad(void)
     static const struct {
         const char *s;
         size_t n;
+        const char *why; /* in the parser's reason */
     } bad[] = {
-        {LIT("GET / HTTP/1.1\r\nHost\r\n\r\n")},
-        {LIT("GET  / HTTP/1.1\r\n\r\n")},
-        {LIT(" GET / HTTP/1.1\r\n\r\n")},
-        {LIT("GET / HTTP/2.0\r\n\r\n")},
-        {LIT("GET / HTTP/1.2\r\n\r\n")},
-        {LIT("GET / http/1.1\r\n\r\n")},
-        {LIT("GET /\x01 HTTP/1.1\r\n\r\n")},
-        {LIT("G\0T / HTTP/1.1\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\x01" "b\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\x7f\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\0b\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\nHost: x\n\n")},
-        {LIT("GET / HTTP/1.1\r\nHost: x\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nHost : x\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nX: a\r\n continued\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\n: x\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 12a\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: +1\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length:\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 1, 1\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 9223372036854775808\r\n\r\n")},
-        {LIT("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n")},
-        {LIT("GET / HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n")},
-        {LIT("GET /caf\xc3\xa9 HTTP/1.1\r\n\r\n")},
-        {LIT("GET /\x01")},  /* rejected before the head is complete */
-        {LIT("GE\r\n")},
+        {LIT("GET / HTTP/1.1\r\nHost\r\n\r\n"), "a header line without a colon"},
+        {LIT("GET  / HTTP/1.1\r\n\r\n"), "more than one space after the method"},
+        {LIT(" GET / HTTP/1.1\r\n\r\n"), "the request line is not"},
+        {LIT("GET / HTTP/1\r\n\r\n"), "the HTTP version is not"},
+        {LIT("GET / HTTP/1.10\r\n\r\n"), "does not end in CRLF after the version"},
+        {LIT("GET / HTTP/x.1\r\n\r\n"), "the HTTP version is not"},
+        {LIT("GET / http/1.1\r\n\r\n"), "does not end in an HTTP version"},
+        {LIT("GET /\x01 HTTP/1.1\r\n\r\n"), "control or non-ASCII byte"},
+        {LIT("G\0T / HTTP/1.1\r\n\r\n"), "the request line is not"},
+        {LIT("GET / HTTP/1.1\r\nX: a\x01" "b\r\n\r\n"), "control character"},
+        {LIT("GET / HTTP/1.1\r\nX: a\x7f\r\n\r\n"), "control character"},
+        {LIT("GET / HTTP/1.1\r\nX: a\0b\r\n\r\n"), "control character"},
+        {LIT("GET / HTTP/1.1\nHost: x\n\n"), "bare LF"},
+        {LIT("GET / HTTP/1.1\r\nHost: x\n\r\n"), "bare LF"},
+        {LIT("GET / HTTP/1.1\r\r\n\r\n"), "CR not followed by LF"},
+        {LIT("GET / HTTP/1.1\r\nHost : x\r\n\r\n"), "a blank between a header name and its colon"},
+        {LIT("GET / HTTP/1.1\r\nX: a\r\n continued\r\n\r\n"), "obsolete line folding"},
+        {LIT("GET / HTTP/1.1\r\n: x\r\n\r\n"), "no name before its colon"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 12a\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: +1\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length:\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 1, 1\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 9223372036854775808\r\n\r\n"), "Content-Length is not a decimal"},
+        {LIT("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"), "two different Content-Length"},
+        {LIT("GET / HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n"), "two Authorization fields"},
+        {LIT("GET /caf\xc3\xa9 HTTP/1.1\r\n\r\n"), "control or non-ASCII byte"},
+        {LIT("GET /\x01"), "control or non-ASCII byte"},  /* rejected before the head is complete */
+        {LIT("GE\r\n"), "the request line is not"},
     };
     size_t k;
     cb_http_request req;
     for (k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         int r = parse_n(bad[k].s, bad[k].n, &req);
-        if (r != CB_HTTP_BAD)
-            fprintf(stderr, "  bad request %zu: got %d\n", k, r);
+        if (r != CB_HTTP_BAD || req.error == NULL || strstr(req.error, bad[k].why) == NULL)
+            fprintf(stderr, "  bad request %zu: got %d (%s)\n", k, r, req.error ? req.error : "no reason");
         CHECK(r == CB_HTTP_BAD);
+        CHECK(req.error != NULL && strstr(req.error, bad[k].why) != NULL);
     }
+    /* Another major version is not malformed: 505, not 400. A later 1.x
+     * is read as 1.1 (RFC 9110 2.5). */
+    CHECK(parse_s("GET / HTTP/2.0\r\n\r\n", &req) == CB_HTTP_VERSION);
+    CHECK(parse_s("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", &req) == CB_HTTP_VERSION);
+    CHECK(parse_s("GET / HTTP/1.2\r\n\r\n", &req) > 0 && req.minor_version == 1 && req.keep_alive == 1);
+    CHECK(parse_s("GET / HTTP/2.0\r\n", &req) == CB_HTTP_VERSION); /* known once the line is */
+    CHECK(parse_s("GET / HTTP/2.0", &req) == CB_HTTP_INCOMPLETE);
     CHECK(parse_s("GET / HTTP/1.1", &req) == CB_HTTP_INCOMPLETE);
     CHECK(parse_s("", &req) == CB_HTTP_INCOMPLETE);
 }
@@ -967,7 +986,7 @@ static int is_openai_error(const response *r, const char *type)
            c > 0 && toks[c].type == CB_JSON_NULL;
 }
 
-static client cl_a, cl_b, cl_s; /* big buffers: keep them off the stack */
+static client cl_a, cl_b, cl_c, cl_s; /* big buffers: keep them off the stack */
 static response resp;
 
 static void test_loop_basic(int port)
@@ -1069,9 +1088,31 @@ static void test_loop_errors(int port)
 
     /* Malformed: 400. */
     CHECK(client_open(&cl_a, port) == 0);
-    client_sends(&cl_a, "GET / HTTP/9.9\r\n\r\n");
+    client_sends(&cl_a, "GET / HTTP/x.9\r\n\r\n");
     CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 400 &&
-          is_openai_error(&resp, "invalid_request_error"));
+          is_openai_error(&resp, "invalid_request_error") &&
+          strstr(resp.body, "malformed HTTP request: the HTTP version is not") != NULL);
+    client_close(&cl_a);
+
+    /* Another HTTP version: 505 saying so. */
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET / HTTP/9.9\r\n\r\n");
+    CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 505 &&
+          is_openai_error(&resp, "server_error") && strstr(resp.body, "HTTP version not supported") != NULL);
+    client_close(&cl_a);
+
+    /* More header fields than the parser holds: 431 naming the count. */
+    CHECK(client_open(&cl_a, port) == 0);
+    {
+        char many[2048] = "GET / HTTP/1.1\r\n";
+        int k;
+        for (k = 0; k < CB_HTTP_MAX_HEADERS + 1; k++)
+            strcat(many, "X: y\r\n");
+        strcat(many, "\r\n");
+        client_sends(&cl_a, many);
+    }
+    CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 431 &&
+          strstr(resp.body, "more than 32 header fields") != NULL);
     client_close(&cl_a);
 
     /* Head over max_header_size (1024 here): 431. */
@@ -1080,7 +1121,8 @@ static void test_loop_errors(int port)
     memcpy(big, "GET / HTTP/1.1\r\nX: ", 19);
     client_send(&cl_a, big, sizeof big);
     CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 431 &&
-          is_openai_error(&resp, "invalid_request_error"));
+          is_openai_error(&resp, "invalid_request_error") &&
+          strstr(resp.body, "over the limit of 1024 bytes") != NULL);
     client_close(&cl_a);
 
     /* Chunked request bodies are refused with 411. */
@@ -1102,16 +1144,19 @@ static void test_loop_slow_client(int port)
     const char *slow = "GET /slow HTTP/1.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     uint64_t t0, dropped_after = 0;
     size_t k;
-    int served = 0, dropped = 0;
+    int served = 0, dropped = 0, timed_out = 0;
 
     CHECK(client_open(&cl_s, port) == 0);
     t0 = now_ms();
     for (k = 0; slow[k] != '\0'; k++) {
         struct pollfd p = {cl_s.fd, POLLIN, 0};
-        if (send(cl_s.fd, slow + k, 1, MSG_NOSIGNAL) != 1 ||
-            (poll(&p, 1, 0) == 1 && client_closed_within(&cl_s, 1))) {
-            dropped = 1;
+        if (send(cl_s.fd, slow + k, 1, MSG_NOSIGNAL) != 1 || poll(&p, 1, 0) == 1) {
+            /* Cut off mid-head: told so with 408, then closed. */
             dropped_after = now_ms() - t0;
+            timed_out = client_response(&cl_s, &resp, 0) == 0 && resp.status == 408 &&
+                        is_openai_error(&resp, "invalid_request_error") &&
+                        strncmp(head_value(&resp, "connection"), "close", 5) == 0;
+            dropped = client_closed_within(&cl_s, 1500);
             break;
         }
         if (k == 3) {
@@ -1128,14 +1173,23 @@ static void test_loop_slow_client(int port)
         dropped_after = now_ms() - t0;
     }
     CHECK(served);
+    CHECK(timed_out);
     CHECK(dropped);
     CHECK(dropped_after >= 250 && dropped_after < 1500);
     if (!(dropped_after >= 250 && dropped_after < 1500))
         fprintf(stderr, "  slow client dropped after %llu ms\n", (unsigned long long)dropped_after);
     client_close(&cl_s);
 
-    /* A client that connects and sends nothing is dropped too. */
+    /* A client that connects and sends nothing is dropped too, silently. */
     CHECK(client_open(&cl_s, port) == 0);
+    CHECK(client_closed_within(&cl_s, 1500));
+    client_close(&cl_s);
+
+    /* A body that stops arriving: 408, then closed. */
+    CHECK(client_open(&cl_s, port) == 0);
+    client_sends(&cl_s, "POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\n1234");
+    CHECK(client_response(&cl_s, &resp, 0) == 0 && resp.status == 408 &&
+          strstr(resp.body, "300 ms") != NULL);
     CHECK(client_closed_within(&cl_s, 1500));
     client_close(&cl_s);
 }
@@ -1231,7 +1285,17 @@ static void test_loop_disconnect(echo_app *app, int port)
     CHECK(atomic_load(&app->never_closed));
 }
 
-/* One slot only, polled from this thread: the second client gets 503. */
+static void poll_rounds(cb_netloop *loop, int n)
+{
+    int i;
+    for (i = 0; i < n; i++)
+        cb_netloop_poll(loop, 10);
+}
+
+/* One slot and one spare entry, polled from this thread. A full table
+ * gives a quiet connection's slot to a new client; with every slot busy,
+ * the spare entry serves the spare path (health) and answers anything else
+ * 503 with Retry-After; with the spare taken too, 503 at once. */
 static void test_loop_table_full(void)
 {
     cb_netloop_config cfg;
@@ -1244,6 +1308,8 @@ static void test_loop_table_full(void)
     cb_netloop_config_init(&cfg);
     cfg.port = 0;
     cfg.max_conns = 1;
+    cfg.spare_conns = 1;
+    cfg.spare_path = "/health";
     cfg.app = &app;
     cfg.on_request = echo_on_request;
     cfg.on_close = echo_on_close;
@@ -1252,27 +1318,115 @@ static void test_loop_table_full(void)
     if (loop == NULL)
         return;
     port = cb_netloop_port(loop);
-    CHECK(client_open(&cl_a, port) == 0);
-    for (i = 0; i < 5; i++)
-        cb_netloop_poll(loop, 10);
-    CHECK(cb_netloop_active(loop) == 1);
-    CHECK(client_open(&cl_b, port) == 0);
-    for (i = 0; i < 5; i++)
-        cb_netloop_poll(loop, 10);
-    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503 &&
-          is_openai_error(&resp, "server_error"));
-    client_close(&cl_b);
 
-    /* The held slot still works. */
-    client_sends(&cl_a, "GET /x HTTP/1.1\r\n\r\n");
-    for (i = 0; i < 5; i++)
-        cb_netloop_poll(loop, 10);
+    /* A is busy: half its request head is in. */
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET /x HTTP/1.1\r\n");
+    poll_rounds(loop, 5);
+    CHECK(cb_netloop_active(loop) == 1);
+
+    /* B lands on the spare entry: not the spare path, so 503 and closed. */
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /other HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503 &&
+          is_openai_error(&resp, "server_error") && head_value(&resp, "retry-after") != NULL &&
+          strncmp(head_value(&resp, "connection"), "close", 5) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_closed_within(&cl_b, 500));
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+
+    /* The spare path is served on the spare entry (GET and HEAD alike). */
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /health HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 200 && body_is(&resp, "path=/health") &&
+          strncmp(head_value(&resp, "connection"), "close", 5) == 0);
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "HEAD /health HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 1) == 0 && resp.status == 200);
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+
+    /* Slot and spare both taken (B is busy too): 503 at once. */
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /y HTTP/1.1\r\n");
+    poll_rounds(loop, 5);
+    CHECK(cb_netloop_active(loop) == 2);
+    CHECK(client_open(&cl_c, port) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_c, &resp, 0) == 0 && resp.status == 503 &&
+          is_openai_error(&resp, "server_error"));
+    client_close(&cl_c);
+    client_close(&cl_b);
+    poll_rounds(loop, 5);
+
+    /* A's request completes: A now idles, kept alive. */
+    client_sends(&cl_a, "\r\n");
+    poll_rounds(loop, 5);
     CHECK(client_response(&cl_a, &resp, 0) == 0 && body_is(&resp, "path=/x"));
+    CHECK(cb_netloop_active(loop) == 1);
+
+    /* C takes A's slot: A is closed, C is served on a regular slot and
+     * kept alive. */
+    CHECK(client_open(&cl_c, port) == 0);
+    client_sends(&cl_c, "GET /z HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_closed_within(&cl_a, 500));
+    CHECK(client_response(&cl_c, &resp, 0) == 0 && body_is(&resp, "path=/z") &&
+          strncmp(head_value(&resp, "connection"), "keep-alive", 10) == 0);
     client_close(&cl_a);
+    client_close(&cl_c);
     for (i = 0; i < 20 && cb_netloop_active(loop) > 0; i++)
         cb_netloop_poll(loop, 10);
     CHECK(cb_netloop_active(loop) == 0);
-    CHECK(atomic_load(&app.closes) == 1);
+    cb_netloop_destroy(loop);
+
+    /* A new connection's slot is not given away before it had a second
+     * to send its request; after that it is. */
+    cfg.spare_conns = 1;
+    loop = cb_netloop_create(&cfg, err, sizeof err);
+    CHECK(loop != NULL);
+    if (loop == NULL)
+        return;
+    port = cb_netloop_port(loop);
+    CHECK(client_open(&cl_a, port) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_open(&cl_b, port) == 0);
+    client_sends(&cl_b, "GET /x HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503);
+    client_close(&cl_b);
+    poll_rounds(loop, 110); /* > 1 s */
+    CHECK(client_open(&cl_c, port) == 0);
+    client_sends(&cl_c, "GET /x HTTP/1.1\r\n\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_closed_within(&cl_a, 500));
+    CHECK(client_response(&cl_c, &resp, 0) == 0 && body_is(&resp, "path=/x"));
+    client_close(&cl_a);
+    client_close(&cl_c);
+    cb_netloop_destroy(loop);
+
+    /* No spare entries: a full, busy table answers 503 at once. */
+    cfg.spare_conns = 0;
+    loop = cb_netloop_create(&cfg, err, sizeof err);
+    CHECK(loop != NULL);
+    if (loop == NULL)
+        return;
+    port = cb_netloop_port(loop);
+    CHECK(client_open(&cl_a, port) == 0);
+    client_sends(&cl_a, "GET /x HTTP/1.1\r\n");
+    poll_rounds(loop, 5);
+    CHECK(client_open(&cl_b, port) == 0);
+    poll_rounds(loop, 5);
+    CHECK(client_response(&cl_b, &resp, 0) == 0 && resp.status == 503 &&
+          is_openai_error(&resp, "server_error"));
+    client_close(&cl_b);
+    client_close(&cl_a);
     cb_netloop_destroy(loop);
 }
 
