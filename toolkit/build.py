@@ -16,6 +16,7 @@ from pathlib import Path
 from . import __version__, config as config_mod, toolchain
 from .render import RenderInputs, render_tree, template_tree_hash
 from .targets import Target, get_target
+from .weights import check_matches_config
 
 
 def log(message: str) -> None:
@@ -122,6 +123,9 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
     """sanitize: a debug build with AddressSanitizer and UBSan (dynamically
     linked, slower), packaged as dist/<model>-<target>-asan/."""
     cfg = config_mod.load(model)
+    # Before anything is compiled or replaced: a server built from a config
+    # its weights do not match would refuse them at start.
+    check_matches_config(cfg.data, cfg.path, cfg.folder / cfg["weights"]["file"])
     log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
         f"{cfg['batch_slots']} slots)")
     target, compiler, kernels = resolve_toolchain(target_name, compiler_override)
