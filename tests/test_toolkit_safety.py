@@ -59,6 +59,151 @@ def siblings(path):
     return sorted(p.name for p in Path(path).parent.iterdir())
 
 
+# --- 1. user files are never deleted --------------------------------------
+
+def test_synth_refuses_a_non_empty_folder_and_force_keeps_other_files(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    clear_error(synth(out, check=False), "is not empty", "--force", code=6)
+    assert sorted(os.listdir(out)) == ["notes.txt"]
+    synth(out, "--force")
+    assert sorted(os.listdir(out)) == ["model-config.json", "notes.txt", "weights.cbw"]
+    assert (out / "notes.txt").read_text() == "mine"
+    first = sha256(out / "weights.cbw")
+    synth(out, "--force", "--seed", "9")  # replaced in place: another seed, other weights
+    assert sha256(out / "weights.cbw") != first and (out / "notes.txt").read_text() == "mine"
+    assert json.loads((out / "model-config.json").read_text())["seed"] == 9
+    assert siblings(out) == ["model"]
+
+
+def test_synth_into_a_new_or_empty_folder_needs_no_force(tmp_path):
+    synth(tmp_path / "a" / "b" / "new")
+    (tmp_path / "empty").mkdir()
+    synth(tmp_path / "empty")
+    assert (tmp_path / "empty" / "weights.cbw").is_file()
+    assert sorted(os.listdir(tmp_path)) == ["a", "empty"]
+
+
+def test_a_partial_folder_the_tool_did_not_make_is_left_alone(tmp_path):
+    """The old synth and convert removed OUT.partial before writing."""
+    theirs = tmp_path / "model.partial"
+    theirs.mkdir()
+    (theirs / "keep.bin").write_bytes(b"x" * 10)
+    synth(tmp_path / "model")
+    assert (theirs / "keep.bin").read_bytes() == b"x" * 10
+    assert siblings(tmp_path / "model") == ["model", "model.partial"]
+
+
+@needs_testdata
+def test_convert_refuses_an_existing_model_and_force_replaces_only_its_files(tmp_path):
+    src, out = hf_copy(tmp_path), tmp_path / "out"
+    run_cli("convert", src, out)
+    before = sha256(out / "weights.cbw")
+    (out / "README.md").write_text("my notes")
+    clear_error(run_cli("convert", src, out, "--dtype", "q8_0", check=False), "is not empty", code=6)
+    assert sha256(out / "weights.cbw") == before
+    run_cli("convert", src, out, "--dtype", "q8_0", "--force")
+    assert json.loads((out / "model-config.json").read_text())["weights"]["dtype"] == "q8_0"
+    assert sha256(out / "weights.cbw") != before and (out / "README.md").read_text() == "my notes"
+    assert siblings(out) == ["hf-mixtral", "out"]
+
+
+def test_render_out_refuses_a_foreign_folder_and_keeps_files_in_a_previous_render(tiny_model, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "data.txt").write_text("mine")
+    clear_error(run_cli("render", "--model", tiny_model, "--out", mine, check=False), "is not empty", code=6)
+    assert os.listdir(mine) == ["data.txt"]
+    tree = tmp_path / "tree"
+    run_cli("render", "--model", tiny_model, "--out", tree)
+    (tree / "build").mkdir()
+    (tree / "build" / "cache.txt").write_text("cmake")
+    (tree / "src" / "engine.c").write_text("edited")
+    run_cli("render", "--model", tiny_model, "--out", tree)  # a previous render: re-rendered in place
+    assert (tree / "build" / "cache.txt").read_text() == "cmake"
+    assert "edited" not in (tree / "src" / "engine.c").read_text()
+    run_cli("render", "--model", tiny_model, "--out", mine, "--force")
+    assert (mine / "data.txt").read_text() == "mine" and (mine / "colibri-render.json").is_file()
+    assert siblings(tree) == ["mine", "tree"]
+
+
+@pytest.mark.slow
+def test_a_build_replaces_only_its_own_files_in_dist(workdir, tiny_model, native_server_dist, tmp_path):
+    dist = tmp_path / "dist"
+    args = ("--model", tiny_model, "--target", "native", "--dist", dist, "--build-dir", workdir / "build", "--quiet")
+    run_cli(*args)  # the fixture's build folder: nothing to compile
+    folder = dist / "tiny-native"
+    (folder / "colibri.service").write_text("[Service]\n")
+    run_cli(*args)
+    assert (folder / "colibri.service").read_text() == "[Service]\n"
+    sums = dict(reversed(line.split("  ")) for line in (folder / "SHA256SUMS").read_text().splitlines())
+    assert sums == {"colibri-server": sha256(folder / "colibri-server"),
+                    "build-info.json": sha256(folder / "build-info.json")}
+    assert sorted(os.listdir(folder)) == ["SHA256SUMS", "build-info.json", "colibri-server", "colibri.service"]
+    assert os.access(folder / "colibri-server", os.X_OK)
+
+
+# --- 5. a full or read-only disk -------------------------------------------
+
+@contextmanager
+def tmpfs(path, size="512k", readonly=False):
+    path.mkdir()
+    opts = f"size={size}" + (",ro" if readonly else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_disk_full_synth_is_a_clear_error_that_leaves_nothing(tmp_path):
+    with tmpfs(tmp_path / "disk") as disk:  # 512 KiB; the tiny model's weights are 1.8 MB
+        done = synth(disk / "model", check=False)
+        clear_error(done, "no space left on the device writing", str(disk / "model"), code=6)
+        assert os.listdir(disk) == []
+
+
+def test_disk_full_while_replacing_keeps_the_old_model(tmp_path):
+    with tmpfs(tmp_path / "disk", size="3m") as disk:
+        out = disk / "model"
+        synth(out)
+        (out / "notes.txt").write_text("mine")
+        before = {name: sha256(out / name) for name in os.listdir(out)}
+        done = run_cli("synth", "--preset", "small", "--force", out, check=False)  # 20 MB: does not fit
+        clear_error(done, "no space left on the device writing", code=6)
+        assert {name: sha256(out / name) for name in os.listdir(out)} == before
+        assert os.listdir(disk) == ["model"]
+
+
+@needs_testdata
+def test_disk_full_convert_is_a_clear_error_that_leaves_nothing(tmp_path):
+    src = hf_copy(tmp_path)
+    with tmpfs(tmp_path / "disk", size="64k") as disk:
+        done = run_cli("convert", src, disk / "out", check=False)
+        clear_error(done, "no space left on the device writing", str(disk / "out"), code=6)
+        assert os.listdir(disk) == []
+
+
+def test_read_only_disk_is_named(tmp_path):
+    with tmpfs(tmp_path / "ro", readonly=True) as disk:
+        clear_error(synth(disk / "model", check=False), "read-only file system", str(disk / "model"), code=6)
+
+
+def test_file_size_limit_is_a_clear_error(tmp_path):
+    """RLIMIT_FSIZE: the write fails with EFBIG (SIGXFSZ ignored)."""
+    script = (
+        "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000)); "
+        "from colibri_build.cli import main; sys.argv = ['colibri-build'] + sys.argv[1:]; main()")
+    done = subprocess.run([sys.executable, "-c", script, "synth", str(tmp_path / "m")], capture_output=True,
+                          text=True)
+    clear_error(done, "file too large", str(tmp_path / "m"), code=6)
+    assert os.listdir(tmp_path) == []
+
+
 # --- 12. a build checks the config against its weights ----------------------
 
 def build_args(model, tmp_path):

@@ -6,7 +6,6 @@ a time; the output appears only when complete."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from . import config as config_mod
 from .archs import BY_MODEL_TYPE
 from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
 from .errors import ConfigError, ModelError
+from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .safetensors_io import Checkpoint
 from .weights import expected_shapes, write_weights
 
@@ -135,14 +135,14 @@ def _tokenizer(hf_dir: Path, out: Path, cfg: dict) -> dict:
 
 def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None,
             context_length: int | None = None, batch_slots: int = 8, allow_fields=(),
-            progress: bool = True) -> Path:
+            progress: bool = True, force: bool = False) -> Path:
+    """Writes the model folder out and returns it. out must be new or empty
+    unless force, which replaces only the files convert writes (see
+    outputs.staged_folder for the order); the rest of out is kept."""
     hf_dir, out = Path(hf_dir), Path(out)
     cfg, _ = model_config(hf_dir, dtype, name or out.name, context_length, batch_slots, allow_fields)
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    exists = check_destination(out, force, "converted model")
+    with staged_folder(out, exists, MODEL_FILES_ORDER) as tmp:
         cfg["tokenizer"] = _tokenizer(hf_dir, tmp, cfg)
         cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
         source = TensorSource(Checkpoint(hf_dir))
@@ -156,10 +156,4 @@ def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None
                              f"config ({len(leftover)} unused): the config and the weights disagree")
         cfg["weights"]["sha256"] = sha
         (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
