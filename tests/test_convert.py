@@ -165,7 +165,7 @@ def test_cli_convert_with_progress_and_quantized_dtype(tmp_path):
     assert config["attention"]["qk_norm"] == "whole" and config["router"] == "softmax_topk"
     assert "converting to q8_0" in done.stderr
     done = run_cli("convert", tmp_path / "nothing", tmp_path / "x", check=False)
-    assert done.returncode == 2 and "config.json: no such file" in done.stderr
+    assert done.returncode == 2 and "nothing: no such folder" in done.stderr
 
 
 QWEN3_TOKENIZER = TINY.parent / "tokenizers" / "qwen3"

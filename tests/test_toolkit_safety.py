@@ -204,6 +204,86 @@ def test_file_size_limit_is_a_clear_error(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+# --- 9. a model without a tokenizer is announced ----------------------------
+
+@needs_testdata
+def test_convert_without_a_tokenizer_warns_that_only_token_ids_work(tmp_path):
+    done = run_cli("convert", hf_copy(tmp_path), tmp_path / "out")
+    assert "warning:" in done.stderr and "token ids only" in done.stderr
+    assert "chat completions" in done.stderr and "tokenizer.json" in done.stderr
+    assert "--force" in done.stderr  # how to add one
+
+
+# --- 10. simple mistakes are clear errors, not tracebacks -------------------
+
+@needs_testdata
+def test_convert_given_a_file_instead_of_a_folder(tmp_path):
+    src = hf_copy(tmp_path)
+    clear_error(run_cli("convert", src / "config.json", tmp_path / "out", check=False),
+                "is a file; expected a Hugging Face model folder", f"convert {src} OUT", code=2)
+    clear_error(run_cli("convert", src / "model.safetensors", tmp_path / "out", check=False), "is a file", code=2)
+    (tmp_path / "file").write_text("x")
+    clear_error(run_cli("convert", src, tmp_path / "file", check=False), "is a file; expected a folder", code=6)
+    assert not (tmp_path / "out").exists()
+
+
+def test_synth_into_dot_and_into_an_existing_file(tmp_path):
+    (tmp_path / "something").write_text("x")
+    clear_error(run_cli("synth", ".", cwd=tmp_path, check=False), "is not empty", code=6)
+    clear_error(run_cli("synth", "something", cwd=tmp_path, check=False), "is a file", code=6)
+    assert sorted(os.listdir(tmp_path)) == ["something"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_cli("synth", ".", cwd=empty)  # an empty current folder is a fine place, named after itself
+    assert json.loads((empty / "model-config.json").read_text())["name"] == "empty"
+
+
+def test_h_is_help_and_a_build_option_without_model_says_model_is_missing():
+    done = run_cli("-h")
+    assert done.returncode == 0 and "Bake a mixture-of-experts model" in done.stdout
+    done = run_cli("--target", "x86-64-v3", check=False)
+    clear_error(done, "--model is missing", code=2)
+    assert run_cli().returncode == 0  # no arguments at all: the help
+
+
+def test_a_misspelt_target_suggests_the_closest(tiny_model, tmp_path):
+    done = run_cli("--model", tiny_model, "--target", "x86-64-v33", "--dist", tmp_path, check=False)
+    clear_error(done, "unknown target 'x86-64-v33' (did you mean 'x86-64-v3'?)", code=3)
+    done = run_cli("render", "--model", tiny_model, "--target", "natve", "--out", tmp_path / "r", check=False)
+    clear_error(done, "did you mean 'native'?", code=3)
+
+
+@pytest.mark.parametrize("case", [
+    "model is a weights file", "model is missing", "build dir is a file", "dist is a file",
+    "render out is a file", "warm a folder without a model", "tokenizer into a file",
+    "tokenizer from a folder without one", "synth chat template missing", "synth tokenizer unknown file",
+])
+def test_wrong_paths_are_clear_errors(case, tiny_model, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    qwen3 = TINY.parent / "tokenizers" / "qwen3"
+    args, phrase = {
+        "model is a weights file": (["--model", tiny_model / "weights.cbw", "--dist", tmp_path / "d"],
+                                    "not a model-config.json"),
+        "model is missing": (["--model", tmp_path / "none", "--dist", tmp_path / "d"], "no such file"),
+        "build dir is a file": (["--model", tiny_model, "--build-dir", a_file, "--dist", tmp_path / "d"],
+                                f"{a_file} is a file"),
+        "dist is a file": (["--model", tiny_model, "--build-dir", tmp_path / "b", "--dist", a_file],
+                           f"{a_file} is a file"),
+        "render out is a file": (["render", "--model", tiny_model, "--out", a_file], "is a file"),
+        "warm a folder without a model": (["warm", tmp_path], "no such file"),
+        "tokenizer into a file": (["tokenizer", qwen3, a_file], "is a file"),
+        "tokenizer from a folder without one": (["tokenizer", tmp_path, tmp_path / "t"], "no tokenizer.json"),
+        "synth chat template missing": (["synth", "--tokenizer", qwen3, "--chat-template", tmp_path / "no.jinja",
+                                         tmp_path / "m"], "no.jinja: no such chat template file"),
+        "synth tokenizer unknown file": (["synth", "--tokenizer", a_file, tmp_path / "m"], "unknown tokenizer file"),
+    }[case]
+    if "tokenizer" in case and not qwen3.is_dir():
+        pytest.skip("../shared/testdata not present")
+    clear_error(run_cli(*args, check=False), phrase)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "d").exists() and not (tmp_path / "b").exists()
+
+
 # --- 12. a build checks the config against its weights ----------------------
 
 def build_args(model, tmp_path):

@@ -23,6 +23,12 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except ColibriError as exc:
             _fail(exc)
+        except OSError as exc:
+            # A file the user named could not be read or written (the
+            # commands report the usual cases themselves; this is the net).
+            from .outputs import OutputError, describe_os_error
+            where = exc.filename or "a file"
+            _fail(OutputError(f"{where}: {describe_os_error(exc)}"))
 
 
 def _build(model, target, dist, build_dir, toolchain, quiet, sanitize):
@@ -50,7 +56,7 @@ def build_options(fn):
     return fn
 
 
-@click.group(cls=_Group, invoke_without_command=True)
+@click.group(cls=_Group, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @build_options
 @click.version_option(__version__, prog_name="colibri-build")
 @click.pass_context
@@ -63,8 +69,12 @@ def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize):
     if ctx.invoked_subcommand is not None:
         return
     if model is None:
+        given = [p.opts[0] for p in ctx.command.params
+                 if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--model is missing (a build needs it; given: {', '.join(given)})")
         click.echo(ctx.get_help())
-        ctx.exit(0 if len(sys.argv) <= 1 else 2)
+        ctx.exit(0)
     _build(model, target, dist, build_dir, toolchain, quiet, sanitize)
 
 

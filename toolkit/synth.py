@@ -91,6 +91,7 @@ def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = N
     tokenizer: a real tokenizer's source (toolkit.tokenizer.convert_tokenizer)
     instead of the byte tokenizer."""
     out = Path(out)
+    out = out.resolve() if out.name in ("", ".", "..") else out
     exists = check_destination(out, force, "model")
     if tokenizer is None:  # the config first: a bad option fails before anything is written
         make_config(arch, preset, name or out.name, seed, overrides or {}, dtype, None)
