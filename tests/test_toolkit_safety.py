@@ -327,3 +327,31 @@ def test_build_refuses_weights_of_another_dtype_or_tokenizer(workdir, tiny_model
     (model / "model-config.json").write_text(json.dumps(cfg))
     clear_error(run_cli(*build_args(model, tmp_path), check=False),
                 "tokenizer.eos_id is 258 in the config but 257 in the weights", code=5)
+
+
+# --- 13. progress on long steps ------------------------------------------------
+
+def test_synth_shows_progress(tmp_path):
+    done = synth(tmp_path / "m")
+    assert "synthesising f32 weights" in done.stderr
+
+
+def test_install_script_says_what_apt_is_doing(tmp_path):
+    """With gcc missing (a PATH without it) and root, the script runs
+    apt-get; a stand-in apt-get records that it ran after the line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("id", "cat"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    stub = bin_dir / "apt-get"
+    stub.write_text("#!/bin/bash\necho \"apt-get $*\" >&2\n")
+    stub.chmod(0o755)
+    done = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "install-system-deps.sh")], capture_output=True,
+                          text=True, env={"PATH": str(bin_dir)})
+    if os.getuid() != 0:
+        pytest.skip("the apt path runs as root only")
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    said = next(i for i, line in enumerate(lines) if "installing gcc" in line and "apt-get" in line)
+    ran = next(i for i, line in enumerate(lines) if line.startswith("apt-get") and "install" in line)
+    assert said < ran, done.stderr

@@ -159,7 +159,7 @@ def synth(arch, dtype, preset, seed, name, out, tokenizer_src, chat_template, fo
     must be new or empty unless --force."""
     from .synth import synth as synth_fn
     folder = synth_fn(arch, preset, out, seed=seed, name=name, overrides=dims, dtype=dtype, tokenizer=tokenizer_src,
-                      chat_template=chat_template, force=force)
+                      chat_template=chat_template, force=force, progress=True)
     click.echo(str(folder / "model-config.json"))
 
 

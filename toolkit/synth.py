@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import click
 import numpy as np
 
 from . import config as config_mod
@@ -83,13 +85,13 @@ def random_tensors(cfg: dict, seed: int):
 
 def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = None,
           overrides: dict | None = None, dtype: str = "f32", tokenizer: Path | None = None,
-          chat_template: str | None = None, force: bool = False) -> Path:
+          chat_template: str | None = None, force: bool = False, progress: bool = False) -> Path:
     """Writes a model folder (model-config.json + weights.cbw) and returns it.
     Built in a private folder beside out and moved in when complete, so no
     half-written model remains. out must be new or empty unless force, which
     replaces only the files synth writes (other files in out are kept).
     tokenizer: a real tokenizer's source (toolkit.tokenizer.convert_tokenizer)
-    instead of the byte tokenizer."""
+    instead of the byte tokenizer. progress: a bar on stderr."""
     out = Path(out)
     out = out.resolve() if out.name in ("", ".", "..") else out
     exists = check_destination(out, force, "model")
@@ -101,6 +103,9 @@ def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = N
             from .tokenizer import convert_tokenizer
             section = convert_tokenizer(tokenizer, tmp, chat_template=chat_template)
         cfg = make_config(arch, preset, name or out.name, seed, overrides or {}, dtype, section)
-        cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], random_tensors(cfg, seed))
+        tensors = random_tensors(cfg, seed)
+        with click.progressbar(tensors, length=len(expected_shapes(cfg)), label=f"synthesising {dtype} weights",
+                               file=sys.stderr, show_pos=True, hidden=not progress) as bar:
+            cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], bar)
         (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
