@@ -355,3 +355,56 @@ def test_install_script_says_what_apt_is_doing(tmp_path):
     said = next(i for i, line in enumerate(lines) if "installing gcc" in line and "apt-get" in line)
     ran = next(i for i, line in enumerate(lines) if line.startswith("apt-get") and "install" in line)
     assert said < ran, done.stderr
+
+
+# --- 11. the demo fails loudly when its server cannot start ------------------
+
+def demo_copy(tmp_path):
+    """scripts/demo.sh in a folder of its own (it works relative to itself),
+    so models/ and dist/ go there, not into the checkout."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "demo.sh", tmp_path / "scripts" / "demo.sh")
+    return tmp_path / "scripts" / "demo.sh"
+
+
+def run_demo(script, port=None):
+    env = {**os.environ, "COLIBRI_DEMO_SKIP_INSTALL": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("PORT", None)
+    if port is not None:
+        env["PORT"] = str(port)
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=600)
+
+
+class _Impostor(http.server.BaseHTTPRequestHandler):
+    """Another program on the port, answering 200 to everything."""
+    def _ok(self):
+        body = b'{"id": "not-colibri", "object": "chat.completion"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _ok
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.slow
+def test_demo_fails_loudly_when_its_port_is_taken_and_finds_a_free_one_otherwise(tmp_path):
+    script = demo_copy(tmp_path)
+    impostor = http.server.HTTPServer(("127.0.0.1", 0), _Impostor)
+    port = impostor.server_address[1]
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    try:
+        done = run_demo(script, port)
+    finally:
+        impostor.shutdown()
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert f"port {port}" in done.stderr and "not-colibri" not in done.stdout
+    done = run_demo(script)  # no PORT: a free port, and the reply is this server's
+    assert done.returncode == 0, done.stdout + done.stderr
+    reply = json.loads(done.stdout.strip().splitlines()[-1])  # after the path the build prints
+    assert reply["object"] == "chat.completion" and reply["id"] != "not-colibri"
+    assert "using models/tiny (already there)" in done.stderr
