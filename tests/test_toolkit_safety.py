@@ -192,6 +192,19 @@ def test_read_only_disk_is_named(tmp_path):
         clear_error(synth(disk / "model", check=False), "read-only file system", str(disk / "model"), code=6)
 
 
+def test_force_into_a_symlink_to_another_file_system(tmp_path):
+    """The files are staged beside the link's target: a rename across file
+    systems (EXDEV) would fail."""
+    with tmpfs(tmp_path / "disk", size="8m") as disk:
+        synth(disk / "model")
+        (disk / "model" / "notes.txt").write_text("mine")
+        os.symlink(disk / "model", tmp_path / "link")
+        synth(tmp_path / "link", "--force", "--seed", "4")
+        assert json.loads((disk / "model" / "model-config.json").read_text())["seed"] == 4
+        assert (disk / "model" / "notes.txt").read_text() == "mine" and os.listdir(disk) == ["model"]
+        assert sorted(os.listdir(tmp_path)) == ["disk", "link"]
+
+
 def test_file_size_limit_is_a_clear_error(tmp_path):
     """RLIMIT_FSIZE: the write fails with EFBIG (SIGXFSZ ignored)."""
     script = (

@@ -27,8 +27,8 @@ class _Group(click.Group):
             # A file the user named could not be read or written (the
             # commands report the usual cases themselves; this is the net).
             from .outputs import OutputError, describe_os_error
-            where = exc.filename or "a file"
-            _fail(OutputError(f"{where}: {describe_os_error(exc)}"))
+            cause = describe_os_error(exc)
+            _fail(OutputError(f"{exc.filename}: {cause}" if exc.filename else cause))
 
 
 def _build(model, target, dist, build_dir, toolchain, quiet, sanitize):

@@ -125,7 +125,10 @@ def staged_folder(out: Path, exists: bool, order: tuple[str, ...] = ()) -> Itera
     try:
         try:
             made = _make_parents(out)
-            stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+            # Beside where the files end up (a symlinked out: its target), so
+            # every move is a rename within one file system.
+            home = out.resolve() if exists else out
+            stage = Path(tempfile.mkdtemp(dir=home.parent, prefix=f".{out.name}."))
         except OSError as exc:
             raise write_failed(out, exc) from None
         try:
