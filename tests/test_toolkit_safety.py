@@ -9,8 +9,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import threading
