@@ -1,21 +1,57 @@
 #!/usr/bin/env bash
 # The main job on the bundled default model, from a fresh machine:
-# install, synthesise a tiny random-weight Mixtral-style model, build its
-# static server, start it, send one chat request, stop it.
+# install, synthesise a tiny random-weight Mixtral-style model (models/tiny,
+# reused when there), build its static server, start it, send one chat
+# request, stop it. Exits non-zero, saying why, when any step fails.
+#
+# Environment:
+#   PORT    the port to serve on; default: a free one the server picks.
+#           A PORT that is taken is an error, not a silent fallback.
+#   TARGET  the build target (default native; 'colibri-build targets' lists them)
+#   COLIBRI_DEMO_SKIP_INSTALL=1  skip the apt and pip steps (already installed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-system-deps.sh
-python3 -m pip install -q .
-colibri-build synth --arch mixtral --preset tiny models/tiny
-colibri-build --model models/tiny/model-config.json --target "${TARGET:-native}"
-server="dist/tiny-${TARGET:-native}/colibri-server"
-"$server" --model models/tiny --port "${PORT:-8080}" &
+target="${TARGET:-native}"
+say() { echo "demo: $*" >&2; }
+
+if [ "${COLIBRI_DEMO_SKIP_INSTALL:-0}" != 1 ]; then
+  bash scripts/install-system-deps.sh
+  say "installing colibri-build with pip (compiles the Python binding; about a minute the first time)..."
+  python3 -m pip install -q .
+fi
+if [ -f models/tiny/model-config.json ]; then
+  say "using models/tiny (already there)"
+else
+  colibri-build synth --arch mixtral --preset tiny models/tiny
+fi
+colibri-build --model models/tiny/model-config.json --target "$target"
+server="dist/tiny-$target/colibri-server"
+
+log=$(mktemp)
+"$server" --model models/tiny --port "${PORT:-0}" 2>"$log" &
 pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-for _ in $(seq 50); do
-  curl -sf "localhost:${PORT:-8080}/health" >/dev/null && break
+trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
+# The port comes from the server's own "listening on" line, so a port taken
+# by another program can never be mistaken for this server.
+port=""
+for _ in $(seq 300); do
+  port=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\).*|\1|p' "$log" | head -n 1)
+  [ -n "$port" ] && break
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid" || true
+    say "the server did not start${PORT:+ on port $PORT}:"
+    cat "$log" >&2
+    [ -z "${PORT:-}" ] || say "is port $PORT taken? choose another with PORT=..., or leave PORT unset for a free one"
+    exit 1
+  fi
   sleep 0.1
 done
-curl -s "localhost:${PORT:-8080}/v1/chat/completions" -H 'Content-Type: application/json' \
+if [ -z "$port" ]; then
+  say "the server did not report a port within 30 s:"
+  cat "$log" >&2
+  exit 1
+fi
+say "server $server listening on 127.0.0.1:$port"
+curl -sSf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
      -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'
 echo

@@ -26,10 +26,19 @@ command -v qemu-aarch64-static >/dev/null || cross+=(qemu-user-static)
 fi
 if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # apt-get runs quietly: say what is happening, since it can take minutes.
+    echo "install-system-deps: updating the apt package lists..." >&2
     apt-get update -qq
-    [ ${#need[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-    [ ${#cross[@]} -eq 0 ] ||
+    [ ${#need[@]} -eq 0 ] || {
+      echo "install-system-deps: installing ${need[*]} with apt-get (only missing ones; the first time only)..." >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    }
+    [ ${#cross[@]} -eq 0 ] || {
+      echo "install-system-deps: installing the cross-target tools ${cross[*]} with apt-get" \
+           "(compilers, wine, qemu: the longest step, the first time only)..." >&2
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null
+    }
+    echo "install-system-deps: done" >&2
   elif [ ${#need[@]} -gt 0 ]; then
     echo "missing system packages: ${need[*]} (install them with your package manager)" >&2
     exit 1

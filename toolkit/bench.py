@@ -419,7 +419,7 @@ def ensure_model(models_dir: Path, preset: str, dtype: str) -> Path:
     folder = models_dir / f"{preset}-{dtype.replace('_', '')}"
     if not (folder / "model-config.json").is_file() or not current_layout(folder):
         log(f"synthesising {folder} (seeded random weights; a minute or two)")
-        synth(ARCH_OF[preset], preset, folder, seed=0, dtype=dtype)
+        synth(ARCH_OF[preset], preset, folder, seed=0, dtype=dtype, force=True, progress=True)
     return folder
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__, config as config_mod, toolchain
+from .outputs import OutputError, replace_file, write_failed
 from .render import RenderInputs, render_tree, template_tree_hash
 from .targets import Target, get_target
+from .weights import check_matches_config
 
 
 def log(message: str) -> None:
@@ -75,13 +76,35 @@ def sha256_file(path: Path) -> str:
 
 def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Compiler, kernels: str,
             build: Path, dist_root: Path, sanitize: bool = False) -> BuildResult:
-    dist = dist_root / f"{cfg.name}-{target.name}{'-asan' if sanitize else ''}"
-    if dist.exists():
-        shutil.rmtree(dist)
-    dist.mkdir(parents=True)
+    """Puts the executable, build-info.json and SHA256SUMS (of those two)
+    into dist/<model>-<target>/, each replaced atomically; anything else in
+    that folder (a service file, notes) is the user's and stays."""
+    dist = dist_dir_for(cfg, target, dist_root, sanitize)
+    try:
+        check_folder_path(dist)
+        dist.mkdir(parents=True, exist_ok=True)
+        return _package(cfg, target, compiler, kernels, build, dist, sanitize)
+    except OSError as exc:
+        raise write_failed(dist, exc) from None
+
+
+def dist_dir_for(cfg: config_mod.ModelConfig, target: Target, dist_root: Path, sanitize: bool = False) -> Path:
+    return dist_root / f"{cfg.name}-{target.name}{'-asan' if sanitize else ''}"
+
+
+def check_folder_path(folder: Path) -> None:
+    """Raises OutputError when folder or one of its parents is a file (so
+    the build stops before compiling, not when packaging)."""
+    for path in [folder, *folder.parents]:
+        if path.exists():
+            if not path.is_dir():
+                raise OutputError(f"{path} is a file; the build needs a folder there for {folder}")
+            return
+
+
+def _package(cfg, target, compiler, kernels, build, dist, sanitize) -> BuildResult:
     exe = dist / target.exe_name
-    shutil.copyfile(build / target.exe_name, exe)
-    os.chmod(exe, 0o755)
+    built = build / target.exe_name
     info = {
         "toolkit_version": __version__,
         "toolkit_git_revision": git_revision(),
@@ -99,11 +122,14 @@ def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Com
         "batch_slots": cfg["batch_slots"],
         "sanitizers": ["address", "undefined"] if sanitize else [],
         "executable": exe.name,
-        "executable_sha256": sha256_file(exe),
+        "executable_sha256": sha256_file(built),
     }
-    (dist / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
-    sums = "".join(f"{sha256_file(p)}  {p.name}\n" for p in sorted(dist.iterdir()) if p.name != "SHA256SUMS")
-    (dist / "SHA256SUMS").write_text(sums)
+    info_bytes = (json.dumps(info, indent=2) + "\n").encode()
+    written = {exe.name: info["executable_sha256"], "build-info.json": hashlib.sha256(info_bytes).hexdigest()}
+    replace_file(exe, src=built, mode=0o755)
+    replace_file(dist / "build-info.json", info_bytes)
+    sums = "".join(f"{digest}  {name}\n" for name, digest in sorted(written.items()))
+    replace_file(dist / "SHA256SUMS", sums.encode())
     return BuildResult(dist_dir=dist, executable=exe, build_info=info)
 
 
@@ -122,6 +148,9 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
     """sanitize: a debug build with AddressSanitizer and UBSan (dynamically
     linked, slower), packaged as dist/<model>-<target>-asan/."""
     cfg = config_mod.load(model)
+    # Before anything is compiled or replaced: a server built from a config
+    # its weights do not match would refuse them at start.
+    check_matches_config(cfg.data, cfg.path, cfg.folder / cfg["weights"]["file"])
     log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
         f"{cfg['batch_slots']} slots)")
     target, compiler, kernels = resolve_toolchain(target_name, compiler_override)
@@ -129,6 +158,8 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
     work = build_dir_for(cfg, target, build_root, sanitize).resolve()
     if compiler.name != target.c_compilers[0]:  # another compiler: its own build folder
         work = work.with_name(f"{work.name}-{Path(compiler.name).name}")
+    check_folder_path(work)
+    check_folder_path(dist_dir_for(cfg, target, dist_root.resolve(), sanitize))
     src = render_tree(RenderInputs(cfg, target, kernels, compiler.cmake), work / "project")
     log(f"[3/5] rendered {src}")
     log("[4/5] configure and compile (CMake + Ninja)")

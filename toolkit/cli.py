@@ -23,6 +23,12 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except ColibriError as exc:
             _fail(exc)
+        except OSError as exc:
+            # A file the user named could not be read or written (the
+            # commands report the usual cases themselves; this is the net).
+            from .outputs import OutputError, describe_os_error
+            cause = describe_os_error(exc)
+            _fail(OutputError(f"{exc.filename}: {cause}" if exc.filename else cause))
 
 
 def _build(model, target, dist, build_dir, toolchain, quiet, sanitize):
@@ -50,7 +56,7 @@ def build_options(fn):
     return fn
 
 
-@click.group(cls=_Group, invoke_without_command=True)
+@click.group(cls=_Group, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @build_options
 @click.version_option(__version__, prog_name="colibri-build")
 @click.pass_context
@@ -63,8 +69,12 @@ def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize):
     if ctx.invoked_subcommand is not None:
         return
     if model is None:
+        given = [p.opts[0] for p in ctx.command.params
+                 if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--model is missing (a build needs it; given: {', '.join(given)})")
         click.echo(ctx.get_help())
-        ctx.exit(0 if len(sys.argv) <= 1 else 2)
+        ctx.exit(0)
     _build(model, target, dist, build_dir, toolchain, quiet, sanitize)
 
 
@@ -82,14 +92,18 @@ def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize):
 @click.option("--target", default="native", show_default=True)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="folder to write the project into")
 @click.option("--toolchain", default=None, help="C compiler to record in toolchain.cmake")
-def render(model, target, out, toolchain):
-    """Write the rendered C project (a standalone CMake tree) for audit."""
+@click.option("--force", is_flag=True, help="write into a non-empty OUT that is not a previous render "
+              "(files the render does not write are kept)")
+def render(model, target, out, toolchain, force):
+    """Write the rendered C project (a standalone CMake tree) for audit. OUT
+    must be new, empty or a previous render (replaced file by file)."""
     from . import config, render as render_mod, toolchain as tc, targets
     cfg = config.load(model)
     tgt = targets.get_target(target)
     compiler = tc.find_compiler(tgt, toolchain)
     tgt = tgt.for_compiler(compiler.name)
-    render_mod.render_tree(render_mod.RenderInputs(cfg, tgt, tc.resolve_kernels(tgt, compiler), compiler.cmake), out)
+    render_mod.render_into(render_mod.RenderInputs(cfg, tgt, tc.resolve_kernels(tgt, compiler), compiler.cmake), out,
+                           force=force)
     click.echo(str(out))
 
 
@@ -138,12 +152,14 @@ def targets_cmd(as_json):
 @click.option("--tokenizer", "tokenizer_src", type=click.Path(path_type=Path, exists=True),
               help="a real tokenizer (tokenizer.json folder, .gguf, tokenizer.model) instead of bytes")
 @click.option("--chat-template", default=None, help="with --tokenizer: a .jinja file, or 'none'")
+@click.option("--force", is_flag=True, help="replace the model files in a non-empty OUT (other files are kept)")
 @click.argument("out", type=click.Path(path_type=Path))
-def synth(arch, dtype, preset, seed, name, out, tokenizer_src, chat_template, **dims):
-    """Write a seeded random-weight model folder to OUT (no download)."""
+def synth(arch, dtype, preset, seed, name, out, tokenizer_src, chat_template, force, **dims):
+    """Write a seeded random-weight model folder to OUT (no download). OUT
+    must be new or empty unless --force."""
     from .synth import synth as synth_fn
     folder = synth_fn(arch, preset, out, seed=seed, name=name, overrides=dims, dtype=dtype, tokenizer=tokenizer_src,
-                      chat_template=chat_template)
+                      chat_template=chat_template, force=force, progress=True)
     click.echo(str(folder / "model-config.json"))
 
 
@@ -156,10 +172,12 @@ def synth(arch, dtype, preset, seed, name, out, tokenizer_src, chat_template, **
 @click.option("--context-length", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
 @click.option("--batch-slots", type=int, default=8, show_default=True, help="concurrent sequences the server holds")
 @click.option("--allow-field", multiple=True, help="a config.json field known not to change the math")
-def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field):
-    """Convert a Hugging Face checkpoint folder into a Colibri model folder."""
+@click.option("--force", is_flag=True, help="replace the model files in a non-empty OUT_DIR (other files are kept)")
+def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field, force):
+    """Convert a Hugging Face checkpoint folder into a Colibri model folder.
+    OUT_DIR must be new or empty unless --force."""
     from .convert import convert as convert_fn
-    folder = convert_fn(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field)
+    folder = convert_fn(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field, force=force)
     click.echo(str(folder / "model-config.json"))
 
 

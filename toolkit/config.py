@@ -181,8 +181,11 @@ def load(path: str | Path) -> ModelConfig:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file", hint="pass a model folder or its model-config.json "
                           "(colibri-build synth makes one)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a model-config.json (not UTF-8 text)",
+                          hint="pass a model folder or its model-config.json") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

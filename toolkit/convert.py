@@ -6,7 +6,6 @@ a time; the output appears only when complete."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from . import config as config_mod
 from .archs import BY_MODEL_TYPE
 from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
 from .errors import ConfigError, ModelError
+from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .safetensors_io import Checkpoint
 from .weights import expected_shapes, write_weights
 
@@ -94,11 +94,19 @@ class TensorSource:
 
 def model_config(hf_dir: Path, dtype: str, name: str, context_length: int | None, batch_slots: int,
                  allow_fields=()) -> tuple[dict, dict]:
+    if hf_dir.is_file():
+        hint = (f"pass its folder: colibri-build convert {hf_dir.parent} OUT" if hf_dir.name == "config.json"
+                else "pass the folder holding config.json and *.safetensors")
+        raise ConfigError(f"{hf_dir} is a file; expected a Hugging Face model folder", hint=hint)
     path = hf_dir / "config.json"
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if not hf_dir.exists():
+            raise ConfigError(f"{hf_dir}: no such folder") from None
         raise ConfigError(f"{path}: no such file (is {hf_dir} a Hugging Face model folder?)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     hf = HFConfig(raw, str(path))
@@ -119,31 +127,39 @@ def _first_id(value):
     return value[0] if isinstance(value, list) and value else value
 
 
-def _tokenizer(hf_dir: Path, out: Path, cfg: dict) -> dict:
+# The weights header records the tokenizer too, so adding one later means
+# converting again (not only running `colibri-build tokenizer`).
+NO_TOKENIZER_WARNING = (
+    "colibri-build: warning: {why}: {out} will serve token ids only; chat completions and text "
+    "prompts will not work.\n  To add a tokenizer: put the checkpoint's tokenizer.json (and "
+    "tokenizer_config.json) in {hf_dir} and convert again with --force "
+    "('colibri-build tokenizer' checks that it converts)\n")
+
+
+def _tokenizer(hf_dir: Path, stage: Path, cfg: dict) -> tuple[dict, str | None]:
     """The tokenizer section: converted when the folder has one and the
-    tokenizer converter is available, else ids only."""
+    tokenizer converter is available, else ids only, with why."""
     if not (hf_dir / "tokenizer.json").is_file():
-        return cfg["tokenizer"]
+        return cfg["tokenizer"], f"{hf_dir} has no tokenizer.json"
     try:
         from .tokenizer import convert_tokenizer  # the C tokenizers' converter
     except ImportError:
-        sys.stderr.write("colibri-build: warning: tokenizer.json not converted (no tokenizer support in this "
-                         "build); the model serves token ids only\n")
-        return cfg["tokenizer"]
-    return convert_tokenizer(hf_dir, out)
+        return cfg["tokenizer"], "tokenizer.json not converted (no tokenizer support in this build)"
+    return convert_tokenizer(hf_dir, stage), None
 
 
 def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None,
             context_length: int | None = None, batch_slots: int = 8, allow_fields=(),
-            progress: bool = True) -> Path:
+            progress: bool = True, force: bool = False) -> Path:
+    """Writes the model folder out and returns it. out must be new or empty
+    unless force, which replaces only the files convert writes (see
+    outputs.staged_folder for the order); the rest of out is kept."""
     hf_dir, out = Path(hf_dir), Path(out)
+    out = out.resolve() if out.name in ("", ".", "..") else out
     cfg, _ = model_config(hf_dir, dtype, name or out.name, context_length, batch_slots, allow_fields)
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        cfg["tokenizer"] = _tokenizer(hf_dir, tmp, cfg)
+    exists = check_destination(out, force, "converted model")
+    with staged_folder(out, exists, MODEL_FILES_ORDER) as tmp:
+        cfg["tokenizer"], no_tokenizer = _tokenizer(hf_dir, tmp, cfg)
         cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
         source = TensorSource(Checkpoint(hf_dir))
         shapes = expected_shapes(cfg)
@@ -156,10 +172,6 @@ def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None
                              f"config ({len(leftover)} unused): the config and the weights disagree")
         cfg["weights"]["sha256"] = sha
         (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    if no_tokenizer:
+        sys.stderr.write(NO_TOKENIZER_WARNING.format(why=no_tokenizer, out=out, hf_dir=hf_dir))
     return out

@@ -69,16 +69,38 @@ def context(inputs: RenderInputs) -> dict:
     }
 
 
+RENDER_RECORD = "colibri-render.json"  # also marks a folder as a render (render_into)
+
+
 def render_tree(inputs: RenderInputs, out: Path) -> Path:
-    """Writes the rendered project into out (replacing it) and returns out."""
+    """Writes the rendered project into out, a folder the toolkit owns (a
+    build folder): whatever it held is replaced. Returns out."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    _write_tree(inputs, out)
+    return out
+
+
+def render_into(inputs: RenderInputs, out: Path, force: bool = False) -> Path:
+    """Writes the rendered project into a folder the user named: a new or
+    empty folder, a previous render (it holds colibri-render.json), or with
+    force any folder. The files the render writes replace their namesakes;
+    nothing else there is touched (a previous render's files that this
+    template tree no longer has stay)."""
+    from .outputs import check_destination, staged_folder
+    exists = check_destination(out, force, "rendered project", ours=RENDER_RECORD)
+    with staged_folder(out, exists, (RENDER_RECORD,)) as tmp:
+        _write_tree(inputs, tmp)
+    return out
+
+
+def _write_tree(inputs: RenderInputs, out: Path) -> None:
     root = templates_dir()
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              autoescape=False)
     ctx = context(inputs)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         rel = path.relative_to(root)
         dest = out / rel
@@ -93,8 +115,7 @@ def render_tree(inputs: RenderInputs, out: Path) -> Path:
     inputs_record = {"toolkit_version": __version__, "template_tree_sha256": template_tree_hash(),
                      "target": inputs.target.name, "kernels": inputs.kernels,
                      "model_config_hash": ctx["config_hash"]}
-    (out / "colibri-render.json").write_text(json.dumps(inputs_record, indent=2, sort_keys=True) + "\n")
-    return out
+    (out / RENDER_RECORD).write_text(json.dumps(inputs_record, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 from pathlib import Path
 
+import click
 import numpy as np
 
 from . import config as config_mod
 from .errors import ConfigError
+from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .weights import expected_shapes, write_weights
 
 ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
@@ -83,23 +85,27 @@ def random_tensors(cfg: dict, seed: int):
 
 def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = None,
           overrides: dict | None = None, dtype: str = "f32", tokenizer: Path | None = None,
-          chat_template: str | None = None) -> Path:
+          chat_template: str | None = None, force: bool = False, progress: bool = False) -> Path:
     """Writes a model folder (model-config.json + weights.cbw) and returns it.
-    Built in a temporary folder and renamed, so no half-written model remains.
+    Built in a private folder beside out and moved in when complete, so no
+    half-written model remains. out must be new or empty unless force, which
+    replaces only the files synth writes (other files in out are kept).
     tokenizer: a real tokenizer's source (toolkit.tokenizer.convert_tokenizer)
-    instead of the byte tokenizer."""
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    section = None
-    if tokenizer is not None:
-        from .tokenizer import convert_tokenizer
-        section = convert_tokenizer(tokenizer, tmp, chat_template=chat_template)
-    cfg = make_config(arch, preset, name or out.name, seed, overrides or {}, dtype, section)
-    cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], random_tensors(cfg, seed))
-    (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    instead of the byte tokenizer. progress: a bar on stderr."""
+    out = Path(out)
+    out = out.resolve() if out.name in ("", ".", "..") else out
+    exists = check_destination(out, force, "model")
+    if tokenizer is None:  # the config first: a bad option fails before anything is written
+        make_config(arch, preset, name or out.name, seed, overrides or {}, dtype, None)
+    with staged_folder(out, exists, MODEL_FILES_ORDER) as tmp:
+        section = None
+        if tokenizer is not None:
+            from .tokenizer import convert_tokenizer
+            section = convert_tokenizer(tokenizer, tmp, chat_template=chat_template)
+        cfg = make_config(arch, preset, name or out.name, seed, overrides or {}, dtype, section)
+        tensors = random_tensors(cfg, seed)
+        with click.progressbar(tensors, length=len(expected_shapes(cfg)), label=f"synthesising {dtype} weights",
+                               file=sys.stderr, show_pos=True, hidden=not progress) as bar:
+            cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], bar)
+        (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out

@@ -6,6 +6,7 @@ MinGW-w64, aarch64) are new files, not code."""
 
 from __future__ import annotations
 
+import difflib
 import platform
 import shutil
 import sys
@@ -227,7 +228,9 @@ def all_targets() -> dict[str, Target]:
 def get_target(name: str) -> Target:
     path = targets_dir() / f"{name}.toml"
     if not path.is_file():
-        valid = ", ".join(sorted(p.stem for p in targets_dir().glob("*.toml")))
-        raise TargetError(f"unknown target '{name}'; valid targets: {valid}",
+        names = sorted(p.stem for p in targets_dir().glob("*.toml"))
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        maybe = f" (did you mean '{close[0]}'?)" if close else ""
+        raise TargetError(f"unknown target '{name}'{maybe}; valid targets: {', '.join(names)}",
                           hint="'colibri-build targets' lists them with descriptions")
     return parse_target(path)

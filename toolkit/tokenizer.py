@@ -110,6 +110,21 @@ def load_vocab(src: Path) -> Vocab:
     raise TokenizerError(f"{src}: unknown tokenizer file; expected tokenizer.json, a .gguf or tokenizer.model")
 
 
+def _template_text(chat_template: str | Path) -> str:
+    """A chat template given as a file (a .jinja name or an existing path)
+    or as the template text itself."""
+    path = Path(str(chat_template))
+    if path.suffix != ".jinja" and not path.exists():
+        return str(chat_template)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TokenizerError(f"{path}: no such chat template file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path}: cannot read the chat template: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+
+
 def convert_tokenizer(src_dir: Path, out_dir: Path, chat_template: str | Path | None = None) -> dict:
     """Writes out_dir/tokenizer.cbt from the tokenizer in src_dir (folder or
     file) and returns model-config.json's `tokenizer` section. chat_template:
@@ -119,18 +134,20 @@ def convert_tokenizer(src_dir: Path, out_dir: Path, chat_template: str | Path | 
     vocab = load_vocab(Path(src_dir))
     template = vocab.chat_template
     if chat_template is not None:
-        path = Path(str(chat_template))
-        template = None if str(chat_template) == "none" else (
-            path.read_text() if path.suffix == ".jinja" or path.exists() else str(chat_template))
+        template = None if str(chat_template) == "none" else _template_text(chat_template)
     reduced = reduce_template(template, vocab) if template else None
     if reduced is not None and reduced.eot is not None:
         vocab.eot = reduced.eot
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TokenizerError(f"{out_dir} is a file; expected the model folder to write {FILE_NAME} into")
     data = pack(vocab, reduced.strings_list() if reduced else [])
-    tmp = out_dir / (FILE_NAME + ".partial")
-    tmp.write_bytes(data)
-    tmp.replace(out_dir / FILE_NAME)
+    from .outputs import replace_file, write_failed
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        replace_file(out_dir / FILE_NAME, data)
+    except OSError as exc:
+        raise write_failed(out_dir / FILE_NAME, exc) from None
     section = {"kind": vocab.kind, "file": FILE_NAME, "tokens": len(vocab.tokens),
                "bos_id": vocab.bos if vocab.bos is not None else _first_special(vocab),
                "eos_id": vocab.eos if vocab.eos is not None else _first_special(vocab),

@@ -273,7 +273,9 @@ def read_header(path: Path) -> dict:
                              f"re-convert the model with this colibri-build")
         shape, offset, nbytes = tuple(rest[:ndim]), rest[4], rest[5]
         tensors[name.rstrip(b"\0").decode()] = TensorEntry(name.rstrip(b"\0").decode(), dtype, shape, offset, nbytes)
+    tok_start = 5 + n + len(DIMS_FLOATS)
     return {"version": vals[1], "alignment": vals[2], "header_bytes": header_bytes, "dims": dims,
+            "tokenizer": list(vals[tok_start:tok_start + 7]), "name": vals[-1].rstrip(b"\0").decode(errors="replace"),
             "tensors": tensors}
 
 
@@ -330,3 +332,84 @@ def warm_page_cache(path: Path) -> dict:
         finally:
             mm.close()
     return {"bytes": size, "huge_bytes": huge}
+
+
+# model-config.json's name for each header field, for messages.
+CONFIG_FIELD = {
+    "arch": "architecture", "n_layers": "layers", "hidden": "hidden_size", "n_heads": "heads",
+    "n_kv_heads": "kv_heads", "head_dim": "head_dim", "vocab": "vocab_size", "n_experts": "experts",
+    "top_k": "top_k", "expert_ffn": "expert_ffn_size", "n_shared_experts": "shared_experts",
+    "shared_ffn": "shared_expert_ffn_size", "context_len": "context_length", "router": "router",
+    "weight_dtype": "weights.dtype", "qk_norm": "attention.qk_norm", "qkv_bias": "attention.qkv_bias",
+    "shared_gate": "shared_expert_gate", "dense_ffn": "dense_ffn_size", "tied_embeddings": "tie_word_embeddings",
+    "norm_eps": "norm_eps", "rope_theta": "rope.theta", "clip_qkv": "attention.clip_qkv",
+}
+_ID_NAMES = {"arch": {v: k for k, v in ARCH_IDS.items()}, "router": {v: k for k, v in ROUTER_IDS.items()},
+             "weight_dtype": DTYPE_NAMES, "qk_norm": {v: k for k, v in QK_NORM_IDS.items()}}
+TOKENIZER_FIELDS = ("tokenizer.kind", "tokenizer.bos_id", "tokenizer.eos_id", "tokenizer.chat_roles.system",
+                    "tokenizer.chat_roles.user", "tokenizer.chat_roles.assistant",
+                    "tokenizer.chat_roles.end_of_turn")
+
+
+def _shown(field: str, value):
+    names = _ID_NAMES.get(field)
+    return repr(names.get(value, f"id {value}")) if names else value
+
+
+def check_matches_config(cfg: dict, config_path: Path, weights_path: Path) -> None:
+    """Raises ModelError unless weights_path is the file cfg describes: every
+    header dimension, the tokenizer ids, each tensor's dtype, shape and place,
+    and the file's size. The message names the field, the config's value
+    against the weights', and both files."""
+    config_path, weights_path = Path(config_path), Path(weights_path)
+    both = f"(config {config_path}, weights {weights_path})"
+    hint = "convert or synth the model again so both files come from one run"
+    try:
+        size = weights_path.stat().st_size
+    except FileNotFoundError:
+        raise ModelError(f"{weights_path}: no such file; {config_path} names it (weights.file)",
+                         hint="the model folder is incomplete: convert or synth it again") from None
+    except OSError as exc:
+        raise ModelError(f"{weights_path}: cannot read: {exc.strerror}") from None
+    try:
+        header = read_header(weights_path)
+    except OSError as exc:
+        raise ModelError(f"{weights_path}: cannot read: {exc.strerror}") from None
+    except struct.error:
+        raise ModelError(f"{weights_path}: truncated tensor table {both}", hint=hint) from None
+    expected = dims_from_config(cfg)
+    for field in DIMS_FIELDS + DIMS_FLOATS:
+        want, got = expected[field], header["dims"][field]
+        same = (float(np.float32(want)) == float(np.float32(got))) if field in DIMS_FLOATS else want == got
+        if not same:
+            raise ModelError(f"{CONFIG_FIELD[field]} is {_shown(field, want)} in the config but "
+                             f"{_shown(field, got)} in the weights {both}", hint=hint)
+    for field, want, got in zip(TOKENIZER_FIELDS, tokenizer_info(cfg), header["tokenizer"]):
+        if want != got:
+            none = 0xFFFFFFFF
+            show = (lambda v: {v: k for k, v in TOKENIZER_IDS.items()}.get(v, v)) if field == "tokenizer.kind" \
+                else (lambda v: None if v == none else v)
+            raise ModelError(f"{field} is {show(want)} in the config but {show(got)} in the weights {both}",
+                             hint=hint)
+    header_bytes, align, entries = plan_layout(cfg)
+    if header["alignment"] != align:
+        raise ModelError(f"the weights' expert alignment is {header['alignment']}, the config implies {align} "
+                         f"{both}", hint=hint)
+    tensors = header["tensors"]
+    for ent in entries:
+        got = tensors.get(ent.name)
+        if got is None:
+            raise ModelError(f"tensor '{ent.name}' of the config is missing from the weights {both}", hint=hint)
+        if (got.dtype, got.shape, got.offset, got.nbytes) != (ent.dtype, ent.shape, ent.offset, ent.nbytes):
+            raise ModelError(f"tensor '{ent.name}' is {DTYPE_NAMES[ent.dtype]} {list(ent.shape)} at {ent.offset} "
+                             f"in the config's layout but {DTYPE_NAMES.get(got.dtype)} {list(got.shape)} at "
+                             f"{got.offset} in the weights {both}", hint=hint)
+    extra = sorted(set(tensors) - {e.name for e in entries})
+    if extra:
+        raise ModelError(f"the weights hold tensor '{extra[0]}' that the config does not ({len(extra)} extra) "
+                         f"{both}", hint=hint)
+    last = entries[-1]
+    want_size = _round_up(last.offset + last.nbytes, align)
+    if size != want_size:
+        raise ModelError(f"the weights file is {size} bytes, the config implies {want_size} "
+                         f"({'truncated' if size < want_size else 'longer than its tensors'}) {both}", hint=hint)
