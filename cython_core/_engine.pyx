@@ -3,7 +3,7 @@
 generic (dimensions read from the weights file instead of compiled in)."""
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.stdint cimport int32_t, uint16_t, uint32_t
+from libc.stdint cimport int32_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 import threading
@@ -460,6 +460,48 @@ cdef extern from "kernels/kernels.h" nogil:
 
 cdef extern from "router.h" nogil:
     void cb_topk(const float *values, int n, int k, int32_t *ids)
+
+# ---- SHA-256, for tests: the code colibri-server --verify runs ----
+
+cdef extern from "sha256.h" nogil:
+    ctypedef struct cb_sha256:
+        pass
+    void cb_sha256_init(cb_sha256 *s)
+    void cb_sha256_update(cb_sha256 *s, const void *data, size_t len)
+    void cb_sha256_final(cb_sha256 *s, unsigned char digest[32])
+    int cb_sha256_file(const char *path, char hex[65], uint64_t *bytes, void *progress, void *ctx,
+                       char *err, size_t err_len)
+
+
+def sha256(data, Py_ssize_t piece=0):
+    """The engine's SHA-256 of bytes, fed piece bytes at a time (0: at once): hex."""
+    cdef const unsigned char[::1] v = np.frombuffer(bytes(data), dtype=np.uint8) if len(data) else np.zeros(1, np.uint8)
+    cdef Py_ssize_t n = len(data), at = 0, step = piece if piece > 0 else max(n, 1)
+    cdef cb_sha256 s
+    cdef unsigned char digest[32]
+    cb_sha256_init(&s)
+    while at < n:
+        cb_sha256_update(&s, &v[at], min(step, n - at))
+        at += step
+    cb_sha256_final(&s, digest)
+    return bytes(digest[:32]).hex()
+
+
+def sha256_file(path):
+    """The engine's streamed SHA-256 of a file (what colibri-server --verify
+    computes): hex."""
+    cdef char hex_[65]
+    cdef char err[1024]
+    cdef uint64_t n = 0
+    cdef bytes p = str(path).encode()
+    cdef const char *c_path = p
+    cdef int rc
+    with nogil:
+        rc = cb_sha256_file(c_path, hex_, &n, NULL, NULL, err, sizeof(err))
+    if rc != 0:
+        raise EngineError(err.decode(errors="replace"))
+    return hex_[:64].decode()
+
 
 _DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
 

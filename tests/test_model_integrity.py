@@ -5,6 +5,7 @@ weights whose bytes are not the ones model-config.json's sha256 names)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -185,6 +186,25 @@ def test_threads_sharing_a_tokenizer_get_the_ids_of_running_alone(tmp_path):
     assert check_ok(run_python(TOKENIZER_HAMMER, tmp_path)).strip() == "ok"
 
 
+# ---- the engine's SHA-256 ----
+
+@pytest.mark.parametrize("n", [0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 128, 1000, (1 << 20) - 1, 1 << 20,
+                               (1 << 20) + 3, 3 * (1 << 20) + 77])
+def test_the_engines_sha256_is_hashlibs(tmp_path, n):
+    """The C SHA-256 colibri-server --verify uses, on the lengths where its
+    padding changes (55/56: the length still fits the last block or not)
+    and across its 1 MiB file pieces, fed whole and in odd pieces."""
+    from colibri_build import _engine
+    data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
+    want = hashlib.sha256(data).hexdigest()
+    for piece in (0, 1, 7, 64, 65, 4096):
+        if n > 100_000 and piece and piece < 4096:
+            continue
+        assert _engine.sha256(data, piece) == want, piece
+    (tmp_path / "f").write_bytes(data)
+    assert _engine.sha256_file(tmp_path / "f") == want
+
+
 # ---- model-config.json is read, and must agree with the weights ----
 
 def model_copy(tiny_model: Path, dest: Path) -> Path:
@@ -283,3 +303,67 @@ def test_the_server_refuses_the_same_folders_with_exit_1(tmp_path, tiny_model, s
         assert re.search(message, done.stderr), (folder.name, done.stderr)
         assert "listening" not in done.stderr and not SANITIZER_REPORT.search(done.stderr), done.stderr
 
+
+# ---- verification: the weights' sha256 against the config's ----
+
+def flip_a_byte(folder: Path) -> None:
+    """One bit of an expert's weights (not read at start-up: only a hash can
+    tell)."""
+    from colibri_build.weights import read_header
+    entry = read_header(folder / "weights.cbw")["tensors"]["blk.1.expert.5.down"]
+    with open(folder / "weights.cbw", "r+b") as fh:
+        fh.seek(entry.offset + entry.nbytes // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0x10]))
+
+
+@pytest.mark.slow
+def test_verify_finds_a_flipped_byte_and_passes_a_clean_model(tmp_path, tiny_model, tiny_config, native_server_dist):
+    """Before: no --verify and no colibri-build verify (the server took
+    --verify for an unknown option), and weights.sha256 was never compared."""
+    exe = native_server_dist / "colibri-server"
+    expected = tiny_config["weights"]["sha256"]
+    assert expected == hashlib.sha256((tiny_model / "weights.cbw").read_bytes()).hexdigest()
+    done = subprocess.run([str(exe), "--model", str(tiny_model), "--verify"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{tiny_model / 'weights.cbw'}: ok (sha256 {expected})"
+    assert re.search(r"MiB hashed in [\d.]+ s \(\d+ MB/s\)", done.stderr)
+    cli = run_cli("verify", tiny_model)
+    assert f"{tiny_model / 'weights.cbw'}: ok (sha256 {expected}" in cli.stdout
+
+    bad = model_copy(tiny_model, tmp_path / "flipped")
+    flip_a_byte(bad)
+    got = hashlib.sha256((bad / "weights.cbw").read_bytes()).hexdigest()
+    Engine(bad)  # start-up reads no expert: it cannot tell
+    mismatch = f"sha256 mismatch: expected {expected} (weights.sha256 in {bad / 'model-config.json'}), got {got}"
+    done = subprocess.run([str(exe), "--model", str(bad), "--verify"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and mismatch in done.stderr, done.stderr
+    assert "ok" not in done.stdout
+    cli = run_cli("verify", bad, check=False)
+    assert cli.returncode == 5 and mismatch in cli.stderr and "Traceback" not in cli.stderr, cli.stderr
+
+    unhashed = model_copy(tiny_model, tmp_path / "unhashed")
+    edit_config(unhashed, lambda c: c["weights"].pop("sha256"))
+    done = subprocess.run([str(exe), "--model", str(unhashed), "--verify"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "has no weights.sha256" in done.stderr
+    cli = run_cli("verify", unhashed, check=False)
+    assert cli.returncode == 5 and "has no weights.sha256" in cli.stderr
+
+
+def test_colibri_build_verify_checks_schema_and_header(tmp_path, tiny_model):
+    """Before: no verify command (click: "No such command 'verify'")."""
+    for folder, message in refusals(tmp_path, tiny_model):
+        cli = run_cli("verify", folder, check=False)
+        assert cli.returncode in (2, 5) and "Traceback" not in cli.stderr, (folder.name, cli.stderr)
+        assert "error:" in cli.stderr and str(folder) in cli.stderr, (folder.name, cli.stderr)
+    wider = tmp_path / "wider"
+    cli = run_cli("verify", wider, check=False)
+    assert cli.returncode == 5
+    assert "disagree: experts is 16 in model-config.json, 8 in the weights header" in cli.stderr
+    unknown = model_copy(tiny_model, tmp_path / "unknown")
+    edit_config(unknown, lambda c: c.update(colour="blue"))
+    cli = run_cli("verify", unknown, check=False)
+    assert cli.returncode == 2 and "unknown field 'colour'" in cli.stderr
