@@ -3,8 +3,10 @@
 generic (dimensions read from the weights file instead of compiled in)."""
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.stdint cimport int32_t, uint16_t, uint32_t
+from libc.stdint cimport int32_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+
+import threading
 
 import numpy as np
 
@@ -153,11 +155,15 @@ cdef class Tokenizer:
 
     encode(text, special=True) -> ids; decode(ids) -> str;
     decode_stream(ids) -> the text each token adds when streamed.
+    Safe to share between threads: calls take turns (encoding works in the
+    tokenizer's one scratch buffer, with the GIL released).
     """
     cdef cb_tokenizer *t
+    cdef object _lock
 
     def __cinit__(self, path):
         from pathlib import Path
+        self._lock = threading.Lock()
         p = Path(path)
         if p.is_dir():
             p = p / "tokenizer.cbt"
@@ -179,13 +185,16 @@ cdef class Tokenizer:
         return cb_tokenizer_size(self.t)
 
     def encode(self, text, bint special=True):
-        return _encode(self.t, text, special)
+        with self._lock:
+            return _encode(self.t, text, special)
 
     def decode(self, ids):
-        return _decode(self.t, ids)
+        with self._lock:
+            return _decode(self.t, ids)
 
     def decode_stream(self, ids):
-        return _decode_stream(self.t, ids)
+        with self._lock:
+            return _decode_stream(self.t, ids)
 
     def is_end_token(self, int tok):
         return bool(cb_is_end_token(self.t, tok))
@@ -193,7 +202,8 @@ cdef class Tokenizer:
     def format_chat(self, messages):
         """The prompt text of messages ({"role", "content"} dicts) as the
         server formats it, from the reduced chat template."""
-        return _format_chat(self.t, messages)
+        with self._lock:
+            return _format_chat(self.t, messages)
 
 
 cdef class Engine:
@@ -202,16 +212,26 @@ cdef class Engine:
 
     forward(token_ids) -> float32 logits [len(token_ids), vocab]
     generate(prompt, max_tokens) -> generated text (greedy)
+
+    One engine may be shared between threads: its calls take turns (one KV
+    cache, one set of buffers, one thread pool), each as if it ran alone.
+    close() (or leaving a with block) waits for the running call and frees
+    the model; a closed engine raises EngineError.
     """
     cdef cb_engine *e
     cdef cb_batch_item *items
     cdef int max_batch
     cdef public object model_dir
     cdef object _routing
+    # Held around every use of e: the C engine runs one batch at a time and
+    # close() must not free it under a running call. Reentrant: generate
+    # calls forward.
+    cdef object _lock
 
     def __cinit__(self, model_dir, int threads=0, kv_cache="f32"):
         cdef char err[1024]
         err[0] = 0
+        self._lock = threading.RLock()
         if kv_cache not in ("f32", "f16"):
             raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32' or 'f16'")
         path = str(model_dir).encode()
@@ -225,25 +245,57 @@ cdef class Engine:
         self.model_dir = str(model_dir)
 
     def __dealloc__(self):
+        # No call can be running: it would hold a reference to self.
         if self.e != NULL:
             cb_engine_close(self.e)
+            self.e = NULL
         PyMem_Free(self.items)
+        self.items = NULL
+
+    cdef cb_engine *_live(self) except NULL:
+        """The C engine, or EngineError once closed (call with _lock held)."""
+        if self.e == NULL:
+            raise EngineError(f"engine of {self.model_dir} is closed")
+        return self.e
+
+    def close(self):
+        """Frees the model and its buffers now (waits for a call running in
+        another thread). Later calls raise EngineError; closing twice is fine."""
+        with self._lock:
+            if self.e != NULL:
+                cb_engine_close(self.e)
+                self.e = NULL
+
+    @property
+    def closed(self):
+        return self.e == NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     @property
     def kv_cache_bytes(self):
-        return cb_engine_kv_bytes(self.e)
+        with self._lock:
+            return cb_engine_kv_bytes(self._live())
 
     @property
     def dims(self):
-        cdef const cb_dims *d = cb_engine_dims(self.e)
-        return dict(layers=d.n_layers, hidden_size=d.hidden, heads=d.n_heads, kv_heads=d.n_kv_heads,
-                    head_dim=d.head_dim, vocab_size=d.vocab, experts=d.n_experts, top_k=d.top_k,
-                    expert_ffn_size=d.expert_ffn, context_length=d.context_len, norm_eps=d.norm_eps,
-                    rope_theta=d.rope_theta)
+        cdef const cb_dims *d
+        with self._lock:
+            d = cb_engine_dims(self._live())
+            return dict(layers=d.n_layers, hidden_size=d.hidden, heads=d.n_heads, kv_heads=d.n_kv_heads,
+                        head_dim=d.head_dim, vocab_size=d.vocab, experts=d.n_experts, top_k=d.top_k,
+                        expert_ffn_size=d.expert_ffn, context_length=d.context_len, norm_eps=d.norm_eps,
+                        rope_theta=d.rope_theta)
 
     @property
     def name(self):
-        return cb_engine_model_name(self.e).decode()
+        with self._lock:
+            return cb_engine_model_name(self._live()).decode()
 
     @property
     def kernels(self):
@@ -252,7 +304,8 @@ cdef class Engine:
     @property
     def last_routing(self):
         """Experts chosen by the last forward(): int32 [tokens, layers, top_k]."""
-        return self._routing
+        with self._lock:
+            return self._routing
 
     def forward(self, token_ids, bint all_logits=True, int start=0):
         """Runs token_ids from position start and returns logits at every
@@ -260,8 +313,13 @@ cdef class Engine:
         only ([1, vocab]: as the server prefills a prompt, the last layer's
         FFN runs for that token alone). With start > 0 the tokens continue
         the ones an earlier call ran at positions 0..start-1."""
-        cdef const cb_dims *d = cb_engine_dims(self.e)
         ids = np.ascontiguousarray(token_ids, dtype=np.int32).ravel()
+        with self._lock:
+            return self._forward(ids, all_logits, start)
+
+    cdef object _forward(self, ids, bint all_logits, int start):
+        cdef cb_engine *e = self._live()
+        cdef const cb_dims *d = cb_engine_dims(e)
         cdef int n = ids.shape[0]
         if n < 1:
             raise ValueError("forward() needs at least one token")
@@ -281,14 +339,14 @@ cdef class Engine:
                 self.items[i].pos = start + done + i
                 self.items[i].want_logits = 1 if all_logits or done + i == n - 1 else 0
             with nogil:
-                rc = cb_engine_forward(self.e, self.items, chunk, err, sizeof(err))
+                rc = cb_engine_forward(e, self.items, chunk, err, sizeof(err))
             if rc != 0:
                 raise EngineError(err.decode(errors="replace"))
             for i in range(chunk):
                 if all_logits:
-                    memcpy(&out_v[done + i, 0], cb_engine_logits(self.e, i), sizeof(float) * d.vocab)
+                    memcpy(&out_v[done + i, 0], cb_engine_logits(e, i), sizeof(float) * d.vocab)
                 elif done + i == n - 1:
-                    memcpy(&out_v[0, 0], cb_engine_logits(self.e, 0), sizeof(float) * d.vocab)
+                    memcpy(&out_v[0, 0], cb_engine_logits(e, 0), sizeof(float) * d.vocab)
                 routing[done + i] = self._routing_of(i)
             done += chunk
         self._routing = routing
@@ -308,8 +366,14 @@ cdef class Engine:
         """Greedy continuation of prompt_ids: the new token ids. Afterwards
         last_routing holds the experts of every token fed (prompt and
         generated)."""
-        cdef const cb_dims *d = cb_engine_dims(self.e)
-        cdef float[:, ::1] prompt_logits = self.forward(prompt_ids, all_logits=False)
+        ids = np.ascontiguousarray(prompt_ids, dtype=np.int32).ravel()
+        with self._lock:  # the whole generation: no other call moves the KV cache in between
+            return self._generate_ids(ids, max_tokens, stop_at_end)
+
+    cdef list _generate_ids(self, ids, int max_tokens, bint stop_at_end):
+        cdef cb_engine *e = self._live()
+        cdef const cb_dims *d = cb_engine_dims(e)
+        cdef float[:, ::1] prompt_logits = self._forward(ids, False, 0)
         cdef int pos = len(self._routing)
         cdef int32_t tok = cb_argmax(&prompt_logits[0, 0], d.vocab)
         cdef char err[1024]
@@ -318,7 +382,7 @@ cdef class Engine:
         routing = [self._routing]
         while len(generated) < max_tokens:
             generated.append(tok)
-            if stop_at_end and cb_is_end_token(cb_engine_tokenizer(self.e), tok):
+            if stop_at_end and cb_is_end_token(cb_engine_tokenizer(e), tok):
                 break
             if len(generated) == max_tokens or pos >= <int>d.context_len:
                 break
@@ -327,11 +391,11 @@ cdef class Engine:
             self.items[0].pos = pos
             self.items[0].want_logits = 1
             with nogil:
-                rc = cb_engine_forward(self.e, self.items, 1, err, sizeof(err))
+                rc = cb_engine_forward(e, self.items, 1, err, sizeof(err))
             if rc != 0:
                 raise EngineError(err.decode(errors="replace"))
             routing.append(self._routing_of(0)[None])
-            tok = cb_argmax(cb_engine_logits(self.e, 0), d.vocab)
+            tok = cb_argmax(cb_engine_logits(e, 0), d.vocab)
             pos += 1
         self._routing = np.concatenate(routing)
         return generated
@@ -339,19 +403,23 @@ cdef class Engine:
     def tokenize(self, text, bint special=True):
         """Token ids of text with the model's tokenizer (special tokens
         written in the text are parsed unless special=False)."""
-        return _encode(cb_engine_tokenizer(self.e), text, special)
+        with self._lock:
+            return _encode(cb_engine_tokenizer(self._live()), text, special)
 
     def detokenize(self, ids):
         """The text of ids (invalid UTF-8 across them becomes U+FFFD)."""
-        return _decode(cb_engine_tokenizer(self.e), ids)
+        with self._lock:
+            return _decode(cb_engine_tokenizer(self._live()), ids)
 
     def format_chat(self, messages):
         """The prompt text the server makes of chat messages (real tokenizers)."""
-        return _format_chat(cb_engine_tokenizer(self.e), messages)
+        with self._lock:
+            return _format_chat(cb_engine_tokenizer(self._live()), messages)
 
     def generate(self, prompt, int max_tokens=16):
         """Greedy continuation of a text prompt (no chat template): the new text."""
-        return self.detokenize(self.generate_ids(self.tokenize(prompt), max_tokens))
+        with self._lock:
+            return self.detokenize(self.generate_ids(self.tokenize(prompt), max_tokens))
 
 
 # ---- kernels, for tests: the build's own kernels and the scalar references ----
@@ -392,6 +460,48 @@ cdef extern from "kernels/kernels.h" nogil:
 
 cdef extern from "router.h" nogil:
     void cb_topk(const float *values, int n, int k, int32_t *ids)
+
+# ---- SHA-256, for tests: the code colibri-server --verify runs ----
+
+cdef extern from "sha256.h" nogil:
+    ctypedef struct cb_sha256:
+        pass
+    void cb_sha256_init(cb_sha256 *s)
+    void cb_sha256_update(cb_sha256 *s, const void *data, size_t len)
+    void cb_sha256_final(cb_sha256 *s, unsigned char digest[32])
+    int cb_sha256_file(const char *path, char hex[65], uint64_t *bytes, void *progress, void *ctx,
+                       char *err, size_t err_len)
+
+
+def sha256(data, Py_ssize_t piece=0):
+    """The engine's SHA-256 of bytes, fed piece bytes at a time (0: at once): hex."""
+    cdef const unsigned char[::1] v = np.frombuffer(bytes(data), dtype=np.uint8) if len(data) else np.zeros(1, np.uint8)
+    cdef Py_ssize_t n = len(data), at = 0, step = piece if piece > 0 else max(n, 1)
+    cdef cb_sha256 s
+    cdef unsigned char digest[32]
+    cb_sha256_init(&s)
+    while at < n:
+        cb_sha256_update(&s, &v[at], min(step, n - at))
+        at += step
+    cb_sha256_final(&s, digest)
+    return bytes(digest[:32]).hex()
+
+
+def sha256_file(path):
+    """The engine's streamed SHA-256 of a file (what colibri-server --verify
+    computes): hex."""
+    cdef char hex_[65]
+    cdef char err[1024]
+    cdef uint64_t n = 0
+    cdef bytes p = str(path).encode()
+    cdef const char *c_path = p
+    cdef int rc
+    with nogil:
+        rc = cb_sha256_file(c_path, hex_, &n, NULL, NULL, err, sizeof(err))
+    if rc != 0:
+        raise EngineError(err.decode(errors="replace"))
+    return hex_[:64].decode()
+
 
 _DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
 

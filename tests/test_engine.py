@@ -1,5 +1,7 @@
 """The engine in-process (Cython binding) against the NumPy reference."""
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -153,8 +155,11 @@ def test_tokenizer_round_trip_and_text_generation(engine):
     assert isinstance(engine.generate("Hello", max_tokens=4), str)
 
 
-def test_engine_errors_are_clear(tmp_path, engine):
-    with pytest.raises(RuntimeError, match="cannot open"):
+def test_engine_errors_are_clear(tmp_path, engine, tiny_model):
+    with pytest.raises(RuntimeError, match="model-config.json: cannot open"):
+        Engine(tmp_path)
+    shutil.copy(tiny_model / "model-config.json", tmp_path)
+    with pytest.raises(RuntimeError, match="weights.cbw: cannot open"):
         Engine(tmp_path)
     (tmp_path / "weights.cbw").write_bytes(b"not a model at all" * 100)
     with pytest.raises(RuntimeError, match="bad magic"):
@@ -167,6 +172,7 @@ def test_engine_errors_are_clear(tmp_path, engine):
 
 def test_truncated_weights_are_refused(tmp_path, tiny_model):
     data = (tiny_model / "weights.cbw").read_bytes()
+    shutil.copy(tiny_model / "model-config.json", tmp_path)
     (tmp_path / "weights.cbw").write_bytes(data[: len(data) // 2])
     with pytest.raises(RuntimeError, match="outside the file"):
         Engine(tmp_path)

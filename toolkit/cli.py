@@ -228,6 +228,23 @@ def warm(model):
     click.echo(f"{path}: {got['bytes'] / 2**20:.0f} MiB read, in 2 MiB pages: {huge}")
 
 
+@main.command("verify")
+@click.argument("model", type=click.Path(path_type=Path))
+def verify_cmd(model):
+    """Check MODEL (a folder or its model-config.json): the config against its
+    schema, the weights header against the config, and the weights file's
+    sha256 against weights.sha256 (reads the whole file)."""
+    from .verify import verify
+    next_report = [1 << 30]
+
+    def progress(done, total):
+        if done >= next_report[0]:  # big files: a line a GiB
+            next_report[0] += 1 << 30
+            click.echo(f"verify: {done / 2**30:.0f} of {total / 2**30:.1f} GiB read", err=True)
+    got = verify(model, progress)
+    click.echo(f"{got.weights}: ok (sha256 {got.sha256}, {got.bytes / 2**20:.1f} MiB hashed in {got.seconds:.2f} s)")
+
+
 @main.command("tokenizer")
 @click.argument("src", type=click.Path(path_type=Path, exists=True))
 @click.argument("out_dir", type=click.Path(path_type=Path))

@@ -10,6 +10,7 @@
 
 #include "engine_internal.h"
 #include "kernels/kernels.h"
+#include "model_config.h"
 
 typedef struct {
     const cb_mm_part *parts;
@@ -179,14 +180,23 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
                           size_t err_len) {
     char path[4096];
     cb_engine *e = calloc(1, sizeof *e);
-    if (!e) {
+    cb_model_config *cfg = malloc(sizeof *cfg);
+    if (!e || !cfg) {
         snprintf(err, err_len, "out of memory");
+        free(e);
+        free(cfg);
         return NULL;
     }
-    /* The weights file's name is fixed by the toolkit (model-config.json
-     * "weights.file" is always weights.cbw for now). */
-    snprintf(path, sizeof path, "%s/weights.cbw", model_dir);
-    if (cb_weights_map(&e->w, path, err, err_len) != 0) goto fail;
+    /* model-config.json describes the folder: it names the weights file, and
+     * the file's header must repeat its shape. */
+    if (cb_model_config_load(cfg, model_dir, err, err_len) != 0 ||
+        cb_model_config_weights_path(cfg, model_dir, path, sizeof path, err, err_len) != 0 ||
+        cb_weights_map(&e->w, path, err, err_len) != 0 ||
+        cb_model_config_check(cfg, e->w.header, path, err, err_len) != 0) {
+        free(cfg);
+        goto fail;
+    }
+    free(cfg);
     e->dims = e->w.header->dims;
 #if CB_SPECIALISED
     {

@@ -26,8 +26,9 @@ typedef struct {
  * the memory and half the bytes each attention step reads). */
 enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1 };
 
-/* Opens the model folder (model-config.json's weights, mapped, not read) and
- * allocates every buffer. n_threads <= 0 means one per online CPU.
+/* Opens the model folder: reads model-config.json, maps (does not read) the
+ * weights file it names, refuses a header whose shape differs from the
+ * config's, and allocates every buffer. n_threads <= 0 means one per online CPU.
  * n_slots <= 0 means the compiled-in number of slots. On failure returns NULL
  * and writes a message naming the file and the problem into err. */
 cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enum cb_kv_type kv,

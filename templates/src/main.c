@@ -7,9 +7,11 @@
 #include "build_config.h"
 #include "engine.h"
 #include "platform/net.h"
+#include "model_config.h"
 #include "platform/platform.h"
 #include "server/app.h"
 #include "server/netloop.h"
+#include "sha256.h"
 
 static volatile sig_atomic_t stop_requested;
 static void request_stop(void) { stop_requested = 1; }
@@ -39,6 +41,9 @@ static void usage(FILE *out) {
             "                            $COLIBRI_METRICS_KEY); with --api-key, /metrics needs one of the two\n"
             "  --metrics-public          /metrics needs no key even with --api-key\n"
             "  --verbose                 log connection events\n"
+            "  --verify                  check the model folder and exit: what start-up checks, then the weights\n"
+            "                            file's sha256 against model-config.json's weights.sha256 (reads the\n"
+            "                            whole file); exit 0 and 'ok' when all agree\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
             CB_MAX_SLOTS, CB_MAX_SLOTS, CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
             CB_KERNELS_NAME, CB_TOOLKIT_VERSION);
@@ -67,6 +72,56 @@ static int read_key_file(const char *path, char *key, size_t cap) {
     return 0;
 }
 
+typedef struct {
+    uint64_t start_ns, next_report;
+} verify_progress;
+
+static void verify_report(void *p, uint64_t done) {
+    verify_progress *v = p;
+    if (done < v->next_report) return;
+    v->next_report += 1ull << 30; /* a line a GiB: a big file takes seconds a GiB */
+    const double s = (double)(cb_now_ns() - v->start_ns) / 1e9;
+    fprintf(stderr, "colibri-server: verify: %.0f GiB read, %.0f MB/s\n", (double)done / (1ull << 30),
+            (double)done / 1e6 / (s > 0 ? s : 1e-9));
+}
+
+/* --verify: the checks start-up makes (config against header, tensor
+ * table, the shape this server was built for), then the weights file's
+ * sha256 against the config's. Returns the exit status. */
+static int verify_model(const char *model) {
+    static cb_model_config cfg;
+    char err[1024], path[4096], got[65];
+    cb_engine *engine = cb_engine_open(model, 1, 1, CB_KV_F32, err, sizeof err);
+    if (!engine || cb_model_config_load(&cfg, model, err, sizeof err) != 0 ||
+        cb_model_config_weights_path(&cfg, model, path, sizeof path, err, sizeof err) != 0) {
+        fprintf(stderr, "colibri-server: %s\n", err);
+        cb_engine_close(engine);
+        return 1;
+    }
+    cb_engine_close(engine);
+    if (!cfg.sha256[0]) {
+        fprintf(stderr, "colibri-server: %s has no weights.sha256: nothing to check %s against "
+                "(colibri-build synth and convert record it)\n", cfg.path, path);
+        return 1;
+    }
+    verify_progress prog = {cb_now_ns(), 1ull << 30};
+    uint64_t bytes = 0;
+    if (cb_sha256_file(path, got, &bytes, verify_report, &prog, err, sizeof err) != 0) {
+        fprintf(stderr, "colibri-server: %s\n", err);
+        return 1;
+    }
+    const double s = (double)(cb_now_ns() - prog.start_ns) / 1e9;
+    fprintf(stderr, "colibri-server: verify: %s: %.1f MiB hashed in %.2f s (%.0f MB/s)\n", path,
+            (double)bytes / (1 << 20), s, (double)bytes / 1e6 / (s > 0 ? s : 1e-9));
+    if (strcmp(got, cfg.sha256) != 0) {
+        fprintf(stderr, "colibri-server: %s: sha256 mismatch: expected %s (weights.sha256 in %s), got %s\n", path,
+                cfg.sha256, cfg.path, got);
+        return 1;
+    }
+    printf("%s: ok (sha256 %s)\n", path, got);
+    return 0;
+}
+
 static int parse_int(const char *flag, const char *text, int min, int max, int *out) {
     char *end;
     long v = strtol(text, &end, 10);
@@ -80,7 +135,7 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 
 int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
-    int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 256, verbose = 0;
+    int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 256, verbose = 0, verify = 0;
     const char *api_key_flag = NULL, *api_key_file = NULL, *metrics_key = getenv("COLIBRI_METRICS_KEY");
     static char api_key_buf[4096];
     int metrics_public = 0;
@@ -102,6 +157,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(arg, "--metrics-public")) {
             metrics_public = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--verify")) {
+            verify = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -150,6 +209,7 @@ int main(int argc, char **argv) {
     if (api_key_file && read_key_file(api_key_file, api_key_buf, sizeof api_key_buf) != 0) return 2;
     if (api_key_file) api_key = api_key_buf;
     else if (api_key_flag) api_key = api_key_flag;
+    if (verify) return verify_model(model);
     if (api_key && !*api_key) api_key = NULL;
     if (metrics_key && !*metrics_key) metrics_key = NULL;
     /* Every connection (and spare entry) is a descriptor; the rest is the
