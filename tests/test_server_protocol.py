@@ -330,6 +330,9 @@ def test_api_key_from_a_file_or_the_environment(server_exe, tiny_model, tmp_path
     (["--api-key-file", "/nonexistent/key"], "--api-key-file: cannot open '/nonexistent/key'"),
     (["--api-key", "a", "--api-key-file", "/dev/null"], "--api-key and --api-key-file both given"),
     (["--api-key-file", "/dev/null"], "'/dev/null': the first line holds no key"),
+    # An empty key used to turn authentication off without a word.
+    (["--api-key", ""], "--api-key: the key is empty"),
+    (["--api-key", "k", "--metrics-key", ""], "--metrics-key: the key is empty"),
 ])
 def test_bad_key_flags_are_refused_at_start(server_exe, tiny_model, args, message):
     done = subprocess.run([str(server_exe), "--model", str(tiny_model), *args], capture_output=True, text=True,

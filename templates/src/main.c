@@ -19,7 +19,7 @@ static void request_stop(void) { stop_requested = 1; }
 static void usage(FILE *out) {
     fprintf(out,
             "usage: colibri-server --model DIR [options]\n"
-            "  --model DIR               model folder (model-config.json, weights.cbw)\n"
+            "  --model DIR               model folder: model-config.json and the weights file it names\n"
             "  --host ADDR               address to bind (default 127.0.0.1)\n"
             "  --port N                  TCP port, 0 for any free one (default 8080)\n"
             "  --threads N               compute threads (default: one per CPU)\n"
@@ -137,6 +137,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
     int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 256, verbose = 0, verify = 0;
     const char *api_key_flag = NULL, *api_key_file = NULL, *metrics_key = getenv("COLIBRI_METRICS_KEY");
+    const char *metrics_key_flag = NULL;
     static char api_key_buf[4096];
     int metrics_public = 0;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
@@ -181,7 +182,7 @@ int main(int argc, char **argv) {
         }
         else if (!strcmp(arg, "--api-key")) api_key_flag = value;
         else if (!strcmp(arg, "--api-key-file")) api_key_file = value;
-        else if (!strcmp(arg, "--metrics-key")) metrics_key = value;
+        else if (!strcmp(arg, "--metrics-key")) metrics_key = metrics_key_flag = value;
         else if (!strcmp(arg, "--port")) bad = parse_int(arg, value, 0, 65535, &port);
         else if (!strcmp(arg, "--threads")) bad = parse_int(arg, value, 0, 1024, &threads);
         else if (!strcmp(arg, "--slots")) bad = parse_int(arg, value, 1, CB_MAX_SLOTS, &slots);
@@ -200,6 +201,13 @@ int main(int argc, char **argv) {
     if (!model) {
         fprintf(stderr, "colibri-server: --model DIR is required\n");
         usage(stderr);
+        return 2;
+    }
+    /* An empty key would silently serve without authentication: a flag that
+     * asks for a key must give one (an empty $COLIBRI_API_KEY counts as unset). */
+    if ((api_key_flag && !*api_key_flag) || (metrics_key_flag && !*metrics_key_flag)) {
+        fprintf(stderr, "colibri-server: %s: the key is empty; give a key, or leave the flag out to serve "
+                "without one\n", api_key_flag && !*api_key_flag ? "--api-key" : "--metrics-key");
         return 2;
     }
     if (api_key_flag && api_key_file) {
