@@ -6,6 +6,7 @@
 
 #include "build_config.h"
 #include "engine.h"
+#include "platform/cpu_features.h"
 #include "platform/platform.h"
 #include "server/app.h"
 #include "server/netloop.h"
@@ -48,6 +49,7 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 }
 
 int main(int argc, char **argv) {
+    cb_cpu_require("colibri-server"); /* first: exits 1, not SIGILL, on a CPU that lacks the build's ISA */
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
     int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 64, verbose = 0;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
