@@ -2,13 +2,17 @@
 message naming what the build needs, what the CPU lacks and the build to use
 instead, never SIGILL. Older CPUs are qemu user-mode CPU models (-cpu
 Nehalem: no AVX; cortex-a53: no dotprod); the CPUs that have the features
-run the same executable and answer a request."""
+run the same executable and answer a request. The Python extension defaults
+to the portable baseline, and one built for more than the CPU has fails to
+import with the same message."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,6 +118,49 @@ def test_aarch64_dotprod_server_on_a_cpu_without_dotprod_exits_1(workdir, tiny_m
     done = run([emulator, "-cpu", "cortex-a53", exe, "--model", tiny_model])
     assert_refused(done, "linux-aarch64-dotprod", ["DOTPROD"], "linux-aarch64")
     serves(tmp_path, exe, tiny_model, [emulator, "-cpu", "cortex-a76"])
+
+
+def test_the_python_extension_defaults_to_the_portable_baseline(tmp_path):
+    """Configured with no COLIBRI_PY_TARGET, the extension is compiled for
+    the architecture's baseline target, never -march=native."""
+    if targets.host_arch() not in ("x86_64", "aarch64") or sys.platform == "darwin":
+        pytest.skip("the portable default is set for Linux and Windows on x86-64 and aarch64")
+    done = run([toolchain.cmake_exe(), "-S", REPO, "-B", tmp_path, "-G", "Ninja",
+                f"-DCMAKE_MAKE_PROGRAM={toolchain.ninja_exe()}", f"-DPython_EXECUTABLE={sys.executable}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    rendered = json.loads((tmp_path / "engine-generic" / "colibri-render.json").read_text())
+    expected = "x86-64" if targets.host_arch() == "x86_64" else "linux-aarch64"
+    assert rendered["target"] == expected
+    ninja = "".join(p.read_text() for p in tmp_path.rglob("*.ninja"))
+    assert "-march=native" not in ninja
+    assert ("-march=x86-64 " if expected == "x86-64" else "-march=armv8-a ") in ninja
+
+
+def test_an_extension_built_for_avx2_fails_to_import_without_it(tmp_path):
+    """Built for x86-64-v3 and imported by a Python on a CPU without AVX2: an
+    ImportError with the reason, where it used to load (and die on the first
+    forward with SIGILL)."""
+    if targets.host_arch() != "x86_64" or "avx2" not in targets.host_cpu_flags():
+        pytest.skip("builds for x86-64-v3 and imports it on this x86-64 CPU with AVX2")
+    emulator = qemu("qemu-x86_64-static")
+    build = tmp_path / "ext"
+    for cmd in ([toolchain.cmake_exe(), "-S", REPO, "-B", build, "-G", "Ninja", "-DCOLIBRI_PY_TARGET=x86-64-v3",
+                 f"-DCMAKE_MAKE_PROGRAM={toolchain.ninja_exe()}", f"-DPython_EXECUTABLE={sys.executable}"],
+                [toolchain.ninja_exe(), "-C", build, "_engine"]):
+        done = run(cmd)
+        assert done.returncode == 0, done.stdout + done.stderr
+    module = next(build.glob("_engine*.so"))
+    load = ("import importlib.util, sys\n"
+            "spec = importlib.util.spec_from_file_location('colibri_build._engine', sys.argv[1])\n"
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "print('imported')\n")
+    here = run([sys.executable, "-c", load, module])
+    assert here.returncode == 0 and "imported" in here.stdout, here.stderr
+    old = run([emulator, "-cpu", "Nehalem", sys.executable, "-c", load, module])
+    assert old.returncode == 1, f"exit {old.returncode}:\n{old.stderr}"
+    assert "ImportError: colibri_build._engine: this build (target x86-64-v3) needs" in old.stderr
+    assert re.search(r"this CPU lacks [^;]*\bAVX2\b[^;]*; use the x86-64-v2 build", old.stderr), old.stderr
+    assert "COLIBRI_PY_TARGET" in old.stderr
 
 
 def test_every_cpu_feature_a_target_may_name_is_known_to_the_check():
