@@ -8,6 +8,16 @@ from libc.string cimport memcpy
 
 import threading
 
+cdef extern from "platform/cpu_features.h" nogil:
+    int cb_cpu_check(char *msg, size_t cap)
+
+# First, before any engine code: an extension built for a CPU feature level
+# this CPU lacks (COLIBRI_PY_TARGET) fails to import with the reason, not SIGILL.
+cdef char _cpu_msg[1024]
+if cb_cpu_check(_cpu_msg, sizeof(_cpu_msg)) != 0:
+    raise ImportError(f"colibri_build._engine: {_cpu_msg.decode()}; reinstall with "
+                      f"-C cmake.define.COLIBRI_PY_TARGET=<that target>")
+
 import numpy as np
 
 

@@ -17,7 +17,7 @@ import jinja2
 
 from . import __version__
 from .resources import data_dir
-from .targets import Target
+from .targets import Target, cpu_fallbacks
 
 if TYPE_CHECKING:  # config needs jsonschema, which the wheel build does not
     from .config import ModelConfig
@@ -53,8 +53,22 @@ def _c_float(value: float) -> str:
     return repr(float(value)) + "f"
 
 
+def _cpu_check_c_flags(inputs: RenderInputs, fallbacks: list[Target]) -> list[str]:
+    """Flags for the CPU check's file (platform/cpu_features.c): those of the
+    target needing the fewest CPU features on this OS and architecture, so
+    the check runs on any CPU of it."""
+    pool = fallbacks if inputs.target.arch == "host" else [inputs.target, *fallbacks]
+    if not pool:
+        return list(inputs.target.c_flags)
+    base = min(pool, key=lambda t: len(t.cpu_features))  # min keeps the first of equals
+    if base is inputs.target:
+        return list(inputs.target.c_flags)
+    return list(base.for_compiler(Path(inputs.compiler.split(";")[0]).name).c_flags)
+
+
 def context(inputs: RenderInputs) -> dict:
     cfg = inputs.config.data if inputs.config else None
+    fallbacks = cpu_fallbacks(inputs.target)
     return {
         "specialised": cfg is not None,
         "model": cfg,
@@ -64,6 +78,8 @@ def context(inputs: RenderInputs) -> dict:
         "target": inputs.target.as_dict(),
         "kernels": inputs.kernels,
         "compiler": inputs.compiler,
+        "cpu_other_targets": fallbacks,
+        "cpu_check_c_flags": _cpu_check_c_flags(inputs, fallbacks),
         "version": __version__,
         "c_float": _c_float,
     }

@@ -25,6 +25,18 @@ from .resources import data_dir
 # includes scalar. "auto" picks from what the compiler enables (native).
 KERNEL_FAMILIES = ("scalar", "avx2", "avx512", "neon", "dotprod", "auto")
 OS_NAMES = ("linux", "windows", "macos")
+# [run] cpu_features: the CPU features the executable needs, as /proc/cpuinfo
+# names them. The server's start-up check (templates/src/platform/cpu_features.h
+# defines CB_CPU_<NAME> for each) reads them to name the build a CPU can run.
+CPU_FEATURES = (
+    "pni", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16", "lahf_lm", "avx", "avx2", "bmi1", "bmi2",
+    "f16c", "fma", "abm", "movbe", "xsave", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
+    "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx512vbmi", "avx512_vbmi2", "avx512ifma",
+    "avx512_vpopcntdq", "avx512_bitalg", "avx_vnni", "aes", "pclmulqdq", "sha_ni", "adx", "gfni", "vaes",
+    "vpclmulqdq",
+    "asimd", "asimddp", "asimdhp", "fphp", "atomics", "asimdrdm", "crc32", "asimdfhm", "sve", "sve2",
+    "i8mm", "bf16", "pmull", "sha2",
+)
 
 
 @dataclass(frozen=True)
@@ -212,6 +224,10 @@ def parse_target(path: Path) -> Target:
         raise TargetError(f"{where}: field 'name': got {target.name!r}, expected the file's stem {path.stem!r}")
     if target.kernels not in KERNEL_FAMILIES:
         raise TargetError(f"{where}: field 'kernels': got {target.kernels!r}, expected one of {', '.join(KERNEL_FAMILIES)}")
+    unknown = [f for f in target.cpu_features if f not in CPU_FEATURES]
+    if unknown:
+        raise TargetError(f"{where} [run]: field 'cpu_features': unknown feature {unknown[0]!r}, "
+                          f"expected /proc/cpuinfo names among {', '.join(CPU_FEATURES)}")
     if target.os not in OS_NAMES:
         raise TargetError(f"{where}: field 'os': got {target.os!r}, expected one of {', '.join(OS_NAMES)}")
     return target
@@ -223,6 +239,17 @@ def targets_dir() -> Path:
 
 def all_targets() -> dict[str, Target]:
     return {p.stem: parse_target(p) for p in sorted(targets_dir().glob("*.toml"))}
+
+
+def cpu_fallbacks(target: Target) -> list[Target]:
+    """The other targets for the same OS and CPU architecture, nearest
+    first (most CPU features): what a CPU that cannot run `target` is told
+    to use instead. The last one needs the fewest features: its flags are
+    the architecture's baseline."""
+    arch = host_arch() if target.arch == "host" else target.arch
+    others = [t for t in all_targets().values()
+              if t.name != target.name and t.arch == arch and t.os == target.os]
+    return sorted(others, key=lambda t: (-len(t.cpu_features), t.name))
 
 
 def get_target(name: str) -> Target:

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "platform/cpu_features.h"
 #include "platform/platform.h"
 
 #define READ_TASK_BYTES ((size_t)1 << 20)
@@ -58,6 +59,7 @@ static double percentile(double *v, int n, int q) {
 }
 
 int main(int argc, char **argv) {
+    cb_cpu_require("colibri-decode-bench");
     const char *model = NULL;
     int pairs = 256, threads = 2;
     for (int i = 1; i < argc; i++) {

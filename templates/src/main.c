@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "platform/net.h"
 #include "model_config.h"
+#include "platform/cpu_features.h"
 #include "platform/platform.h"
 #include "server/app.h"
 #include "server/netloop.h"
@@ -134,6 +135,7 @@ static int parse_int(const char *flag, const char *text, int min, int max, int *
 }
 
 int main(int argc, char **argv) {
+    cb_cpu_require("colibri-server"); /* first: exits 1, not SIGILL, on a CPU that lacks the build's ISA */
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("COLIBRI_API_KEY");
     int port = 8080, threads = 0, slots = 0, queue = -1, max_conns = 256, verbose = 0, verify = 0;
     const char *api_key_flag = NULL, *api_key_file = NULL, *metrics_key = getenv("COLIBRI_METRICS_KEY");

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "platform/cpu_features.h"
 #include "platform/platform.h"
 
 #define COLS 1024
@@ -73,6 +74,7 @@ static double rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y, dou
 }
 
 int main(int argc, char **argv) {
+    cb_cpu_require("colibri-kernel-bench");
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     const double seconds = quick ? 0.01 : 0.3;
     static float xf[COLD_TOKENS][COLS];

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "platform/cpu_features.h"
 
 typedef float (*dot_fn)(const float *, const float *, int);
 typedef void (*topk_fn)(const float *, int, int, int32_t *);
@@ -531,6 +532,7 @@ static int check_x4(int *cases, double *worst) {
 }
 
 int main(void) {
+    cb_cpu_require("colibri-kernel-check");
     int failed = 0;
     const int n_families = (int)(sizeof families / sizeof families[0]);
     for (int f = 0; f < n_families; f++) {
