@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import requests
 
 from colibri_build import Engine, memory
 from conftest import build_server, run_cli
