@@ -38,6 +38,10 @@ cdef extern from "engine.h" nogil:
     const cb_dims *cb_engine_dims(const cb_engine *e)
     int cb_engine_max_batch(const cb_engine *e)
     int cb_engine_n_slots(const cb_engine *e)
+    ctypedef struct cb_memory_budget:
+        size_t dense, experts, least_weights, working_set, kv_per_slot, arena, needs, least
+        int slots
+    void cb_engine_memory(const cb_engine *e, cb_memory_budget *m)
     const char *cb_engine_model_name(const cb_engine *e)
     const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e)
     int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n_items, char *err, size_t err_len)
@@ -291,6 +295,17 @@ cdef class Engine:
     def kv_cache_bytes(self):
         with self._lock:
             return cb_engine_kv_bytes(self._live())
+
+    @property
+    def memory(self):
+        """The RAM the engine needs, in bytes (cb_engine_memory; the same
+        figures as colibri_build.memory.budget)."""
+        cdef cb_memory_budget m
+        with self._lock:
+            cb_engine_memory(self._live(), &m)
+        return {"dense_bytes": m.dense, "experts_bytes": m.experts, "least_weights_bytes": m.least_weights,
+                "expert_working_set_bytes": m.working_set, "kv_cache_bytes_per_slot": m.kv_per_slot,
+                "arena_bytes": m.arena, "slots": m.slots, "needs_bytes": m.needs, "least_bytes": m.least}
 
     @property
     def dims(self):

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, config as config_mod, toolchain
+from . import __version__, config as config_mod, memory as memory_mod, toolchain
+from .errors import ModelError
 from .outputs import OutputError, replace_file, write_failed
 from .render import RenderInputs, render_tree, template_tree_hash
 from .targets import Target, get_target
@@ -74,8 +76,30 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def memory_budget(cfg: config_mod.ModelConfig, max_memory: int = 0) -> dict:
+    """build-info.json's "memory": what the server needs (memory.budget),
+    served as built (its slots, f32 KV cache) with one thread per CPU of this
+    machine (the server's default; each thread adds arena_bytes_per_thread
+    of attention scores). The server prints its own figures at start-up.
+    Refuses a max_memory that one slot does not fit in."""
+    threads = os.cpu_count() or 1
+    m = memory_mod.budget(cfg.folder, threads, cfg["batch_slots"], cfg["max_batch_tokens"], cfg=cfg.data)
+    m["arena_bytes_per_thread"] = memory_mod.arena_bytes_per_thread({"context_len": cfg["context_length"]})
+    m["max_memory_bytes"] = max_memory or None
+    if max_memory:
+        if m["least_bytes"] > max_memory:
+            raise ModelError(f"--max-memory: needs at least {m['least_bytes']} bytes "
+                             f"({memory_mod.size_text(m['least_bytes'])}: weights one token keeps resident "
+                             f"{m['least_weights_bytes']}, KV cache of 1 slot {m['kv_cache_bytes_per_slot']}, arena "
+                             f"{m['arena_bytes']} at {threads} threads), --max-memory is {max_memory} bytes "
+                             f"({memory_mod.size_text(max_memory)})")
+        room = max_memory - m["least_weights_bytes"] - m["arena_bytes"]
+        m["slots_within_max_memory"] = min(cfg["batch_slots"], room // m["kv_cache_bytes_per_slot"])
+    return m
+
+
 def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Compiler, kernels: str,
-            build: Path, dist_root: Path, sanitize: bool = False) -> BuildResult:
+            build: Path, dist_root: Path, sanitize: bool = False, memory: dict | None = None) -> BuildResult:
     """Puts the executable, build-info.json and SHA256SUMS (of those two)
     into dist/<model>-<target>/, each replaced atomically; anything else in
     that folder (a service file, notes) is the user's and stays."""
@@ -83,7 +107,7 @@ def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Com
     try:
         check_folder_path(dist)
         dist.mkdir(parents=True, exist_ok=True)
-        return _package(cfg, target, compiler, kernels, build, dist, sanitize)
+        return _package(cfg, target, compiler, kernels, build, dist, sanitize, memory)
     except OSError as exc:
         raise write_failed(dist, exc) from None
 
@@ -102,7 +126,7 @@ def check_folder_path(folder: Path) -> None:
             return
 
 
-def _package(cfg, target, compiler, kernels, build, dist, sanitize) -> BuildResult:
+def _package(cfg, target, compiler, kernels, build, dist, sanitize, memory=None) -> BuildResult:
     exe = dist / target.exe_name
     built = build / target.exe_name
     info = {
@@ -120,6 +144,7 @@ def _package(cfg, target, compiler, kernels, build, dist, sanitize) -> BuildResu
         "model_config_canonical_sha256": cfg.canonical_hash(),
         "template_tree_sha256": template_tree_hash(),
         "batch_slots": cfg["batch_slots"],
+        "memory": memory if memory is not None else memory_budget(cfg),
         "sanitizers": ["address", "undefined"] if sanitize else [],
         "executable": exe.name,
         "executable_sha256": sha256_file(built),
@@ -144,13 +169,15 @@ def resolve_toolchain(target_name: str, compiler_override: str | None = None):
 
 def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
           build_root: Path = Path("build"), compiler_override: str | None = None,
-          quiet: bool = False, sanitize: bool = False) -> BuildResult:
+          quiet: bool = False, sanitize: bool = False, max_memory: int = 0) -> BuildResult:
     """sanitize: a debug build with AddressSanitizer and UBSan (dynamically
-    linked, slower), packaged as dist/<model>-<target>-asan/."""
+    linked, slower), packaged as dist/<model>-<target>-asan/. max_memory
+    (bytes, 0: none): the server's default --max-memory."""
     cfg = config_mod.load(model)
     # Before anything is compiled or replaced: a server built from a config
     # its weights do not match would refuse them at start.
     check_matches_config(cfg.data, cfg.path, cfg.folder / cfg["weights"]["file"])
+    memory = memory_budget(cfg, max_memory)  # refuses a max_memory too small before compiling
     log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
         f"{cfg['batch_slots']} slots)")
     target, compiler, kernels = resolve_toolchain(target_name, compiler_override)
@@ -160,12 +187,12 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
         work = work.with_name(f"{work.name}-{Path(compiler.name).name}")
     check_folder_path(work)
     check_folder_path(dist_dir_for(cfg, target, dist_root.resolve(), sanitize))
-    src = render_tree(RenderInputs(cfg, target, kernels, compiler.cmake), work / "project")
+    src = render_tree(RenderInputs(cfg, target, kernels, compiler.cmake, max_memory=max_memory), work / "project")
     log(f"[3/5] rendered {src}")
     log("[4/5] configure and compile (CMake + Ninja)")
     configure(src, work / "build", compiler, quiet, sanitize)
     compile_tree(work / "build", quiet)
-    result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve(), sanitize)
+    result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve(), sanitize, memory)
     log(f"[5/5] {result.executable}")
     return result
 

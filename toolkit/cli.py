@@ -31,10 +31,10 @@ class _Group(click.Group):
             _fail(OutputError(f"{exc.filename}: {cause}" if exc.filename else cause))
 
 
-def _build(model, target, dist, build_dir, toolchain, quiet, sanitize):
+def _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory):
     from .build import build
     result = build(model, target, dist_root=Path(dist), build_root=Path(build_dir),
-                   compiler_override=toolchain, quiet=quiet, sanitize=sanitize)
+                   compiler_override=toolchain, quiet=quiet, sanitize=sanitize, max_memory=max_memory)
     click.echo(str(result.executable))
 
 
@@ -47,7 +47,20 @@ _build_options = [
     click.option("--quiet", is_flag=True, help="hide compiler progress"),
     click.option("--sanitize", is_flag=True,
                  help="debug build with AddressSanitizer + UBSan, into dist/<model>-<target>-asan/"),
+    click.option("--max-memory", default=None, callback=lambda ctx, param, value: _size(value),
+                 help="RAM the server must fit in (512M, 8G, 8GiB, bytes): its default --max-memory, "
+                      "recorded in build-info.json; refused when one slot cannot fit"),
 ]
+
+
+def _size(value):
+    if value is None:
+        return 0
+    from .memory import parse_size
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def build_options(fn):
@@ -60,7 +73,7 @@ def build_options(fn):
 @build_options
 @click.version_option(__version__, prog_name="colibri-build")
 @click.pass_context
-def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize):
+def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory):
     """Bake a mixture-of-experts model into a static, specialised colibri-server.
 
     \b
@@ -75,16 +88,16 @@ def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize):
             raise click.UsageError(f"--model is missing (a build needs it; given: {', '.join(given)})")
         click.echo(ctx.get_help())
         ctx.exit(0)
-    _build(model, target, dist, build_dir, toolchain, quiet, sanitize)
+    _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory)
 
 
 @main.command("build")
 @build_options
-def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize):
+def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory):
     """Build dist/<model>-<target>/colibri-server (same as the top-level options)."""
     if model is None:
         raise click.UsageError("--model is required")
-    _build(model, target, dist, build_dir, toolchain, quiet, sanitize)
+    _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory)
 
 
 @main.command()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
+from .memory import size_text
 from . import __version__
 from .resources import data_dir
 from .targets import Target, cpu_fallbacks
@@ -32,6 +33,7 @@ class RenderInputs:
     kernels: str                 # resolved kernel family
     compiler: str                # CMAKE_C_COMPILER for toolchain.cmake (a CMake list)
     slots: int = 8
+    max_memory: int = 0          # the server's default --max-memory in bytes; 0: none
 
 
 def templates_dir() -> Path:
@@ -74,6 +76,8 @@ def context(inputs: RenderInputs) -> dict:
         "model": cfg,
         "slots": cfg["batch_slots"] if cfg else inputs.slots,
         "max_batch_tokens": cfg["max_batch_tokens"] if cfg else 64,
+        "max_memory": inputs.max_memory,
+        "max_memory_text": size_text(inputs.max_memory),
         "config_hash": inputs.config.canonical_hash() if inputs.config else "generic",
         "target": inputs.target.as_dict(),
         "kernels": inputs.kernels,

@@ -284,6 +284,20 @@ size_t cb_engine_kv_bytes(const cb_engine *e) {
     return 2 * (size_t)e->n_slots * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim * kv_element(e);
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
+
+void cb_engine_memory(const cb_engine *e, cb_memory_budget *m) {
+    cb_weight_bytes b;
+    cb_weights_bytes(&e->w, &b);
+    m->dense = b.dense;
+    m->experts = b.experts;
+    m->least_weights = b.least;
+    m->working_set = b.working_set;
+    m->slots = e->n_slots;
+    m->kv_per_slot = cb_engine_kv_bytes(e) / (size_t)e->n_slots;
+    m->arena = e->arena.cap - cb_engine_kv_bytes(e);
+    m->needs = m->dense + m->experts + (size_t)m->slots * m->kv_per_slot + m->arena;
+    m->least = m->least_weights + m->kv_per_slot + m->arena;
+}
 int cb_engine_max_batch(const cb_engine *e) { return e->max_batch; }
 const char *cb_engine_model_name(const cb_engine *e) { return e->model_name; }
 const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e) { return &e->tokenizer; }

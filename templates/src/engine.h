@@ -40,6 +40,26 @@ const cb_dims *cb_engine_dims(const cb_engine *e);
  * as positions fill). */
 size_t cb_engine_kv_bytes(const cb_engine *e);
 int cb_engine_n_slots(const cb_engine *e);
+
+/* The RAM a running engine needs, in bytes (toolkit/memory.py computes the
+ * same from the weights file, for build-info.json). Weights are mapped from
+ * the file: clean pages the OS may drop and read again, so a machine with
+ * less than `needs` still runs, reading experts from disk as tokens route
+ * to them; below `least` a token's own weights no longer fit. */
+typedef struct {
+    size_t dense;        /* the weights file up to the experts: every other tensor (the embedding table whole) */
+    size_t experts;      /* every routed expert's block: over many tokens all of them are touched */
+    size_t least_weights; /* what one token keeps resident: dense less the embedding rows it does not read,
+                            and the working set */
+    size_t working_set;  /* top_k expert blocks of each MoE layer: one token's share at batch 1 */
+    size_t kv_per_slot;  /* the KV cache of one slot (the whole context) */
+    size_t arena;        /* activations, logits, scratch, RoPE tables: the arena less the KV cache */
+    int slots;
+    size_t needs;        /* dense + experts + slots x kv_per_slot + arena */
+    size_t least;        /* least_weights + 1 x kv_per_slot + arena: experts paged from disk, one slot */
+} cb_memory_budget;
+void cb_engine_memory(const cb_engine *e, cb_memory_budget *m);
+
 /* Most tokens one cb_engine_forward() call accepts. */
 int cb_engine_max_batch(const cb_engine *e);
 /* The model's name from the weights header (model-config.json "name"). */

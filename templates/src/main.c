@@ -35,6 +35,9 @@ static void usage(FILE *out) {
             "  --step-tokens N           most tokens a step carries while requests decode, prompt tokens filling\n"
             "                            what decoding leaves; 0: no limit (default: the slot count)\n"
             "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory (default f32)\n"
+            "  --max-memory SIZE         RAM to fit in (512M, 8G, 8GiB or bytes; K/M/G/T are powers of 1024):\n"
+            "                            fewer slots when the KV cache of all would not fit beside what one\n"
+            "                            token needs, exit 1 when one slot does not fit (default %s)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on every endpoint but /health\n"
             "  --api-key-file PATH       the same, the key read from the file's first line (not shown in ps);\n"
             "                            either flag overrides $COLIBRI_API_KEY\n"
@@ -46,7 +49,8 @@ static void usage(FILE *out) {
             "                            file's sha256 against model-config.json's weights.sha256 (reads the\n"
             "                            whole file); exit 0 and 'ok' when all agree\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
-            CB_MAX_SLOTS, CB_MAX_SLOTS, CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
+            CB_MAX_SLOTS, CB_MAX_SLOTS, CB_DEFAULT_MAX_MEMORY ? CB_DEFAULT_MAX_MEMORY_TEXT " (set at build)" : "none",
+            CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
             CB_KERNELS_NAME, CB_TOOLKIT_VERSION);
 }
 
@@ -123,6 +127,100 @@ static int verify_model(const char *model) {
     return 0;
 }
 
+/* Bytes as a person reads them. */
+static const char *size_text(size_t bytes, char *buf, size_t len) {
+    if (bytes >= (size_t)1 << 30) snprintf(buf, len, "%.2f GiB", (double)bytes / (1 << 30));
+    else snprintf(buf, len, "%.1f MiB", (double)bytes / (1 << 20));
+    return buf;
+}
+
+/* --max-memory's value: bytes, or a number with K, M, G or T (powers of
+ * 1024), optionally followed by "B" or "iB". 0, or -1 with a message. */
+static int parse_size(const char *flag, const char *text, size_t *out) {
+    char *end;
+    const double v = strtod(text, &end);
+    double unit = 1;
+    const char *u = end;
+    if (*u == 'K' || *u == 'k') unit = 0x1p10, u++;
+    else if (*u == 'M' || *u == 'm') unit = 0x1p20, u++;
+    else if (*u == 'G' || *u == 'g') unit = 0x1p30, u++;
+    else if (*u == 'T' || *u == 't') unit = 0x1p40, u++;
+    if (unit > 1 && *u == 'i') u++;
+    if (*u == 'B' || *u == 'b') u++;
+    const double bytes = v * unit;
+    if (end == text || *u != 0 || !(bytes >= 1) || bytes > 0x1p60) {
+        fprintf(stderr, "colibri-server: %s: got '%s', expected a size such as 512M, 8G, 8GiB or a number of bytes\n",
+                flag, text);
+        return -1;
+    }
+    *out = (size_t)bytes;
+    return 0;
+}
+
+/* The start-up (and --help --model) line: what the server needs. */
+static void print_memory(const cb_memory_budget *m) {
+    char need[32], dense[32], exp[32], kv[32], slot[32], arena[32], least[32];
+    fprintf(stderr, "colibri-server: memory: needs %s (dense weights %s, experts %s, KV cache %s = %d slots x %s, "
+            "arena %s); runs with at least %s (experts paged from disk)\n",
+            size_text(m->needs, need, sizeof need), size_text(m->dense, dense, sizeof dense),
+            size_text(m->experts, exp, sizeof exp), size_text((size_t)m->slots * m->kv_per_slot, kv, sizeof kv),
+            m->slots, size_text(m->kv_per_slot, slot, sizeof slot), size_text(m->arena, arena, sizeof arena),
+            size_text(m->least, least, sizeof least));
+}
+
+/* Why a server under --max-memory may run slower than it could. */
+static void print_memory_limit(const cb_memory_budget *m, size_t max_memory) {
+    char a[32], b[32];
+    if (max_memory && m->needs > max_memory)
+        fprintf(stderr, "colibri-server: memory: --max-memory %s is below the %s it needs: experts the RAM cannot "
+                "hold are read from disk again as tokens route to them\n", size_text(max_memory, a, sizeof a),
+                size_text(m->needs, b, sizeof b));
+}
+
+/* With --max-memory: the slots whose KV caches fit beside what one token
+ * needs (its weights and the arena), at most `want`; 0 when not even one
+ * does (the message printed). The context per slot is compiled into the
+ * cache's layout, so slots are what gives way. */
+static int slots_within(const char *model, int threads, int want, enum cb_kv_type kv, size_t max_memory) {
+    char err[1024], a[32], b[32], c[32], d2[32], e2[32];
+    cb_engine *probe = cb_engine_open(model, threads, 1, kv, err, sizeof err);
+    if (!probe) {
+        fprintf(stderr, "colibri-server: %s\n", err);
+        return 0;
+    }
+    cb_memory_budget m;
+    cb_engine_memory(probe, &m);
+    const unsigned ctx = cb_engine_dims(probe)->context_len;
+    cb_engine_close(probe);
+    if (m.least > max_memory) {
+        fprintf(stderr, "colibri-server: --max-memory: needs at least %s (weights one token keeps resident %s, "
+                "KV cache of 1 slot %s, arena %s), --max-memory is %s\n", size_text(m.least, a, sizeof a),
+                size_text(m.least_weights, b, sizeof b), size_text(m.kv_per_slot, c, sizeof c),
+                size_text(m.arena, d2, sizeof d2), size_text(max_memory, e2, sizeof e2));
+        return 0;
+    }
+    const size_t fit = (max_memory - m.least_weights - m.arena) / m.kv_per_slot;
+    if (fit >= (size_t)want) return want;
+    fprintf(stderr, "colibri-server: --max-memory %s: %d slots instead of %d (KV cache %s a slot: its whole "
+            "context of %u tokens)\n", size_text(max_memory, a, sizeof a), (int)fit, want,
+            size_text(m.kv_per_slot, b, sizeof b), ctx);
+    return (int)fit;
+}
+
+/* The engine with `slots` slots (0: as built), fewer when their KV caches
+ * do not fit in max_memory (0: no limit); NULL, the reason printed, when it
+ * cannot open or one slot does not fit. */
+static cb_engine *open_within(const char *model, int threads, int slots, enum cb_kv_type kv, size_t max_memory) {
+    char err[1024];
+    if (max_memory) {
+        slots = slots_within(model, threads, slots > 0 ? slots : CB_MAX_SLOTS, kv, max_memory);
+        if (slots < 1) return NULL;
+    }
+    cb_engine *engine = cb_engine_open(model, threads, slots, kv, err, sizeof err);
+    if (!engine) fprintf(stderr, "colibri-server: %s\n", err);
+    return engine;
+}
+
 static int parse_int(const char *flag, const char *text, int min, int max, int *out) {
     char *end;
     long v = strtol(text, &end, 10);
@@ -141,14 +239,15 @@ int main(int argc, char **argv) {
     const char *api_key_flag = NULL, *api_key_file = NULL, *metrics_key = getenv("COLIBRI_METRICS_KEY");
     const char *metrics_key_flag = NULL;
     static char api_key_buf[4096];
-    int metrics_public = 0;
+    int metrics_public = 0, help = 0;
+    size_t max_memory = CB_DEFAULT_MAX_MEMORY;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
     enum cb_kv_type kv = CB_KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            usage(stdout);
-            return 0;
+            help = 1; /* after the other flags: with --model, the model's memory budget too */
+            continue;
         }
         if (!strcmp(arg, "--version")) {
             printf("colibri-server %s (%s, %s)\n", CB_TOOLKIT_VERSION, CB_TARGET_NAME, CB_MODEL_CONFIG_HASH);
@@ -182,6 +281,7 @@ int main(int argc, char **argv) {
                 bad = 1;
             }
         }
+        else if (!strcmp(arg, "--max-memory")) bad = parse_size(arg, value, &max_memory);
         else if (!strcmp(arg, "--api-key")) api_key_flag = value;
         else if (!strcmp(arg, "--api-key-file")) api_key_file = value;
         else if (!strcmp(arg, "--metrics-key")) metrics_key = metrics_key_flag = value;
@@ -199,6 +299,31 @@ int main(int argc, char **argv) {
             return 2;
         }
         if (bad) return 2;
+    }
+    if (help) {
+        usage(stdout);
+        if (!model) {
+#if CB_SPECIALISED
+            const cb_dims *d = &cb_compiled_dims;
+            char slot[32];
+            printf("memory: the KV cache takes %s a slot (%u tokens, f32; half with --kv-cache f16); give --model DIR "
+                   "with --help for the whole budget (weights, KV cache, arena)\n",
+                   size_text((size_t)2 * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim * sizeof(float),
+                             slot, sizeof slot), d->context_len);
+#else
+            printf("memory: give --model DIR with --help for the model's budget (weights, KV cache, arena)\n");
+#endif
+            return 0;
+        }
+        fflush(stdout);
+        cb_engine *engine = open_within(model, threads, slots, kv, max_memory);
+        if (!engine) return 1;
+        cb_memory_budget m;
+        cb_engine_memory(engine, &m);
+        cb_engine_close(engine);
+        print_memory(&m);
+        print_memory_limit(&m, max_memory);
+        return 0;
     }
     if (!model) {
         fprintf(stderr, "colibri-server: --model DIR is required\n");
@@ -237,12 +362,11 @@ int main(int argc, char **argv) {
         max_conns = fd_room - fd_spare - fd_other;
     }
 
+    cb_engine *engine = open_within(model, threads, slots, kv, max_memory);
+    if (!engine) return 1;
     char err[1024];
-    cb_engine *engine = cb_engine_open(model, threads, slots, kv, err, sizeof err);
-    if (!engine) {
-        fprintf(stderr, "colibri-server: %s\n", err);
-        return 1;
-    }
+    cb_memory_budget budget;
+    cb_engine_memory(engine, &budget);
     const int n_slots = cb_engine_n_slots(engine);
     cb_app_options opt = {queue >= 0 ? queue : 2 * n_slots, api_key, step_tokens >= 0 ? step_tokens : n_slots,
                           metrics_key, metrics_public};
@@ -281,6 +405,8 @@ int main(int argc, char **argv) {
             cb_engine_model_name(engine), d->n_layers, d->n_experts, d->top_k, n_slots,
             opt.queue_cap, CB_KERNELS_NAME, kv == CB_KV_F16 ? "f16" : "f32",
             (double)cb_engine_kv_bytes(engine) / (1 << 20), api_key ? ", API key required" : "");
+    print_memory(&budget);
+    print_memory_limit(&budget, max_memory);
     fprintf(stderr, "colibri-server: listening on http://%s:%d\n", host, cb_netloop_port(loop));
 
     int status = 0;

@@ -390,6 +390,29 @@ int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t 
     return 0;
 }
 
+void cb_weights_bytes(const cb_weights *w, cb_weight_bytes *b) {
+    const cb_tensor_entry *t = entries(w);
+    const cb_dims *d = &w->header->dims;
+    uint64_t first_expert = w->file.size;
+    b->embd = b->embd_row = 0;
+    for (uint32_t i = 0; i < w->header->n_tensors; i++) {
+        if (strstr(t[i].name, ".expert.") && t[i].offset < first_expert) first_expert = t[i].offset;
+        if (!strcmp(t[i].name, "tok_embd")) {
+            b->embd = t[i].nbytes;
+            b->embd_row = t[i].nbytes / t[i].shape[0];
+        }
+    }
+    /* What the mapping makes resident, not just the tensors' bytes: the
+     * experts' blocks start on the file's alignment (2 MiB), and a 2 MiB
+     * page of the mapping is resident whole, padding included. Experts
+     * follow every dense tensor in the file; their blocks are equal. */
+    b->dense = (size_t)first_expert;
+    b->experts = (size_t)(w->file.size - first_expert);
+    b->working_set = d->n_experts ? b->experts / d->n_experts * d->top_k : 0;
+    /* One token: of the embedding table a row, unless it is the output head too. */
+    b->least = b->dense - (d->tied_embeddings ? 0 : b->embd - b->embd_row) + b->working_set;
+}
+
 size_t cb_weights_active_bytes(const cb_weights *w) {
     const cb_dims *d = &w->header->dims;
     const cb_tensor_entry *t = entries(w);

@@ -103,6 +103,16 @@ int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len);
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len);
 void cb_weights_unmap(cb_weights *w);
+/* The RAM the mapped weights take when resident: the file up to the first
+ * expert block (header, every dense tensor, padding), the file from there
+ * (every routed expert), the embedding table and one row of it, the experts
+ * one token reads (top_k of each MoE layer, their blocks whole), and the
+ * least one token keeps resident (dense less the embedding rows it does
+ * not read, and its experts). */
+typedef struct {
+    size_t dense, experts, embd, embd_row, working_set, least;
+} cb_weight_bytes;
+void cb_weights_bytes(const cb_weights *w, cb_weight_bytes *b);
 /* Weight bytes one decoded token reads: every dense tensor, top_k experts
  * of each MoE layer (experts of a layer are equal in size), one embedding
  * row (the whole table too when it is the output head). */

@@ -1,0 +1,139 @@
+"""The RAM a colibri-server needs for a model, worked out from its weights
+file's header: the same figures cb_engine_memory() reports at start-up
+(templates/src/engine.c), for build-info.json and --max-memory at build.
+
+Weights are mapped from the file, so they are clean pages the OS may drop
+and read again: `needs` keeps every weight resident; `least` keeps only
+what one token reads (dense tensors, one embedding row, top_k experts of
+each MoE layer), the other experts paged from disk as tokens route to them
+(slower, and over many tokens every expert is touched)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .weights import read_header
+
+# The engine's arena (carve() in engine.c) on a 64-bit target: element sizes
+# and the structs it carves, as the C compiler lays them out.
+_ALIGN = 64
+_F32 = _I32 = _ATOMIC_INT = 4
+_BLOCK_Q8_0 = 34        # cb_block_q8_0: fp16 scale + 32 int8
+_FFN_UNIT = 16          # cb_ffn_unit: a pointer and two ints
+_FFN_WEIGHTS = 88       # cb_ffn_weights: 3 cb_tensor (24 each), a pointer, a size_t
+_LAYER_WEIGHTS = 376    # cb_layer_weights
+_ATTN_BLOCK = 4         # CB_ATTN_BLOCK (kernels.h): queries a worker scores at once
+_QK = 32                # CB_QK
+GENERIC_MAX_BATCH = 64  # CB_MAX_BATCH of the generic build (render.py)
+
+
+def weight_bytes(model: Path, cfg: dict | None = None) -> dict:
+    """The RAM a model folder's mapped weights take when resident
+    (cb_weights_bytes in weights.c): dense, the file up to the first expert
+    block (header, every other tensor, padding); experts, the file from
+    there (each expert's block starts on the file's alignment, 2 MiB, and a
+    2 MiB page is resident whole); the working set, the blocks of top_k
+    experts a MoE layer; least, what one token keeps resident (dense less
+    the embedding rows it does not read, and the working set). cfg: the
+    folder's config when it is not model-config.json."""
+    if cfg is None:
+        cfg = json.loads((model / "model-config.json").read_text())
+    path = model / cfg["weights"]["file"]
+    header = read_header(path)
+    size = path.stat().st_size
+    first_expert = min((t.offset for name, t in header["tensors"].items() if ".expert." in name), default=size)
+    embd = header["tensors"]["tok_embd"]
+    embd_row = embd.nbytes // embd.shape[0]
+    d = header["dims"]
+    dense, experts = first_expert, size - first_expert
+    working_set = experts // d["n_experts"] * d["top_k"] if d["n_experts"] else 0
+    least = dense - (0 if d["tied_embeddings"] else embd.nbytes - embd_row) + working_set
+    return {"dims": d, "dense": dense, "experts": experts, "embd": embd.nbytes, "embd_row": embd_row,
+            "working_set": working_set, "least": least}
+
+
+def kv_bytes_per_slot(d: dict, kv: str = "f32") -> int:
+    """One slot's KV cache: K and V for every layer, position and KV head."""
+    return 2 * d["n_layers"] * d["context_len"] * d["n_kv_heads"] * d["head_dim"] * (2 if kv == "f16" else 4)
+
+
+def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int) -> int:
+    """The engine's arena less the KV cache (kv_total bytes, every slot's):
+    carve() in engine.c, buffer by buffer in its order, each start 64-byte
+    aligned (so the padding after the K cache counts), then the experts'
+    table cb_engine_open() adds."""
+    used = 0
+
+    def take(n: int) -> None:
+        nonlocal used
+        used = (used + _ALIGN - 1) // _ALIGN * _ALIGN + n
+
+    B, H, hd = max_batch, d["hidden"], d["head_dim"]
+    q_dim, kv_dim, E, k = d["n_heads"] * hd, d["n_kv_heads"] * hd, d["n_experts"], d["top_k"]
+    ffn_max = max(d["expert_ffn"], d["shared_ffn"], d["dense_ffn"])
+    xq_stride = (max(H, q_dim, ffn_max) + _QK - 1) // _QK
+    ctx, L = d["context_len"], d["n_layers"]
+    for count, size in [
+        (B * H, _F32), (B * H, _F32), (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
+        (B * q_dim, _F32), (B * H, _F32), (threads * _ATTN_BLOCK * ctx, _F32), (B + 1, _I32),
+        (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),
+        (B * (k + 1), _F32), (E + 1, _FFN_UNIT), (B * (k + 1) * ffn_max, _F32), (B * (k + 1) * ffn_max, _F32),
+        (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
+        (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0), (B, _F32),
+        (B * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (ctx * hd // 2, _F32), (ctx * hd // 2, _F32),
+    ]:
+        take(count * size)
+    take(kv_total // 2)  # the K cache
+    take(kv_total // 2)  # the V cache
+    take(_LAYER_WEIGHTS * L)
+    used += _FFN_WEIGHTS * L * E + 64
+    return used - kv_total
+
+
+def arena_bytes_per_thread(d: dict) -> int:
+    """What each compute thread adds to the arena: its attention scores."""
+    return _ATTN_BLOCK * d["context_len"] * _F32
+
+
+def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "f32", cfg: dict | None = None) -> dict:
+    """What cb_engine_memory() reports for the model served with these
+    threads, slots, batch and KV cache type."""
+    w = weight_bytes(model, cfg)
+    d = w["dims"]
+    per_slot = kv_bytes_per_slot(d, kv)
+    arena = arena_bytes(d, threads, max_batch, per_slot * slots)
+    return {
+        "dense_bytes": w["dense"],
+        "experts_bytes": w["experts"],
+        "least_weights_bytes": w["least"],
+        "expert_working_set_bytes": w["working_set"],
+        "kv_cache_bytes_per_slot": per_slot,
+        "kv_cache": kv,
+        "slots": slots,
+        "threads": threads,
+        "arena_bytes": arena,
+        "needs_bytes": w["dense"] + w["experts"] + slots * per_slot + arena,
+        "least_bytes": w["least"] + per_slot + arena,
+    }
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """512M, 8G, 8GiB or a number of bytes (K, M, G, T: powers of 1024), as
+    colibri-server --max-memory reads them."""
+    m = _SIZE.match(str(text))
+    if not m or (m.group(3) and m.group(3).lower() == "ib" and not m.group(2)):
+        raise ValueError(f"got {text!r}, expected a size such as 512M, 8G, 8GiB or a number of bytes")
+    value = float(m.group(1)) * 1024 ** "_KMGT".index((m.group(2) or "_").upper())
+    if value < 1:
+        raise ValueError(f"got {text!r}: a size of at least one byte")
+    return int(value)
+
+
+def size_text(n: int) -> str:
+    """As the server prints sizes."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
