@@ -3,7 +3,8 @@
 # binutils/file to inspect executables, and clang for the fuzz test. Installs them when root and missing.
 # Cross targets (tests/test_cross.py) also need MinGW-w64, the aarch64 cross
 # compiler, wine and qemu: installed the same way, or named when not root
-# (their tests then skip, saying what is missing).
+# (their tests then skip, saying what is missing); so are nginx and strace for the
+# deployment files' tests.
 # Usage: install-system-deps.sh [--test]   (--test: also what the test suite needs)
 set -euo pipefail
 for_tests=0
@@ -23,6 +24,11 @@ command -v aarch64-linux-gnu-gcc >/dev/null || cross+=(gcc-aarch64-linux-gnu)
 [ -e /usr/aarch64-linux-gnu/lib/libc.a ] || cross+=(libc6-dev-arm64-cross)
 { command -v wine >/dev/null && [ -e /usr/lib/wine/wine64 ] || command -v wine64 >/dev/null; } || cross+=(wine wine64)
 command -v qemu-aarch64-static >/dev/null || cross+=(qemu-user-static)
+# Deployment files (tests/test_deploy.py): nginx -t on deploy/nginx, strace to
+# check the systemd unit's sandbox against the calls the server makes. Optional
+# like the cross tools: their tests skip, naming what is missing.
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || cross+=(nginx-light)
+command -v strace >/dev/null || cross+=(strace)
 fi
 if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -35,7 +41,7 @@ if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
     }
     [ ${#cross[@]} -eq 0 ] || {
       echo "install-system-deps: installing the cross-target tools ${cross[*]} with apt-get" \
-           "(compilers, wine, qemu: the longest step, the first time only)..." >&2
+           "(compilers, wine, qemu, nginx, strace: the longest step, the first time only)..." >&2
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null
     }
     echo "install-system-deps: done" >&2
@@ -43,6 +49,6 @@ if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
     echo "missing system packages: ${need[*]} (install them with your package manager)" >&2
     exit 1
   else
-    echo "note: cross-target tests will skip; to run them install: ${cross[*]}" >&2
+    echo "note: cross-target or deployment tests will skip; to run them install: ${cross[*]}" >&2
   fi
 fi
