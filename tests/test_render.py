@@ -3,6 +3,8 @@ builds with plain CMake + Ninja, no Python involved."""
 
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import cmake
 import ninja
@@ -74,3 +76,17 @@ def test_build_folder_is_keyed_by_config_hash_and_target(tiny_model, tmp_path):
     a = build_dir_for(cfg, targets.get_target("x86-64-v3"), tmp_path)
     b = build_dir_for(cfg, targets.get_target("native"), tmp_path)
     assert a != b and cfg.canonical_hash()[:12] in a.name
+
+
+def test_the_wheel_build_renders_without_numpy(tmp_path):
+    """pip builds the wheel in an isolated environment holding only the build
+    requirements (jinja2, no numpy): CMakeLists.txt runs toolkit.render there.
+    An import of numpy on that path broke `pip install .` on a clean machine."""
+    repo = Path(__file__).resolve().parent.parent
+    code = ("import runpy, sys; sys.modules['numpy'] = None; "
+            "sys.argv = ['render', '--generic', '--target', 'native', '--out', sys.argv[1]]; "
+            "runpy.run_module('toolkit.render', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tree")], cwd=repo, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "tree" / "CMakeLists.txt").is_file()

@@ -14,7 +14,6 @@ import json
 import re
 from pathlib import Path
 
-from .weights import read_header
 
 # The engine's arena (carve() in engine.c) on a 64-bit target: element sizes
 # and the structs it carves, as the C compiler lays them out.
@@ -41,6 +40,7 @@ def weight_bytes(model: Path, cfg: dict | None = None) -> dict:
     if cfg is None:
         cfg = json.loads((model / "model-config.json").read_text())
     path = model / cfg["weights"]["file"]
+    from .weights import read_header  # numpy: not in the wheel build's environment, which renders
     header = read_header(path)
     size = path.stat().st_size
     first_expert = min((t.offset for name, t in header["tensors"].items() if ".expert." in name), default=size)
