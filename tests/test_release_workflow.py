@@ -86,6 +86,29 @@ def test_an_archive_missing_a_dist_file_is_refused(tmp_path):
         release.archive_bytes(dist, targets.get_target("x86-64"))
 
 
+def test_a_missing_compiler_is_skipped_or_with_strict_refused(tmp_path, tiny_model):
+    """With no gcc or cc on PATH, x86-64 cannot be built: skipped with a line
+    naming the compiler, refused under --strict; either way nothing is written."""
+    bin_dir = tmp_path / "bin"  # bash only: no C compiler
+    bin_dir.mkdir()
+    (bin_dir / "bash").symlink_to(shutil.which("bash"))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{bin_dir}",
+               MODEL=str(tiny_model / "model-config.json"))
+    if shutil.which("gcc", path=env["PATH"]) or shutil.which("cc", path=env["PATH"]):
+        pytest.skip(f"a C compiler sits beside {sys.executable}")
+    out = tmp_path / "release"
+    for strict in ([], ["--strict"]):
+        done = subprocess.run([str(bin_dir / "bash"), str(SCRIPT), "--target", "x86-64", "--out", str(out), *strict],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 7, done.stdout + done.stderr
+        assert "x86-64" in done.stderr and "gcc or cc" in done.stderr, done.stderr
+        if strict:
+            assert "--strict: cannot build x86-64" in done.stderr
+        else:
+            assert "skipping x86-64:" in done.stderr and "no release target can be built here" in done.stderr
+        assert not out.exists()
+
+
 def members(archive: Path) -> dict[str, bytes]:
     if archive.suffix == ".zip":
         with zipfile.ZipFile(archive) as zf:
