@@ -145,6 +145,31 @@ def targets_cmd(as_json):
 
 
 @main.command()
+@click.option("--model", required=True, type=click.Path(path_type=Path), help="model-config.json or its folder")
+@click.option("--out", default="release", show_default=True, type=click.Path(path_type=Path),
+              help="folder for the archives and SHA256SUMS (new or empty unless --force)")
+@click.option("--target", "target_names", multiple=True,
+              help="a target to release (repeatable; default: every release target)")
+@click.option("--build-dir", default="build", show_default=True, type=click.Path(path_type=Path),
+              help="where the trees are built (dist folders go to BUILD_DIR/release/dist)")
+@click.option("--strict", is_flag=True, help="a target whose compiler is missing is an error, not skipped")
+@click.option("--force", is_flag=True, help="write into a non-empty OUT, replacing the archives and "
+              "SHA256SUMS this writes (other files are kept)")
+@click.option("--no-run", is_flag=True, help="do not run each executable's --version here")
+@click.option("--verbose", is_flag=True, help="show compiler progress")
+def release(model, out, target_names, build_dir, strict, force, no_run, verbose):
+    """Build the release archives of MODEL: per target its dist folder as
+    OUT/<model>-<target>.tar.gz (.zip for Windows), each executable run once
+    here where this machine can (natively, wine, qemu), and OUT/SHA256SUMS
+    over the archives. What .github/workflows/release.yml attaches."""
+    from .release import release as release_fn
+    for item in release_fn(model, out, tuple(target_names), force=force, strict=strict, build_root=build_dir,
+                           run=not no_run, quiet=not verbose):
+        click.echo(str(item.path))
+    click.echo(str(out / "SHA256SUMS"))
+
+
+@main.command()
 @click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]), default="mixtral",
               show_default=True, help="architecture of the model")
 @click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32",

@@ -34,3 +34,8 @@ class ToolchainError(ColibriError):
 class ModelError(ColibriError):
     """A model folder's weights do not match its config."""
     exit_code = 5
+
+
+class ReleaseError(ColibriError):
+    """A release target could not be built, run or archived (colibri-build release)."""
+    exit_code = 7
