@@ -13,4 +13,4 @@ echo "test.sh: installing colibri-build with its test extras (compiles the Pytho
      "openai, tokenizers, gguf, ziglang...)..." >&2
 python3 -m pip install -q ".[test,parity]" -C cmake.define.COLIBRI_PY_TARGET=native
 echo "test.sh: running the tests (pytest -q $*)" >&2
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=15 "$@"
