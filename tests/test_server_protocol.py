@@ -5,6 +5,7 @@ out of the process list, and every error names its own cause. Runs against
 the normal and the sanitizer build."""
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -390,3 +391,33 @@ def test_a_model_without_tokenizer_says_so(server_exe, model_without_tokenizer):
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
     finally:
         stop_checked(srv)
+
+
+def test_health_says_503_while_the_server_stops(server_exe, tiny_model):
+    """SIGTERM with a stream running: /health must turn 503 ("draining"), so
+    a load balancer or readiness probe that reads only the status code stops
+    sending work that would get 503. Before: 200 with "draining" in the body.
+    The server is SIGSTOPped while the signal and the health check arrive, so
+    the stream is still running (within --grace-ms) when it answers."""
+    srv = RunningServer(server_exe, tiny_model, "--threads", "1", "--grace-ms", "30000")
+    try:
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 250, "ignore_eos": True,
+                "stream": True}
+        with requests.post(srv.url + "/v1/chat/completions", json=body, stream=True, timeout=30) as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line).startswith(b"data: ")
+            srv.proc.send_signal(signal.SIGSTOP)
+            try:
+                srv.proc.send_signal(signal.SIGTERM)
+                sock = connect(srv)
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            finally:
+                srv.proc.send_signal(signal.SIGCONT)
+            status, _, payload = read_response(sock, bytearray())
+            sock.close()
+            assert json.loads(payload)["status"] == "draining"
+            assert status == 503
+            rest = [line for line in lines if line]
+            assert rest[-1] == b"data: [DONE]"  # the running stream still finishes
+    finally:
+        stop_checked(srv)  # exit 0 (the drain ended) and no sanitizer report

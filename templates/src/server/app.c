@@ -146,7 +146,9 @@ static void handle_health(cb_app *a, cb_conn *c, const char *body, size_t len) {
     cb_jw_key(&w, "queue_capacity");
     cb_jw_int(&w, a->queue_cap);
     cb_jw_end_object(&w);
-    cb_respond_json(a, c, 200, &w);
+    /* 503 while stopping: load balancers and readiness probes read the
+     * status code, and new work would only get 503 here. */
+    cb_respond_json(a, c, a->draining ? 503 : 200, &w);
 }
 
 static void handle_models(cb_app *a, cb_conn *c, const char *body, size_t len) {
