@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -429,24 +430,113 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tcp_queues(ports: set[int]) -> list[tuple[int, int, int, int]]:
+    """The established IPv4 TCP sockets with either end on one of ports:
+    (local port, remote port, bytes queued to send, bytes received unread),
+    from /proc/net/tcp: what the kernel holds, whoever owns the socket."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
+        lport, rport = int(local.split(":")[1], 16), int(remote.split(":")[1], 16)
+        if state == "01" and (lport in ports or rport in ports):
+            tx, rx = (int(q, 16) for q in queues.split(":"))
+            found.append((lport, rport, tx, rx))
+    return found
+
+
+def unread_requests(port: int) -> int:
+    """Connections to a (stopped) server on port holding bytes it has not read: requests sent, not started."""
+    return sum(1 for lport, _, _, rx in tcp_queues({port}) if lport == port and rx > 0)
+
+
+def wait_until(condition, what: str, limit_s: float = 30) -> None:
+    """A safety limit for a wait, never a measured one: the condition is expected to come true."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.005)
+
+
+def metric(server, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", server.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+# A streamed chat event carrying text (the opening one has role and "content": "").
+FIRST_CONTENT = re.compile(rb'data: \{[^\n]*"delta":\{"content":"[^"]')
+
+
+def chat_body(max_tokens: int, stream: bool, content: str = "hi") -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "stream": stream,
+            "ignore_eos": True}
+
+
+def raw_post(port: int, path: str, body: dict) -> socket.socket:
+    """An HTTP/1.0 POST on a plain socket: the answer is the bytes as nginx writes them, to end of file."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(f"POST {path} HTTP/1.0\r\nHost: t\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def read_to_end(s: socket.socket, data: bytes = b"") -> bytes:
+    s.setblocking(True)
+    s.settimeout(60)
+    while chunk := s.recv(65536):
+        data += chunk
+    s.close()
+    return data
+
+
+def stream_outcome(url: str, body: dict) -> tuple[str, bool]:
+    """One streamed request: ("done", _) when it ends with [DONE]; else
+    ("failed", whether any event had reached the client first)."""
+    got_event = False
+    try:
+        with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+            if r.status_code != 200:
+                return f"status {r.status_code}: {r.text[:200]}", False
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    got_event = True
+                    if line == b"data: [DONE]":
+                        return "done", True
+    except requests.RequestException:
+        pass
+    return "failed", got_event
+
+
 @pytest.mark.slow
 def test_nginx_spreads_retries_and_streams(tmp_path, native_server_dist, tiny_model, start_server):
-    """The shipped config in front of two real instances (its upstream and
-    listen lines pointed at them): requests reach both; a stream arrives as
-    intact server-sent events; a POST that one instance refuses with 503 (all
-    its connections busy: answered before any work) is passed to the other, so
-    the client never sees the 503; with one instance stopped every request is
-    still answered, by the other."""
+    """The shipped config in front of three real instances (its upstream and
+    listen lines pointed at them). Each property is made to happen, not left
+    to timing: an instance is frozen (SIGSTOP) so that requests sent to it
+    wait, unread, in its socket, where /proc/net/tcp shows them.
+    - a 429 from a full instance (one slot, no queue, its slot taken) is
+      retried on another: the client sees 200;
+    - requests reach all three;
+    - a stream is forwarded as it is made: its first events reach the client
+      while the instance making it is frozen before its end;
+    - each instance's /metrics answers on its own port, and nginx hides it;
+    - a 503 (every connection of an instance busy) is retried on another;
+    - an instance killed (SIGKILL) under load: the requests it had been sent
+      but not started are retried by nginx and succeed; the only failures are
+      streams it had begun (their events had reached the client)."""
     nginx = needs_nginx()
     exe = native_server_dist / "colibri-server"
+    # full: one request at a time, none waiting: a second one gets 429 at once.
+    full = start_server(exe, tiny_model, "--threads", "1", "--slots", "1", "--queue", "0")
     # a: one connection at most, so a client holding it makes a answer 503.
     a = start_server(exe, tiny_model, "--threads", "1", "--max-conns", "1", "--request-timeout-ms", "120000")
     b = start_server(exe, tiny_model, "--threads", "1")
+    instances = (full, a, b)
     text = NGINX_CONF.read_text()
     servers = re.findall(r"^\s*server 127\.0\.0\.1:\d+ max_fails=0;\n", text, re.M)
     assert len(servers) == 3
     text = text.replace("".join(servers), "".join(f"    server 127.0.0.1:{s.port} max_fails=0;\n"
-                                                  for s in (a, b)))
+                                                  for s in instances))
     port = free_port()
     text = text.replace("listen 8080;", f"listen 127.0.0.1:{port};")
     conf = tmp_path / "colibri.conf"
@@ -454,18 +544,20 @@ def test_nginx_spreads_retries_and_streams(tmp_path, native_server_dist, tiny_mo
     proc = subprocess.Popen([nginx, "-p", str(tmp_path), "-c", str(nginx_main_conf(tmp_path, conf))],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
+    pool = ThreadPoolExecutor(max_workers=12)
 
-    def metric(server, name: str) -> float:
-        found = re.search(rf"^{re.escape(name)} (\S+)$", server.get("/metrics").text, re.M)
-        return float(found.group(1))
+    def complete(max_tokens: int = 3) -> int:
+        done = requests.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": max_tokens}, timeout=60)
+        assert done.status_code == 200, done.text
+        return done.json()["usage"]["completion_tokens"]
 
-    def complete_all(n: int) -> int:
-        generated = 0
-        for _ in range(n):
-            done = requests.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60)
-            assert done.status_code == 200, done.text
-            generated += done.json()["usage"]["completion_tokens"]
-        return generated
+    def freeze(*servers):
+        for s in servers:
+            os.kill(s.proc.pid, signal.SIGSTOP)
+
+    def thaw(*servers):
+        for s in servers:
+            os.kill(s.proc.pid, signal.SIGCONT)
 
     try:
         deadline = time.monotonic() + 20
@@ -477,35 +569,126 @@ def test_nginx_spreads_retries_and_streams(tmp_path, native_server_dist, tiny_mo
                 assert proc.poll() is None and time.monotonic() < deadline, "nginx did not start"
                 time.sleep(0.05)
 
-        complete_all(6)
-        assert all(metric(s, "colibri_generated_tokens_total") > 0 for s in (a, b))
+        # -- 429 from a full instance, retried elsewhere. full is frozen; a
+        # request of our own (hold) is sent to it directly, then requests go
+        # through nginx until one of them waits in full's socket too. Thawed,
+        # full takes hold first (its bytes came first) and answers nginx's
+        # request 429 before any work on it; nginx passes it on.
+        retried = 0
+        for attempt in range(5):
+            before = metric(full, 'colibri_requests_total{status="429"}')
+            # hold's connection is open before the freeze, like nginx's kept-alive
+            # ones: full then sees hold's request ready first, not after them.
+            held = requests.Session()
+            assert held.get(full.url + "/v1/models", timeout=60).status_code == 200
+            freeze(full)
+            try:
+                hold = pool.submit(held.post, full.url + "/v1/chat/completions", json=chat_body(200, False),
+                                   timeout=60)
+                wait_until(lambda: unread_requests(full.port) >= 1, "the held request to reach full")
+                sent = []
+                while unread_requests(full.port) < 2:
+                    if all(f.done() for f in sent):
+                        sent.append(pool.submit(complete))
+                    time.sleep(0.005)
+            finally:
+                thaw(full)
+            assert all(f.result() == 3 for f in sent)  # every client got its 200
+            held.close()
+            if hold.result().status_code == 200:  # else nginx's request had come first: again
+                retried = metric(full, 'colibri_requests_total{status="429"}') - before
+                break
+            assert hold.result().status_code == 429
+        assert retried == 1
 
-        with requests.post(url + "/v1/chat/completions", timeout=60, stream=True,
-                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                                 "stream": True}) as r:
-            assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-            events = sse_events(r)
-        assert events[-1] == "[DONE]"
-        assert any(e["choices"] and e["choices"][0]["delta"].get("content") for e in events[:-1])
+        # -- spread: every instance generates (least_conn: the idle one next).
+        for _ in range(9):
+            complete()
+        assert all(metric(s, "colibri_generated_tokens_total") > 0 for s in instances)
 
+        # -- streamed as made: the first text event reaches the client; every
+        # instance is frozen; once the kernel holds no byte in transit, the
+        # client has events but not the end, so they left before the answer
+        # was done. The tiny model may finish before the freeze lands (~ms):
+        # then again. (This passes with proxy_buffering on as well: nginx
+        # also passes on what it reads to a client that keeps up.)
+        caught = False
+        attempts = 0
+        while not caught and attempts < 100:
+            attempts += 1
+            s = raw_post(port, "/v1/chat/completions", chat_body(16, True))
+            data = b""
+            while not FIRST_CONTENT.search(data):
+                chunk = s.recv(65536)
+                assert chunk, data
+                data += chunk
+            freeze(*instances)
+            try:
+                ports = {port} | {i.port for i in instances}
+                me = s.getsockname()[1]
+                wait_until(lambda: all(tx == 0 and (rx == 0 or lport == me)
+                                       for lport, _, tx, rx in tcp_queues(ports)), "bytes in transit")
+                s.setblocking(False)
+                try:
+                    while chunk := s.recv(65536):
+                        data += chunk
+                except BlockingIOError:
+                    pass
+                caught = b"data: [DONE]" not in data
+            finally:
+                thaw(*instances)
+            data = read_to_end(s, data)
+            head, _, events = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head, head
+            assert events.rstrip().endswith(b"data: [DONE]")
+        print(f"\nnginx stream test: caught mid-answer at attempt {attempts}")
+        assert caught, "the stream's events reached the client only once it had ended"
+
+        # -- /metrics: each instance's own port serves it; nginx does not.
+        for s in instances:
+            scraped = s.get("/metrics")
+            assert scraped.status_code == 200 and "# TYPE colibri_generated_tokens_total counter" in scraped.text
+        assert requests.get(url + "/metrics", timeout=10).status_code == 404
+
+        # -- 503 from an instance with every connection busy, retried elsewhere.
         tokens_a = metric(a, "colibri_generated_tokens_total")
-        with socket.create_connection(("127.0.0.1", a.port)) as hold:
-            hold.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: a\r\n")  # and no more
+        with socket.create_connection(("127.0.0.1", a.port)) as held:
+            held.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: a\r\n")  # and no more
             while a.get("/v1/models").status_code != 503:
                 time.sleep(0.05)  # until a has taken the held connection in
-            generated_b = metric(b, "colibri_generated_tokens_total")
-            generated_b += complete_all(6)
-        assert metric(b, "colibri_generated_tokens_total") == generated_b
+            for _ in range(6):
+                complete()
         assert metric(a, "colibri_generated_tokens_total") == tokens_a
         # (a's "connections full" 503s are not in its request counters: they are
         # answered before a request is read. Without non_idempotent in the config
-        # the client gets one of them and complete_all fails.)
+        # the client gets one of them and complete() fails.)
 
-        assert a.stop() == 0
-        before = metric(b, "colibri_generated_tokens_total")
-        generated = complete_all(4)
-        assert metric(b, "colibri_generated_tokens_total") == before + generated
-        assert requests.get(url + "/metrics", timeout=10).status_code == 404
+        # -- SIGKILL under load: 8 clients stream through nginx; full is
+        # frozen until requests wait unread in its socket (sent, not started),
+        # then killed. Those must be retried elsewhere and succeed; a stream
+        # full had begun may be cut, and is counted.
+        begun = metric(full, "colibri_generated_tokens_total")
+        clients = [pool.submit(lambda: [stream_outcome(url, chat_body(40, True)) for _ in range(4)])
+                   for _ in range(8)]
+        wait_until(lambda: metric(full, "colibri_generated_tokens_total") > begun, "full to begin a stream")
+        freeze(full)
+        wait_until(lambda: unread_requests(full.port) >= 1 or all(c.done() for c in clients),
+                   "a request to wait in full's socket")
+        pending = unread_requests(full.port)
+        full.proc.kill()
+        full.proc.wait(timeout=20)
+        outcomes = [o for c in clients for o in c.result()]
+        cut = [o for o in outcomes if o != ("done", True)]
+        print(f"\nnginx kill test: {pending} requests unstarted on the killed instance, "
+              f"{len(outcomes) - len(cut)} of {len(outcomes)} streams complete, {len(cut)} cut mid-stream")
+        assert pending >= 1
+        assert all(o == ("failed", True) for o in cut), cut  # only begun streams fail
+        after = [pool.submit(complete) for _ in range(6)]  # and the dead instance costs nothing now
+        assert all(f.result() == 3 for f in after)
     finally:
+        for s in instances:
+            if s.proc.poll() is None:
+                os.kill(s.proc.pid, signal.SIGCONT)
+        pool.shutdown(wait=False, cancel_futures=True)
         proc.terminate()
         proc.wait(timeout=20)
