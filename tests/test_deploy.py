@@ -616,7 +616,7 @@ def test_nginx_spreads_retries_and_streams(tmp_path, native_server_dist, tiny_mo
         attempts = 0
         while not caught and attempts < 100:
             attempts += 1
-            s = raw_post(port, "/v1/chat/completions", chat_body(16, True))
+            s = raw_post(port, "/v1/chat/completions", chat_body(200, True))
             data = b""
             while not FIRST_CONTENT.search(data):
                 chunk = s.recv(65536)
