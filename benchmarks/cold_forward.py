@@ -5,6 +5,7 @@ file's pages with posix_fadvise, so it needs no root).
     python benchmarks/cold_forward.py models/bench-olmoe-q80
 """
 
+import json
 import os
 import sys
 import time
@@ -15,7 +16,7 @@ from colibri_build import Engine
 
 def main() -> None:
     model = Path(sys.argv[1])
-    weights = model / "weights.cbw"
+    weights = model / json.loads((model / "model-config.json").read_text())["weights"]["file"]
     fd = os.open(weights, os.O_RDONLY)
     os.fsync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -15,21 +15,10 @@ import numpy as np
 
 from . import config as config_mod
 from .errors import ModelError
-from .weights import (ARCH_IDS, DIMS_FIELDS, DIMS_FLOATS, DTYPE_IDS, HEADER, QK_NORM_IDS, ROUTER_IDS, TOKENIZER_IDS,
-                      dims_from_config, read_header, tokenizer_info)
+from .weights import (ARCH_IDS, CONFIG_FIELD, DIMS_FIELDS, DIMS_FLOATS, DTYPE_IDS, HEADER, QK_NORM_IDS, ROUTER_IDS,
+                      TOKENIZER_IDS, dims_from_config, read_header, tokenizer_info)
 
 PIECE = 8 << 20
-
-# Header field -> the config's name for it (what messages say).
-FIELD_NAMES = {
-    "arch": "architecture", "n_layers": "layers", "hidden": "hidden_size", "n_heads": "heads",
-    "n_kv_heads": "kv_heads", "head_dim": "head_dim", "vocab": "vocab_size", "n_experts": "experts",
-    "top_k": "top_k", "expert_ffn": "expert_ffn_size", "n_shared_experts": "shared_experts",
-    "shared_ffn": "shared_expert_ffn_size", "context_len": "context_length", "router": "router",
-    "weight_dtype": "weights.dtype", "qk_norm": "attention.qk_norm", "qkv_bias": "attention.qkv_bias",
-    "shared_gate": "shared_expert_gate", "dense_ffn": "dense_ffn_size", "tied_embeddings": "tie_word_embeddings",
-    "norm_eps": "norm_eps", "rope_theta": "rope.theta", "clip_qkv": "attention.clip_qkv",
-}
 
 # Enum fields: id -> the config's spelling.
 ENUM_NAMES = {key: {v: k for k, v in ids.items()} for key, ids in
@@ -95,7 +84,7 @@ def check_header(cfg: dict, weights: Path, config_path: Path) -> None:
         expected = want[key]
         same = np.float32(got) == np.float32(expected) if key in DIMS_FLOATS else got == expected
         if not same:
-            raise _disagree(config_path, weights, FIELD_NAMES[key], key, expected, got)
+            raise _disagree(config_path, weights, CONFIG_FIELD[key], key, expected, got)
     for label, a, b in zip(("tokenizer.kind", "tokenizer.bos_id", "tokenizer.eos_id"), tokenizer_info(cfg), got_tok):
         if a != b:
             raise _disagree(config_path, weights, label, label, a, b)

@@ -484,19 +484,7 @@ static void respond_not_allowed(cb_app *a, cb_conn *c, const cb_http_request *re
     snprintf(allow + used, sizeof allow - used, "\r\n");
     cb_jw w;
     cb_jw_init(&w, body, sizeof body);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "error");
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "message");
-    cb_jw_str(&w, "method not allowed for this endpoint");
-    cb_jw_key(&w, "type");
-    cb_jw_str(&w, "invalid_request_error");
-    cb_jw_key(&w, "param");
-    cb_jw_null(&w);
-    cb_jw_key(&w, "code");
-    cb_jw_null(&w);
-    cb_jw_end_object(&w);
-    cb_jw_end_object(&w);
+    cb_jw_openai_error(&w, "method not allowed for this endpoint", "invalid_request_error");
     cb_metrics_status(&a->metrics, 405);
     cb_conn_respond(c, 405, "application/json", body, w.len, allow);
 }

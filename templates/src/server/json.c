@@ -811,3 +811,20 @@ void cb_jw_raw(cb_jw *w, const char *json, size_t n)
     before_value(w);
     put(w, json, n);
 }
+
+void cb_jw_openai_error(cb_jw *w, const char *message, const char *type)
+{
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "error");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "message");
+    cb_jw_str(w, message);
+    cb_jw_key(w, "type");
+    cb_jw_str(w, type);
+    cb_jw_key(w, "param");
+    cb_jw_null(w);
+    cb_jw_key(w, "code");
+    cb_jw_null(w);
+    cb_jw_end_object(w);
+    cb_jw_end_object(w);
+}

@@ -125,5 +125,7 @@ void cb_jw_bool(cb_jw *w, int v);
 void cb_jw_null(cb_jw *w);
 /* A value that already is JSON text, copied as is. */
 void cb_jw_raw(cb_jw *w, const char *json, size_t n);
+/* OpenAI's error object as a value: {"error": {"message", "type", "param": null, "code": null}}. */
+void cb_jw_openai_error(cb_jw *w, const char *message, const char *type);
 
 #endif

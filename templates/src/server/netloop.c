@@ -369,19 +369,7 @@ static size_t error_json(char *buf, size_t cap, int status, const char *type,
     if (type == NULL)
         type = status >= 500 ? "server_error" : "invalid_request_error";
     cb_jw_init(&w, buf, cap);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "error");
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "message");
-    cb_jw_str(&w, message);
-    cb_jw_key(&w, "type");
-    cb_jw_str(&w, type);
-    cb_jw_key(&w, "param");
-    cb_jw_null(&w);
-    cb_jw_key(&w, "code");
-    cb_jw_null(&w);
-    cb_jw_end_object(&w);
-    cb_jw_end_object(&w);
+    cb_jw_openai_error(&w, message, type);
     return w.overflow ? 0 : w.len;
 }
 

@@ -361,19 +361,7 @@ int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
 int cb_stream_error(cb_app *a, cb_conn *c, const char *message) {
     cb_jw w;
     begin_event(a, &w);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "error");
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "message");
-    cb_jw_str(&w, message);
-    cb_jw_key(&w, "type");
-    cb_jw_str(&w, "server_error");
-    cb_jw_key(&w, "param");
-    cb_jw_null(&w);
-    cb_jw_key(&w, "code");
-    cb_jw_null(&w);
-    cb_jw_end_object(&w);
-    cb_jw_end_object(&w);
+    cb_jw_openai_error(&w, message, "server_error");
     int r = send_event(a, c, &w);
     if (r == CB_CONN_OK) r = cb_conn_stream_end(c);
     return r;
