@@ -29,6 +29,8 @@ command -v qemu-aarch64-static >/dev/null || cross+=(qemu-user-static)
 # like the cross tools: their tests skip, naming what is missing.
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || cross+=(nginx-light)
 command -v strace >/dev/null || cross+=(strace)
+# systemd-analyze verifies the unit offline (no running systemd needed).
+command -v systemd-analyze >/dev/null || cross+=(systemd)
 fi
 if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -41,7 +43,7 @@ if [ ${#need[@]} -gt 0 ] || [ ${#cross[@]} -gt 0 ]; then
     }
     [ ${#cross[@]} -eq 0 ] || {
       echo "install-system-deps: installing the cross-target tools ${cross[*]} with apt-get" \
-           "(compilers, wine, qemu, nginx, strace: the longest step, the first time only)..." >&2
+           "(compilers, wine, qemu, nginx, strace, systemd: the longest step, the first time only)..." >&2
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null
     }
     echo "install-system-deps: done" >&2
