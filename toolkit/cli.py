@@ -33,13 +33,17 @@ class _Group(click.Group):
 
 def _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory):
     from .build import build
+    from .gguf_convert import converted_for_build, is_gguf
+    if is_gguf(model):  # convert first (once: reused while the file is unchanged), then build
+        model = converted_for_build(model, Path(build_dir))
     result = build(model, target, dist_root=Path(dist), build_root=Path(build_dir),
                    compiler_override=toolchain, quiet=quiet, sanitize=sanitize, max_memory=max_memory)
     click.echo(str(result.executable))
 
 
 _build_options = [
-    click.option("--model", "model", type=click.Path(path_type=Path), help="model-config.json or its folder"),
+    click.option("--model", "model", type=click.Path(path_type=Path),
+                 help="model-config.json or its folder, or a GGUF file (converted into BUILD_DIR/models/ first)"),
     click.option("--target", default="native", show_default=True, help="a target from 'colibri-build targets'"),
     click.option("--dist", default="dist", show_default=True, help="where dist/<model>-<target>/ goes"),
     click.option("--build-dir", default="build", show_default=True, help="where rendered trees are built"),
@@ -204,18 +208,29 @@ def synth(arch, dtype, preset, seed, name, out, tokenizer_src, chat_template, fo
 @main.command()
 @click.argument("hf_dir", type=click.Path(path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32", show_default=True,
-              help="weight type of the matrices (norms, biases and routers stay f32)")
+@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default=None,
+              help="weight type of the matrices (norms, biases and routers stay f32)  [default: f32; a GGUF "
+                   "file's types are kept as they are]")
 @click.option("--name", default=None, help="model name (default: OUT_DIR's name)")
 @click.option("--context-length", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
 @click.option("--batch-slots", type=int, default=8, show_default=True, help="concurrent sequences the server holds")
 @click.option("--allow-field", multiple=True, help="a config.json field known not to change the math")
 @click.option("--force", is_flag=True, help="replace the model files in a non-empty OUT_DIR (other files are kept)")
 def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field, force):
-    """Convert a Hugging Face checkpoint folder into a Colibri model folder.
-    OUT_DIR must be new or empty unless --force."""
+    """Convert a Hugging Face checkpoint folder, or a GGUF file (its weight
+    types kept bit for bit), into a Colibri model folder. OUT_DIR must be new
+    or empty unless --force."""
+    from .gguf_convert import convert_gguf, is_gguf
+    if is_gguf(hf_dir):
+        if dtype is not None or allow_field:
+            raise click.UsageError(f"{hf_dir} is a GGUF file: its weights keep their types "
+                                   f"({'--dtype' if dtype is not None else '--allow-field'} applies to Hugging "
+                                   "Face folders only)")
+        folder = convert_gguf(hf_dir, out_dir, name, context_length, batch_slots, force=force)
+        click.echo(str(folder / "model-config.json"))
+        return
     from .convert import convert as convert_fn
-    folder = convert_fn(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_field, force=force)
+    folder = convert_fn(hf_dir, out_dir, dtype or "f32", name, context_length, batch_slots, allow_field, force=force)
     click.echo(str(folder / "model-config.json"))
 
 

@@ -1,62 +1,227 @@
-"""The key/value metadata of a GGUF file (versions 2 and 3), read directly:
-the `gguf` package's reader builds a NumPy view per array element and takes
-seconds on a 150k-token vocabulary; this takes a fraction of one. Tensors
-are not read."""
+"""A GGUF file (versions 2 and 3) read directly: its key/value metadata and
+its tensor table, over a memory map, so neither the file's tensors nor a
+second copy of it are ever in RAM (the `gguf` package's reader builds a
+NumPy view per array element and takes seconds on a 150k-token vocabulary;
+this takes a fraction of one). Every offset is checked against the file, so
+a truncated or damaged file is an error naming what is wrong, never a crash."""
 
 from __future__ import annotations
 
+import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
+DEFAULT_ALIGNMENT = 32
+
+# GGML type id -> (name, weights a block, bytes a block) (ggml.h, ggml-common.h):
+# every type a GGUF file may hold, so that a tensor of one the engine cannot
+# run is named by its type, and its size still checked.
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}
+
+
+@dataclass
+class GGUFTensor:
+    name: str
+    ggml_type: int
+    ne: tuple[int, ...]   # GGML order: ne[0] is the row length
+    offset: int           # from the start of the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type][0]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Row-major (NumPy) order: ne reversed."""
+        return tuple(reversed(self.ne))
+
+
+class _Parser:
+    def __init__(self, data, path):
+        self.data, self.path, self.pos = data, path, 0
+
+    def need(self, n: int, what: str) -> None:
+        if self.pos + n > len(self.data):
+            raise ValueError(f"truncated: {what} at byte {self.pos} runs past the end of the file "
+                             f"({len(self.data)} bytes)")
+
+    def unpack(self, fmt: str, what: str):
+        size = struct.calcsize(fmt)
+        self.need(size, what)
+        out = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return out
+
+    def string(self, what: str) -> str:
+        (n,) = self.unpack("<Q", what)
+        self.need(n, what)
+        raw = self.data[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{what} at byte {self.pos - n} is not UTF-8") from None
+
+    def value(self, kind: int, what: str):
+        if kind == STRING:
+            return self.string(what)
+        if kind == ARRAY:
+            elem, n = self.unpack("<IQ", what)
+            if elem in _SCALARS:
+                fmt = _SCALARS[elem]
+                self.need(n * struct.calcsize(fmt), what)
+                return list(self.unpack(f"<{n}{fmt[1]}", what))
+            if elem == STRING:
+                return [self.string(what) for _ in range(n)]
+            if elem == ARRAY:
+                return [self.value(ARRAY, what) for _ in range(n)]
+            raise ValueError(f"{what}: unknown array element type {elem}")
+        fmt = _SCALARS.get(kind)
+        if fmt is None:
+            raise ValueError(f"{what}: unknown value type {kind}")
+        return self.unpack(fmt, what)[0]
+
+
+def _parse(data, path, tensors: bool):
+    p = _Parser(data, path)
+    if len(data) < 4 or bytes(data[:4]) != b"GGUF":
+        raise ValueError(f"not a GGUF file (magic {bytes(data[:4])!r}, expected b'GGUF')")
+    p.pos = 4
+    (version,) = p.unpack("<I", "the version")
+    if version not in (2, 3):
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+        if swapped in (2, 3):
+            raise ValueError(f"a big-endian GGUF file (version {swapped}); only little-endian files are supported")
+        raise ValueError(f"GGUF version {version}; expected 2 or 3")
+    n_tensors, n_kv = p.unpack("<QQ", "the header")
+    # Each entry takes at least 8 bytes: a count past that is a damaged header.
+    if n_tensors > len(data) // 8 or n_kv > len(data) // 8:
+        raise ValueError(f"header claims {n_tensors} tensors and {n_kv} metadata keys, more than a file of "
+                         f"{len(data)} bytes can hold")
+    meta = {}
+    for i in range(n_kv):
+        key = p.string(f"metadata key {i}")
+        (kind,) = p.unpack("<I", f"the type of metadata '{key}'")
+        meta[key] = p.value(kind, f"metadata '{key}'")
+    if not tensors:
+        return meta, [], 0
+    infos = []
+    for i in range(n_tensors):
+        name = p.string(f"the name of tensor {i}")
+        (ndim,) = p.unpack("<I", f"tensor '{name}'")
+        if not 1 <= ndim <= 4:
+            raise ValueError(f"tensor '{name}' has {ndim} dimensions; expected 1..4")
+        ne = p.unpack(f"<{ndim}Q", f"tensor '{name}'")
+        kind, offset = p.unpack("<IQ", f"tensor '{name}'")
+        infos.append((name, ne, kind, offset))
+    align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise ValueError(f"general.alignment is {align!r}; expected a power of two")
+    data_start = (p.pos + align - 1) // align * align
+    out = []
+    for name, ne, kind, offset in infos:
+        if kind not in GGML_TYPES:
+            raise ValueError(f"tensor '{name}' has GGML type id {kind}, which no GGML version defines")
+        type_name, block, block_bytes = GGML_TYPES[kind]
+        if any(n == 0 for n in ne) or ne[0] % block:
+            raise ValueError(f"tensor '{name}' of type {type_name} has shape ne={list(ne)}; its rows (ne[0]) must "
+                             f"be a nonzero multiple of {block}")
+        count = 1
+        for n in ne:
+            count *= n
+        nbytes = count // block * block_bytes
+        if offset % align:
+            raise ValueError(f"tensor '{name}' starts at data offset {offset}, not a multiple of the "
+                             f"alignment {align}")
+        out.append(GGUFTensor(name, kind, tuple(ne), data_start + offset, nbytes))
+    # A tensor whose size (from its shape and type) runs into the next one or
+    # past the end: a damaged table or a truncated file.
+    ordered = sorted(out, key=lambda t: t.offset)
+    for t, nxt in zip(ordered, ordered[1:] + [None]):
+        end = t.offset + t.nbytes
+        if nxt is not None and end > nxt.offset:
+            raise ValueError(f"tensor '{t.name}' ({t.type_name}, ne={list(t.ne)}) is {t.nbytes} bytes by its shape "
+                             f"and type but only {nxt.offset - t.offset} lie before the next tensor "
+                             f"'{nxt.name}': its size does not match its shape and type")
+        if end > len(data):
+            raise ValueError(f"truncated: tensor '{t.name}' ({t.type_name}, ne={list(t.ne)}) needs bytes "
+                             f"{t.offset}..{end} but the file has {len(data)}")
+    return meta, out, data_start
+
+
+class GGUFFile:
+    """An open GGUF file: .meta (key -> value), .tensors (name -> GGUFTensor)
+    and .raw(tensor), a zero-copy view of a tensor's bytes in the mapping."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            fh = open(self.path, "rb")
+        except OSError as exc:
+            raise ModelError(f"{self.path}: cannot open: {exc.strerror}") from None
+        with fh:
+            size = fh.seek(0, 2)
+            if size == 0:
+                raise ModelError(f"{self.path}: empty file; expected a GGUF file")
+            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.size = size
+        try:
+            self.meta, tensors, self.data_start = _parse(memoryview(self._map), self.path, True)
+        except (ValueError, struct.error) as exc:
+            self.close()
+            raise ModelError(f"{self.path}: {exc}") from None
+        self.tensors = {}
+        for t in tensors:
+            if t.name in self.tensors:
+                self.close()
+                raise ModelError(f"{self.path}: tensor '{t.name}' appears twice")
+            self.tensors[t.name] = t
+
+    def raw(self, t: GGUFTensor) -> memoryview:
+        return memoryview(self._map)[t.offset:t.offset + t.nbytes]
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive; the mapping goes with it
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def read_gguf_metadata(path: Path) -> dict:
-    data = Path(path).read_bytes()
     try:
-        if data[:4] != b"GGUF":
-            raise ValueError("bad magic")
-        version, _, n_kv = struct.unpack_from("<IQQ", data, 4)
-        if version not in (2, 3):
-            raise ValueError(f"GGUF version {version}; expected 2 or 3")
-        pos = 24
-        out = {}
-
-        def string(pos):
-            (n,) = struct.unpack_from("<Q", data, pos)
-            end = pos + 8 + n
-            if end > len(data):
-                raise ValueError("string past the end of the file")
-            return data[pos + 8:end].decode("utf-8"), end
-
-        def value(kind, pos):
-            if kind == STRING:
-                return string(pos)
-            if kind == ARRAY:
-                elem, n = struct.unpack_from("<IQ", data, pos)
-                pos += 12
-                if elem in _SCALARS:
-                    fmt = _SCALARS[elem]
-                    size = struct.calcsize(fmt)
-                    items = list(struct.unpack_from(f"<{n}{fmt[1]}", data, pos))
-                    return items, pos + n * size
-                items = []
-                for _ in range(n):
-                    item, pos = value(elem, pos)
-                    items.append(item)
-                return items, pos
-            fmt = _SCALARS.get(kind)
-            if fmt is None:
-                raise ValueError(f"unknown value type {kind}")
-            return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
-
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            (kind,) = struct.unpack_from("<I", data, pos)
-            out[key], pos = value(kind, pos + 4)
-        return out
-    except (ValueError, struct.error, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: not a readable GGUF file: {exc}") from None
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot open: {exc.strerror}") from None
+    with fh:
+        if fh.seek(0, 2) == 0:
+            raise ModelError(f"{path}: not a readable GGUF file: empty")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            try:
+                view = memoryview(mm)
+                try:
+                    return _parse(view, path, False)[0]
+                finally:
+                    view.release()
+            except (ValueError, struct.error) as exc:
+                raise ModelError(f"{path}: not a readable GGUF file: {exc}") from None

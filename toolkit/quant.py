@@ -16,18 +16,36 @@ BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}
 # as four GGML rows, reordered so that the kernels read one stream, load four
 # scales at once and hold two rows' halves in one 256-bit vector (dims.h).
 X4 = {"q8_0x4": "q8_0", "q4_0x4": "q4_0"}
+# GGML block types kept bit for bit from GGUF files: (weights, bytes) a block
+# (ggml-common.h). The toolkit only moves their bytes; the engine's kernels
+# read them.
+GGML_BLOCKS = {"q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
+               "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210), "iq4_nl": (32, 18),
+               "iq4_xs": (256, 136), "mxfp4": (32, 17)}
 
 
 def base_dtype(dtype: str) -> str:
     return X4.get(dtype, dtype)
 
 
+def block_size(dtype: str) -> int:
+    """Weights per block (1 for the float types)."""
+    dtype = base_dtype(dtype)
+    if dtype in GGML_BLOCKS:
+        return GGML_BLOCKS[dtype][0]
+    return QK if dtype in BLOCK_BYTES else 1
+
+
 def row_bytes(dtype: str, cols: int) -> int:
+    """Bytes of one row of cols weights (cols a multiple of block_size)."""
     dtype = base_dtype(dtype)
     if dtype == "f32":
         return 4 * cols
     if dtype in ("f16", "bf16"):
         return 2 * cols
+    if dtype in GGML_BLOCKS:
+        weights, nbytes = GGML_BLOCKS[dtype]
+        return cols // weights * nbytes
     return cols // QK * BLOCK_BYTES[dtype]
 
 
@@ -99,6 +117,14 @@ def deinterleave4(raw: np.ndarray, size: int, rows: int) -> np.ndarray:
 
 def dequantize(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """Raw bytes of a tensor -> float32 array of shape."""
+    if dtype in GGML_BLOCKS:  # for tools and tests: the gguf package's reference dequantizers
+        try:
+            from gguf import GGMLQuantizationType, quants
+        except ImportError:
+            raise ValueError(f"dequantizing {dtype} needs the gguf package (pip install gguf)") from None
+        kind = GGMLQuantizationType[dtype.upper()]
+        rows = raw.reshape(-1, row_bytes(dtype, shape[-1]))
+        return quants.dequantize(rows, kind).astype(np.float32).reshape(shape)
     if dtype in X4:
         dtype = X4[dtype]
         raw = deinterleave4(raw, BLOCK_BYTES[dtype], int(np.prod(shape[:-1])))

@@ -31,7 +31,10 @@ NAME_BYTES = 48
 ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
 ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
-DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
+DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7,
+             # GGML's own block layouts, kept bit for bit from GGUF files (quant.GGML_BLOCKS).
+             "q4_1": 8, "q5_0": 9, "q5_1": 10, "q2_k": 11, "q3_k": 12, "q4_k": 13, "q5_k": 14, "q6_k": 15,
+             "iq4_nl": 16, "iq4_xs": 17, "mxfp4": 18}
 # Ids no longer written or read (dims.h), with what to tell the user.
 RETIRED_DTYPE_IDS = {5: "q8_0x4 of an earlier layout"}
 DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
@@ -120,14 +123,28 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+def matrix_type(cfg: dict, name: str) -> str:
+    """A matrix's type: weights.tensor_dtypes (a converted GGUF file mixes
+    types; routed experts of a layer share one, keyed with '*' for the
+    expert) or else weights.dtype."""
+    types = cfg["weights"].get("tensor_dtypes") or {}
+    if name in types:
+        return types[name]
+    if ".expert." in name:
+        layer, role = name.split(".expert.")[0], name.rsplit(".", 1)[1]
+        return types.get(f"{layer}.expert.*.{role}", cfg["weights"]["dtype"])
+    return cfg["weights"]["dtype"]
+
+
 def tensor_dtype(cfg: dict, name: str, shape: tuple[int, ...]) -> str:
-    """Matrices take the model's weight type; vectors and routers stay f32
-    (small, and the router's choices are sensitive to rounding). Block-
-    quantized matrices the engine multiplies are stored x4 (quant.X4); the
-    embedding table, read a row at a time, keeps GGML's row layout."""
+    """Matrices take their weight type (matrix_type); vectors and routers
+    stay f32 (small, and the router's choices are sensitive to rounding).
+    Q8_0/Q4_0 matrices the engine multiplies are stored x4 (quant.X4); the
+    embedding table, read a row at a time, keeps GGML's row layout, as do
+    the other GGML types."""
     if len(shape) == 1 or name.endswith("ffn_router"):
         return "f32"
-    dtype = cfg["weights"]["dtype"]
+    dtype = matrix_type(cfg, name)
     if dtype in ("q8_0", "q4_0") and name != "tok_embd" and shape[0] % 4 == 0:
         return dtype + "x4"
     return dtype
@@ -135,6 +152,15 @@ def tensor_dtype(cfg: dict, name: str, shape: tuple[int, ...]) -> str:
 
 def is_expert_block_start(name: str) -> bool:
     return ".expert." in name and name.endswith(".gate")
+
+
+@dataclass
+class Stored:
+    """A tensor given as bytes already in its .cbw dtype (a GGUF tensor moved
+    as it is), written without re-encoding."""
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
 
 
 @dataclass
@@ -188,7 +214,7 @@ def _pack_header(cfg: dict, n_tensors: int, header_bytes: int, align: int) -> by
 
 def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> str:
     """Writes tensors (float arrays in expected_shapes order, encoded to each
-    tensor's dtype) to path atomically; returns the file's sha256. Tensors
+    tensor's dtype, or Stored bytes) to path atomically; returns the file's sha256. Tensors
     are consumed one at a time, so a large model never sits in RAM whole."""
     header_bytes, align, entries = plan_layout(cfg)
     tmp = path.with_name(path.name + ".partial")
@@ -211,7 +237,13 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
                 raise ModelError(f"{path}: tensor '{name}' {tuple(array.shape)} given where "
                                  f"'{ent.name}' {ent.shape} was expected")
             _skip(fh, digest, ent.offset - pos)
-            data = quant.encode(array, DTYPE_NAMES[ent.dtype])
+            if isinstance(array, Stored):
+                if array.dtype != DTYPE_NAMES[ent.dtype] or len(array.data) != ent.nbytes:
+                    raise ModelError(f"{path}: tensor '{name}' given as {array.dtype}, {len(array.data)} bytes where "
+                                     f"{DTYPE_NAMES[ent.dtype]}, {ent.nbytes} bytes was expected")
+                data = array.data
+            else:
+                data = quant.encode(array, DTYPE_NAMES[ent.dtype])
             assert len(data) == ent.nbytes
             _write(fh, digest, data)
             pos = ent.offset + ent.nbytes

@@ -193,6 +193,7 @@ typedef struct {
     size_t err_len;
     int failed;
     uint32_t next;  /* where the next lookup starts */
+    int block_matrices; /* a bound matrix is block-quantized */
 } binder;
 
 /* The file lists tensors in about the order they are bound, so each search
@@ -234,10 +235,11 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
         return -1;
     }
     uint64_t inner = cols ? cols : rows, outer = cols ? rows : 1;
+    /* A matrix comes in whatever type the file gives it (a GGUF file mixes
+     * them); the x4 types only in whole groups of four rows. */
+    const int x4 = t->dtype == CB_Q8_0X4 || t->dtype == CB_Q4_0X4;
+    if (dtype == CB_ANY_MATRIX && cols && (!x4 || rows % 4 == 0)) dtype = t->dtype;
     size_t row_bytes = cb_row_bytes(dtype, (uint32_t)inner);
-    /* A block-quantized matrix may come in groups of four rows (x4). */
-    const uint32_t x4 = dtype == CB_Q8_0 ? CB_Q8_0X4 : dtype == CB_Q4_0 ? CB_Q4_0X4 : dtype;
-    if (cols && t->dtype == x4 && rows % 4 == 0) dtype = x4;
     if (t->dtype != dtype || row_bytes == 0 || t->nbytes != outer * row_bytes) {
         snprintf(b->err, b->err_len, "tensor '%s': %s, %llu bytes in the file; expected %s, %llu bytes", name,
                  dtype_name(t->dtype), (unsigned long long)t->nbytes, dtype_name(dtype),
@@ -247,6 +249,7 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
     }
     out->data = b->w->file.data + t->offset;
     out->dtype = dtype;
+    if (cols && dtype >= CB_Q8_0) b->block_matrices = 1;
     out->rows = (uint32_t)(cols ? rows : 1);
     out->cols = (uint32_t)inner;
     return 0;
@@ -274,16 +277,17 @@ static void bind_ffn(binder *b, const char *prefix, uint64_t H, uint64_t I, uint
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len) {
     const cb_dims *d = &w->header->dims;
-    const uint32_t dt = d->weight_dtype;
+    const uint32_t dt = CB_ANY_MATRIX; /* each matrix as the file has it; weight_dtype is the main one */
     const uint64_t H = d->hidden, q_dim = (uint64_t)d->n_heads * d->head_dim,
                    kv_dim = (uint64_t)d->n_kv_heads * d->head_dim, I = d->expert_ffn;
-    binder b = {w, err, err_len, 0, 0};
+    binder b = {w, err, err_len, 0, 0, 0};
     char name[CB_TENSOR_NAME_BYTES];
     const uint8_t *first_expert = NULL;
     bind(&b, "tok_embd", d->vocab, H, dt, 0, &w->tok_embd);
-    if (!b.failed && w->tok_embd.dtype != dt) { /* looked up a row at a time: GGML's row layout */
-        snprintf(err, err_len, "tensor 'tok_embd': %s in the file, expected %s", dtype_name(w->tok_embd.dtype),
-                 dtype_name(dt));
+    if (!b.failed && (w->tok_embd.dtype == CB_Q8_0X4 || w->tok_embd.dtype == CB_Q4_0X4)) {
+        /* looked up a row at a time: GGML's row layout */
+        snprintf(err, err_len, "tensor 'tok_embd': %s in the file, expected a row layout (not x4)",
+                 dtype_name(w->tok_embd.dtype));
         return -1;
     }
     if (d->tied_embeddings) w->output = w->tok_embd;
@@ -331,7 +335,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
             bind_ffn(&b, NAME("expert.%u.", e), H, I, dt, 0, X);
             if (b.failed) break;
             const uint8_t *start = X->gate.data;
-            const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(dt, (uint32_t)I);
+            const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(X->down.dtype, (uint32_t)I);
             const uintptr_t align = w->header->alignment; /* 4096 or CB_HUGE_ALIGNMENT (cb_weights_map) */
             if ((((uintptr_t)start - (uintptr_t)w->file.data) & (align - 1)) != 0 ||
                 (const uint8_t *)X->up.data < start || (const uint8_t *)X->down.data < start) {
@@ -353,6 +357,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
         const uint8_t *dense = w->file.data + w->header->header_bytes;
         cb_map_advise_willneed(dense, (size_t)(first_expert - dense));
     }
+    w->block_matrices = b.block_matrices;
     return b.failed ? -1 : 0;
 }
 

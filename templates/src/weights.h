@@ -62,6 +62,10 @@ typedef struct {
     uint32_t rows, cols;
 } cb_tensor;
 
+/* cb_weights_bind's matrices: any type the file gives each (a GGUF file mixes
+ * them per tensor); dims.weight_dtype names the main one. */
+#define CB_ANY_MATRIX 0xFFFFFFFFu
+
 /* Bytes of one row of cols weights of a dtype (cols a multiple of 32 for
  * the block types). */
 size_t cb_row_bytes(uint32_t dtype, uint32_t cols);
@@ -94,6 +98,7 @@ typedef struct {
     const float *output_norm;            /* [H] */
     cb_tensor output;                    /* [vocab, H]: tok_embd when tied */
     cb_layer_weights *layers;            /* [n_layers], from the arena */
+    int block_matrices;                  /* some matrix is block-quantized: activations get quantized */
 } cb_weights;
 
 /* Maps path and checks magic, version, bounds and every tensor's shape

@@ -1,0 +1,353 @@
+"""colibri-build convert FILE.gguf OUT: a GGUF file (llama.cpp's format) ->
+a Colibri model folder. The model config comes from `general.architecture`
+and the `<arch>.*` keys, the tokenizer and chat template from
+`tokenizer.ggml.*` / `tokenizer.chat_template`, and every weight keeps its
+GGML type and bytes: nothing is dequantized or requantized. The bytes only
+move: merged `ffn_*_exps` tensors split into one page-aligned block per
+expert, llama.cpp's q/k row permutation of `llama` files undone (a row
+permutation), and Q8_0/Q4_0 rows regrouped into the engine's x4 layout (the
+same blocks, reordered). The file is memory-mapped and read once, in the
+order the output is written; the output appears only when complete."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+import numpy as np
+
+from . import config as config_mod
+from . import quant
+from .errors import ModelError
+from .gguf_meta import GGUFFile, GGUFTensor
+from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
+from .weights import DTYPE_NAMES, Stored, expected_shapes, plan_layout, write_weights
+
+# GGUF general.architecture -> the engine's architecture.
+ARCHS = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
+# How llama.cpp weighs the chosen experts, per architecture (its graph fixes
+# it; the GGUF file does not say): renormalised over the top-k or not.
+ROUTERS = {"llama": "softmax_topk_renorm", "qwen3moe": "softmax_topk_renorm", "qwen2moe": "softmax_topk",
+           "olmoe": "softmax_topk"}
+QK_NORMS = {"qwen3moe": "per_head", "olmoe": "whole"}
+# GGML type -> the .cbw dtype that holds the same bytes.
+TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0",
+         "Q5_1": "q5_1", "Q2_K": "q2_k", "Q3_K": "q3_k", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
+         "IQ4_NL": "iq4_nl", "IQ4_XS": "iq4_xs", "MXFP4": "mxfp4"}
+
+# Engine tensor (without "blk.N.") -> GGUF tensor (without "blk.N.").
+LAYER_NAMES = {
+    "attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight", "attn_q": "attn_q.weight",
+    "attn_k": "attn_k.weight", "attn_v": "attn_v.weight", "attn_o": "attn_output.weight",
+    "attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias", "attn_v_bias": "attn_v.bias",
+    "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight", "ffn_router": "ffn_gate_inp.weight",
+    "shexp.gate": "ffn_gate_shexp.weight", "shexp.up": "ffn_up_shexp.weight", "shexp.down": "ffn_down_shexp.weight",
+    "shexp_gate_inp": "ffn_gate_inp_shexp.weight", "ffn_gate": "ffn_gate.weight", "ffn_up": "ffn_up.weight",
+    "ffn_down": "ffn_down.weight",
+}
+GLOBAL_NAMES = {"tok_embd": "token_embd.weight", "output_norm": "output_norm.weight", "output": "output.weight"}
+
+
+def _supported_list() -> str:
+    return ", ".join(TYPES)
+
+
+class _Meta:
+    """The file's metadata with errors that name the file and the key."""
+
+    def __init__(self, g: GGUFFile, arch: str):
+        self.g, self.arch = g, arch
+
+    def get(self, key: str, default=None, required: bool = False, per_layer_ok: bool = True):
+        full = f"{self.arch}.{key}"
+        if full not in self.g.meta:
+            if required:
+                raise ModelError(f"{self.g.path}: metadata key '{full}' is missing")
+            return default
+        value = self.g.meta[full]
+        if isinstance(value, list):  # per-layer values: the engine takes one for all layers
+            if not value or any(v != value[0] for v in value):
+                raise ModelError(f"{self.g.path}: metadata '{full}' differs between layers ({value[:8]}); "
+                                 "the engine needs one value for every layer")
+            value = value[0]
+        return value
+
+
+def _tensor(g: GGUFFile, name: str, required: bool = True) -> GGUFTensor | None:
+    t = g.tensors.get(name)
+    if t is None and required:
+        raise ModelError(f"{g.path}: tensor '{name}' is missing")
+    return t
+
+
+def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots: int) -> dict:
+    """model-config.json's fields from the GGUF metadata (weights' types are
+    added by plan_tensors)."""
+    path = g.path
+    arch = g.meta.get("general.architecture")
+    if arch is None:
+        raise ModelError(f"{path}: metadata key 'general.architecture' is missing")
+    if arch not in ARCHS:
+        raise ModelError(f"{path}: architecture '{arch}' (general.architecture) is not supported; supported: "
+                         f"{', '.join(sorted(ARCHS))} ('llama' with experts: Mixtral)")
+    m = _Meta(g, arch)
+    layers = m.get("block_count", required=True)
+    hidden = m.get("embedding_length", required=True)
+    heads = m.get("attention.head_count", required=True)
+    kv_heads = m.get("attention.head_count_kv", heads)
+    head_dim = m.get("attention.key_length", hidden // heads if heads else 0)
+    value_dim = m.get("attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise ModelError(f"{path}: {arch}.attention.value_length {value_dim} differs from key_length {head_dim}; "
+                         "the engine needs equal key and value head sizes")
+    rot = m.get("rope.dimension_count", head_dim)
+    if rot != head_dim:
+        raise ModelError(f"{path}: {arch}.rope.dimension_count is {rot}, the head size {head_dim}: partial "
+                         "rotary embeddings are not implemented")
+    scaling = m.get("rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise ModelError(f"{path}: {arch}.rope.scaling.type is '{scaling}'; only the default RoPE is implemented")
+    if "rope_freqs.weight" in g.tensors:
+        raise ModelError(f"{path}: tensor 'rope_freqs.weight' (RoPE frequency factors) is not implemented")
+    experts = m.get("expert_count", 0)
+    if not experts:
+        raise ModelError(f"{path}: {arch}.expert_count is missing or 0: a dense model; Colibri runs "
+                         "mixture-of-experts models only")
+    top_k = m.get("expert_used_count", required=True)
+    gating = m.get("expert_gating_func", 1)
+    if gating != 1:
+        raise ModelError(f"{path}: {arch}.expert_gating_func is {gating}; only softmax (1) is implemented")
+    embd = _tensor(g, "token_embd.weight")
+    if len(embd.ne) != 2 or embd.ne[0] != hidden:
+        raise ModelError(f"{path}: tensor 'token_embd.weight' has ne={list(embd.ne)}; expected [{hidden}, vocab]")
+    vocab = embd.ne[1]
+    ctx_meta = m.get("context_length", 4096)
+    moe_layers = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in g.tensors]
+    dense = [i for i in range(layers) if i not in moe_layers]
+    ffn = m.get("feed_forward_length", 0)
+    expert_ffn = m.get("expert_feed_forward_length", None)
+    if expert_ffn is None:
+        expert_ffn = ffn
+        if arch in ("qwen2moe", "qwen3moe"):
+            m.get("expert_feed_forward_length", required=True)
+    shared = f"blk.{moe_layers[0] if moe_layers else 0}.ffn_gate_shexp.weight" in g.tensors
+    shared_ffn = m.get("expert_shared_feed_forward_length", required=True) if shared else 0
+    qkv_bias = "blk.0.attn_q.bias" in g.tensors
+    if qkv_bias and arch == "llama":
+        raise ModelError(f"{path}: a 'llama' file with q/k/v biases is not supported")
+    clip = m.get("attention.clamp_kqv", None)
+    norm_w = m.get("expert_weights_norm", None)
+    router = ROUTERS[arch] if norm_w is None else ("softmax_topk_renorm" if norm_w else "softmax_topk")
+    return {
+        "format_version": 1, "name": name, "architecture": ARCHS[arch],
+        "layers": layers, "hidden_size": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+        "vocab_size": vocab, "norm_eps": float(m.get("attention.layer_norm_rms_epsilon", required=True)),
+        "rope": {"theta": float(m.get("rope.freq_base", 10000.0))},
+        "context_length": min(ctx_meta, context_length or 4096),
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+        "experts": experts, "top_k": top_k, "expert_ffn_size": expert_ffn, "router": router,
+        "attention": {"qk_norm": QK_NORMS.get(arch, "none"), "qkv_bias": qkv_bias, "clip_qkv": clip or None},
+        "shared_experts": int(shared), "shared_expert_ffn_size": shared_ffn, "shared_expert_gate": shared and
+        f"blk.{moe_layers[0]}.ffn_gate_inp_shexp.weight" in g.tensors,
+        "dense_layers": dense, "dense_ffn_size": ffn if dense else 0,
+        "batch_slots": batch_slots,
+        "weights": {"file": "weights.cbw", "dtype": "f32"},
+        "tokenizer": {"kind": "none", "bos_id": g.meta.get("tokenizer.ggml.bos_token_id"),
+                      "eos_id": g.meta.get("tokenizer.ggml.eos_token_id")},
+        "source": {"format": "gguf", "file": str(g.path.resolve()), "architecture": arch,
+                   "file_type": g.meta.get("general.file_type"), "bytes": g.size,
+                   "mtime_ns": g.path.stat().st_mtime_ns},
+    }
+
+
+class _Source:
+    """Where each engine tensor's bytes are in the GGUF file."""
+
+    def __init__(self, g: GGUFFile, cfg: dict):
+        self.g, self.cfg = g, cfg
+        self.used: set[str] = set()
+        self.arch = cfg["source"]["architecture"]
+
+    def locate(self, name: str) -> tuple[GGUFTensor, int | None]:
+        """The GGUF tensor holding engine tensor name, and the expert index
+        into a merged 3-D one (None for a whole tensor)."""
+        if name in GLOBAL_NAMES:
+            return self._take(GLOBAL_NAMES[name]), None
+        _, layer, rest = name.split(".", 2)
+        if rest.startswith("expert."):
+            _, e, role = rest.split(".")
+            merged = f"blk.{layer}.ffn_{role}_exps.weight"
+            if merged in self.g.tensors:
+                return self._take(merged), int(e)
+            return self._take(f"blk.{layer}.ffn_{role}.{e}.weight"), None  # older files: one tensor per expert
+        return self._take(f"blk.{layer}.{LAYER_NAMES[rest]}"), None
+
+    def _take(self, gguf_name: str) -> GGUFTensor:
+        t = _tensor(self.g, gguf_name)
+        self.used.add(gguf_name)
+        return t
+
+    def check(self, name: str, shape: tuple[int, ...]) -> tuple[GGUFTensor, int | None, str]:
+        """The source, checked against the engine's shape; and the .cbw
+        dtype that keeps its bytes."""
+        t, expert = self.locate(name)
+        got = t.shape[1:] if expert is not None else t.shape
+        if expert is not None and t.shape[0] != self.cfg["experts"]:
+            raise ModelError(f"{self.g.path}: tensor '{t.name}' holds {t.shape[0]} experts (ne={list(t.ne)}); "
+                             f"{self.arch}.expert_count says {self.cfg['experts']}")
+        if len(shape) == 1 and len(got) == 2 and 1 in got:  # a [n, 1] vector
+            got = (got[0] * got[1],)
+        if tuple(got) != tuple(shape):
+            raise ModelError(f"{self.g.path}: tensor '{t.name}' has shape {list(got)} (GGUF ne={list(t.ne)}) where "
+                             f"the metadata implies {list(shape)} for the engine's '{name}'")
+        if t.type_name not in TYPES:
+            raise ModelError(f"{self.g.path}: tensor '{t.name}' has type {t.type_name}, which Colibri's engine does "
+                             f"not run; supported: {_supported_list()}")
+        return t, expert, TYPES[t.type_name]
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.g.tensors) - self.used)
+
+
+def plan_tensors(g: GGUFFile, cfg: dict) -> dict:
+    """Each matrix's type, as weights.dtype (the type most matrix bytes have)
+    and weights.tensor_dtypes (the others; a layer's experts share their
+    merged tensor's type). Vectors and routers are f32 in the engine: a
+    GGUF F16/BF16 one widens exactly; a quantized one is refused."""
+    source = _Source(g, cfg)
+    types: dict[str, str] = {}
+    weight: Counter = Counter()
+    for name, shape in expected_shapes(cfg):
+        t, expert, dtype = source.check(name, shape)
+        if len(shape) == 1 or name.endswith("ffn_router"):
+            if dtype not in ("f32", "f16", "bf16"):
+                raise ModelError(f"{g.path}: tensor '{t.name}' is {t.type_name}; the engine keeps vectors and "
+                                 "routers in F32 and widens only F16/BF16 ones")
+            continue
+        key = name
+        if expert is not None:
+            key = f"{name.split('.expert.')[0]}.expert.*.{name.rsplit('.', 1)[1]}"
+        types[key] = dtype
+        weight[dtype] += quant.row_bytes(dtype, shape[-1]) * shape[0]
+    leftover = source.unused()
+    if leftover:
+        raise ModelError(f"{g.path}: tensor '{leftover[0]}' is not used by the engine for this model "
+                         f"({len(leftover)} unused): the file holds something the engine would not compute")
+    main = weight.most_common(1)[0][0]
+    return {"dtype": main, "tensor_dtypes": {k: v for k, v in sorted(types.items()) if v != main}}
+
+
+def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Undoes llama.cpp's permutation of a `llama` q or k matrix ([rows,
+    row bytes], rows = n_head * head_dim): its converter interleaves each
+    head's two halves (for RoPE on adjacent pairs); the engine rotates
+    halves, as the original checkpoint was laid out."""
+    n, width = rows.shape
+    return rows.reshape(n_head, n // n_head // 2, 2, width).swapaxes(1, 2).reshape(n, width)
+
+
+def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor, expert, target: str) -> Stored:
+    raw = np.frombuffer(g.raw(t), dtype=np.uint8)
+    src = TYPES[t.type_name]
+    if expert is not None:
+        per = t.nbytes // t.shape[0]
+        raw = raw[expert * per:(expert + 1) * per]
+    if target == "f32" and src != "f32":  # an F16/BF16 vector or router, widened exactly
+        data = quant.dequantize(raw, src, tuple(shape)).astype("<f4").tobytes()
+        return Stored("f32", tuple(shape), data)
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    matrix = raw.reshape(rows, -1)
+    role = name.rsplit(".", 1)[-1]
+    if cfg["source"]["architecture"] == "llama" and role in ("attn_q", "attn_k"):
+        matrix = unpermute_rows(matrix, cfg["heads"] if role == "attn_q" else cfg["kv_heads"])
+    if target in quant.X4:
+        base = quant.X4[target]
+        blocks = np.ascontiguousarray(matrix).reshape(rows, shape[-1] // quant.QK, quant.BLOCK_BYTES[base])
+        return Stored(target, tuple(shape), quant.interleave4(blocks).tobytes())
+    return Stored(target, tuple(shape), np.ascontiguousarray(matrix).tobytes())
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def convert_gguf(path: Path, out: Path, name: str | None = None, context_length: int | None = None,
+                 batch_slots: int = 8, progress: bool = True, force: bool = False) -> Path:
+    """Writes the model folder out from the GGUF file path; returns out."""
+    path, out = Path(path), Path(out)
+    out = out.resolve() if out.name in ("", ".", "..") else out
+    with GGUFFile(path) as g:
+        cfg = model_config(g, name or out.name, context_length, batch_slots)
+        cfg["weights"].update(plan_tensors(g, cfg))
+        exists = check_destination(out, force, "converted model")
+        with staged_folder(out, exists, MODEL_FILES_ORDER) as tmp:
+            no_tokenizer = None
+            if "tokenizer.ggml.tokens" in g.meta:
+                from .tokenizer import convert_tokenizer
+                cfg["tokenizer"] = convert_tokenizer(path, tmp)
+            else:
+                no_tokenizer = f"{path} has no tokenizer.ggml.tokens"
+            cfg = config_mod.validate(cfg, source=f"model-config.json converted from {path}")
+            _, _, entries = plan_layout(cfg)
+            source = _Source(g, cfg)
+            total = sum(e.nbytes for e in entries)
+            shapes = expected_shapes(cfg)
+            with click.progressbar(length=total, label=f"converting {path.name}", file=sys.stderr,
+                                   hidden=not progress, show_percent=True) as bar:
+                def tensors():
+                    for (tname, shape), ent in zip(shapes, entries):
+                        t, expert, _ = source.check(tname, shape)
+                        yield tname, _tensor_bytes(g, cfg, tname, shape, t, expert, DTYPE_NAMES[ent.dtype])
+                        bar.update(ent.nbytes)
+                sha = write_weights(cfg, tmp / "weights.cbw", tensors())
+            cfg["weights"]["sha256"] = sha
+            (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+            size = (tmp / "weights.cbw").stat().st_size
+    share: Counter = Counter()
+    for e in entries:
+        share[quant.base_dtype(DTYPE_NAMES[e.dtype])] += e.nbytes
+    parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in share.most_common())
+    sys.stderr.write(f"colibri-build: {out / 'weights.cbw'}: {_human(size)} ({size} bytes); tensor data by type: "
+                     f"{parts}\n")
+    if no_tokenizer:
+        sys.stderr.write(f"colibri-build: warning: {no_tokenizer}: {out} will serve token ids only; chat "
+                         "completions and text prompts will not work\n")
+    return out
+
+
+def is_gguf(path: Path) -> bool:
+    """A file that starts with GGUF's magic (or is named *.gguf)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def converted_for_build(path: Path, build_dir: Path) -> Path:
+    """The model folder a build of GGUF file path uses: build_dir/models/<stem>,
+    converted now unless an earlier conversion of the same file (path, size,
+    modification time) is there."""
+    path = Path(path)
+    out = Path(build_dir) / "models" / path.stem
+    try:
+        source = json.loads((out / "model-config.json").read_text(encoding="utf-8")).get("source", {})
+        st = path.stat()
+        if (source.get("format"), source.get("file"), source.get("bytes"), source.get("mtime_ns")) == \
+                ("gguf", str(path.resolve()), st.st_size, st.st_mtime_ns):
+            return out
+    except (OSError, ValueError, AttributeError):
+        pass
+    return convert_gguf(path, out, force=out.exists())
