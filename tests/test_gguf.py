@@ -20,7 +20,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from colibri_build import Engine, quant  # noqa: E402
-from colibri_build.gguf_convert import convert_gguf  # noqa: E402
+from colibri_build.gguf_convert import convert_gguf, converted_for_build  # noqa: E402
+from colibri_build.errors import ModelError  # noqa: E402
 from colibri_build.gguf_meta import GGML_TYPES, GGUFFile  # noqa: E402
 from colibri_build.weights import DTYPE_IDS, DTYPE_NAMES, check_matches_config, read_header  # noqa: E402
 from conftest import run_cli  # noqa: E402
@@ -206,6 +207,59 @@ def test_a_mixed_file_records_each_matrixs_type(converted):
     assert DTYPE_NAMES[header["tensors"]["blk.1.expert.7.down"].dtype] == "q6_k"
 
 
+MIXED_TYPES = {"attn_q": "BF16", "attn_k": "Q8_0", "attn_v": "Q4_0", "attn_output": "F16", "ffn_gate_exps": "Q8_0",
+               "ffn_up_exps": "Q4_0", "ffn_down_exps": "F16", "token_embd": "Q4_0", "output": "F32"}
+
+
+def write_mixed(src: Path, dst: Path, as_f32: bool) -> Path:
+    """src (an F16 file) with its matrices in the types of MIXED_TYPES, or
+    (as_f32) in F32 holding exactly the values those types round to."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            w.add_key_value(key, f.contents(), f.types[0],
+                            f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        role = t.name.split(".")[-2]
+        kind = gguf.GGMLQuantizationType[MIXED_TYPES.get(role, t.tensor_type.name)]
+        values = np.asarray(t.data).astype(np.float32)
+        if kind == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(t.name, values)
+            continue
+        stored = gguf.quants.quantize(values, kind)
+        if as_f32:
+            w.add_tensor(t.name, gguf.quants.dequantize(stored, kind).astype(np.float32))
+        else:
+            w.add_tensor(t.name, stored, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_one_model_mixing_f32_f16_bf16_q8_0_and_q4_0_runs_as_its_exact_f32_twin(tmp_path):
+    """Each matrix in the type the file gives it: the mixed model's logits
+    against an F32 model of exactly the same values (which the engine runs
+    without rounding activations), teacher-forced as the llama.cpp parity."""
+    src = DATA / "mixtral" / "mixtral-F16.gguf"
+    mixed = convert_gguf(write_mixed(src, tmp_path / "mixed.gguf", False), tmp_path / "mixed", progress=False)
+    twin = convert_gguf(write_mixed(src, tmp_path / "twin.gguf", True), tmp_path / "twin", progress=False)
+    header = read_header(mixed / "weights.cbw")["tensors"]
+    assert {DTYPE_NAMES[header[n].dtype] for n in ("blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.attn_o",
+                                                   "blk.0.expert.3.gate", "blk.0.expert.3.up", "blk.0.expert.3.down",
+                                                   "tok_embd", "output")} == \
+        {"bf16", "q8_0x4", "q4_0x4", "f16", "q4_0", "f32"}
+    assert {DTYPE_NAMES[t.dtype] for t in read_header(twin / "weights.cbw")["tensors"].values()} == {"f32"}
+    r = refs("mixtral")
+    ids = r["prompt"] + r["teacher_forced_path"]
+    got, want = (log_softmax(load_engine(m).forward(ids)) for m in (mixed, twin))
+    top = want.argmax(-1)
+    assert (got.argmax(-1) == top).sum() >= len(ids) - 1
+    assert np.abs(np.take_along_axis(got - want, top[:, None], 1)).max() < 0.25
+
+
 # ---- same answers as llama.cpp ----
 
 @pytest.mark.parametrize("arch,name", FILES, ids=[f[1] for f in FILES])
@@ -300,22 +354,32 @@ def test_a_bad_file_is_refused_naming_it_and_leaves_no_output(tmp_path, case):
     edit, message = BAD[case]
     bad = patched(tmp_path, Q8, edit)
     out = tmp_path / "out"
-    done = run_cli("convert", bad, out, check=False)
-    assert done.returncode == 5, done.stderr
-    assert re.search(f"error: {re.escape(str(bad))}: {message}", done.stderr), done.stderr
+    with pytest.raises(ModelError) as err:  # the command line's exit status is its exit_code
+        convert_gguf(bad, out, progress=False)
+    assert err.value.exit_code == 5
+    assert re.match(f"{re.escape(str(bad))}: {message}", str(err.value)), str(err.value)
     assert not out.exists() and not list(tmp_path.glob(".out*")), list(tmp_path.iterdir())
-    # Into an existing folder with --force: the folder keeps what it had.
-    out.mkdir()
+
+
+def test_a_bad_file_into_an_existing_folder_leaves_it_as_it_was(tmp_path):
+    """With --force into a folder holding a user's file (and an earlier
+    model's files, which a failed conversion must not half replace)."""
+    out = tmp_path / "out"
+    convert_gguf(Q8, out, progress=False)
     (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = patched(tmp_path, Q8, BAD["truncated-data"][0])
     done = run_cli("convert", bad, out, "--force", check=False)
-    assert done.returncode == 5 and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert done.returncode == 5
+    assert re.search(f"colibri-build: error: {re.escape(str(bad))}: {BAD['truncated-data'][1]}", done.stderr)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_gemma4_gpt_oss_and_deepseek2_are_refused_until_the_engine_runs_them(tmp_path):
     for arch, name in (("gpt_oss", "gpt_oss-Q8_0.gguf"), ("deepseek_v3", "deepseek_v3-Q8_0.gguf"),
                        ("gemma4", "gemma4-Q8_0.gguf")):
-        done = run_cli("convert", DATA / arch / name, tmp_path / arch, check=False)
-        assert done.returncode == 5 and "is not supported; supported: llama, olmoe, qwen2moe, qwen3moe" in done.stderr
+        with pytest.raises(ModelError, match="is not supported; supported: llama, olmoe, qwen2moe, qwen3moe"):
+            convert_gguf(DATA / arch / name, tmp_path / arch, progress=False)
         assert not (tmp_path / arch).exists()
 
 
@@ -331,6 +395,8 @@ def test_model_gguf_target_converts_and_builds_in_one_step(tmp_path):
     model = tmp_path / "build" / "models" / "olmoe-Q8_0"
     assert json.loads((model / "model-config.json").read_text())["source"]["format"] == "gguf"
     stamp = (model / "weights.cbw").stat().st_mtime_ns
-    run_cli("--model", src, "--target", "native", "--dist", tmp_path / "dist", "--build-dir", tmp_path / "build",
-            "--quiet")
-    assert (model / "weights.cbw").stat().st_mtime_ns == stamp  # the same file: not converted again
+    assert converted_for_build(src, tmp_path / "build") == model  # the same file: not converted again
+    assert (model / "weights.cbw").stat().st_mtime_ns == stamp
+    src.touch()
+    assert converted_for_build(src, tmp_path / "build") == model
+    assert (model / "weights.cbw").stat().st_mtime_ns != stamp

@@ -305,6 +305,8 @@ def convert_gguf(path: Path, out: Path, name: str | None = None, context_length:
                     for (tname, shape), ent in zip(shapes, entries):
                         t, expert, _ = source.check(tname, shape)
                         yield tname, _tensor_bytes(g, cfg, tname, shape, t, expert, DTYPE_NAMES[ent.dtype])
+                        per = t.nbytes // t.shape[0] if expert is not None else t.nbytes
+                        g.release(t.offset + (expert or 0) * per, per)
                         bar.update(ent.nbytes)
                 sha = write_weights(cfg, tmp / "weights.cbw", tensors())
             cfg["weights"]["sha256"] = sha

@@ -195,6 +195,14 @@ class GGUFFile:
     def raw(self, t: GGUFTensor) -> memoryview:
         return memoryview(self._map)[t.offset:t.offset + t.nbytes]
 
+    def release(self, start: int, length: int) -> None:
+        """Unmaps from this process the pages of bytes start..start+length
+        (the page cache keeps them): a conversion reads each byte once, so
+        the process never holds more of the file than the tensor at hand."""
+        if hasattr(mmap, "MADV_DONTNEED") and length > 0:
+            first = start // mmap.PAGESIZE * mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, first, min(start + length, self.size) - first)
+
     def close(self) -> None:
         try:
             self._map.close()
