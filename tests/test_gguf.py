@@ -105,8 +105,11 @@ def test_the_tensor_table_and_metadata_are_the_gguf_packages(path):
     ours.close()
 
 
-def rewrite(src: Path, dst: Path, alignment: int | None = None) -> Path:
-    """src written again by the gguf package's writer, with another alignment."""
+def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: bool = False) -> Path:
+    """src written again by the gguf package's writer, with another
+    alignment, or with each merged ffn_*_exps tensor as one tensor per
+    expert (blk.N.ffn_gate.E.weight: how llama.cpp wrote Mixtral before
+    merging them)."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
     if alignment:
@@ -116,7 +119,11 @@ def rewrite(src: Path, dst: Path, alignment: int | None = None) -> Path:
             continue
         w.add_key_value(key, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
     for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        if split_experts and "_exps." in t.name:
+            for e, part in enumerate(np.asarray(t.data)):
+                w.add_tensor(t.name.replace("_exps.", f".{e}."), part, raw_dtype=t.tensor_type)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -124,9 +131,10 @@ def rewrite(src: Path, dst: Path, alignment: int | None = None) -> Path:
     return dst
 
 
-def test_another_alignment_and_version_2_convert_to_the_same_weights(tmp_path, converted):
-    """general.alignment 256 (the data moves) and the version field 2 (the
-    same layout as 3): the same weights.cbw, byte for byte."""
+def test_another_alignment_version_2_and_per_expert_tensors_convert_to_the_same_weights(tmp_path, converted):
+    """general.alignment 256 (the data moves), the version field 2 (the
+    same layout as 3) and one tensor per expert: the same weights.cbw, byte
+    for byte."""
     src = DATA / "mixtral" / "mixtral-Q8_0.gguf"
     aligned = rewrite(src, tmp_path / "a256.gguf", alignment=256)
     assert GGUFFile(aligned).data_start != GGUFFile(src).data_start
@@ -134,8 +142,10 @@ def test_another_alignment_and_version_2_convert_to_the_same_weights(tmp_path, c
     data = bytearray(aligned.read_bytes())
     data[4:8] = (2).to_bytes(4, "little")
     v2.write_bytes(bytes(data))
+    split = rewrite(src, tmp_path / "split.gguf", split_experts=True)
+    assert "blk.1.ffn_down.7.weight" in GGUFFile(split).tensors
     want = (converted("mixtral", src.name) / "weights.cbw").read_bytes()
-    for variant in (aligned, v2):
+    for variant in (aligned, v2, split):
         out = convert_gguf(variant, tmp_path / variant.stem, name="mixtral-Q8_0", progress=False)
         assert hashlib.sha256((out / "weights.cbw").read_bytes()).digest() == hashlib.sha256(want).digest()
 
