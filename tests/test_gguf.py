@@ -23,7 +23,8 @@ from colibri_build import Engine, quant  # noqa: E402
 from colibri_build.gguf_convert import convert_gguf, converted_for_build  # noqa: E402
 from colibri_build.errors import ModelError  # noqa: E402
 from colibri_build.gguf_meta import GGML_TYPES, GGUFFile  # noqa: E402
-from colibri_build.weights import DTYPE_IDS, DTYPE_NAMES, check_matches_config, read_header  # noqa: E402
+from colibri_build.weights import (DTYPE_IDS, DTYPE_NAMES, check_matches_config, expected_shapes,  # noqa: E402
+                                   load_tensors, read_header, write_weights)
 from conftest import run_cli  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "testdata" / "gguf"
@@ -277,20 +278,56 @@ def test_same_answers_as_llama_cpp(converted, arch, name):
     """Teacher-forced along the F16 file's path: argmax = llama.cpp's on >=
     15 of 16 positions, top-1 logprob within 0.25 nats; free-running greedy
     ids = llama.cpp's up to its first position of margin < 0.3 nats."""
-    r = refs(arch)
+    check_same_answers(load_engine(converted(arch, name)), refs(arch), name)
+
+
+def check_same_answers(engine, r: dict, name: str, tie: float | None = None) -> None:
+    """The bars above; tie: instead of 15/16, the argmax must be equal at
+    every position whose teacher-forced reference margin is at least tie."""
     f = r["files"][name]
-    engine = load_engine(converted(arch, name))
     prompt, path = r["prompt"], r["teacher_forced_path"]
     lp = log_softmax(engine.forward(prompt + path[:15])[len(prompt) - 1:])
     top = [pos[0] for pos in f["teacher_forced_top_logprobs"]]
-    agree = sum(int(lp[i].argmax() == rid) for i, (rid, _) in enumerate(top))
+    agree = [int(lp[i].argmax()) == rid for i, (rid, _) in enumerate(top)]
     off = max(abs(lp[i][rid] - rlp) for i, (rid, rlp) in enumerate(top))
-    assert agree >= 15, f"argmax equal on {agree}/16"
+    if tie is None:
+        assert sum(agree) >= 15, f"argmax equal on {sum(agree)}/16"
+    else:
+        margins = [pos[0][1] - pos[1][1] for pos in f["teacher_forced_top_logprobs"]]
+        flipped = [(i, round(m, 3)) for i, (ok, m) in enumerate(zip(agree, margins)) if not ok and m >= tie]
+        assert not flipped, f"argmax differs at (position, reference margin) {flipped}"
     assert off <= 0.25, f"top-1 logprob off by {off:.3f} nats"
     greedy = engine.generate_ids(prompt, max_tokens=16, stop_at_end=False)
     firm = next((i for i, m in enumerate(f["margin_top1_top2"]) if m < 0.3), 16)
     assert greedy[:firm] == f["greedy"][:firm], f"first {firm} greedy ids (margin >= 0.3) differ"
     engine.close()
+
+
+GGML_ONLY = [(arch, name) for arch, name in FILES
+             if set(refs(arch)["files"][name]["tensor_types"]) - {"F32", "F16", "BF16", "Q8_0", "Q4_0"}]
+
+
+@pytest.mark.parametrize("arch,name", GGML_ONLY, ids=[f[1] for f in GGML_ONLY])
+def test_k_quant_files_as_f32_twins_give_llama_cpps_answers(converted, tmp_path, arch, name):
+    """The converted K-quant / mixed files, every tensor dequantized exactly
+    (the gguf package's reference dequantizers) into an F32 model: the bars
+    above, so the layout the converter gives these types (experts split,
+    llama q/k rows unpermuted, types recorded per tensor) is the model
+    llama.cpp ran, whatever kernels later read it. The argmax bar excuses
+    positions whose reference margin is under 0.1 nats: exact float32 and
+    llama.cpp's 8-bit activations split those (qwen2_moe-Q4_K_M has two, at
+    0.030 and 0.056, where this twin scores 14/16)."""
+    model = converted(arch, name)
+    cfg = json.loads((model / "model-config.json").read_text())
+    tensors = load_tensors(model / "weights.cbw")
+    cfg["weights"] = {"file": "weights.cbw", "dtype": "f32"}
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    shutil.copy(model / "tokenizer.cbt", twin)
+    cfg["weights"]["sha256"] = write_weights(cfg, twin / "weights.cbw",
+                                             ((n, tensors[n]) for n, _ in expected_shapes(cfg)))
+    (twin / "model-config.json").write_text(json.dumps(cfg))
+    check_same_answers(Engine(twin, threads=1), refs(arch), name, tie=0.1)
 
 
 # ---- the command line and bad files ----
