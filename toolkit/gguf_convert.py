@@ -270,12 +270,13 @@ def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor, exper
     return Stored(target, tuple(shape), np.ascontiguousarray(matrix).tobytes())
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
+def _human(n: int) -> str:
+    value, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.1f} {unit}"
 
 
 def convert_gguf(path: Path, out: Path, name: str | None = None, context_length: int | None = None,

@@ -1,6 +1,8 @@
 """Weight encodings of the .cbw file, in NumPy: f32, f16, bf16 and GGML's
-q8_0 / q4_0 blocks (32 weights with an fp16 scale). Bit-exact with the C
-reference quantizers in templates/src/kernels/quants.c."""
+q8_0 / q4_0 blocks (32 weights with an fp16 scale), bit-exact with the C
+reference quantizers in templates/src/kernels/quants.c; and the row sizes of
+the other GGML block types, which only GGUF files bring (moved, never
+encoded here)."""
 
 from __future__ import annotations
 
