@@ -344,6 +344,12 @@ def test_cli_converts_a_gguf_file_printing_progress_and_each_types_share(tmp_pat
     cfg = json.loads((out / "model-config.json").read_text())
     assert cfg["tokenizer"]["kind"] == "bpe" and cfg["tokenizer"]["chat_template"]
     assert (out / "tokenizer.cbt").is_file()
+    # Told apart by its magic, whatever its name.
+    renamed = tmp_path / "olmoe-q8.bin"
+    shutil.copy(DATA / "olmoe" / "olmoe-Q8_0.gguf", renamed)
+    again = convert_gguf(renamed, tmp_path / "renamed", name="olmoe", progress=False)
+    assert (again / "weights.cbw").read_bytes() == (out / "weights.cbw").read_bytes()
+    assert (again / "tokenizer.cbt").read_bytes() == (out / "tokenizer.cbt").read_bytes()
     bad = run_cli("convert", DATA / "olmoe" / "olmoe-Q8_0.gguf", tmp_path / "x", "--dtype", "q4_0", check=False)
     assert bad.returncode == 2 and "GGUF file" in bad.stderr and not (tmp_path / "x").exists()
 

@@ -101,13 +101,21 @@ def load_vocab(src: Path) -> Vocab:
         src = found[0]
     if not src.exists():
         raise TokenizerError(f"{src}: no such file")
-    if src.suffix == ".gguf":
+    if src.suffix == ".gguf" or _starts_with(src, b"GGUF"):
         return sources.from_gguf(src)
     if src.suffix == ".json":
         return sources.from_hf_json(src)
     if src.name.startswith("tokenizer.model"):
         return sources.from_spm_model(src)
     raise TokenizerError(f"{src}: unknown tokenizer file; expected tokenizer.json, a .gguf or tokenizer.model")
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def _template_text(chat_template: str | Path) -> str:
