@@ -208,9 +208,11 @@ def synth(arch, dtype, preset, seed, name, out, tokenizer_src, chat_template, fo
 @main.command()
 @click.argument("hf_dir", type=click.Path(path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default=None,
-              help="weight type of the matrices (norms, biases and routers stay f32)  [default: f32; a GGUF "
-                   "file's types are kept as they are]")
+@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q4_k", "q5_k",
+                                           "q6_k"]), default=None,
+              help="weight type of the matrices (norms, biases and routers stay f32); q4_k_m / q5_k_m mix "
+                   "K-quant types per tensor (docs/quantization.md)  [default: f32; a GGUF file's types are "
+                   "kept as they are]")
 @click.option("--name", default=None, help="model name (default: OUT_DIR's name)")
 @click.option("--context-length", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
 @click.option("--batch-slots", type=int, default=8, show_default=True, help="concurrent sequences the server holds")

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from . import config as config_mod
+from . import kquant
 from .archs import BY_MODEL_TYPE
 from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
 from .errors import ConfigError, ModelError
@@ -151,16 +152,24 @@ def _tokenizer(hf_dir: Path, stage: Path, cfg: dict) -> tuple[dict, str | None]:
 def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None,
             context_length: int | None = None, batch_slots: int = 8, allow_fields=(),
             progress: bool = True, force: bool = False) -> Path:
-    """Writes the model folder out and returns it. out must be new or empty
+    """Writes the model folder out and returns it. dtype is a weight type
+    (f32, bf16, f16, q8_0, q4_0) or a K-quant choice (kquant.CHOICES:
+    q4_k_m, q5_k_m, q4_k, q5_k, q6_k). out must be new or empty
     unless force, which replaces only the files convert writes (see
     outputs.staged_folder for the order); the rest of out is kept."""
     hf_dir, out = Path(hf_dir), Path(out)
     out = out.resolve() if out.name in ("", ".", "..") else out
-    cfg, _ = model_config(hf_dir, dtype, name or out.name, context_length, batch_slots, allow_fields)
+    mix = dtype if dtype in kquant.CHOICES else None
+    cfg, _ = model_config(hf_dir, "f32" if mix else dtype, name or out.name, context_length, batch_slots,
+                          allow_fields)
     exists = check_destination(out, force, "converted model")
     with staged_folder(out, exists, MODEL_FILES_ORDER) as tmp:
         cfg["tokenizer"], no_tokenizer = _tokenizer(hf_dir, tmp, cfg)
         cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
+        if mix:  # a K-quant mixture: each matrix's type by kquant's rule, recorded per tensor
+            cfg["weights"].update(kquant.plan(cfg, mix, expected_shapes(cfg)))
+            cfg["source"]["quantization"] = mix
+            cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
         source = TensorSource(Checkpoint(hf_dir))
         shapes = expected_shapes(cfg)
         with click.progressbar(shapes, label=f"converting to {dtype}", file=sys.stderr,

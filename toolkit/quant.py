@@ -1,8 +1,8 @@
 """Weight encodings of the .cbw file, in NumPy: f32, f16, bf16 and GGML's
 q8_0 / q4_0 blocks (32 weights with an fp16 scale), bit-exact with the C
 reference quantizers in templates/src/kernels/quants.c; and the row sizes of
-the other GGML block types, which only GGUF files bring (moved, never
-encoded here)."""
+the other GGML block types, which GGUF files bring (moved as they are) or
+kquant.py quantizes to (Q4_K, Q5_K, Q6_K, Q5_0)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}
 # scales at once and hold two rows' halves in one 256-bit vector (dims.h).
 X4 = {"q8_0x4": "q8_0", "q4_0x4": "q4_0"}
 # GGML block types kept bit for bit from GGUF files: (weights, bytes) a block
-# (ggml-common.h). The toolkit only moves their bytes; the engine's kernels
-# read them.
+# (ggml-common.h). The engine's kernels read them; the toolkit moves their
+# bytes, and quantizes to those of ENCODED_GGML itself (kquant.py: convert
+# --dtype q4_k_m etc.).
 GGML_BLOCKS = {"q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
                "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210), "iq4_nl": (32, 18),
                "iq4_xs": (256, 136), "mxfp4": (32, 17)}
+ENCODED_GGML = ("q4_k", "q5_k", "q6_k", "q5_0")
 
 
 def base_dtype(dtype: str) -> str:
@@ -156,6 +158,12 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
             return x.astype("<f2").tobytes()
     if dtype == "bf16":
         return to_bf16_bits(x).astype("<u2").tobytes()
+    if dtype in ENCODED_GGML:  # K-quants and Q5_0, quantized by kquant.py (GGML's row layout)
+        from .kquant import ENCODERS
+        if x.shape[-1] % block_size(dtype):
+            raise ValueError(f"{dtype} needs rows whose length is a multiple of {block_size(dtype)}, "
+                             f"got {x.shape[-1]}")
+        return ENCODERS[dtype](x).tobytes()
     if x.shape[-1] % QK:
         raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK}, got {x.shape[-1]}")
     base = base_dtype(dtype)
