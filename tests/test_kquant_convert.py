@@ -43,6 +43,12 @@ def rel_rms(y: np.ndarray, x: np.ndarray) -> float:
 
 # ---- the encoders ----
 
+@pytest.mark.parametrize("dtype,cols", [("q4_k", 128), ("q5_k", 320), ("q6_k", 64), ("q5_0", 48)])
+def test_a_row_that_is_not_whole_blocks_is_refused_naming_the_type(dtype, cols):
+    with pytest.raises(ValueError, match=f"{dtype}.*multiple of .*got {cols}"):
+        quant.encode(np.ones((4, cols), np.float32), dtype)
+
+
 def test_q5_0_is_bit_exact_with_ggmls_reference_quantizer():
     x = np.random.default_rng(0).standard_normal((16, 512)).astype(np.float32)
     x[3, :32] = 0  # an all-zero block

@@ -100,10 +100,10 @@ def _fit_symmetric(x: np.ndarray, nneg: int, steps: int = 10) -> np.ndarray:
     return best_s.astype(np.float32)
 
 
-def _superblocks(x: np.ndarray) -> np.ndarray:
+def _superblocks(x: np.ndarray, dtype: str) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.shape[-1] % QK_K:
-        raise ValueError(f"K-quant types need rows whose length is a multiple of {QK_K}, got {x.shape[-1]}")
+        raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK_K}, got {x.shape[-1]}")
     return x.reshape(-1, QK_K).astype(np.float64)
 
 
@@ -152,14 +152,14 @@ def _nibbles(q: np.ndarray) -> np.ndarray:
 
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     """[..., n] float32 (n a multiple of 256) -> Q4_K blocks [rows * n/256, 144]."""
-    blocks = _superblocks(x)
+    blocks = _superblocks(x, "q4_k")
     d, dmin, (sc, mn), q = _quantize_affine_k(blocks, 15)
     return np.concatenate([_head(d, dmin), _pack_scales_k4(sc, mn), _nibbles(q)], axis=1)
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     """[..., n] float32 (n a multiple of 256) -> Q5_K blocks [rows * n/256, 176]."""
-    blocks = _superblocks(x)
+    blocks = _superblocks(x, "q5_k")
     d, dmin, (sc, mn), q = _quantize_affine_k(blocks, 31)
     high = (q >> 4).reshape(-1, 8, 32).astype(np.uint8)  # [nb, sub-block j, l]
     qh = np.zeros((q.shape[0], 32), np.uint8)
@@ -170,7 +170,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     """[..., n] float32 (n a multiple of 256) -> Q6_K blocks [rows * n/256, 210]."""
-    blocks = _superblocks(x)
+    blocks = _superblocks(x, "q6_k")
     nb = blocks.shape[0]
     sub = blocks.reshape(nb * 16, 16)
     s = _fit_symmetric(sub, 32).reshape(nb, 16).astype(np.float64)
@@ -192,7 +192,10 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
     fp16 d, 4 bytes of fifth bits (bit l: weight l), 16 bytes of nibbles
     (weights l and 16 + l); weight = d * (q - 16), the largest magnitude at
     q = 0 (the rule of GGML's reference quantizer, which it matches)."""
-    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape[-1] % 32:
+        raise ValueError(f"q5_0 needs rows whose length is a multiple of 32, got {x.shape[-1]}")
+    blocks = x.reshape(-1, 32)
     idx = np.abs(blocks).argmax(axis=1)
     vmax = blocks[np.arange(blocks.shape[0]), idx]
     d = (vmax / np.float32(-16)).astype(np.float32)

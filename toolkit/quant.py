@@ -158,11 +158,8 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
             return x.astype("<f2").tobytes()
     if dtype == "bf16":
         return to_bf16_bits(x).astype("<u2").tobytes()
-    if dtype in ENCODED_GGML:  # K-quants and Q5_0, quantized by kquant.py (GGML's row layout)
+    if dtype in ENCODED_GGML:  # quantized by kquant.py, in GGML's row layout (it checks the row length)
         from .kquant import ENCODERS
-        if x.shape[-1] % block_size(dtype):
-            raise ValueError(f"{dtype} needs rows whose length is a multiple of {block_size(dtype)}, "
-                             f"got {x.shape[-1]}")
         return ENCODERS[dtype](x).tobytes()
     if x.shape[-1] % QK:
         raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK}, got {x.shape[-1]}")
