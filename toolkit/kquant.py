@@ -41,7 +41,7 @@ def _f16(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
-def _fit_affine(x: np.ndarray, nmax: int, steps: int = 10) -> tuple[np.ndarray, np.ndarray]:
+def _fit_affine(x: np.ndarray, nmax: int, steps: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """x [n, g] -> (scale, offset) [n] with x ~ scale * q + offset, q in
     0..nmax, offset <= 0 (GGML stores min as a non-negative number that is
     subtracted). Candidate scales (max - min) / (nmax + t), t over a small
@@ -76,7 +76,7 @@ def _fit_affine(x: np.ndarray, nmax: int, steps: int = 10) -> tuple[np.ndarray, 
     return best_s.astype(np.float32), best_o.astype(np.float32)
 
 
-def _fit_symmetric(x: np.ndarray, nneg: int, steps: int = 10) -> np.ndarray:
+def _fit_symmetric(x: np.ndarray, nneg: int, steps: int = 5) -> np.ndarray:
     """x [n, g] -> scale [n] (signed) with x ~ scale * q, q in -nneg..nneg-1:
     the value of largest magnitude maps to -nneg (the asymmetric range's
     long end), candidate scales around that, each refit by least squares."""
@@ -104,7 +104,7 @@ def _superblocks(x: np.ndarray, dtype: str) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.shape[-1] % QK_K:
         raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK_K}, got {x.shape[-1]}")
-    return x.reshape(-1, QK_K).astype(np.float64)
+    return x.reshape(-1, QK_K)
 
 
 def _pack_scales_k4(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
@@ -125,7 +125,7 @@ def _quantize_affine_k(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray
     nb = x.shape[0]
     sub = x.reshape(nb * 8, 32)
     s, o = _fit_affine(sub, nmax)
-    s, m = s.reshape(nb, 8).astype(np.float64), (-o).reshape(nb, 8).astype(np.float64)
+    s, m = s.reshape(nb, 8), (-o).reshape(nb, 8)
     d = _f16(s.max(axis=1) / 63)
     dmin = _f16(m.max(axis=1) / 63)
     sc = np.clip(np.rint(s / np.where(d > 0, d, 1)[:, None]), 0, 63).astype(np.uint8)
@@ -173,7 +173,7 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     blocks = _superblocks(x, "q6_k")
     nb = blocks.shape[0]
     sub = blocks.reshape(nb * 16, 16)
-    s = _fit_symmetric(sub, 32).reshape(nb, 16).astype(np.float64)
+    s = _fit_symmetric(sub, 32).reshape(nb, 16)
     amax = np.abs(s).max(axis=1)
     d = _f16(amax / 127)
     sc = np.clip(np.rint(s / np.where(d > 0, d, 1)[:, None]), -128, 127).astype(np.int8)
@@ -212,7 +212,22 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
     return out
 
 
-ENCODERS = {"q4_k": quantize_q4_k, "q5_k": quantize_q5_k, "q6_k": quantize_q6_k, "q5_0": quantize_q5_0}
+def _chunked(fn, width: int):
+    """fn applied to at most 4096 blocks at a time: the fits' temporaries
+    stay small (a 1 GB tensor is not copied twenty times over)."""
+    def run(x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.shape[-1] % width:
+            return fn(x)  # fn names the type and the row length
+        flat = x.reshape(-1, width)
+        step = 4096
+        return np.concatenate([fn(flat[i:i + step]) for i in range(0, max(len(flat), 1), step)], axis=0)
+    run.__doc__ = fn.__doc__
+    return run
+
+
+ENCODERS = {"q4_k": _chunked(quantize_q4_k, QK_K), "q5_k": _chunked(quantize_q5_k, QK_K),
+            "q6_k": _chunked(quantize_q6_k, QK_K), "q5_0": quantize_q5_0}
 
 
 def row_type(dtype: str, cols: int) -> str:
