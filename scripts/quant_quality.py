@@ -132,7 +132,8 @@ def main() -> None:
         hf = make_model(arch, args.out / arch)
         results[arch] = measure(hf, args.out / arch, dtypes, seqs)
     archs = list(results)
-    print("| type | bytes/weight (bits) | " + " | ".join(f"{a} KL | {a} top-1" for a in archs) + " | mean KL | mean top-1 |")
+    print("| type | bytes/weight (bits) | " + " | ".join(f"{a} KL | {a} top-1" for a in archs)
+          + " | mean KL | mean top-1 |")
     print("|---|---:|" + "---:|---:|" * len(archs) + "---:|---:|")
     for dtype in dtypes:
         r = [results[a][dtype] for a in archs]
