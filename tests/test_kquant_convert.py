@@ -194,7 +194,8 @@ def test_cli_convert_q4_k_m_writes_a_valid_model_whose_header_types_match(tmp_pa
     hf.mkdir()
     for f in ("config.json", "model.safetensors"):
         shutil.copy(SHARED / "tiny_moe" / "qwen2_moe" / f, hf / f)
-    run_cli("convert", hf, tmp_path / "out", "--dtype", "q4_k_m")
+    done = run_cli("convert", hf, tmp_path / "out", "--dtype", "q4_k_m")
+    assert "q4_k_m: tensor data by type: q5_0 " in done.stderr  # most bytes: the q4_k fallback
     cfg = json.loads((tmp_path / "out" / "model-config.json").read_text())
     check_matches_config(cfg, tmp_path / "out" / "model-config.json", tmp_path / "out" / "weights.cbw")
     assert cfg["source"]["quantization"] == "q4_k_m"

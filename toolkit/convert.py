@@ -181,6 +181,10 @@ def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None
                              f"config ({len(leftover)} unused): the config and the weights disagree")
         cfg["weights"]["sha256"] = sha
         (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if mix:  # what the mixture gave each type, as a GGUF conversion reports it
+        from .gguf_convert import type_shares
+        sys.stderr.write(f"colibri-build: {out / 'weights.cbw'}: {mix}: tensor data by type: "
+                         f"{type_shares(cfg)}\n")
     if no_tokenizer:
         sys.stderr.write(NO_TOKENIZER_WARNING.format(why=no_tokenizer, out=out, hf_dir=hf_dir))
     return out

@@ -313,16 +313,23 @@ def convert_gguf(path: Path, out: Path, name: str | None = None, context_length:
             cfg["weights"]["sha256"] = sha
             (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
             size = (tmp / "weights.cbw").stat().st_size
-    share: Counter = Counter()
-    for e in entries:
-        share[quant.base_dtype(DTYPE_NAMES[e.dtype])] += e.nbytes
-    parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in share.most_common())
     sys.stderr.write(f"colibri-build: {out / 'weights.cbw'}: {_human(size)} ({size} bytes); tensor data by type: "
-                     f"{parts}\n")
+                     f"{type_shares(cfg)}\n")
     if no_tokenizer:
         sys.stderr.write(f"colibri-build: warning: {no_tokenizer}: {out} will serve token ids only; chat "
                          "completions and text prompts will not work\n")
     return out
+
+
+def type_shares(cfg: dict) -> str:
+    """Each weight type's share of the tensor data, largest first: 'q4_k
+    71.2%, q6_k 20.1%, f32 8.7%'."""
+    _, _, entries = plan_layout(cfg)
+    share: Counter = Counter()
+    for e in entries:
+        share[quant.base_dtype(DTYPE_NAMES[e.dtype])] += e.nbytes
+    total = sum(share.values())
+    return ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in share.most_common())
 
 
 def is_gguf(path: Path) -> bool:
