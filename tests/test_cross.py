@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import signal
@@ -50,17 +49,6 @@ def runnable(name: str) -> targets.Target:
     if why:
         pytest.skip(f"{name} is built but cannot run here: {why}")
     return target
-
-
-@pytest.fixture(scope="module")
-def run_env(tmp_path_factory):
-    """Environment for wrapped runs: a private, quiet wine prefix (created on
-    first use, which takes a while), shut down at the end."""
-    env = dict(os.environ, WINEDEBUG="-all", WINEPREFIX=str(tmp_path_factory.mktemp("wineprefix")),
-               WINEDLLOVERRIDES="mscoree=;mshtml=")  # no Mono / Gecko install prompts
-    yield env
-    if shutil.which("wineserver"):
-        subprocess.run(["wineserver", "-k"], env=env, capture_output=True, timeout=60)
 
 
 def command(target: targets.Target, exe) -> list[str]:

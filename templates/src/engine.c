@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "embedded.h"
 #include "engine_internal.h"
 #include "kernels/kernels.h"
 #include "model_config.h"
@@ -175,23 +176,50 @@ static void fill_rope_tables(cb_engine *e) {
     }
 }
 
+/* The model this executable carries: its config checked, its weights mapped
+ * from the executable (labelled so in messages), the config against their
+ * header. 0, or -1 with the message. */
+static int open_embedded(cb_engine *e, cb_model_config *cfg, cb_embedded *m, char *path, size_t path_len,
+                         char *err, size_t err_len) {
+    char label[4300];
+    if (cb_embedded_open(m, err, err_len) != 1) return -1;
+    char *text = malloc(m->config_bytes + 1); /* NUL-terminated, as the JSON reader wants */
+    if (!text) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    memcpy(text, m->config, m->config_bytes);
+    text[m->config_bytes] = 0;
+    snprintf(label, sizeof label, "%s (embedded model-config.json)", m->label);
+    const int status = cb_model_config_parse(cfg, text, m->config_bytes, label, err, err_len);
+    free(text);
+    snprintf(path, path_len, "%s (embedded weights)", m->label);
+    if (status != 0 || cb_weights_map_range(&e->w, NULL, m->weights_offset, m->weights_bytes, path, err, err_len) != 0)
+        return -1;
+    return cb_model_config_check(cfg, e->w.header, path, err, err_len);
+}
+
 cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enum cb_kv_type kv, char *err,
                           size_t err_len) {
-    char path[4096];
+    char path[4400];
     cb_engine *e = calloc(1, sizeof *e);
     cb_model_config *cfg = malloc(sizeof *cfg);
-    if (!e || !cfg) {
+    cb_embedded *embedded = model_dir ? NULL : calloc(1, sizeof *embedded);
+    if (!e || !cfg || (!model_dir && !embedded)) {
         snprintf(err, err_len, "out of memory");
         free(e);
         free(cfg);
+        free(embedded);
         return NULL;
     }
     /* model-config.json describes the folder: it names the weights file, and
-     * the file's header must repeat its shape. */
-    if (cb_model_config_load(cfg, model_dir, err, err_len) != 0 ||
-        cb_model_config_weights_path(cfg, model_dir, path, sizeof path, err, err_len) != 0 ||
-        cb_weights_map(&e->w, path, err, err_len) != 0 ||
-        cb_model_config_check(cfg, e->w.header, path, err, err_len) != 0) {
+     * the file's header must repeat its shape. Embedded, the executable
+     * carries all three files. */
+    if (embedded ? open_embedded(e, cfg, embedded, path, sizeof path, err, err_len) != 0
+                 : (cb_model_config_load(cfg, model_dir, err, err_len) != 0 ||
+                    cb_model_config_weights_path(cfg, model_dir, path, sizeof path, err, err_len) != 0 ||
+                    cb_weights_map(&e->w, path, err, err_len) != 0 ||
+                    cb_model_config_check(cfg, e->w.header, path, err, err_len) != 0)) {
         free(cfg);
         goto fail;
     }
@@ -256,7 +284,18 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         goto fail;
     }
     fill_rope_tables(e);
-    if (cb_tokenizer_open(&e->tokenizer, model_dir, &e->w.header->tok, d->vocab, err, err_len) != 0) goto fail;
+    if (embedded) {
+        char label[4300];
+        snprintf(label, sizeof label, "%s (embedded tokenizer.cbt)", embedded->label);
+        if (cb_tokenizer_open_bytes(&e->tokenizer, embedded->tokenizer, embedded->tokenizer_bytes, label,
+                                    &e->w.header->tok, d->vocab, err, err_len) != 0)
+            goto fail;
+        cb_embedded_close(embedded); /* the weights have their own mapping; the rest was copied */
+        free(embedded);
+        embedded = NULL;
+    } else if (cb_tokenizer_open(&e->tokenizer, model_dir, &e->w.header->tok, d->vocab, err, err_len) != 0) {
+        goto fail;
+    }
     e->pool = cb_threadpool_create(n_threads);
     if (!e->pool) {
         snprintf(err, err_len, "cannot start %d threads", n_threads);
@@ -264,6 +303,8 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     }
     return e;
 fail:
+    if (embedded) cb_embedded_close(embedded);
+    free(embedded);
     cb_engine_close(e);
     return NULL;
 }

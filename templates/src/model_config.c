@@ -184,14 +184,28 @@ static char *read_file(const char *path, size_t *len, char *err, size_t err_len)
 }
 
 int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, size_t err_len) {
-    memset(c, 0, sizeof *c);
-    if ((size_t)snprintf(c->path, sizeof c->path, "%s/%s", model_dir, CB_MODEL_CONFIG_FILE) >= sizeof c->path) {
+    char path[sizeof c->path];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", model_dir, CB_MODEL_CONFIG_FILE) >= sizeof path) {
         snprintf(err, err_len, "model folder path too long (%zu bytes)", strlen(model_dir));
         return -1;
     }
-    size_t len = 0, at = 0;
-    char *text = read_file(c->path, &len, err, err_len);
+    size_t len = 0;
+    char *text = read_file(path, &len, err, err_len);
     if (!text) return -1;
+    const int status = cb_model_config_parse(c, text, len, path, err, err_len);
+    free(text);
+    return status;
+}
+
+int cb_model_config_parse(cb_model_config *c, const char *text, size_t len, const char *label, char *err,
+                          size_t err_len) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->path, sizeof c->path, "%s", label);
+    size_t at = 0;
+    if (len > MAX_CONFIG_BYTES) {
+        snprintf(err, err_len, "%s: larger than %u MiB: not a model config", c->path, MAX_CONFIG_BYTES >> 20);
+        return -1;
+    }
     cb_json_tok *toks = NULL;
     int n = cb_json_parse(text, len, NULL, 0, &at);
     if (n > 0) {
@@ -204,7 +218,6 @@ int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, s
         snprintf(err, err_len, "%s: not valid JSON: %s at line %d, column %d", c->path, cb_json_strerror(n), line,
                  col);
         free(toks);
-        free(text);
         return -1;
     }
     reader r = {text, toks, c->path, err, err_len, 0};
@@ -258,7 +271,6 @@ int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, s
         }
     }
     free(toks);
-    free(text);
     return r.failed ? -1 : 0;
 }
 

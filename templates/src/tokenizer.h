@@ -96,8 +96,15 @@ typedef struct {
  * model_dir/tokenizer.cbt. Returns 0, or -1 with the file and reason in err. */
 int cb_tokenizer_open(cb_tokenizer *t, const char *model_dir, const cb_tok_info *info, uint32_t vocab,
                       char *err, size_t err_len);
-/* Loads a .cbt file alone (tools, tests). */
+/* The same from a .cbt file's bytes held elsewhere (an executable that
+ * carries its model; bytes NULL: there is none); label names them in
+ * messages. The bytes are copied. */
+int cb_tokenizer_open_bytes(cb_tokenizer *t, const void *bytes, size_t size, const char *label,
+                            const cb_tok_info *info, uint32_t vocab, char *err, size_t err_len);
+/* Loads a .cbt file alone (tools, tests), or its bytes. */
 int cb_tokenizer_load(cb_tokenizer *t, const char *path, char *err, size_t err_len);
+int cb_tokenizer_load_bytes(cb_tokenizer *t, const void *bytes, size_t size, const char *label, char *err,
+                            size_t err_len);
 void cb_tokenizer_close(cb_tokenizer *t);
 /* Kept for the byte tokenizer's callers: cb_tokenizer_open without a folder. */
 void cb_tokenizer_init(cb_tokenizer *t, const cb_tok_info *info, uint32_t vocab);

@@ -124,8 +124,14 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
 }
 
 int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
+    return cb_weights_map_range(w, path, 0, 0, path, err, err_len);
+}
+
+/* path: what messages call the weights (the file, or where they are embedded). */
+int cb_weights_map_range(cb_weights *w, const char *file, uint64_t offset, uint64_t size, const char *path,
+                         char *err, size_t err_len) {
     memset(w, 0, sizeof *w);
-    if (cb_map_file(path, &w->file, err, err_len) != 0) return -1;
+    if (cb_map_file_range(file, offset, size, &w->file, err, err_len) != 0) return -1;
     /* Before the first touch: no readahead anywhere, so a fault reads only
      * its page (a fault on the header must not read-around megabytes of
      * experts). The dense part is asked for explicitly in cb_weights_bind. */

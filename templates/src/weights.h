@@ -104,6 +104,11 @@ typedef struct {
 /* Maps path and checks magic, version, bounds and every tensor's shape
  * against the header's dims. Returns 0 or -1 with a message in err. */
 int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len);
+/* The same for weights that are bytes [offset, offset + size) of a file
+ * (path NULL: the running executable, cb_map_file_range), offsets in the
+ * header counted from offset; label names them in messages. */
+int cb_weights_map_range(cb_weights *w, const char *path, uint64_t offset, uint64_t size, const char *label,
+                         char *err, size_t err_len);
 /* Points layers/experts (storage from the caller) at the mapped tensors. */
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len);
