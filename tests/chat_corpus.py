@@ -27,7 +27,7 @@ U1 = {"role": "user", "content": "What's the weather in Paris?"}
 A1 = {"role": "assistant", "content": "Let me check."}
 U2 = {"role": "user", "content": "And in 東京? 🌸 Answer with \"quotes\", {{ braces }}, {% tags %} and a \\ backslash."}
 A2 = {"role": "assistant", "content": "\nSunny.\n\n- 25 °C\n- dry\n"}
-U3 = {"role": "user", "content": "  spaces around  "}
+U3 = {"role": "user", "content": "\u3000 spaces around\u00a0\n "}
 CALL = {"role": "assistant", "content": "", "tool_calls": [
     {"id": "call_1", "type": "function", "function": {"name": "get_weather",
                                                       "arguments": {"city": "Paris", "unit": "celsius"}}}]}
@@ -72,11 +72,14 @@ WITH_TOOLS = {"tool_round", "tool_round_answered", "tool_string_arguments", "par
 
 
 def joined(messages: list[dict]) -> list[dict]:
-    """messages as the server hands them to the template: text parts joined."""
+    """messages as the server hands them to the template: text parts joined,
+    null content as ""."""
     out = copy.deepcopy(messages)
     for m in out:
         if isinstance(m.get("content"), list):
             m["content"] = "".join(p["text"] for p in m["content"])
+        elif "content" in m and m["content"] is None:
+            m["content"] = ""
     return out
 
 

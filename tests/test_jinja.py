@@ -126,6 +126,8 @@ SNIPPETS = [
     "{{ raise_exception('bad role: ' ~ messages[0].role) }}",
     "{{ ['b', 'a', 'C'] | sort }}|{{ [3, 1, 3] | unique | list }}|{{ [1, 2] | sum }}|{{ [4, 2] | max }}"
     "|{{ 'ab\ncd' | indent(2) }}|{{ 3.7 | int }}|{{ '4' | float }}|{{ -3 | abs }}|{{ [1, 2] | first }}{{ [1, 2] | last }}",
+    "{{ '\u3000 a\u00a0b \u2003'.strip() }}|{{ 'x\u3000y  z'.split() }}|{{ 'ééaxé'.strip('é') }}"
+    "|{{ '  日本\u3000' | trim }}|{{ 'a b c'.split(' ', 1) }}|{{ 'a\u3000b c'.split(none, 1) }}",
     "{{ dict(a=1, b='x') }}|{{ (1,) }}|{{ 'x' * 3 }}|{{ [1] + [2] }}|{{ 'It''s' }}|{{ \"\\u00e9\\n\" }}|{{ 1 == 1.0 }}",
 ]
 

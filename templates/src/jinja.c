@@ -1493,6 +1493,8 @@ static jv from_json(cb_jrender *r, const char *json, const cb_json_tok *toks, in
 
 /* ---- strings ---- */
 
+static const char *find_sub(const char *h, size_t hn, const char *nd, size_t nn);
+
 static size_t cp_count(const char *s, size_t n) {
     size_t c = 0;
     for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
@@ -1510,14 +1512,50 @@ static size_t cp_offset(const char *s, size_t n, size_t k) {
 }
 static int py_space(unsigned char c) { return c == ' ' || (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x1f); }
 
-static int in_chars(unsigned char c, jv chars) {
-    return chars.t == V_STR ? memchr(chars.u.s, c, chars.n) != NULL : py_space(c);
+/* Length of the Python whitespace character starting at s[i] (str.isspace:
+ * ASCII and the Unicode spaces), or 0. */
+static size_t space_at(const char *s, size_t n, size_t i) {
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x80) return py_space(c);
+    size_t j = i;
+    uint32_t cp = utf8_next(s, n, &j);
+    int sp = cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+             cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    return sp ? j - i : 0;
 }
+/* Length of the whitespace character ending at s[e - 1], or 0. */
+static size_t space_before(const char *s, size_t e) {
+    size_t i = e;
+    while (i > 0 && e - i < 4) {
+        i--;
+        if (((unsigned char)s[i] & 0xC0) != 0x80) return space_at(s, e, i) == e - i ? e - i : 0;
+    }
+    return 0;
+}
+
+/* Python's str.strip(chars): chars are code points; none means whitespace. */
 static jv strip(jv s, jv chars, int left, int right) {
     const char *p = s.u.s;
     size_t n = s.n;
-    while (left && n && in_chars((unsigned char)*p, chars)) p++, n--;
-    while (right && n && in_chars((unsigned char)p[n - 1], chars)) n--;
+    if (chars.t != V_STR) {
+        size_t k;
+        while (left && n && (k = space_at(p, n, 0))) p += k, n -= k;
+        while (right && n && (k = space_before(p, n))) n -= k;
+        return mk_str(p, n);
+    }
+    for (;;) { /* one code point at a time, while it is one of chars */
+        if (!left || !n) break;
+        size_t j = 0;
+        utf8_next(p, n, &j);
+        if (!find_sub(chars.u.s, chars.n, p, j)) break;
+        p += j, n -= j;
+    }
+    while (right && n) {
+        size_t i = n - 1;
+        while (i > 0 && ((unsigned char)p[i] & 0xC0) == 0x80) i--;
+        if (!find_sub(chars.u.s, chars.n, p + i, n - i)) break;
+        n = i;
+    }
     return mk_str(p, n);
 }
 static const char *find_sub(const char *h, size_t hn, const char *nd, size_t nn) {
@@ -1571,17 +1609,18 @@ static jv split(cb_jrender *r, jv s, jv sep, int64_t maxsplit, int line) {
     jv out = mk_list(r, 4);
     size_t i = 0;
     if (sep.t != V_STR) {
+        size_t k;
         while (1) {
-            while (i < s.n && py_space((unsigned char)s.u.s[i])) i++;
+            while (i < s.n && (k = space_at(s.u.s, s.n, i))) i += k;
             if (i >= s.n) break;
             if (maxsplit >= 0 && (int64_t)out.u.l->n >= maxsplit) {
                 size_t e = s.n;
-                while (e > i && py_space((unsigned char)s.u.s[e - 1])) e--;
+                while (e > i && (k = space_before(s.u.s, e))) e -= k;
                 list_push(r, out.u.l, mk_str(s.u.s + i, e - i));
                 break;
             }
             size_t j = i;
-            while (j < s.n && !py_space((unsigned char)s.u.s[j])) j++;
+            while (j < s.n && !space_at(s.u.s, s.n, j)) utf8_next(s.u.s, s.n, &j);
             list_push(r, out.u.l, mk_str(s.u.s + i, j - i));
             i = j;
         }
@@ -2707,6 +2746,10 @@ int cb_jinja_set_bool(cb_jrender *r, const char *name, int value) {
     GUARD();
     return set_var(r, name, mk_bool(value));
 }
+int cb_jinja_set_none(cb_jrender *r, const char *name) {
+    GUARD();
+    return set_var(r, name, mk_none());
+}
 int cb_jinja_set_json(cb_jrender *r, const char *name, const char *json, const cb_json_tok *toks, int i) {
     GUARD();
     return set_var(r, name, from_json(r, json, toks, i));
@@ -2722,7 +2765,8 @@ int cb_jinja_set_json_keys(cb_jrender *r, const char *json, const cb_json_tok *t
     return 0;
 }
 
-int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *toks, int arr, int developer_as_system) {
+int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *toks, int arr, int developer_as_system,
+                          const char *append_last) {
     GUARD();
     jv msgs = from_json(r, json, toks, arr);
     if (msgs.t != V_LIST) return -1;
@@ -2731,6 +2775,7 @@ int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *to
         jv m = msgs.u.l->v[i];
         if (m.t != V_DICT) continue;
         jv *content = dict_find(m.u.d, "content", 7), *role = dict_find(m.u.d, "role", 4);
+        if (content && content->t == V_NONE) *content = mk_str("", 0); /* as vLLM: null content is empty text */
         if (content && content->t == V_LIST) { /* text parts, joined */
             obuf o = new_obuf(r, 64);
             int all_text = 1;
@@ -2756,6 +2801,15 @@ int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *to
             dict_set(r, d.u.d, mk_str("reasoning_content", 17), rv);
             msgs.u.l->v[i] = d;
         }
+    }
+    if (append_last) {
+        jv last = msgs.u.l->n ? msgs.u.l->v[msgs.u.l->n - 1] : mk_none();
+        jv *content = last.t == V_DICT ? dict_find(last.u.d, "content", 7) : NULL;
+        if (!content || content->t != V_STR) return -1;
+        size_t extra = strlen(append_last);
+        char *s = rtake(r, content->n + extra + 1);
+        memcpy(s, content->u.s, content->n), memcpy(s + content->n, append_last, extra);
+        *content = mk_str(s, content->n + extra);
     }
     return set_var(r, "messages", msgs);
 }

@@ -37,6 +37,7 @@ void cb_jinja_free(cb_jinja *t);
 cb_jrender *cb_jinja_begin(const cb_jinja *t, void *work, size_t work_cap);
 int cb_jinja_set_string(cb_jrender *r, const char *name, const char *s, size_t n);
 int cb_jinja_set_bool(cb_jrender *r, const char *name, int value);
+int cb_jinja_set_none(cb_jrender *r, const char *name);
 /* The JSON value toks[i] of json, as Python's json.loads gives it. */
 int cb_jinja_set_json(cb_jrender *r, const char *name, const char *json, const cb_json_tok *toks, int i);
 /* Each key of the JSON object toks[obj] as a variable (chat_template_kwargs). */
@@ -44,11 +45,14 @@ int cb_jinja_set_json_keys(cb_jrender *r, const char *json, const cb_json_tok *t
 
 /* Chat messages (the JSON array toks[arr]) as `messages`, shaped as
  * transformers hands them to the template: reasoning under
- * `reasoning_content` and `thinking`; and, as the server's own choice,
- * content given as text parts joined into one string, and the developer
- * role renamed system when developer_as_system. */
+ * `reasoning_content` and `thinking`; and, as the server's own choices
+ * (vLLM's too), content given as text parts joined into one string, null
+ * content as "", and the developer role renamed system when
+ * developer_as_system. append_last (or NULL) is
+ * added to the final message's content (transformers' continue marker);
+ * -1 when that message has no text content. */
 int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *toks, int arr,
-                          int developer_as_system);
+                          int developer_as_system, const char *append_last);
 
 /* Renders into out[cap]: the length, or a CB_JINJA_* error with its message
  * in err. */

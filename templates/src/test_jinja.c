@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
                 int n = cb_json_unescape(ctx, &toks[k], name, sizeof name - 1);
                 if (n < 0) return 2;
                 name[n] = 0;
-                if (!strcmp(name, "messages")) cb_jinja_set_messages(r, ctx, toks, k + 1, 0);
+                if (!strcmp(name, "messages")) cb_jinja_set_messages(r, ctx, toks, k + 1, 0, NULL);
                 else cb_jinja_set_json(r, name, ctx, toks, k + 1);
             }
             long got = cb_jinja_render(r, out, out_cap, err, sizeof err);
