@@ -1,6 +1,8 @@
 """The C chat-template interpreter (templates/src/jinja.c), built with
 AddressSanitizer and UBSan, renders every real template in
-../shared/testdata/chat_templates/ over the conversations of chat_corpus.py
+../shared/testdata/chat_templates/ and those the test models carry (GGUF
+tokenizer.chat_template, tokenizer_config.json) over the conversations of
+chat_corpus.py
 byte for byte as transformers' render_jinja_template (what
 apply_chat_template calls) does; raise_exception's message comes back as
 is; Jinja constructs one by one match jinja2 in transformers' environment;
@@ -72,17 +74,40 @@ def reference(template: str, ctx: dict) -> tuple[str, str]:
 
 
 ALL = sorted(p.name for p in TEMPLATES.glob("*.jinja")) if TEMPLATES.exists() else []
+# Models the tests ship carry templates too: the GGUF files' tokenizer.chat_template, tokenizer_config.json's.
+EMBEDDED = {"gguf-models": TESTDATA / "gguf" / "qwen3_moe" / "qwen3_moe-Q8_0.gguf",
+            "phi-3": TESTDATA / "tokenizers" / "llama.cpp" / "ggml-vocab-phi-3.gguf",
+            "qwen2": TESTDATA / "tokenizers" / "llama.cpp" / "ggml-vocab-qwen2.gguf",
+            "qwen35": TESTDATA / "tokenizers" / "llama.cpp" / "ggml-vocab-qwen35.gguf",
+            "qwen3-config": TESTDATA / "tokenizers" / "qwen3" / "tokenizer_config.json"}
+
+
+def embedded_templates(out: Path) -> list[Path]:
+    from gguf import GGUFReader
+    files = []
+    for name, src in EMBEDDED.items():
+        if not src.exists():
+            continue
+        if src.suffix == ".json":
+            text = json.loads(src.read_text())["chat_template"]
+        else:
+            field = GGUFReader(src).fields["tokenizer.chat_template"]
+            text = bytes(field.parts[field.data[0]]).decode()
+        files.append(out / f"{name}.jinja")
+        files[-1].write_text(text, encoding="utf-8")
+    return files
 
 
 @pytest.mark.skipif(not TEMPLATES.exists(), reason=f"{TEMPLATES} is missing")
 def test_real_templates_render_byte_for_byte(driver, tmp_path):
     named = cases()
     contexts = [dict(c, bos_token="<s>", eos_token="</s>", documents=None) for _, c in named]
-    got = run(driver, tmp_path, contexts, [TEMPLATES / n for n in ALL])
-    assert len(ALL) >= 14
+    paths = [TEMPLATES / n for n in ALL] + embedded_templates(tmp_path)
+    got = run(driver, tmp_path, contexts, paths)
+    assert len(paths) >= 19
     failures, rendered = [], 0
-    for t, name in enumerate(ALL):
-        template = (TEMPLATES / name).read_text(encoding="utf-8")
+    for t, path in enumerate(paths):
+        name, template = path.name, path.read_text(encoding="utf-8")
         for c, ((case, _), ctx) in enumerate(zip(named, contexts)):
             want, have = reference(template, ctx), got[t * len(contexts) + c]
             rendered += want[0] == "ok"
@@ -90,7 +115,7 @@ def test_real_templates_render_byte_for_byte(driver, tmp_path):
             if have != want and not (want[0] == "error" and have[0] == "error"):
                 failures.append(f"{name} / {case}: got {have[0]} {have[1][:300]!r}, want {want[0]} {want[1][:300]!r}")
     assert not failures, "\n".join(failures[:10])
-    assert rendered > 0.85 * len(ALL) * len(contexts)  # the corpus mostly renders, not mostly fails
+    assert rendered > 0.85 * len(paths) * len(contexts)  # the corpus mostly renders, not mostly fails
 
 
 # Constructs one at a time, against jinja2 in transformers' environment.
@@ -128,6 +153,8 @@ SNIPPETS = [
     "|{{ 'ab\ncd' | indent(2) }}|{{ 3.7 | int }}|{{ '4' | float }}|{{ -3 | abs }}|{{ [1, 2] | first }}{{ [1, 2] | last }}",
     "{{ '\u3000 a\u00a0b \u2003'.strip() }}|{{ 'x\u3000y  z'.split() }}|{{ 'ééaxé'.strip('é') }}"
     "|{{ '  日本\u3000' | trim }}|{{ 'a b c'.split(' ', 1) }}|{{ 'a\u3000b c'.split(none, 1) }}",
+    "{{ '%s-%d|%.2f %%' % ('a', 3, 2.5) }}|{{ 'x=%s' % none }}|{{ '%s and %r' | format('q', 'q') }}"
+    "|{% for m in messages %}{{ loop.cycle('odd', 'even') }} {% endfor %}",
     "{{ dict(a=1, b='x') }}|{{ (1,) }}|{{ 'x' * 3 }}|{{ [1] + [2] }}|{{ 'It''s' }}|{{ \"\\u00e9\\n\" }}|{{ 1 == 1.0 }}",
 ]
 

@@ -2014,6 +2014,11 @@ static jv run_filter(cb_jrender *r, const char *name, size_t n, jv v, const args
 /* obj.name(args): Python's str, dict methods. */
 static int call_method(cb_jrender *r, jv obj, const char *name, size_t n, const args *a, int line, jv *out) {
     jv none = mk_none();
+    if (obj.t == V_LOOP && IS("cycle")) {
+        if (!a->n_pos) rfail(r, CB_JINJA_ERROR, line, "no items for cycling given");
+        *out = a->pos[obj.u.lp->index % (size_t)a->n_pos];
+        return 1;
+    }
     if (obj.t == V_STR) {
         if (IS("strip") || IS("lstrip") || IS("rstrip")) {
             jv chars = arg(a, 0, "chars", none);
@@ -2110,6 +2115,45 @@ static int call_method(cb_jrender *r, jv obj, const char *name, size_t n, const 
     return 0;
 }
 
+/* Python's "fmt % args" for the conversions templates use: %s %r %d %i
+ * %f (with a precision) and %%. */
+static jv percent_format(cb_jrender *r, jv fmt, jv args, int line) {
+    jv one[1] = {args};
+    jv *items = args.t == V_LIST && args.tuple ? args.u.l->v : one;
+    size_t n = args.t == V_LIST && args.tuple ? args.u.l->n : 1, used = 0;
+    obuf o = new_obuf(r, fmt.n + 32);
+    for (size_t i = 0; i < fmt.n; i++) {
+        if (fmt.u.s[i] != '%') {
+            oput(r, &o, fmt.u.s + i, 1);
+            continue;
+        }
+        if (++i >= fmt.n) rfail(r, CB_JINJA_ERROR, line, "incomplete format");
+        int prec = -1;
+        if (fmt.u.s[i] == '.') {
+            prec = 0;
+            while (++i < fmt.n && is_digit(fmt.u.s[i])) prec = prec * 10 + (fmt.u.s[i] - '0');
+            if (i >= fmt.n) rfail(r, CB_JINJA_ERROR, line, "incomplete format");
+        }
+        char c = fmt.u.s[i];
+        if (c == '%') {
+            oputs(r, &o, "%");
+            continue;
+        }
+        if (used >= n) rfail(r, CB_JINJA_ERROR, line, "not enough arguments for format string");
+        jv v = items[used++];
+        if (c == 's') put_str(r, &o, v);
+        else if (c == 'r') put_repr(r, &o, v);
+        else if ((c == 'd' || c == 'i') && is_num(v)) put_int(r, &o, v.t == V_FLOAT ? (int64_t)v.u.f : v.u.i);
+        else if (c == 'f' && is_num(v)) {
+            char buf[64];
+            int k = snprintf(buf, sizeof buf, "%.*f", prec < 0 ? 6 : (prec > 30 ? 30 : prec), num(v));
+            oput(r, &o, buf, (size_t)k);
+        } else rfail(r, CB_JINJA_ERROR, line, "unsupported format character '%c' for %s", c, type_name(v));
+    }
+    if (used < n) rfail(r, CB_JINJA_ERROR, line, "not all arguments converted during string formatting");
+    return obuf_str(&o);
+}
+
 static jv binop(cb_jrender *r, int op, jv a, jv b, int line) {
     if (op == OP_CONCAT) {
         obuf o = new_obuf(r, 16 + (a.t == V_STR ? a.n : 0) + (b.t == V_STR ? b.n : 0));
@@ -2157,6 +2201,7 @@ static jv binop(cb_jrender *r, int op, jv a, jv b, int line) {
         default: break;
         }
     }
+    if (op == OP_MOD && a.t == V_STR) return percent_format(r, a, b, line);
     if (op == OP_ADD && a.t == V_STR && b.t == V_STR) {
         char *s = rtake(r, a.n + b.n + 1);
         memcpy(s, a.u.s, a.n), memcpy(s + a.n, b.u.s, b.n);
@@ -2583,6 +2628,12 @@ static jv run_filter(cb_jrender *r, const char *name, size_t n, jv v, const args
             i = j + 1, line_no++;
         }
         return obuf_str(&o);
+    }
+    if (IS("format")) {
+        jv tup = mk_list(r, (size_t)a->n_pos);
+        tup.tuple = 1;
+        for (int i = 0; i < a->n_pos; i++) list_push(r, tup.u.l, a->pos[i]);
+        return percent_format(r, want_str(r, v, "format's template", line), tup, line);
     }
     if (IS("wordcount")) return mk_int((int64_t)split(r, to_str(r, v), none, -1, line).u.l->n);
     rfail(r, CB_JINJA_ERROR, line, "no filter named '%.*s'", (int)n, name);
