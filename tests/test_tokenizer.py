@@ -78,7 +78,7 @@ def test_cli_writes_the_file_and_prints_the_config_section(tmp_path):
     assert done.returncode == 0, done.stderr
     section = json.loads(done.stdout)
     assert section["kind"] == "bpe" and section["tokens"] == 151669 and section["eos_id"] == 151645
-    assert section["chat_template"]["mode"] == "turn"
+    assert section["chat_template"]["kind"] == "jinja" and section["chat_template"]["end_of_turn"] == 151645
     assert Tokenizer(tmp_path).encode("<|im_start|>hi") == [151644, 6023]
     bad = subprocess.run([sys.executable, "-m", "colibri_build.cli", "tokenizer",
                           str(LLAMA_CPP / "ggml-vocab-gemma-4.gguf"), str(tmp_path / "g")], capture_output=True, text=True)

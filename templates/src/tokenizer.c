@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jinja.h"
 #include "pretok.h"
 #include "unicode_nfc.h"
 
@@ -110,7 +111,7 @@ static int parse(cb_tokenizer *t, const char *path, size_t size, char *err, size
     }
     if ((h->kind != CB_TOKENIZER_BPE && h->kind != CB_TOKENIZER_SPM) || h->pretok > CB_PRETOK_QWEN2)
         return fail(err, err_len, path, "unknown tokenizer kind or pre-tokenizer");
-    if (h->n_tokens == 0 || h->n_chat > CB_CHAT_MAX_STRINGS)
+    if (h->n_tokens == 0 || h->n_chat > 1)
         return fail(err, err_len, path, "bad token or chat string count");
     t->kind = h->kind, t->pretok = h->pretok, t->flags = h->flags;
     t->n_tokens = h->n_tokens, t->n_merges = h->n_merges, t->n_added = h->n_added, t->n_chat = h->n_chat;
@@ -128,6 +129,14 @@ static int parse(cb_tokenizer *t, const char *path, size_t size, char *err, size
     for (uint32_t i = 0; i < t->n_chat; i++) {
         t->chat[i] = chat + chat_off[i];
         t->chat_len[i] = chat_off[i + 1] - chat_off[i];
+    }
+    if (t->n_chat == 1) { /* parsed once here: a template this engine cannot run is refused at start */
+        char why[256];
+        t->chat_tpl = cb_jinja_parse(t->chat[0], t->chat_len[0], why, sizeof why);
+        if (!t->chat_tpl) {
+            snprintf(err, err_len, "%s: chat template %s", path, why);
+            return -1;
+        }
     }
     uint32_t ids[4] = {t->bos_id, t->eos_id, t->unk_id, t->eot_id};
     for (int i = 0; i < 4; i++)
@@ -312,6 +321,8 @@ int cb_tokenizer_open_bytes(cb_tokenizer *t, const void *bytes, size_t size, con
 }
 
 void cb_tokenizer_close(cb_tokenizer *t) {
+    cb_jinja_free(t->chat_tpl);
+    t->chat_tpl = NULL;
     if (t->work) {
         free(t->work->id);
         free(t->work->start);
