@@ -10,7 +10,8 @@ static const cb_tensor_entry *entries(const cb_weights *w) {
 static const char *dtype_name(uint32_t dtype) {
     static const char *names[CB_DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "q4_0",
                                                 "q8_0x4 of an earlier layout (re-convert the model)", "q4_0x4",
-                                                "q8_0x4"};
+                                                "q8_0x4", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+                                                "q6_k", "iq4_nl", "iq4_xs", "mxfp4"};
     return dtype < CB_DTYPE_COUNT ? names[dtype] : "unknown";
 }
 
@@ -100,8 +101,12 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
     }
     if (!why) {
         const uint64_t row_bytes = cb_row_bytes(t->dtype, (uint32_t)cols);
-        const int blocks = t->dtype >= CB_Q8_0;
-        if ((blocks && cols % 32) || row_bytes == 0 || rows > UINT64_MAX / row_bytes || rows * row_bytes != t->nbytes) {
+        const uint32_t block = cb_block_elems(t->dtype);
+        if (cols % block) {
+            snprintf(detail, sizeof detail, "rows of %llu weights, but %s rows are whole blocks of %u",
+                     (unsigned long long)cols, dtype_name(t->dtype), block);
+            why = detail;
+        } else if (row_bytes == 0 || rows > UINT64_MAX / row_bytes || rows * row_bytes != t->nbytes) {
             snprintf(detail, sizeof detail, "%llu bytes where its shape and dtype make %llu",
                      (unsigned long long)t->nbytes,
                      (unsigned long long)(row_bytes && rows <= UINT64_MAX / row_bytes ? rows * row_bytes : 0));
@@ -174,6 +179,22 @@ void cb_weights_unmap(cb_weights *w) {
     w->header = NULL;
 }
 
+uint32_t cb_block_elems(uint32_t dtype) {
+    switch (dtype) {
+    case CB_F32:
+    case CB_F16:
+    case CB_BF16: return 1;
+    case CB_Q2_K:
+    case CB_Q3_K:
+    case CB_Q4_K:
+    case CB_Q5_K:
+    case CB_Q6_K:
+    case CB_IQ4_XS: return 256;
+    default: return 32;
+    }
+}
+
+/* GGML's block sizes (kernels.h has the blocks and checks these sizes). */
 size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     switch (dtype) {
     case CB_F32: return (size_t)cols * 4;
@@ -183,6 +204,17 @@ size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     case CB_Q8_0X4: return (size_t)cols / 32 * 34; /* fp16 scale + 32 int8 */
     case CB_Q4_0:
     case CB_Q4_0X4: return (size_t)cols / 32 * 18; /* fp16 scale + 16 bytes of nibbles */
+    case CB_Q4_1: return (size_t)cols / 32 * 20;
+    case CB_Q5_0: return (size_t)cols / 32 * 22;
+    case CB_Q5_1: return (size_t)cols / 32 * 24;
+    case CB_IQ4_NL: return (size_t)cols / 32 * 18;
+    case CB_MXFP4: return (size_t)cols / 32 * 17;
+    case CB_Q2_K: return (size_t)cols / 256 * 84;
+    case CB_Q3_K: return (size_t)cols / 256 * 110;
+    case CB_Q4_K: return (size_t)cols / 256 * 144;
+    case CB_Q5_K: return (size_t)cols / 256 * 176;
+    case CB_Q6_K: return (size_t)cols / 256 * 210;
+    case CB_IQ4_XS: return (size_t)cols / 256 * 136;
     default: return 0;
     }
 }
@@ -234,10 +266,16 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
         return -1;
     }
     uint64_t inner = cols ? cols : rows, outer = cols ? rows : 1;
-    size_t row_bytes = cb_row_bytes(dtype, (uint32_t)inner);
     /* A block-quantized matrix may come in groups of four rows (x4). */
     const uint32_t x4 = dtype == CB_Q8_0 ? CB_Q8_0X4 : dtype == CB_Q4_0 ? CB_Q4_0X4 : dtype;
     if (cols && t->dtype == x4 && rows % 4 == 0) dtype = x4;
+    /* A model of a block type may hold each matrix in any type the kernels
+     * take (a GGUF Q4_K_M mixes q4_k, q5_k, q6_k, q8_0 and f32 ones): they
+     * all read the q8_0 activations such a model quantizes, or the floats. */
+    else if (cols && dtype >= CB_Q8_0 && t->dtype < CB_DTYPE_COUNT && t->dtype != 5 &&
+             ((t->dtype != CB_Q8_0X4 && t->dtype != CB_Q4_0X4) || rows % 4 == 0))
+        dtype = t->dtype;
+    size_t row_bytes = cb_row_bytes(dtype, (uint32_t)inner);
     if (t->dtype != dtype || row_bytes == 0 || t->nbytes != outer * row_bytes) {
         snprintf(b->err, b->err_len, "tensor '%s': %s, %llu bytes in the file; expected %s, %llu bytes", name,
                  dtype_name(t->dtype), (unsigned long long)t->nbytes, dtype_name(dtype),
@@ -281,9 +319,10 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     char name[CB_TENSOR_NAME_BYTES];
     const uint8_t *first_expert = NULL;
     bind(&b, "tok_embd", d->vocab, H, dt, 0, &w->tok_embd);
-    if (!b.failed && w->tok_embd.dtype != dt) { /* looked up a row at a time: GGML's row layout */
-        snprintf(err, err_len, "tensor 'tok_embd': %s in the file, expected %s", dtype_name(w->tok_embd.dtype),
-                 dtype_name(dt));
+    if (!b.failed && (w->tok_embd.dtype == CB_Q8_0X4 || w->tok_embd.dtype == CB_Q4_0X4)) {
+        /* looked up a row at a time: GGML's row layout */
+        snprintf(err, err_len, "tensor 'tok_embd': %s in the file; it is read a row at a time, in GGML's row "
+                 "layout (expected %s)", dtype_name(w->tok_embd.dtype), dtype_name(dt));
         return -1;
     }
     if (d->tied_embeddings) w->output = w->tok_embd;
@@ -331,7 +370,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
             bind_ffn(&b, NAME("expert.%u.", e), H, I, dt, 0, X);
             if (b.failed) break;
             const uint8_t *start = X->gate.data;
-            const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(dt, (uint32_t)I);
+            const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(X->down.dtype, (uint32_t)I);
             const uintptr_t align = w->header->alignment; /* 4096 or CB_HUGE_ALIGNMENT (cb_weights_map) */
             if ((((uintptr_t)start - (uintptr_t)w->file.data) & (align - 1)) != 0 ||
                 (const uint8_t *)X->up.data < start || (const uint8_t *)X->down.data < start) {

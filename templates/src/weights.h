@@ -62,9 +62,12 @@ typedef struct {
     uint32_t rows, cols;
 } cb_tensor;
 
-/* Bytes of one row of cols weights of a dtype (cols a multiple of 32 for
- * the block types). */
+/* Bytes of one row of cols weights of a dtype (cols a whole number of
+ * blocks for the block types). */
 size_t cb_row_bytes(uint32_t dtype, uint32_t cols);
+/* Weights a block of a dtype holds (1 for the float types): a row's length
+ * must be a multiple of it. */
+uint32_t cb_block_elems(uint32_t dtype);
 
 /* One SwiGLU FFN: a routed expert, the shared expert or a dense MLP. */
 typedef struct {
