@@ -126,3 +126,134 @@ def test_matrix_kernel_equals_the_row_kernel_bit_for_bit(dtype):
     w = quant.dequantize(raw, dtype, (rows_n, cols)).astype(np.float64)
     ref = np.stack([w @ q8_activation(xt)[0].astype(np.float64) for xt in x])
     np.testing.assert_allclose(y, ref, rtol=0, atol=1e-5 * float(np.abs(w).sum(axis=1).max()) * 4)
+
+
+# ---- a model whose matrices mix the types, through the engine ----
+
+# Scale fields per type (the fp16 d, and dmin / m; mxfp4's exponent) giving
+# weights of a few hundredths, like the synthetic models' (synth.INIT_STD).
+SMALL_SCALES = {"q4_1": (0.004, -0.03), "q5_0": (0.002,), "q5_1": (0.002, -0.03), "q2_k": (0.001, 0.001),
+                "q3_k": (0.0003,), "q4_k": (0.00005, 0.0003), "q5_k": (0.00003, 0.0005), "q6_k": (0.00001,),
+                "iq4_nl": (0.0003,), "iq4_xs": (0.00001,), "mxfp4": (120,)}
+
+
+def small_random_rows(dtype, rows, cols, rng):
+    elems, size = quant.GGML_BLOCKS[dtype]
+    b = rng.integers(0, 256, (rows * cols // elems, size), dtype=np.uint8)
+    if dtype == "mxfp4":
+        b[:, 0] = SMALL_SCALES[dtype][0]
+    for off, value in zip(HALVES[dtype], SMALL_SCALES[dtype]):
+        b[:, off:off + 2] = np.full(len(b), value, "<f2").view(np.uint8).reshape(-1, 2)
+    return b.ravel()
+
+
+def write_mixed_weights(cfg, path, tensors, dtype_of, rng):
+    """A .cbw whose matrices take dtype_of(name) (random small blocks for
+    GGML's types, encoded floats for the rest), in the layout
+    toolkit/weights.py writes (64-byte tensors, expert blocks on pages)."""
+    from colibri_build import weights as wt
+    shapes = wt.expected_shapes(cfg)
+    header_bytes = wt._round_up(wt.HEADER.size, 8) + wt.TENSOR_ENTRY.size * len(shapes)
+    offset, entries, datas = wt._round_up(header_bytes, wt.PAGE), [], []
+    for (name, shape), (name2, array) in zip(shapes, tensors):
+        assert name == name2
+        dtype = dtype_of(name, shape)
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        data = small_random_rows(dtype, rows, shape[-1], rng).tobytes() if dtype in quant.GGML_BLOCKS \
+            else quant.encode(array, dtype)
+        offset = wt._round_up(offset, wt.PAGE if wt.is_expert_block_start(name) else wt.TENSOR_ALIGN)
+        entries.append(wt.TensorEntry(name, wt.DTYPE_IDS[dtype], shape, offset, len(data)))
+        datas.append(data)
+        offset += len(data)
+    head = bytearray(wt._pack_header(cfg, len(entries), header_bytes, wt.PAGE))
+    head += b"\0" * (wt._round_up(wt.HEADER.size, 8) - wt.HEADER.size)
+    for ent in entries:
+        shape = list(ent.shape) + [0] * (4 - len(ent.shape))
+        head += wt.TENSOR_ENTRY.pack(ent.name.encode(), ent.dtype, len(ent.shape), *shape, ent.offset, ent.nbytes)
+    out = bytearray(wt._round_up(offset, wt.PAGE))
+    out[:len(head)] = head
+    for ent, data in zip(entries, datas):
+        out[ent.offset:ent.offset + ent.nbytes] = data
+    path.write_bytes(bytes(out))
+
+
+def mixed_model(tmp_path, arch, dtype_of, model_dtype="q4_k", preset="small", seed=5):
+    import json
+
+    from colibri_build.synth import random_tensors, synth
+    model = synth(arch, preset, tmp_path / arch, seed=seed)
+    cfg = json.loads((model / "model-config.json").read_text())
+    cfg["weights"]["dtype"] = model_dtype
+    cfg["weights"].pop("sha256", None)
+    from colibri_build import config
+    cfg = config.validate(cfg)
+    write_mixed_weights(cfg, model / "weights.cbw", random_tensors(cfg, seed), dtype_of, np.random.default_rng(seed))
+    (model / "model-config.json").write_text(json.dumps(cfg))
+    return model, cfg
+
+
+# A Q4_K_M-like mix: every GGML type, q8_0 and the float ones among the
+# matrices, the embedding in q6_k (read a row at a time).
+MIX = [*TYPES, "q8_0", "q4_0", "f16", "f32"]
+
+
+def mix_dtype(name, shape):
+    if len(shape) == 1 or name.endswith("ffn_router"):
+        return "f32"
+    if name == "tok_embd":
+        return "q6_k"
+    return MIX[sum(map(ord, name)) % len(MIX)]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe"])
+def test_a_model_mixing_every_type_runs_and_matches_the_reference(tmp_path, arch):
+    """Each matrix in its own type (as in a GGUF Q4_K_M): the engine loads it
+    and its logits are the float reference's on the same (dequantized)
+    weights, up to the activations' rounding to q8_0 (the q8_0 models'
+    bound in test_archs.py), at every position whose experts are the
+    reference's: on random weights that rounding flips an occasional near
+    tie between experts (measured on qwen3_moe: 1 choice in 48, where the
+    logits then differ by 0.1), which the routing bound allows."""
+    from colibri_build import Engine
+    from colibri_build.weights import load_tensors, read_header
+    from reference import forward as reference_forward
+
+    model, cfg = mixed_model(tmp_path, arch, mix_dtype)
+    from colibri_build.weights import DTYPE_NAMES
+    used = {DTYPE_NAMES[t.dtype] for t in read_header(model / "weights.cbw")["tensors"].values()}
+    assert set(MIX) <= used, used
+    prompt = [256, 259, 72, 101, 108, 108, 111, 261, 260, 7, 99, 200]
+    ref, experts = reference_forward(cfg, load_tensors(model / "weights.cbw"), prompt)
+    engine = Engine(model)
+    logits = engine.forward(prompt)
+    # Positions before the first whose experts differ (a flip reaches the
+    # later ones through attention).
+    same = np.cumprod((engine.last_routing == experts).all(axis=(1, 2))).astype(bool)
+    assert (engine.last_routing == experts).mean() >= 0.9 and same.sum() >= len(prompt) // 2, engine.last_routing
+    err = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
+    print(f"{arch}: max relative logit error {err[same].max():.2e} where the experts agree "
+          f"({same.sum()} of {len(prompt)} positions)")
+    assert err[same].max() < 2e-2, err
+
+
+def test_a_k_quant_row_that_is_not_whole_blocks_is_refused(tmp_path):
+    """The tiny preset's rows are 64 weights: a q4_k matrix cannot hold them,
+    and the engine says which tensor and why instead of reading past it."""
+    from colibri_build import Engine
+    from colibri_build._engine import EngineError
+    import json
+
+    model = mixed_model(tmp_path, "mixtral", lambda name, shape: "f32" if len(shape) == 1 or name.endswith(
+        "ffn_router") else "q8_0", model_dtype="q8_0", preset="tiny")[0]
+    data = bytearray((model / "weights.cbw").read_bytes())
+    from colibri_build import weights as wt
+    header = wt.read_header(model / "weights.cbw")
+    names = list(header["tensors"])
+    index = names.index("blk.0.attn_q")
+    at = wt._round_up(wt.HEADER.size, 8) + index * wt.TENSOR_ENTRY.size + wt.NAME_BYTES
+    data[at:at + 4] = wt.DTYPE_IDS["q4_k"].to_bytes(4, "little")
+    (model / "weights.cbw").write_bytes(bytes(data))
+    with pytest.raises(EngineError, match=r"tensor 'blk\.0\.attn_q' \(#\d+\): rows of 64 weights, but q4_k rows are "
+                                          r"whole blocks of 256"):
+        Engine(model)
+    assert json.loads((model / "model-config.json").read_text())["weights"]["dtype"] == "q8_0"

@@ -87,7 +87,7 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
     char detail[160];
     uint64_t rows = 1, cols = t->shape[0];
     if (!name_ok) why = "its name is not terminated";
-    else if (t->dtype >= CB_DTYPE_COUNT || cb_row_bytes(t->dtype, 32) == 0) {
+    else if (t->dtype >= CB_DTYPE_COUNT || cb_row_bytes(t->dtype, cb_block_elems(t->dtype)) == 0) {
         snprintf(detail, sizeof detail, "dtype %u: %s", t->dtype, dtype_name(t->dtype));
         why = detail;
     }

@@ -117,9 +117,12 @@ typedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n);
  * dtype that is not one of ids 8..18. */
 cb_dot_block_fn cb_dot_block_scalar(uint32_t dtype);
 cb_dot_block_fn cb_dot_block(uint32_t dtype);
+/* A family's kernel for a type, or NULL where it has none (kernel-check). */
 #if CB_KERNELS_AVX2
-/* This family's kernel for a type, or NULL where it has none (kernel-check). */
 cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype);
+#endif
+#if CB_KERNELS_NEON
+cb_dot_block_fn cb_dot_block_neon(uint32_t dtype);
 #endif
 
 float cb_half_to_float(cb_half h);

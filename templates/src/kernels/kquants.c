@@ -332,5 +332,9 @@ cb_dot_block_fn cb_dot_block(uint32_t dtype) {
     cb_dot_block_fn f = cb_dot_block_avx2(dtype);
     if (f) return f;
 #endif
+#if CB_KERNELS_NEON
+    cb_dot_block_fn f = cb_dot_block_neon(dtype);
+    if (f) return f;
+#endif
     return cb_dot_block_scalar(dtype);
 }

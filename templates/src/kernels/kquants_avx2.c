@@ -207,7 +207,7 @@ static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
         const float d = _cvtsh_ss(b->d);
         int sc[16];
         for (int g = 0; g < 16; g++)
-            sc[g] = ((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF | ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+            sc[g] = (((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF) | ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
         const __m256i hm = load32(b->hmask);
         for (int c = 0; c < 8; c++, x++) {
             const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(load32(b->qs + 32 * (c / 4)), _mm_cvtsi32_si128(2 * (c % 4))), three);
