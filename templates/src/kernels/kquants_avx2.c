@@ -123,25 +123,40 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     return hsum(acc);
 }
 
+/* The 8 activation blocks' fp16 scales of a super-block as floats. */
+static inline __m256 x_scales8(const cb_block_q8_0 *x) {
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)x[0].d, (short)x[1].d, (short)x[2].d, (short)x[3].d, (short)x[4].d,
+                                          (short)x[5].d, (short)x[6].d, (short)x[7].d));
+}
+
 /* Q4_K / Q5_K: 32-weight group c of a super-block is the low (even c) or
- * high nibbles of qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5. */
+ * high nibbles of qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5. Per
+ * group c: d * scale_c * dx_c and dmin * min_c * dx_c are worked out for
+ * the 8 groups at once, and the integer sums q . x and sum(x) scaled by
+ * them into two accumulators each (even and odd groups: independent FMA
+ * chains). */
 static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_0 *x, int n, int q5) {
     const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
-    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK_K; i++) {
+    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK_K; i++, x += 8) {
         const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
         const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-        const float d = _cvtsh_ss(k5->d), dmin = _cvtsh_ss(k5->dmin);
         /* The 8 scales and 8 mins, unpacked as kquants.c scale_min_k4. */
         const uint8_t *s = k5->scales;
-        uint8_t sc[8], mn[8];
+        int32_t sc[8], mn[8];
         for (int j = 0; j < 4; j++) {
             sc[j] = s[j] & 63, mn[j] = s[j + 4] & 63;
             sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4), mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
         }
+        const __m256 dx = x_scales8(x);
+        float fq[8], fm[8];
+        _mm256_storeu_ps(fq, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(k5->d)), dx),
+                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)sc))));
+        _mm256_storeu_ps(fm, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(k5->dmin)), dx),
+                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)mn))));
         const __m256i qh = q5 ? load32(k5->qh) : _mm256_setzero_si256();
-        for (int c = 0; c < 8; c += 2, x += 2) {
+        for (int c = 0; c < 8; c += 2) {
             const __m256i q = load32(qs + 16 * c);
             __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
             if (q5) {
@@ -149,17 +164,16 @@ static inline __attribute__((always_inline)) float dot_q45_k(const void *w, cons
                 hi = _mm256_or_si256(hi,
                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c + 1)), one), 4));
             }
-            const __m256i x0 = load32(x[0].qs), x1 = load32(x[1].qs);
-            const float dx0 = _cvtsh_ss(x[0].d), dx1 = _cvtsh_ss(x[1].d);
-            const __m256i s0 = scaled(pairs(lo, x0), sc[c], sc[c]), s1 = scaled(pairs(hi, x1), sc[c + 1], sc[c + 1]);
-            const __m256i m0 = scaled(pairs(one, x0), mn[c], mn[c]), m1 = scaled(pairs(one, x1), mn[c + 1], mn[c + 1]);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx0), f32(s0), acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * dx0), f32(m0), acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx1), f32(s1), acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * dx1), f32(m1), acc);
+            const __m256i x0 = load32(x[c].qs), x1 = load32(x[c + 1].qs);
+            const __m256i s0 = _mm256_madd_epi16(pairs(lo, x0), ones16), s1 = _mm256_madd_epi16(pairs(hi, x1), ones16);
+            const __m256i m0 = _mm256_madd_epi16(pairs(one, x0), ones16), m1 = _mm256_madd_epi16(pairs(one, x1), ones16);
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(fq + c), f32(s0), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(fq + c + 1), f32(s1), acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(fm + c), f32(m0), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(fm + c + 1), f32(m1), acc1);
         }
     }
-    return hsum(acc);
+    return hsum(_mm256_add_ps(acc0, acc1));
 }
 static float dot_q4_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 0); }
 static float dot_q5_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 1); }
