@@ -54,8 +54,9 @@ _Static_assert(sizeof(cb_weights_header) == 212, "header must match toolkit/weig
 _Static_assert(sizeof(cb_tensor_entry) == 104, "tensor entry must match toolkit/weights.py");
 
 /* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector, in any
- * enum cb_dtype. Quantized rows are runs of 32-weight blocks (GGML layout),
- * or in the x4 types groups of four rows interleaved block by block (dims.h). */
+ * enum cb_dtype. Quantized rows are runs of GGML blocks (32 weights, 256 for
+ * the K types and iq4_xs), or in the x4 types groups of four rows
+ * interleaved block by block (dims.h). */
 typedef struct {
     const void *data;
     uint32_t dtype;

@@ -51,7 +51,7 @@ static void fill(uint8_t *w, uint32_t dtype, uint32_t base, size_t rows) {
             uint8_t *dst = dtype == base ? w + (r + i) * row_bytes : four + i * base_bytes;
             if (base >= CB_Q4_1) { /* random bytes, small normal scales (no denormal slow paths) */
                 for (size_t b = 0; b < row_bytes; b++) dst[b] = (uint8_t)(uniform() * 127 + 128);
-                const size_t block = row_bytes / (COLS / 256 * 256 / (base == CB_MXFP4 ? 32 : 256));
+                const size_t block = row_bytes / (COLS / (base == CB_MXFP4 ? 32 : 256));
                 for (uint8_t *blk = dst; blk < dst + row_bytes; blk += block) {
                     const cb_half h = cb_float_to_half(0.001f);
                     if (base == CB_MXFP4) blk[0] = 120;

@@ -55,8 +55,8 @@ static inline int q6_k(const cb_block_q6_k *b, int e) {
  * at bit 2 * ((e % 128) / 32); Q3_K's third is hmask[e % 32] bit e / 32. */
 static inline int q2_bits(const uint8_t *qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3; }
 
-/* Integer weights of 32-weight group c of block blk (dtype's layout), for
- * the reference dot products below. */
+/* Weight j (0..31) of a 32-weight group's 16 bytes of nibbles, and its
+ * 5th bit (bit j of 4 bytes). */
 static inline int nibble(const uint8_t *qs16, int j) { return j < 16 ? qs16[j] & 0xF : qs16[j - 16] >> 4; }
 static inline int bit5(const uint8_t qh[4], int j) { return (qh[j / 8] >> (j % 8)) & 1; }
 
