@@ -78,6 +78,17 @@ def test_row_bytes_follow_the_blocks(dtype):
     assert quant.block_elems(dtype) == elems
 
 
+def test_encoding_floats_to_a_ggml_type_is_refused_not_mislabelled():
+    """The toolkit has no quantizer for these types: asking for one must fail,
+    not write another type's bytes under this type's id."""
+    x = np.zeros((4, 256), np.float32)
+    for dtype in TYPES:
+        with pytest.raises(ValueError, match=f"{dtype}: the toolkit reads this GGML type but does not quantize"):
+            quant.encode(x, dtype)
+    with pytest.raises(ValueError, match="unknown weight type 'q7_0'"):
+        quant.encode(x, "q7_0")
+
+
 def q8_activation(x):
     """x rounded as the engine rounds activations (q8_0), and each block's step."""
     blocks = quant.quantize_q8_0(x).reshape(-1, 34)

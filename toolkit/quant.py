@@ -250,6 +250,11 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
             return x.astype("<f2").tobytes()
     if dtype == "bf16":
         return to_bf16_bits(x).astype("<u2").tobytes()
+    if dtype in GGML_BLOCKS:  # kept as a GGUF file holds them; never re-encoded from floats
+        raise ValueError(f"{dtype}: the toolkit reads this GGML type but does not quantize to it "
+                         f"(it can write {', '.join(DTYPES)})")
+    if base_dtype(dtype) not in BLOCK_BYTES:
+        raise ValueError(f"unknown weight type {dtype!r}")
     if x.shape[-1] % QK:
         raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK}, got {x.shape[-1]}")
     base = base_dtype(dtype)
