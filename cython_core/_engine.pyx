@@ -520,6 +520,9 @@ cdef extern from "kernels/kernels.h" nogil:
     void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
     void cb_rope_neox(float *vec, int n_heads, int head_dim, const float *cos_pos, const float *sin_pos)
     void cb_softmax(float *x, int n)
+    ctypedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n)
+    cb_dot_block_fn cb_dot_block_scalar(uint32_t dtype)
+    cb_dot_block_fn cb_dot_block(uint32_t dtype)
 
 cdef extern from "router.h" nogil:
     void cb_topk(const float *values, int n, int k, int32_t *ids)
@@ -566,7 +569,9 @@ def sha256_file(path):
     return hex_[:64].decode()
 
 
-_DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
+_DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7,
+              "q4_1": 8, "q5_0": 9, "q5_1": 10, "q2_k": 11, "q3_k": 12, "q4_k": 13, "q5_k": 14, "q6_k": 15,
+              "iq4_nl": 16, "iq4_xs": 17, "mxfp4": 18}
 
 
 def _f32(x):
@@ -626,7 +631,12 @@ def dot(dtype, w_raw, x, bint scalar=False):
         if scalar:
             return cb_dot_q4_0_scalar(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
         return cb_dot_q4_0(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
-    raise ValueError(dtype)
+    cdef cb_dot_block_fn fn = NULL
+    if dtype in _DTYPE_IDS:  # GGML's other block types (ids 8..18)
+        fn = cb_dot_block_scalar(_DTYPE_IDS[dtype]) if scalar else cb_dot_block(_DTYPE_IDS[dtype])
+    if fn == NULL:
+        raise ValueError(dtype)
+    return fn(&wv[0], <const cb_block_q8_0 *>&qv[0], n)
 
 
 def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
@@ -652,7 +662,7 @@ def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
     A.q = NULL
     A.q_stride = cols // 32
     cdef const unsigned char[::1] qv
-    if dtype in ("q8_0", "q4_0", "q8_0x4", "q4_0x4"):
+    if dtype not in ("f32", "f16", "bf16"):
         qv = np.concatenate([quantize(row, "q8_0") for row in x2])
         A.q = <const cb_block_q8_0 *>&qv[0]
     cb_matmul_tile(&W, r0, rows if r1 < 0 else r1, &A, NULL, n_tok, &ov[0, 0], rows, NULL, CB_SET, NULL)

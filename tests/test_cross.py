@@ -155,6 +155,13 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
                             "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon", "dotprod"]}[name]
     for family in weight_type_families:
         assert f"kernel-check {family} weight types: ok" in done.stdout, done.stdout
+    # GGML's other block types (K-quants, IQ4, MXFP4): every SIMD family has
+    # kernels for all eleven; the scalar ones checked against double sums.
+    block_families = {"native": native[:1], "x86-64": [], "x86-64-v3": ["avx2"], "x86-64-v4": ["avx2"],
+                      "windows-x86-64-v3": ["avx2"], "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon"]}[name]
+    for family in block_families:
+        assert f"kernel-check {family} ggml block types: ok (11 of 11 types with own kernels" in done.stdout, done.stdout
+    assert "kernel-check scalar ggml block types: ok (11 types" in done.stdout, done.stdout
     assert "kernel-check attention: ok" in done.stdout, done.stdout
     assert "kernel-check x4 groups: ok" in done.stdout, done.stdout
     assert "kernel-check exp: ok" in done.stdout, done.stdout

@@ -124,7 +124,7 @@ def _check_relations(d: dict) -> list[str]:
         problems.append("field 'dense_ffn_size': missing or 0, expected the dense MLP size since dense_layers is set")
     if d.get("shared_experts") and not d.get("shared_expert_ffn_size"):
         problems.append("field 'shared_expert_ffn_size': missing or 0, expected a size since shared_experts is 1")
-    if d["weights"]["dtype"] in ("q8_0", "q4_0"):
+    if d["weights"]["dtype"] not in ("f32", "f16", "bf16"):  # q8_0 activations: blocks of 32
         widths = {"hidden_size": d["hidden_size"], "expert_ffn_size": d["expert_ffn_size"],
                   "heads * head_dim": d["heads"] * d.get("head_dim", d["hidden_size"] // d["heads"]),
                   "shared_expert_ffn_size": d.get("shared_expert_ffn_size", 0),

@@ -31,8 +31,8 @@ NAME_BYTES = 48
 ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
 ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
+# 8..18: GGML's other block types, bit for bit as GGUF files hold them (dims.h).
 DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7,
-             # GGML's own block layouts, kept bit for bit from GGUF files (quant.GGML_BLOCKS).
              "q4_1": 8, "q5_0": 9, "q5_1": 10, "q2_k": 11, "q3_k": 12, "q4_k": 13, "q5_k": 14, "q6_k": 15,
              "iq4_nl": 16, "iq4_xs": 17, "mxfp4": 18}
 # Ids no longer written or read (dims.h), with what to tell the user.

@@ -31,9 +31,15 @@ enum cb_qk_norm {
  * How the toolkit stores the matrices the engine multiplies
  * (toolkit/quant.py). Id 5 was an earlier q8_0x4 that kept each row's 32
  * quants together; files holding it are refused (re-convert). */
+/* Ids 8..18 are GGML block types kept bit for bit as a GGUF file holds
+ * them (kernels.h has their blocks): 32 weights a block for q4_1, q5_0,
+ * q5_1, iq4_nl and mxfp4, 256 (a super-block) for the K types and iq4_xs.
+ * Every block type from q8_0 on multiplies q8_0 activations. */
 enum cb_dtype {
     CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4, CB_Q4_0X4 = 6, CB_Q8_0X4 = 7,
-    CB_DTYPE_COUNT = 8
+    CB_Q4_1 = 8, CB_Q5_0 = 9, CB_Q5_1 = 10, CB_Q2_K = 11, CB_Q3_K = 12, CB_Q4_K = 13, CB_Q5_K = 14,
+    CB_Q6_K = 15, CB_IQ4_NL = 16, CB_IQ4_XS = 17, CB_MXFP4 = 18,
+    CB_DTYPE_COUNT = 19
 };
 
 typedef struct {
@@ -51,7 +57,8 @@ typedef struct {
     uint32_t shared_ffn;    /* intermediate size of the shared expert */
     uint32_t context_len;
     uint32_t router;        /* enum cb_router */
-    uint32_t weight_dtype;  /* enum cb_dtype of the matrices */
+    uint32_t weight_dtype;  /* enum cb_dtype of the matrices; a block type lets each
+                             * matrix be any type (a GGUF Q4_K_M mixes several) */
     uint32_t qk_norm;       /* enum cb_qk_norm */
     uint32_t qkv_bias;      /* q, k and v projections carry biases */
     uint32_t shared_gate;   /* shared expert scaled by sigmoid(x . w_gate) */

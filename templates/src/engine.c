@@ -237,7 +237,8 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     const cb_dims *d = CB_DIMS(e);
     if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_OLMOE || d->n_kv_heads == 0 ||
         d->n_heads % d->n_kv_heads || d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2 ||
-        d->weight_dtype >= CB_DTYPE_COUNT || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {
+        d->weight_dtype >= CB_DTYPE_COUNT || d->weight_dtype == CB_Q4_0X4 || d->weight_dtype == CB_Q8_0X4 ||
+        d->weight_dtype == 5 || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {
         snprintf(err, err_len, "%s: unsupported or inconsistent model dimensions in the header", path);
         goto fail;
     }
@@ -260,7 +261,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     e->ffn_max = max_int((int)d->expert_ffn, max_int((int)d->shared_ffn, (int)d->dense_ffn));
     const int widest = max_int(max_int((int)d->hidden, (int)(d->n_heads * d->head_dim)), e->ffn_max);
     e->xq_stride = (widest + CB_QK - 1) / CB_QK;
-    if ((d->weight_dtype == CB_Q8_0 || d->weight_dtype == CB_Q4_0) &&
+    if (d->weight_dtype >= CB_Q8_0 &&
         (d->hidden % CB_QK || (d->n_heads * d->head_dim) % CB_QK || d->expert_ffn % CB_QK ||
          d->shared_ffn % CB_QK || d->dense_ffn % CB_QK)) {
         snprintf(err, err_len, "%s: block-quantized weights need every matrix width to be a multiple of %d",

@@ -21,10 +21,10 @@ typedef struct {
 /* Names of enum values, indexed by value (NULL: not a value). */
 static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
 static const char *const ROUTERS[] = {NULL, "softmax_topk_renorm", "softmax_topk"};
-/* 5..7: the x4 layouts and a retired id, never a model's weights.dtype; 8..:
- * GGML's types as a GGUF file stores them (the shared dtype id contract). */
+/* Indexed by enum cb_dtype; the x4 layouts are per tensor, never a model's. */
 static const char *const DTYPES[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", NULL,     NULL,     NULL,    "q4_1", "q5_0",
                                      "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"};
+_Static_assert(sizeof DTYPES / sizeof DTYPES[0] == CB_DTYPE_COUNT, "a name for every dtype id");
 static const char *const QK_NORMS[] = {"none", "per_head", "whole"};
 static const char *const TOKENIZERS[] = {"none", "bytes", "bpe", "spm"};
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))

@@ -10,7 +10,8 @@ static const cb_tensor_entry *entries(const cb_weights *w) {
 static const char *dtype_name(uint32_t dtype) {
     static const char *names[CB_DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "q4_0",
                                                 "q8_0x4 of an earlier layout (re-convert the model)", "q4_0x4",
-                                                "q8_0x4"};
+                                                "q8_0x4", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+                                                "q6_k", "iq4_nl", "iq4_xs", "mxfp4"};
     return dtype < CB_DTYPE_COUNT ? names[dtype] : "unknown";
 }
 
@@ -86,7 +87,7 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
     char detail[160];
     uint64_t rows = 1, cols = t->shape[0];
     if (!name_ok) why = "its name is not terminated";
-    else if (t->dtype >= CB_DTYPE_COUNT || cb_row_bytes(t->dtype, 32) == 0) {
+    else if (t->dtype >= CB_DTYPE_COUNT || cb_row_bytes(t->dtype, cb_block_elems(t->dtype)) == 0) {
         snprintf(detail, sizeof detail, "dtype %u: %s", t->dtype, dtype_name(t->dtype));
         why = detail;
     }
@@ -100,8 +101,12 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
     }
     if (!why) {
         const uint64_t row_bytes = cb_row_bytes(t->dtype, (uint32_t)cols);
-        const int blocks = t->dtype >= CB_Q8_0;
-        if ((blocks && cols % 32) || row_bytes == 0 || rows > UINT64_MAX / row_bytes || rows * row_bytes != t->nbytes) {
+        const uint32_t block = cb_block_elems(t->dtype);
+        if (cols % block) {
+            snprintf(detail, sizeof detail, "rows of %llu weights, but %s rows are whole blocks of %u",
+                     (unsigned long long)cols, dtype_name(t->dtype), block);
+            why = detail;
+        } else if (row_bytes == 0 || rows > UINT64_MAX / row_bytes || rows * row_bytes != t->nbytes) {
             snprintf(detail, sizeof detail, "%llu bytes where its shape and dtype make %llu",
                      (unsigned long long)t->nbytes,
                      (unsigned long long)(row_bytes && rows <= UINT64_MAX / row_bytes ? rows * row_bytes : 0));
@@ -180,6 +185,22 @@ void cb_weights_unmap(cb_weights *w) {
     w->header = NULL;
 }
 
+uint32_t cb_block_elems(uint32_t dtype) {
+    switch (dtype) {
+    case CB_F32:
+    case CB_F16:
+    case CB_BF16: return 1;
+    case CB_Q2_K:
+    case CB_Q3_K:
+    case CB_Q4_K:
+    case CB_Q5_K:
+    case CB_Q6_K:
+    case CB_IQ4_XS: return 256;
+    default: return 32;
+    }
+}
+
+/* GGML's block sizes (kernels.h has the blocks and checks these sizes). */
 size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     switch (dtype) {
     case CB_F32: return (size_t)cols * 4;
@@ -189,6 +210,17 @@ size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     case CB_Q8_0X4: return (size_t)cols / 32 * 34; /* fp16 scale + 32 int8 */
     case CB_Q4_0:
     case CB_Q4_0X4: return (size_t)cols / 32 * 18; /* fp16 scale + 16 bytes of nibbles */
+    case CB_Q4_1: return (size_t)cols / 32 * 20;
+    case CB_Q5_0: return (size_t)cols / 32 * 22;
+    case CB_Q5_1: return (size_t)cols / 32 * 24;
+    case CB_IQ4_NL: return (size_t)cols / 32 * 18;
+    case CB_MXFP4: return (size_t)cols / 32 * 17;
+    case CB_Q2_K: return (size_t)cols / 256 * 84;
+    case CB_Q3_K: return (size_t)cols / 256 * 110;
+    case CB_Q4_K: return (size_t)cols / 256 * 144;
+    case CB_Q5_K: return (size_t)cols / 256 * 176;
+    case CB_Q6_K: return (size_t)cols / 256 * 210;
+    case CB_IQ4_XS: return (size_t)cols / 256 * 136;
     default: return 0;
     }
 }

@@ -54,8 +54,9 @@ _Static_assert(sizeof(cb_weights_header) == 212, "header must match toolkit/weig
 _Static_assert(sizeof(cb_tensor_entry) == 104, "tensor entry must match toolkit/weights.py");
 
 /* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector, in any
- * enum cb_dtype. Quantized rows are runs of 32-weight blocks (GGML layout),
- * or in the x4 types groups of four rows interleaved block by block (dims.h). */
+ * enum cb_dtype. Quantized rows are runs of GGML blocks (32 weights, 256 for
+ * the K types and iq4_xs), or in the x4 types groups of four rows
+ * interleaved block by block (dims.h). */
 typedef struct {
     const void *data;
     uint32_t dtype;
@@ -66,9 +67,12 @@ typedef struct {
  * them per tensor); dims.weight_dtype names the main one. */
 #define CB_ANY_MATRIX 0xFFFFFFFFu
 
-/* Bytes of one row of cols weights of a dtype (cols a multiple of 32 for
- * the block types). */
+/* Bytes of one row of cols weights of a dtype (cols a whole number of
+ * blocks for the block types). */
 size_t cb_row_bytes(uint32_t dtype, uint32_t cols);
+/* Weights a block of a dtype holds (1 for the float types): a row's length
+ * must be a multiple of it. */
+uint32_t cb_block_elems(uint32_t dtype);
 
 /* One SwiGLU FFN: a routed expert, the shared expert or a dense MLP. */
 typedef struct {
