@@ -20,15 +20,31 @@ from .safetensors_io import Checkpoint
 from .weights import expected_shapes, write_weights
 
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # derived buffers some checkpoints carry
+# Gemma4ForConditionalGeneration: the text model sits under this prefix; the
+# vision and audio towers (and their embedders) beside it are not run.
+MULTIMODAL_TEXT_PREFIX = "model.language_model."
+MULTIMODAL_OTHER = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+# Gemma 4's per-layer tensors (engine name -> checkpoint name under the layer).
+GEMMA4_LAYER = {
+    "attn_norm": "input_layernorm.weight", "attn_post_norm": "post_attention_layernorm.weight",
+    "ffn_norm": "pre_feedforward_layernorm.weight", "ffn_post_norm_1": "post_feedforward_layernorm_1.weight",
+    "ffn_pre_norm_2": "pre_feedforward_layernorm_2.weight", "ffn_post_norm_2": "post_feedforward_layernorm_2.weight",
+    "ffn_post_norm": "post_feedforward_layernorm.weight", "ffn_router": "router.proj.weight",
+    "ffn_router_scale": "router.scale", "ffn_expert_scale": "router.per_expert_scale",
+    "layer_scalar": "layer_scalar",
+}
 
 
 class TensorSource:
     """Finds each engine tensor in the checkpoint, whatever the release's
     naming: per-expert w1/w2/w3 or gate/up/down_proj, or fused 3-D experts."""
 
-    def __init__(self, ckpt: Checkpoint):
+    def __init__(self, ckpt: Checkpoint, cfg: dict | None = None):
         self.ckpt = ckpt
         self.used: set[str] = set()
+        self.gemma = bool(cfg) and cfg.get("block") == "gemma4"
+        # "model." normally; the multimodal wrapper's text model otherwise.
+        self.prefix = MULTIMODAL_TEXT_PREFIX if MULTIMODAL_TEXT_PREFIX + "embed_tokens.weight" in ckpt else "model."
 
     def _take(self, name, shape, index=None):
         self.used.add(name)
@@ -41,15 +57,17 @@ class TensorSource:
         raise ModelError(f"tensor for '{what}' is missing from the checkpoint (looked for {', '.join(candidates)})")
 
     def expert(self, layer: int, expert: int, role: str, shape):
-        base = f"model.layers.{layer}"
+        base = f"{self.prefix}layers.{layer}"
         per_expert = [f"{base}.{p}.experts.{expert}.{n}.weight" for p in MOE_PREFIXES for n in EXPERT_NAMES[role]]
         for name in per_expert:
             if name in self.ckpt:
                 return self._take(name, shape)
+        # Fused [E, ...] tensors: under the MoE block, or beside it (Gemma 4).
+        fused_at = [f"{base}.{p}.experts" for p in MOE_PREFIXES] + [f"{base}.experts"]
         if role == "down":
-            fused = self._first([f"{base}.{p}.experts.down_proj" for p in MOE_PREFIXES], f"layer {layer} expert {expert} down")
+            fused = self._first([f"{f}.down_proj" for f in fused_at], f"layer {layer} expert {expert} down")
             return self._take(fused, shape, expert)
-        fused = self._first([f"{base}.{p}.experts.gate_up_proj" for p in MOE_PREFIXES] + per_expert,
+        fused = self._first([f"{f}.gate_up_proj" for f in fused_at] + per_expert,
                             f"layer {layer} expert {expert} {role}")
         both = self._take(fused, None, expert)  # [2I, H]: gate rows, then up rows
         if both.shape != (2 * shape[0], shape[1]):
@@ -59,14 +77,16 @@ class TensorSource:
 
     def get(self, name: str, shape):
         if name == "tok_embd":
-            return self._take("model.embed_tokens.weight", shape)
+            return self._take(self.prefix + "embed_tokens.weight", shape)
         if name == "output":
             return self._take("lm_head.weight", shape)
         if name == "output_norm":
-            return self._take("model.norm.weight", shape)
+            return self._take(self.prefix + "norm.weight", shape)
         _, layer, rest = name.split(".", 2)
         layer = int(layer)
-        base = f"model.layers.{layer}"
+        base = f"{self.prefix}layers.{layer}"
+        if self.gemma and rest in GEMMA4_LAYER:
+            return self._take(f"{base}.{GEMMA4_LAYER[rest]}", shape)
         if rest in ATTENTION:
             return self._take(f"{base}.{ATTENTION[rest]}", shape)
         if rest == "ffn_router":
@@ -85,6 +105,8 @@ class TensorSource:
     def unused(self, cfg: dict) -> list[str]:
         def ignorable(name):
             if name.endswith(IGNORED_TENSORS) or 0 in self.ckpt.shape(name):
+                return True
+            if self.prefix == MULTIMODAL_TEXT_PREFIX and name.startswith(MULTIMODAL_OTHER):
                 return True
             # Qwen2-MoE with shared_expert_intermediate_size 0 still saves the
             # gate of its empty shared expert: it scales a zero vector.
@@ -114,11 +136,26 @@ def model_config(hf_dir: Path, dtype: str, name: str, context_length: int | None
     if model_type not in BY_MODEL_TYPE:
         raise ConfigError(f"{path}: architecture '{model_type}' is not supported; supported: "
                           f"{', '.join(sorted(BY_MODEL_TYPE))}")
-    fields = BY_MODEL_TYPE[model_type].model_fields(hf, context_length)
+    if isinstance(raw.get("text_config"), dict):
+        # A multimodal wrapper (Gemma4ForConditionalGeneration): the text
+        # model's config is text_config; the towers' are not read.
+        outer = hf
+        text = raw["text_config"]
+        if "tie_word_embeddings" in raw and "tie_word_embeddings" not in text:
+            text = {**text, "tie_word_embeddings": raw["tie_word_embeddings"]}
+        outer.get("text_config")
+        outer.get("tie_word_embeddings")
+        outer.check_all_used(tuple(allow_fields) + tuple(
+            k for k in raw if k.endswith(("_config", "_token_id", "_token_index", "_token_ids"))))
+        hf = HFConfig(text, f"{path} (text_config)")
+    module = BY_MODEL_TYPE[model_type]
+    fields = module.model_fields(hf, context_length)
     hf.check_all_used(allow_fields)
-    cfg = {"format_version": 1, "name": name, "architecture": model_type, **fields,
+    architecture = getattr(module, "ARCHITECTURE", model_type)
+    cfg = {"format_version": 1, "name": name, "architecture": architecture, **fields,
            "batch_slots": batch_slots, "weights": {"file": "weights.cbw", "dtype": dtype},
-           "tokenizer": {"kind": "none", "bos_id": raw.get("bos_token_id"), "eos_id": _first_id(raw.get("eos_token_id"))},
+           "tokenizer": {"kind": "none", "bos_id": hf.data.get("bos_token_id", raw.get("bos_token_id")),
+                         "eos_id": _first_id(hf.data.get("eos_token_id", raw.get("eos_token_id")))},
            "source": {"format": "huggingface", "model_type": model_type}}
     return cfg, raw
 
@@ -161,7 +198,7 @@ def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None
     with staged_folder(out, exists, MODEL_FILES_ORDER) as tmp:
         cfg["tokenizer"], no_tokenizer = _tokenizer(hf_dir, tmp, cfg)
         cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
-        source = TensorSource(Checkpoint(hf_dir))
+        source = TensorSource(Checkpoint(hf_dir), cfg)
         shapes = expected_shapes(cfg)
         with click.progressbar(shapes, label=f"converting to {dtype}", file=sys.stderr,
                                show_pos=True, hidden=not progress) as bar:

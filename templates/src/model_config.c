@@ -19,7 +19,9 @@ typedef struct {
 } reader;
 
 /* Names of enum values, indexed by value (NULL: not a value). */
-static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4"};
+static const char *const BLOCKS[] = {"pre_norm", "gemma4"};
+static const char *const FFN_ACTS[] = {"silu", "gelu_tanh"};
 static const char *const ROUTERS[] = {NULL, "softmax_topk_renorm", "softmax_topk"};
 static const char *const DTYPES[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
 static const char *const QK_NORMS[] = {"none", "per_head", "whole"};
@@ -237,6 +239,12 @@ int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, s
         d->qkv_bias = boolean(&r, att, "qkv_bias", "attention.qkv_bias");
         d->qk_norm = choice(&r, att, "qk_norm", "attention.qk_norm", 0, CB_QK_NORM_NONE, QK_NORMS, COUNT(QK_NORMS));
         d->clip_qkv = number(&r, att, "clip_qkv", "attention.clip_qkv", 0, 1);
+        d->v_norm = boolean(&r, att, "v_norm", "attention.v_norm");
+        d->attn_scale = number(&r, att, "scale", "attention.scale", 0, 1);
+        d->block = choice(&r, root, "block", "block", 0, CB_BLOCK_PRE_NORM, BLOCKS, COUNT(BLOCKS));
+        d->ffn_act = choice(&r, root, "ffn_act", "ffn_act", 0, CB_ACT_SILU, FFN_ACTS, COUNT(FFN_ACTS));
+        d->embed_scale = number(&r, root, "embed_scale", "embed_scale", 0, 1);
+        d->logit_softcap = number(&r, root, "logit_softcap", "logit_softcap", 0, 1);
         const int w = object(&r, root, "weights", "weights", 1);
         if (w >= 0) {
             string(&r, w, "file", "weights.file", 1, c->weights_file, sizeof c->weights_file);
@@ -312,6 +320,9 @@ int cb_model_config_check(const cb_model_config *c, const cb_weights_header *h, 
         {"shared_expert_gate", cfg->shared_gate, hdr->shared_gate, NULL, 0},
         {"dense_ffn_size", cfg->dense_ffn, hdr->dense_ffn, NULL, 0},
         {"tie_word_embeddings", cfg->tied_embeddings, hdr->tied_embeddings, NULL, 0},
+        {"block", cfg->block, hdr->block, BLOCKS, COUNT(BLOCKS)},
+        {"ffn_act", cfg->ffn_act, hdr->ffn_act, FFN_ACTS, COUNT(FFN_ACTS)},
+        {"attention.v_norm", cfg->v_norm, hdr->v_norm, NULL, 0},
         {"tokenizer.kind", c->tok_kind, h->tok.kind, TOKENIZERS, COUNT(TOKENIZERS)},
         {"tokenizer.bos_id", c->bos_id, h->tok.bos_id, NULL, 0},
         {"tokenizer.eos_id", c->eos_id, h->tok.eos_id, NULL, 0},
@@ -330,6 +341,9 @@ int cb_model_config_check(const cb_model_config *c, const cb_weights_header *h, 
         {"norm_eps", cfg->norm_eps, hdr->norm_eps},
         {"rope.theta", cfg->rope_theta, hdr->rope_theta},
         {"attention.clip_qkv", cfg->clip_qkv, hdr->clip_qkv},
+        {"attention.scale", cfg->attn_scale, hdr->attn_scale},
+        {"embed_scale", cfg->embed_scale, hdr->embed_scale},
+        {"logit_softcap", cfg->logit_softcap, hdr->logit_softcap},
     };
     for (int i = 0; i < COUNT(floats) && !field; i++) {
         if (floats[i].cfg == floats[i].hdr) continue;

@@ -55,6 +55,17 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
                  (double)d->norm_eps, (double)d->rope_theta, (double)d->clip_qkv);
         return -1;
     }
+    if (d->block > CB_BLOCK_GEMMA4 || d->ffn_act > CB_ACT_GELU_TANH || d->v_norm > 1) {
+        snprintf(err, err_len, "%s: header: block %u, ffn_act %u or v_norm %u unknown", path, d->block, d->ffn_act,
+                 d->v_norm);
+        return -1;
+    }
+    if (!(d->attn_scale >= 0.0f && d->attn_scale < 1e30f) || !(d->embed_scale >= 0.0f && d->embed_scale < 1e30f) ||
+        !(d->logit_softcap >= 0.0f && d->logit_softcap < 1e30f)) {
+        snprintf(err, err_len, "%s: header: attention.scale %g, embed_scale %g or logit_softcap %g out of range",
+                 path, (double)d->attn_scale, (double)d->embed_scale, (double)d->logit_softcap);
+        return -1;
+    }
     if (h->tok.kind > CB_TOKENIZER_SPM) {
         snprintf(err, err_len, "%s: header: tokenizer kind %u unknown", path, h->tok.kind);
         return -1;
@@ -72,6 +83,30 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
                      ids[i].id, d->vocab);
             return -1;
         }
+    return 0;
+}
+
+/* Each layer's descriptor within what the engine can size and consistent
+ * with the model's heads; -1 naming the layer and the field. */
+static int check_layers(const cb_weights_header *h, const cb_layer_desc *desc, const char *path, char *err,
+                        size_t err_len) {
+    const cb_dims *d = &h->dims;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        const cb_layer_desc *L = &desc[l];
+        const char *why = NULL;
+        if (L->head_dim < 2 || L->head_dim > 65536 || L->head_dim % 2) why = "head_dim is not even in 2..65536";
+        else if (L->n_kv_heads < 1 || d->n_heads % L->n_kv_heads) why = "kv_heads does not divide heads";
+        else if ((uint64_t)d->n_heads * L->head_dim > CB_MAX_SIZE) why = "heads * head_dim is too large";
+        else if (L->rope_pairs > L->head_dim / 2) why = "rope_pairs is over head_dim / 2";
+        else if (L->k_eq_v > 1 || L->reserved[0] || L->reserved[1]) why = "k_eq_v or a reserved field is not 0/1";
+        else if (L->window > d->context_len) why = "the sliding window is longer than the context";
+        else if (!(L->rope_theta >= 1.0f && L->rope_theta < 1e30f)) why = "rope_theta is out of range";
+        if (why) {
+            snprintf(err, err_len, "%s: header: layer %u: %s (window %u, head_dim %u, kv_heads %u, rope_pairs %u)",
+                     path, l, why, L->window, L->head_dim, L->n_kv_heads, L->rope_pairs);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -137,8 +172,8 @@ int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
         goto fail;
     }
     if (h->version != CB_WEIGHTS_VERSION) {
-        snprintf(err, err_len, "%s: weights format version %u, this engine reads version %d",
-                 path, h->version, CB_WEIGHTS_VERSION);
+        snprintf(err, err_len, "%s: weights format version %u, this engine reads version %d (re-convert or "
+                 "synth the model with this colibri-build)", path, h->version, CB_WEIGHTS_VERSION);
         goto fail;
     }
     table_end += (size_t)h->n_tensors * sizeof(cb_tensor_entry);
@@ -146,12 +181,21 @@ int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
         snprintf(err, err_len, "%s: truncated tensor table", path);
         goto fail;
     }
-    if (h->header_bytes != table_end || (h->alignment != 4096 && h->alignment != CB_HUGE_ALIGNMENT)) {
-        snprintf(err, err_len, "%s: header: header_bytes %u (expected %zu for %u tensors), alignment %u (expected "
-                 "4096 or %u)", path, h->header_bytes, table_end, h->n_tensors, h->alignment, CB_HUGE_ALIGNMENT);
+    if (check_dims(h, path, err, err_len) != 0) goto fail;
+    const size_t layers_at = table_end;
+    table_end += (size_t)h->dims.n_layers * sizeof(cb_layer_desc);
+    if (table_end > w->file.size) {
+        snprintf(err, err_len, "%s: truncated layer table", path);
         goto fail;
     }
-    if (check_dims(h, path, err, err_len) != 0) goto fail;
+    if (h->header_bytes != table_end || (h->alignment != 4096 && h->alignment != CB_HUGE_ALIGNMENT)) {
+        snprintf(err, err_len, "%s: header: header_bytes %u (expected %zu for %u tensors and %u layers), alignment "
+                 "%u (expected 4096 or %u)", path, h->header_bytes, table_end, h->n_tensors, h->dims.n_layers,
+                 h->alignment, CB_HUGE_ALIGNMENT);
+        goto fail;
+    }
+    w->layer_desc = (const cb_layer_desc *)(w->file.data + layers_at);
+    if (check_layers(h, w->layer_desc, path, err, err_len) != 0) goto fail;
     const cb_tensor_entry *t = entries(w);
     for (uint32_t i = 0; i < h->n_tensors; i++)
         if (check_entry(&t[i], i, table_end, w->file.size, path, err, err_len) != 0) goto fail;
@@ -275,8 +319,8 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
                     char *err, size_t err_len) {
     const cb_dims *d = &w->header->dims;
     const uint32_t dt = d->weight_dtype;
-    const uint64_t H = d->hidden, q_dim = (uint64_t)d->n_heads * d->head_dim,
-                   kv_dim = (uint64_t)d->n_kv_heads * d->head_dim, I = d->expert_ffn;
+    const uint64_t H = d->hidden, I = d->expert_ffn;
+    const int gemma = d->block == CB_BLOCK_GEMMA4;
     binder b = {w, err, err_len, 0, 0};
     char name[CB_TENSOR_NAME_BYTES];
     const uint8_t *first_expert = NULL;
@@ -290,16 +334,20 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
     w->output_norm = bind_vector(&b, "output_norm", H, 0);
     w->layers = layers;
-    const uint64_t q_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? d->head_dim : q_dim;
-    const uint64_t k_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? d->head_dim : kv_dim;
     for (uint32_t l = 0; l < d->n_layers && !b.failed; l++) {
         cb_layer_weights *L = &layers[l];
+        memset(L, 0, sizeof *L);
+        L->desc = &w->layer_desc[l];
+        const uint64_t hd = L->desc->head_dim, q_dim = (uint64_t)d->n_heads * hd,
+                       kv_dim = (uint64_t)L->desc->n_kv_heads * hd;
+        const uint64_t q_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? hd : q_dim;
+        const uint64_t k_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? hd : kv_dim;
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blk.%u." fmt, l, ##__VA_ARGS__), name)
         L->attn_norm = bind_vector(&b, NAME("attn_norm"), H, 0);
         L->ffn_norm = bind_vector(&b, NAME("ffn_norm"), H, 0);
         bind(&b, NAME("attn_q"), q_dim, H, dt, 0, &L->wq);
         bind(&b, NAME("attn_k"), kv_dim, H, dt, 0, &L->wk);
-        bind(&b, NAME("attn_v"), kv_dim, H, dt, 0, &L->wv);
+        if (!L->desc->k_eq_v) bind(&b, NAME("attn_v"), kv_dim, H, dt, 0, &L->wv);
         bind(&b, NAME("attn_o"), H, q_dim, dt, 0, &L->wo);
         if (d->qkv_bias) {
             L->bq = bind_vector(&b, NAME("attn_q_bias"), q_dim, 0);
@@ -310,8 +358,20 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
             L->q_norm = bind_vector(&b, NAME("attn_q_norm"), q_norm_len, 0);
             L->k_norm = bind_vector(&b, NAME("attn_k_norm"), k_norm_len, 0);
         }
+        if (gemma) {
+            /* Every layer: the MLP beside the experts, and five more norms. */
+            L->attn_post_norm = bind_vector(&b, NAME("attn_post_norm"), H, 0);
+            bind_ffn(&b, NAME("ffn_"), H, d->dense_ffn, dt, 0, &L->dense);
+            L->ffn_post_norm_1 = bind_vector(&b, NAME("ffn_post_norm_1"), H, 0);
+            L->router_scale = bind_vector(&b, NAME("ffn_router_scale"), H, 0);
+            L->expert_scale = bind_vector(&b, NAME("ffn_expert_scale"), d->n_experts, 0);
+            L->ffn_pre_norm_2 = bind_vector(&b, NAME("ffn_pre_norm_2"), H, 0);
+            L->ffn_post_norm_2 = bind_vector(&b, NAME("ffn_post_norm_2"), H, 0);
+            L->ffn_post_norm = bind_vector(&b, NAME("ffn_post_norm"), H, 0);
+            L->layer_scalar = bind_vector(&b, NAME("layer_scalar"), 1, 0);
+        }
         /* A layer with a router is a MoE layer; one without is a dense MLP. */
-        bind(&b, NAME("ffn_router"), d->n_experts, H, CB_F32, 1, &L->router);
+        bind(&b, NAME("ffn_router"), d->n_experts, H, CB_F32, gemma ? 0 : 1, &L->router);
         L->is_moe = L->router.data != NULL;
         if (!L->is_moe) {
             if (!d->dense_ffn && !b.failed) {
@@ -386,6 +446,12 @@ int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t 
     FIELD(norm_eps, "norm_eps")
     FIELD(rope_theta, "rope.theta")
     FIELD(clip_qkv, "attention.clip_qkv")
+    FIELD(block, "block id")
+    FIELD(ffn_act, "ffn_act id")
+    FIELD(v_norm, "attention.v_norm")
+    FIELD(attn_scale, "attention.scale")
+    FIELD(embed_scale, "embed_scale")
+    FIELD(logit_softcap, "logit_softcap")
 #undef FIELD
     return 0;
 }
