@@ -169,3 +169,37 @@ def test_built_server_generates_the_same_greedy_tokens(checkpoints, shape_id, tm
     finally:
         server.stop()
     assert body["colibri_trace"]["completion_tokens"] == ref["greedy"]
+
+
+GEMMA4_REF = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe" / "gemma4"
+
+
+@pytest.mark.skipif(not GEMMA4_REF.is_dir(), reason="../shared/testdata not present")
+def test_gemma4_built_server_gives_transformers_tokens_and_batches_bit_identically(tmp_path):
+    """The tiny_moe Gemma 4 (sliding window 4) through a built colibri-server
+    (specialised: its per-layer shapes come from the weights' layer table):
+    transformers' greedy ids; then prompts longer than the window sent at
+    once get the answers (tokens, top logprobs, experts) each got alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import RunningServer, build_server
+    model_dir = convert(GEMMA4_REF.parent / "gemma4", tmp_path / "gemma4", progress=False)
+    dist = build_server(tmp_path, model_dir, "native")
+    server = RunningServer(dist / "colibri-server", model_dir, "--threads", "2")
+    ids = [int(t) for t in np.load(GEMMA4_REF / "ref" / "input_ids.npy")]
+
+    def ask(prompt):
+        body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "ignore_eos": True,
+                                               "logprobs": 3, "colibri_trace": True}).json()
+        return {"tokens": body["colibri_trace"]["completion_tokens"], "logprobs": body["choices"][0]["logprobs"],
+                "experts": body["expert_activations"]}
+    try:
+        assert ask(ids)["tokens"] == np.load(GEMMA4_REF / "ref" / "greedy_ids.npy").tolist()
+        prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(8)]
+        alone = [ask(p) for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(ask, prompts))
+    finally:
+        server.stop()
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert a == b, f"prompt {i} differs when batched"
