@@ -132,7 +132,7 @@ static void attend_task(void *p, int task, int worker) {
             continue;
         }
 #else
-        (void)k, (void)v, (void)scale;
+        (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
 #endif
         for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores);
     }
