@@ -320,7 +320,8 @@ FIELD = {name: 24 + 4 * i for i, name in enumerate(
     ["arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts", "top_k", "expert_ffn",
      "n_shared_experts", "shared_ffn", "context_len", "router", "weight_dtype", "qk_norm", "qkv_bias", "shared_gate",
      "dense_ffn", "tied_embeddings", "norm_eps", "rope_theta", "clip_qkv", "block", "ffn_act", "v_norm",
-     "attn_scale", "embed_scale", "logit_softcap", "tok_kind", "bos_id", "eos_id", "role_system", "role_user",
+     "attn_scale", "embed_scale", "logit_softcap", "o_bias", "attn_sinks", "router_bias", "expert_bias",
+     "rope_attn_factor", "swiglu_alpha", "swiglu_limit", "tok_kind", "bos_id", "eos_id", "role_system", "role_user",
      "role_assistant", "end_of_turn"])}
 
 

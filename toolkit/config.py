@@ -108,6 +108,11 @@ def fill_defaults(data: dict) -> dict:
     att.setdefault("k_eq_v", False)
     att.setdefault("scale", None)
     att.setdefault("sliding", None)
+    att.setdefault("o_bias", False)
+    att.setdefault("sinks", False)
+    data.setdefault("router_bias", False)
+    data.setdefault("expert_bias", False)
+    data.setdefault("swiglu", None)
     data.setdefault("layer_types", ["full"] * data["layers"])
     data.setdefault("block", "pre_norm")
     data.setdefault("ffn_act", "silu")
@@ -186,6 +191,8 @@ def _check_layers(d: dict) -> list[str]:
         if d["weights"]["dtype"] in ("q8_0", "q4_0") and (d["heads"] * sliding["head_dim"]) % 32:
             problems.append(f"field 'attention.sliding.head_dim': heads * {sliding['head_dim']} is not a multiple "
                             f"of 32, needed for weights.dtype {d['weights']['dtype']}")
+    if d.get("ffn_act") == "swiglu_oai" and not d.get("swiglu"):
+        problems.append("field 'swiglu': missing, expected alpha and limit for ffn_act swiglu_oai")
     if d.get("block") == "gemma4":
         if not d.get("dense_ffn_size"):
             problems.append("field 'dense_ffn_size': missing or 0, expected the MLP size of block gemma4")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
 
 from . import config as config_mod
 from .archs import BY_MODEL_TYPE
@@ -17,7 +18,7 @@ from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
 from .errors import ConfigError, ModelError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .safetensors_io import Checkpoint
-from .weights import expected_shapes, write_weights
+from .weights import expected_shapes, rope_freqs, write_weights
 
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # derived buffers some checkpoints carry
 # Gemma4ForConditionalGeneration: the text model sits under this prefix; the
@@ -33,6 +34,11 @@ GEMMA4_LAYER = {
     "ffn_router_scale": "router.scale", "ffn_expert_scale": "router.per_expert_scale",
     "layer_scalar": "layer_scalar",
 }
+# gpt-oss's per-layer tensors beyond the shared attention names.
+GPT_OSS_LAYER = {
+    "attn_o_bias": "self_attn.o_proj.bias", "attn_sinks": "self_attn.sinks", "ffn_router": "mlp.router.weight",
+    "ffn_router_bias": "mlp.router.bias",
+}
 
 
 class TensorSource:
@@ -43,6 +49,8 @@ class TensorSource:
         self.ckpt = ckpt
         self.used: set[str] = set()
         self.gemma = bool(cfg) and cfg.get("block") == "gemma4"
+        self.cfg = cfg
+        self.gpt_oss = bool(cfg) and cfg.get("architecture") == "gpt_oss"
         # "model." normally; the multimodal wrapper's text model otherwise.
         self.prefix = MULTIMODAL_TEXT_PREFIX if MULTIMODAL_TEXT_PREFIX + "embed_tokens.weight" in ckpt else "model."
 
@@ -75,7 +83,28 @@ class TensorSource:
                              f"expected {[2 * shape[0], shape[1]]}")
         return both[: shape[0]] if role == "gate" else both[shape[0]:]
 
+    def gpt_oss_expert(self, layer: int, expert: int, role: str, shape):
+        """gpt-oss's fused experts, stored transposed: gate_up_proj [E, H, 2I]
+        with gate and up interleaved (columns 0::2 and 1::2), down_proj
+        [E, I, H]; their biases [E, 2I] (interleaved too) and [E, H]."""
+        base = f"{self.prefix}layers.{layer}.mlp.experts."
+        part = slice(0, None, 2) if role.startswith("gate") else slice(1, None, 2)
+        if role in ("gate", "up"):
+            array = self._take(base + "gate_up_proj", None, expert)[:, part].T
+        elif role == "down":
+            array = self._take(base + "down_proj", None, expert).T
+        elif role == "down_bias":
+            array = self._take(base + "down_proj_bias", None, expert)
+        else:
+            array = self._take(base + "gate_up_proj_bias", None, expert)[part]
+        if array.shape != tuple(shape):
+            raise ModelError(f"tensor '{base}{role}' of expert {expert} has shape {list(array.shape)} once split, "
+                             f"expected {list(shape)}")
+        return np.ascontiguousarray(array)
+
     def get(self, name: str, shape):
+        if name == "rope_freqs":  # worked out from the config, as transformers does
+            return rope_freqs(self.cfg)
         if name == "tok_embd":
             return self._take(self.prefix + "embed_tokens.weight", shape)
         if name == "output":
@@ -87,6 +116,12 @@ class TensorSource:
         base = f"{self.prefix}layers.{layer}"
         if self.gemma and rest in GEMMA4_LAYER:
             return self._take(f"{base}.{GEMMA4_LAYER[rest]}", shape)
+        if self.gpt_oss:
+            if rest.startswith("expert."):
+                _, expert, role = rest.split(".")
+                return self.gpt_oss_expert(layer, int(expert), role, shape)
+            if rest in GPT_OSS_LAYER:
+                return self._take(f"{base}.{GPT_OSS_LAYER[rest]}", shape)
         if rest in ATTENTION:
             return self._take(f"{base}.{ATTENTION[rest]}", shape)
         if rest == "ffn_router":

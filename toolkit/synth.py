@@ -12,7 +12,7 @@ import numpy as np
 from . import config as config_mod
 from .errors import ConfigError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
-from .weights import expected_shapes, write_weights
+from .weights import expected_shapes, rope_freqs, write_weights
 
 ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4")
 
@@ -100,7 +100,9 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
 def random_tensors(cfg: dict, seed: int):
     rng = np.random.default_rng(seed)
     for name, shape in expected_shapes(cfg):
-        if name.endswith(("norm", "norm_1", "norm_2", "_scale", "layer_scalar")):
+        if name == "rope_freqs":  # not random: the config's YaRN frequencies
+            yield name, rope_freqs(cfg)
+        elif name.endswith(("norm", "norm_1", "norm_2", "_scale", "layer_scalar")):
             # Near 1, not exactly: a norm weight read from the wrong place shows.
             yield name, (1 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         else:

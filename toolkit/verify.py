@@ -15,11 +15,11 @@ import numpy as np
 
 from . import config as config_mod
 from .errors import ModelError
-from .weights import (ARCH_IDS, BLOCK_IDS, CONFIG_FIELD, DIMS_ALL, DIMS_FLOATS, DIMS_FLOATS2, DTYPE_IDS, FFN_ACT_IDS,
+from .weights import (ARCH_IDS, BLOCK_IDS, CONFIG_FIELD, DIMS_ALL, DIMS_FLOAT_FIELDS, DTYPE_IDS, FFN_ACT_IDS,
                       HEADER, LAYER_FIELDS, QK_NORM_IDS, ROUTER_IDS, TOKENIZER_IDS, dims_from_config, layer_descs,
                       read_header, tokenizer_info)
 
-FLOAT_FIELDS = set(DIMS_FLOATS) | set(DIMS_FLOATS2)
+FLOAT_FIELDS = DIMS_FLOAT_FIELDS
 
 PIECE = 8 << 20
 

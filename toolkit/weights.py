@@ -28,11 +28,11 @@ HUGE_PAGE = 2 << 20  # CB_HUGE_ALIGNMENT
 TENSOR_ALIGN = 64
 NAME_BYTES = 48
 
-ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4, "gemma4": 5}
+ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4, "gemma4": 5, "gpt_oss": 6}
 BLOCK_IDS = {"pre_norm": 0, "gemma4": 1}
-FFN_ACT_IDS = {"silu": 0, "gelu_tanh": 1}
+FFN_ACT_IDS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
-ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
+ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2, "topk_softmax": 3}
 DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
 # Ids no longer written or read (dims.h), with what to tell the user.
 RETIRED_DTYPE_IDS = {5: "q8_0x4 of an earlier layout"}
@@ -40,7 +40,7 @@ DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
 TOKENIZER_IDS = {"none": 0, "bytes": 1, "bpe": 2, "spm": 3}  # enum cb_tokenizer_kind
 
 # cb_weights_header in weights.h: magic, version, alignment, n_tensors,
-# header_bytes, then cb_dims (20 u32 + 3 f32, 3 u32 + 3 f32), cb_tok_info
+# header_bytes, then cb_dims (20 u32 + 3 f32, 3 u32 + 3 f32, 4 u32 + 3 f32), cb_tok_info
 # (8 u32), name. The file's tables: the header, the tensor table, then one
 # cb_layer_desc per layer (LAYER_DESC).
 DIMS_FIELDS = ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts",
@@ -49,14 +49,16 @@ DIMS_FIELDS = ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim"
 DIMS_FLOATS = ("norm_eps", "rope_theta", "clip_qkv")
 DIMS_FIELDS2 = ("block", "ffn_act", "v_norm")
 DIMS_FLOATS2 = ("attn_scale", "embed_scale", "logit_softcap")
-DIMS_ALL = DIMS_FIELDS + DIMS_FLOATS + DIMS_FIELDS2 + DIMS_FLOATS2
-HEADER = struct.Struct("<8sIIII" + "I" * len(DIMS_FIELDS) + "f" * len(DIMS_FLOATS) + "I" * len(DIMS_FIELDS2)
-                       + "f" * len(DIMS_FLOATS2) + "8I" + "64s")
+DIMS_FIELDS3 = ("o_bias", "attn_sinks", "router_bias", "expert_bias")
+DIMS_FLOATS3 = ("rope_attn_factor", "swiglu_alpha", "swiglu_limit")
+DIMS_ALL = DIMS_FIELDS + DIMS_FLOATS + DIMS_FIELDS2 + DIMS_FLOATS2 + DIMS_FIELDS3 + DIMS_FLOATS3
+DIMS_FLOAT_FIELDS = set(DIMS_FLOATS + DIMS_FLOATS2 + DIMS_FLOATS3)
+HEADER = struct.Struct("<8sIIII" + "".join("f" if f in DIMS_FLOAT_FIELDS else "I" for f in DIMS_ALL) + "8I" + "64s")
 TENSOR_ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QQQ")
 # cb_layer_desc: window, head_dim, kv_heads, rope_pairs, k_eq_v, rope_theta, 2 reserved.
 LAYER_DESC = struct.Struct("<5If2I")
 LAYER_FIELDS = ("window", "head_dim", "kv_heads", "rope_pairs", "k_eq_v", "rope_theta")
-assert HEADER.size == 236 and TENSOR_ENTRY.size == 104 and LAYER_DESC.size == 32
+assert HEADER.size == 264 and TENSOR_ENTRY.size == 104 and LAYER_DESC.size == 32
 
 
 def _round_up(n: int, align: int) -> int:
@@ -81,7 +83,39 @@ def dims_from_config(cfg: dict) -> dict:
         "attn_scale": float(np.float32(cfg["attention"]["scale"] or 0.0)),
         "embed_scale": float(np.float32(cfg["embed_scale"] or 0.0)),
         "logit_softcap": float(np.float32(cfg["logit_softcap"] or 0.0)),
+        "o_bias": int(cfg["attention"]["o_bias"]), "attn_sinks": int(cfg["attention"]["sinks"]),
+        "router_bias": int(cfg["router_bias"]), "expert_bias": int(cfg["expert_bias"]),
+        "rope_attn_factor": float(np.float32((cfg["rope"]["scaling"] or {}).get("attention_factor", 0.0))),
+        "swiglu_alpha": float(np.float32((cfg["swiglu"] or {}).get("alpha", 0.0))),
+        "swiglu_limit": float(np.float32((cfg["swiglu"] or {}).get("limit", 0.0))),
     }
+
+
+def rope_freqs(cfg: dict) -> np.ndarray | None:
+    """YaRN's inverse frequencies [head_dim/2] as transformers 5.23 works them
+    out (_compute_yarn_parameters, in float32 like torch), or None without
+    rope.scaling. The engine reads them from the 'rope_freqs' tensor."""
+    sc = cfg["rope"]["scaling"]
+    if not sc:
+        return None
+    import math
+    d, base, factor = cfg["head_dim"], cfg["rope"]["theta"], sc["factor"]
+    orig = sc["original_max_position_embeddings"]
+
+    def correction_dim(rotations):
+        return (d * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+    low, high = correction_dim(sc["beta_fast"]), correction_dim(sc["beta_slow"])
+    if sc["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    pos = np.float32(base) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
+    extrapolation = np.float32(1.0) / pos
+    interpolation = np.float32(1.0) / (np.float32(factor) * pos)
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extra = np.float32(1) - ramp.astype(np.float32)
+    return (interpolation * (1 - extra) + extrapolation * extra).astype(np.float32)
 
 
 def layer_descs(cfg: dict) -> list[dict]:
@@ -131,6 +165,10 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         out.append((p + "attn_o", (H, nh * d)))
         if att["qkv_bias"]:
             out += [(p + "attn_q_bias", (nh * d,)), (p + "attn_k_bias", (nkv * d,)), (p + "attn_v_bias", (nkv * d,))]
+        if att["o_bias"]:
+            out.append((p + "attn_o_bias", (H,)))
+        if att["sinks"]:
+            out.append((p + "attn_sinks", (nh,)))
         if att["qk_norm"] == "per_head":
             out += [(p + "attn_q_norm", (d,)), (p + "attn_k_norm", (d,))]
         elif att["qk_norm"] == "whole":
@@ -148,6 +186,8 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
             out += [(p + "ffn_gate", (F, H)), (p + "ffn_up", (F, H)), (p + "ffn_down", (H, F))]
             continue
         out.append((p + "ffn_router", (E, H)))
+        if cfg["router_bias"]:
+            out.append((p + "ffn_router_bias", (E,)))
         if cfg["shared_experts"]:
             S = cfg["shared_expert_ffn_size"]
             out += [(p + "shexp.gate", (S, H)), (p + "shexp.up", (S, H)), (p + "shexp.down", (H, S))]
@@ -156,12 +196,16 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     out.append(("output_norm", (H,)))
     if not cfg["tie_word_embeddings"]:
         out.append(("output", (cfg["vocab_size"], H)))
+    if cfg["rope"]["scaling"]:
+        out.append(("rope_freqs", (cfg["head_dim"] // 2,)))
     for layer in range(cfg["layers"]):
         if layer in dense:
             continue
         for e in range(E):
             p = f"blk.{layer}.expert.{e}."
             out += [(p + "gate", (I, H)), (p + "up", (I, H)), (p + "down", (H, I))]
+            if cfg["expert_bias"]:
+                out += [(p + "gate_bias", (I,)), (p + "up_bias", (I,)), (p + "down_bias", (H,))]
     return out
 
 
@@ -395,7 +439,9 @@ CONFIG_FIELD = {
     "shared_gate": "shared_expert_gate", "dense_ffn": "dense_ffn_size", "tied_embeddings": "tie_word_embeddings",
     "norm_eps": "norm_eps", "rope_theta": "rope.theta", "clip_qkv": "attention.clip_qkv",
     "block": "block", "ffn_act": "ffn_act", "v_norm": "attention.v_norm", "attn_scale": "attention.scale",
-    "embed_scale": "embed_scale", "logit_softcap": "logit_softcap",
+    "embed_scale": "embed_scale", "logit_softcap": "logit_softcap", "o_bias": "attention.o_bias",
+    "attn_sinks": "attention.sinks", "router_bias": "router_bias", "expert_bias": "expert_bias",
+    "rope_attn_factor": "rope.scaling.attention_factor", "swiglu_alpha": "swiglu.alpha", "swiglu_limit": "swiglu.limit",
 }
 _ID_NAMES = {"arch": {v: k for k, v in ARCH_IDS.items()}, "router": {v: k for k, v in ROUTER_IDS.items()},
              "block": {v: k for k, v in BLOCK_IDS.items()}, "ffn_act": {v: k for k, v in FFN_ACT_IDS.items()},
@@ -434,7 +480,7 @@ def check_matches_config(cfg: dict, config_path: Path, weights_path: Path) -> No
     expected = dims_from_config(cfg)
     for field in DIMS_ALL:
         want, got = expected[field], header["dims"][field]
-        floats = field in DIMS_FLOATS or field in DIMS_FLOATS2
+        floats = field in DIMS_FLOAT_FIELDS
         same = (float(np.float32(want)) == float(np.float32(got))) if floats else want == got
         if not same:
             raise ModelError(f"{CONFIG_FIELD[field]} is {_shown(field, want)} in the config but "

@@ -54,7 +54,11 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
     const void *v = (const uint8_t *)cache_head(e, e->v_cache, it->slot, layer, kvh) + skip;
     if (e->kv_f16) cb_attn_scores_f16(q, k, hd, n, hd, scale, scores);
     else cb_attn_scores(q, k, hd, n, hd, scale, scores);
-    cb_softmax(scores, n);
+    const float *sinks = e->w.layers[layer].sinks;
+    /* gpt-oss: one more column in the softmax, not mixed (a worker's scores
+     * hold CB_ATTN_BLOCK * context floats: room for it). */
+    if (sinks) scores[n] = sinks[h];
+    cb_softmax(scores, sinks ? n + 1 : n);
     if (e->kv_f16) cb_attn_mix_f16(out, scores, v, hd, n, hd);
     else cb_attn_mix(out, scores, v, hd, n, hd);
 }
@@ -67,8 +71,9 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
  * step's few items over more threads. Same bits either way. */
 static int heads_per_job(const cb_dims *d, const cb_layer_desc *ld, int n_runs, int threads) {
 #ifdef cb_attn_scores4
-    /* A sliding window starts each query's keys elsewhere: one at a time. */
-    if (!ld->window && (d->n_heads / ld->n_kv_heads) % CB_ATTN_BLOCK == 0 &&
+    /* A sliding window starts each query's keys elsewhere, and a sink
+     * widens each softmax: one at a time. */
+    if (!ld->window && !d->attn_sinks && (d->n_heads / ld->n_kv_heads) % CB_ATTN_BLOCK == 0 &&
         n_runs * (int)d->n_heads / CB_ATTN_BLOCK >= threads)
         return CB_ATTN_BLOCK;
 #endif
@@ -99,7 +104,7 @@ static void attend_task(void *p, int task, int worker) {
         const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
         const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
 #ifdef cb_attn_scores4
-        if (m == CB_ATTN_BLOCK && !ld->window) {
+        if (m == CB_ATTN_BLOCK && !ld->window && !d->attn_sinks) {
             const int n = it->pos + 1;
             for (int h = h0; h < h0 + t->heads_per_job; h++) {
                 const float *q = e->q + (size_t)i0 * q_dim + (size_t)h * hd;
@@ -232,4 +237,6 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     /* x += wo attn, straight into the residual stream. */
     const cb_mm_part wo = {&L->wo, e->x, H, CB_ADD};
     cb_parallel_matmul(e, &wo, 1, &aa, n);
+    if (L->bo)
+        for (int i = 0; i < n; i++) cb_axpy(e->x + (size_t)i * H, 1.0f, L->bo, H);
 }

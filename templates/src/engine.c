@@ -209,10 +209,12 @@ static void fill_rope_tables(cb_engine *e) {
             float inv_freq = i < (int)desc[l].rope_pairs
                                  ? (float)(1.0 / pow((double)desc[l].rope_theta, (double)(2 * i) / (double)hd))
                                  : 0.0f;
+            if (e->w.rope_freqs) inv_freq = e->w.rope_freqs[i]; /* YaRN's, worked out by the toolkit */
+            const float factor = d->rope_attn_factor > 0 ? d->rope_attn_factor : 1.0f;
             for (uint32_t p = 0; p < d->context_len; p++) {
                 double angle = (double)((float)p * inv_freq);
-                cos_t[(size_t)p * half + i] = (float)cos(angle);
-                sin_t[(size_t)p * half + i] = (float)sin(angle);
+                cos_t[(size_t)p * half + i] = (float)cos(angle) * factor;
+                sin_t[(size_t)p * half + i] = (float)sin(angle) * factor;
             }
         }
     }
@@ -264,7 +266,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     }
 #endif
     const cb_dims *d = CB_DIMS(e);
-    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_GEMMA4 || d->n_kv_heads == 0 ||
+    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_GPT_OSS || d->n_kv_heads == 0 ||
         d->n_heads % d->n_kv_heads || d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2 ||
         d->weight_dtype > CB_Q4_0 || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {
         snprintf(err, err_len, "%s: unsupported or inconsistent model dimensions in the header", path);

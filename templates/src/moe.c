@@ -83,6 +83,17 @@ static void geglu(float *gate, const float *up, int n) {
     }
 }
 
+/* gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, +-limit),
+ * gate[i] = (u + 1) * g * sigmoid(alpha g), in transformers' order. */
+static void swiglu_oai(float *gate, const float *up, int n, float alpha, float limit) {
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        const float glu = g * (1.0f / (1.0f + cb_expf(-(g * alpha))));
+        gate[i] = (u + 1.0f) * glu;
+    }
+}
+
 /* Rows [r0, r0+chunk) of one unit's gate and up: hid = act(gate) * up,
  * then quantized (chunk is a multiple of 32, so its blocks are whole). */
 static void gate_up_task(const ffn_job *j, int task) {
@@ -95,9 +106,16 @@ static void gate_up_task(const ffn_job *j, int task) {
     float *hid = e->hid + (size_t)unit->begin * I_max, *up = e->up + (size_t)unit->begin * I_max;
     cb_matmul_tile(&unit->f->gate, r0, r1, &j->xa, items, unit->count, hid, I_max, NULL, CB_SET, NULL);
     cb_matmul_tile(&unit->f->up, r0, r1, &j->xa, items, unit->count, up, I_max, NULL, CB_SET, NULL);
+    const cb_dims *d = CB_DIMS(e);
     for (int t = 0; t < unit->count; t++) {
-        if (CB_DIMS(e)->ffn_act == CB_ACT_GELU_TANH) geglu(hid + (size_t)t * I_max + r0, up + (size_t)t * I_max + r0, r1 - r0);
-        else cb_swiglu(hid + (size_t)t * I_max + r0, up + (size_t)t * I_max + r0, r1 - r0);
+        float *g = hid + (size_t)t * I_max + r0, *u = up + (size_t)t * I_max + r0;
+        if (unit->f->gate_bias) { /* gpt-oss's experts */
+            cb_axpy(g, 1.0f, unit->f->gate_bias + r0, r1 - r0);
+            cb_axpy(u, 1.0f, unit->f->up_bias + r0, r1 - r0);
+        }
+        if (d->ffn_act == CB_ACT_GELU_TANH) geglu(g, u, r1 - r0);
+        else if (d->ffn_act == CB_ACT_SWIGLU_OAI) swiglu_oai(g, u, r1 - r0, d->swiglu_alpha, d->swiglu_limit);
+        else cb_swiglu(g, u, r1 - r0);
         if (j->xa.q)
             cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
                                  e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
@@ -117,6 +135,9 @@ static void down_task(const ffn_job *j, int task) {
                       j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride};
     cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->pair_out + (size_t)unit->begin * H, H, NULL,
                    CB_SET, NULL);
+    if (unit->f->down_bias)
+        for (int t = 0; t < unit->count; t++)
+            cb_axpy(e->pair_out + (size_t)(unit->begin + t) * H + r0, 1.0f, unit->f->down_bias + r0, r1 - r0);
 }
 
 /* The job's first phase is every unit's gate/up tasks, its second their
@@ -197,6 +218,8 @@ static void route_token(cb_engine *e, void *p, int i) {
     const int layer = *(const int *)p, E = (int)d->n_experts, k = (int)d->top_k;
     int32_t *ids = e->routing + ((size_t)i * d->n_layers + layer) * k;
     float *w = e->route_w + (size_t)i * k;
+    const float *bias = e->w.layers[layer].router_bias; /* gpt-oss */
+    if (bias) cb_axpy(e->router_logits + (size_t)i * E, 1.0f, bias, E);
     cb_route(e->router_logits + (size_t)i * E, E, k, (int)d->router, ids, w);
     const float *scale = e->w.layers[layer].expert_scale; /* Gemma 4: after renormalising */
     if (scale)

@@ -55,15 +55,21 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
                  (double)d->norm_eps, (double)d->rope_theta, (double)d->clip_qkv);
         return -1;
     }
-    if (d->block > CB_BLOCK_GEMMA4 || d->ffn_act > CB_ACT_GELU_TANH || d->v_norm > 1) {
-        snprintf(err, err_len, "%s: header: block %u, ffn_act %u or v_norm %u unknown", path, d->block, d->ffn_act,
-                 d->v_norm);
+    if (d->block > CB_BLOCK_GEMMA4 || d->ffn_act > CB_ACT_SWIGLU_OAI || d->v_norm > 1 || d->o_bias > 1 ||
+        d->attn_sinks > 1 || d->router_bias > 1 || d->expert_bias > 1 || d->router > CB_ROUTER_TOPK_SOFTMAX) {
+        snprintf(err, err_len, "%s: header: block %u, ffn_act %u, router %u or a flag (v_norm %u, o_bias %u, "
+                 "attn_sinks %u, router_bias %u, expert_bias %u) unknown", path, d->block, d->ffn_act, d->router,
+                 d->v_norm, d->o_bias, d->attn_sinks, d->router_bias, d->expert_bias);
         return -1;
     }
     if (!(d->attn_scale >= 0.0f && d->attn_scale < 1e30f) || !(d->embed_scale >= 0.0f && d->embed_scale < 1e30f) ||
-        !(d->logit_softcap >= 0.0f && d->logit_softcap < 1e30f)) {
-        snprintf(err, err_len, "%s: header: attention.scale %g, embed_scale %g or logit_softcap %g out of range",
-                 path, (double)d->attn_scale, (double)d->embed_scale, (double)d->logit_softcap);
+        !(d->logit_softcap >= 0.0f && d->logit_softcap < 1e30f) ||
+        !(d->rope_attn_factor >= 0.0f && d->rope_attn_factor < 1e30f) ||
+        !(d->swiglu_alpha >= 0.0f && d->swiglu_alpha < 1e30f) || !(d->swiglu_limit >= 0.0f && d->swiglu_limit < 1e30f)) {
+        snprintf(err, err_len, "%s: header: attention.scale %g, embed_scale %g, logit_softcap %g, rope attention "
+                 "factor %g or swiglu alpha/limit %g/%g out of range", path, (double)d->attn_scale,
+                 (double)d->embed_scale, (double)d->logit_softcap, (double)d->rope_attn_factor,
+                 (double)d->swiglu_alpha, (double)d->swiglu_limit);
         return -1;
     }
     if (h->tok.kind > CB_TOKENIZER_SPM) {
@@ -315,6 +321,17 @@ static void bind_ffn(binder *b, const char *prefix, uint64_t H, uint64_t I, uint
     bind(b, name, H, I, dtype, 0, &f->down);
 }
 
+/* A routed expert's biases (gpt-oss), after its matrices in its block. */
+static void bind_expert_bias(binder *b, const char *prefix, uint64_t H, uint64_t I, cb_ffn_weights *f) {
+    char name[CB_TENSOR_NAME_BYTES];
+    snprintf(name, sizeof name, "%sgate_bias", prefix);
+    f->gate_bias = bind_vector(b, name, I, 0);
+    snprintf(name, sizeof name, "%sup_bias", prefix);
+    f->up_bias = bind_vector(b, name, I, 0);
+    snprintf(name, sizeof name, "%sdown_bias", prefix);
+    f->down_bias = bind_vector(b, name, H, 0);
+}
+
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len) {
     const cb_dims *d = &w->header->dims;
@@ -333,6 +350,13 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     if (d->tied_embeddings) w->output = w->tok_embd;
     else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
     w->output_norm = bind_vector(&b, "output_norm", H, 0);
+    w->rope_freqs = bind_vector(&b, "rope_freqs", d->head_dim / 2, 1);
+    for (uint32_t l = 0; w->rope_freqs && l < d->n_layers; l++)
+        if (w->layer_desc[l].head_dim != d->head_dim) {
+            snprintf(err, err_len, "tensor 'rope_freqs' serves head size %u, but layer %u has %u", d->head_dim, l,
+                     w->layer_desc[l].head_dim);
+            return -1;
+        }
     w->layers = layers;
     for (uint32_t l = 0; l < d->n_layers && !b.failed; l++) {
         cb_layer_weights *L = &layers[l];
@@ -354,6 +378,8 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
             L->bk = bind_vector(&b, NAME("attn_k_bias"), kv_dim, 0);
             L->bv = bind_vector(&b, NAME("attn_v_bias"), kv_dim, 0);
         }
+        if (d->o_bias) L->bo = bind_vector(&b, NAME("attn_o_bias"), H, 0);
+        if (d->attn_sinks) L->sinks = bind_vector(&b, NAME("attn_sinks"), d->n_heads, 0);
         if (d->qk_norm != CB_QK_NORM_NONE) {
             L->q_norm = bind_vector(&b, NAME("attn_q_norm"), q_norm_len, 0);
             L->k_norm = bind_vector(&b, NAME("attn_k_norm"), k_norm_len, 0);
@@ -373,6 +399,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
         /* A layer with a router is a MoE layer; one without is a dense MLP. */
         bind(&b, NAME("ffn_router"), d->n_experts, H, CB_F32, gemma ? 0 : 1, &L->router);
         L->is_moe = L->router.data != NULL;
+        if (L->is_moe && d->router_bias) L->router_bias = bind_vector(&b, NAME("ffn_router_bias"), d->n_experts, 0);
         if (!L->is_moe) {
             if (!d->dense_ffn && !b.failed) {
                 snprintf(err, err_len, "layer %u has no router and the model has no dense FFN size", l);
@@ -389,6 +416,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
         for (uint32_t e = 0; e < d->n_experts && !b.failed; e++) {
             cb_ffn_weights *X = &L->experts[e];
             bind_ffn(&b, NAME("expert.%u.", e), H, I, dt, 0, X);
+            if (d->expert_bias) bind_expert_bias(&b, NAME("expert.%u.", e), H, I, X);
             if (b.failed) break;
             const uint8_t *start = X->gate.data;
             const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(dt, (uint32_t)I);
@@ -452,6 +480,13 @@ int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t 
     FIELD(attn_scale, "attention.scale")
     FIELD(embed_scale, "embed_scale")
     FIELD(logit_softcap, "logit_softcap")
+    FIELD(o_bias, "attention.o_bias")
+    FIELD(attn_sinks, "attention.sinks")
+    FIELD(router_bias, "router_bias")
+    FIELD(expert_bias, "expert_bias")
+    FIELD(rope_attn_factor, "rope.scaling.attention_factor")
+    FIELD(swiglu_alpha, "swiglu.alpha")
+    FIELD(swiglu_limit, "swiglu.limit")
 #undef FIELD
     return 0;
 }

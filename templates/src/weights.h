@@ -14,7 +14,7 @@
 #include "platform/platform.h"
 
 #define CB_WEIGHTS_MAGIC "COLIBRI"
-#define CB_WEIGHTS_VERSION 2 /* 2: per-layer descriptors, Gemma 4's fields */
+#define CB_WEIGHTS_VERSION 2 /* 2: per-layer descriptors, Gemma 4's and gpt-oss's fields */
 #define CB_TENSOR_NAME_BYTES 48
 #define CB_HUGE_ALIGNMENT (2u << 20) /* expert blocks on 2 MiB pages (header alignment) */
 
@@ -50,9 +50,9 @@ typedef struct {
     uint64_t nbytes;
 } cb_tensor_entry;
 
-_Static_assert(sizeof(cb_dims) == 116, "cb_dims must match toolkit/weights.py");
+_Static_assert(sizeof(cb_dims) == 144, "cb_dims must match toolkit/weights.py");
 _Static_assert(sizeof(cb_layer_desc) == 32, "cb_layer_desc must match toolkit/weights.py");
-_Static_assert(sizeof(cb_weights_header) == 236, "header must match toolkit/weights.py");
+_Static_assert(sizeof(cb_weights_header) == 264, "header must match toolkit/weights.py");
 _Static_assert(sizeof(cb_tensor_entry) == 104, "tensor entry must match toolkit/weights.py");
 
 /* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector, in any
@@ -71,6 +71,7 @@ size_t cb_row_bytes(uint32_t dtype, uint32_t cols);
 /* One SwiGLU FFN: a routed expert, the shared expert or a dense MLP. */
 typedef struct {
     cb_tensor gate, up, down;   /* [I, H], [I, H], [H, I] */
+    const float *gate_bias, *up_bias, *down_bias; /* [I], [I], [H]: routed experts of expert_bias models */
     const void *block;          /* a routed expert's page-aligned block */
     size_t block_bytes;
 } cb_ffn_weights;
@@ -94,6 +95,10 @@ typedef struct {
     const float *router_scale;           /* [H] on the router's RMS-normalised input */
     const float *expert_scale;           /* [E] on each chosen expert's weight */
     const float *layer_scalar;           /* [1] the layer's output times it */
+    /* gpt-oss, NULL otherwise: */
+    const float *bo;                     /* [H] output projection bias */
+    const float *sinks;                  /* [nh] per-head sink logits */
+    const float *router_bias;            /* [E] */
 } cb_layer_weights;
 
 typedef struct {
@@ -103,6 +108,7 @@ typedef struct {
     const cb_layer_desc *layer_desc;     /* [n_layers], after the tensor table */
     cb_tensor tok_embd;                  /* [vocab, H] */
     const float *output_norm;            /* [H] */
+    const float *rope_freqs;             /* [head_dim/2] inv_freq of every layer (YaRN), NULL: from theta */
     cb_tensor output;                    /* [vocab, H]: tok_embd when tied */
     cb_layer_weights *layers;            /* [n_layers], from the arena */
 } cb_weights;
