@@ -171,22 +171,25 @@ def test_built_server_generates_the_same_greedy_tokens(checkpoints, shape_id, tm
     assert body["colibri_trace"]["completion_tokens"] == ref["greedy"]
 
 
-GEMMA4_REF = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe" / "gemma4"
+TINY_MOE = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe"
 
 
-@pytest.mark.skipif(not GEMMA4_REF.is_dir(), reason="../shared/testdata not present")
-def test_gemma4_built_server_gives_transformers_tokens_and_batches_bit_identically(tmp_path):
-    """The tiny_moe Gemma 4 (sliding window 4) through a built colibri-server
-    (specialised: its per-layer shapes come from the weights' layer table):
-    transformers' greedy ids; then prompts longer than the window sent at
-    once get the answers (tokens, top logprobs, experts) each got alone."""
+@pytest.mark.skipif(not TINY_MOE.is_dir(), reason="../shared/testdata not present")
+@pytest.mark.parametrize("name", ["gemma4", "gpt_oss"])
+def test_windowed_models_built_server_gives_transformers_tokens_and_batches_bit_identically(tmp_path, name):
+    """The tiny_moe Gemma 4 and gpt-oss (sliding window 4; gpt-oss's sinks)
+    through a built colibri-server (specialised: per-layer shapes come from
+    the weights' layer table): transformers' greedy ids; then prompts longer
+    than the window sent at once get the answers (tokens, top logprobs,
+    experts) each got alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import RunningServer, build_server
-    model_dir = convert(GEMMA4_REF.parent / "gemma4", tmp_path / "gemma4", progress=False)
+    ref = TINY_MOE / name
+    model_dir = convert(ref, tmp_path / name, progress=False)
     dist = build_server(tmp_path, model_dir, "native")
     server = RunningServer(dist / "colibri-server", model_dir, "--threads", "2")
-    ids = [int(t) for t in np.load(GEMMA4_REF / "ref" / "input_ids.npy")]
+    ids = [int(t) for t in np.load(ref / "ref" / "input_ids.npy")]
 
     def ask(prompt):
         body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "ignore_eos": True,
@@ -194,7 +197,7 @@ def test_gemma4_built_server_gives_transformers_tokens_and_batches_bit_identical
         return {"tokens": body["colibri_trace"]["completion_tokens"], "logprobs": body["choices"][0]["logprobs"],
                 "experts": body["expert_activations"]}
     try:
-        assert ask(ids)["tokens"] == np.load(GEMMA4_REF / "ref" / "greedy_ids.npy").tolist()
+        assert ask(ids)["tokens"] == np.load(ref / "ref" / "greedy_ids.npy").tolist()
         prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(8)]
         alone = [ask(p) for p in prompts]
         with ThreadPoolExecutor(len(prompts)) as pool:
