@@ -81,7 +81,8 @@ def test_cli_writes_the_file_and_prints_the_config_section(tmp_path):
     assert section["chat_template"]["mode"] == "turn"
     assert Tokenizer(tmp_path).encode("<|im_start|>hi") == [151644, 6023]
     bad = subprocess.run([sys.executable, "-m", "colibri_build.cli", "tokenizer",
-                          str(LLAMA_CPP / "ggml-vocab-qwen35.gguf"), str(tmp_path / "g")], capture_output=True, text=True)
+                          str(LLAMA_CPP / "ggml-vocab-qwen35.gguf"), str(tmp_path / "g")],
+                         capture_output=True, text=True)
     assert bad.returncode != 0 and "qwen35" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -35,14 +35,17 @@ static int find_runs(const cb_batch_item *items, int n, int32_t *runs) {
     return n_runs;
 }
 
-static float attn_scale(const cb_dims *d, int hd) { return d->attn_scale > 0 ? d->attn_scale : 1.0f / sqrtf((float)hd); }
+static float attn_scale(const cb_dims *d, int hd) {
+    return d->attn_scale > 0 ? d->attn_scale : 1.0f / sqrtf((float)hd);
+}
 
 /* softmax(q k^T * scale) v over positions start..pos of one item and head
  * (start past 0 only in a sliding-window layer). */
 static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_desc *ld = &e->w.layer_desc[layer];
-    const int hd = (int)ld->head_dim, kvh = h / (int)(d->n_heads / ld->n_kv_heads); /* HF repeat_kv: contiguous groups */
+    /* HF repeat_kv: contiguous groups */
+    const int hd = (int)ld->head_dim, kvh = h / (int)(d->n_heads / ld->n_kv_heads);
     const int q_dim = (int)d->n_heads * hd;
     const int start = ld->window && it->pos + 1 > (int)ld->window ? it->pos + 1 - (int)ld->window : 0;
     const int n = it->pos + 1 - start;

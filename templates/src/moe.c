@@ -186,7 +186,8 @@ static void run_units(cb_engine *e, int n_units, int n, int to_x) {
     int rows = 0;
     for (int u = 0; u < n_units; u++) rows += (int)e->units[u].f->gate.rows;
     list_item_pairs(e, n_units, n);
-    ffn_job j = {e, n_units, n, to_x, cb_task_rows(e, rows, CB_QK), cb_task_rows(e, n_units * H, 4), cb_task_rows(e, H, 4),
+    ffn_job j = {e, n_units, n, to_x, cb_task_rows(e, rows, CB_QK), cb_task_rows(e, n_units * H, 4),
+                 cb_task_rows(e, H, 4),
                  cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
     const int gate_up_tasks = number_tasks(e, e->unit_task, 0, n_units, j.chunk, 0);
     const int down_tasks = number_tasks(e, e->down_task, gate_up_tasks, n_units, j.down_chunk, 1);

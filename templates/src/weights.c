@@ -65,7 +65,8 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
     if (!(d->attn_scale >= 0.0f && d->attn_scale < 1e30f) || !(d->embed_scale >= 0.0f && d->embed_scale < 1e30f) ||
         !(d->logit_softcap >= 0.0f && d->logit_softcap < 1e30f) ||
         !(d->rope_attn_factor >= 0.0f && d->rope_attn_factor < 1e30f) ||
-        !(d->swiglu_alpha >= 0.0f && d->swiglu_alpha < 1e30f) || !(d->swiglu_limit >= 0.0f && d->swiglu_limit < 1e30f)) {
+        !(d->swiglu_alpha >= 0.0f && d->swiglu_alpha < 1e30f) ||
+        !(d->swiglu_limit >= 0.0f && d->swiglu_limit < 1e30f)) {
         snprintf(err, err_len, "%s: header: attention.scale %g, embed_scale %g, logit_softcap %g, rope attention "
                  "factor %g or swiglu alpha/limit %g/%g out of range", path, (double)d->attn_scale,
                  (double)d->embed_scale, (double)d->logit_softcap, (double)d->rope_attn_factor,

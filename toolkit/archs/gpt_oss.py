@@ -33,7 +33,8 @@ def _yarn(hf: HFConfig) -> tuple[float, dict | None]:
     attention = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
     return theta, {"type": "yarn", "factor": factor,
                    "original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
-                   "beta_fast": float(scaling.get("beta_fast") or 32), "beta_slow": float(scaling.get("beta_slow") or 1),
+                   "beta_fast": float(scaling.get("beta_fast") or 32),
+                   "beta_slow": float(scaling.get("beta_slow") or 1),
                    "truncate": bool(scaling.get("truncate", True)), "attention_factor": float(attention)}
 
 
