@@ -324,7 +324,7 @@ static void bind_ffn(binder *b, const char *prefix, uint64_t H, uint64_t I, uint
 
 /* A routed expert's biases (gpt-oss), after its matrices in its block. */
 static void bind_expert_bias(binder *b, const char *prefix, uint64_t H, uint64_t I, cb_ffn_weights *f) {
-    char name[CB_TENSOR_NAME_BYTES];
+    char name[CB_TENSOR_NAME_BYTES + 16]; /* a longer name is not in the table: bind says it is missing */
     snprintf(name, sizeof name, "%sgate_bias", prefix);
     f->gate_bias = bind_vector(b, name, I, 0);
     snprintf(name, sizeof name, "%sup_bias", prefix);
