@@ -354,6 +354,7 @@ def lies(raw: bytearray):
     yield "heads not a multiple", ("<I", FIELD["n_kv_heads"], 3), "multiple of kv_heads"
     yield "NaN rope theta", ("<f", FIELD["rope_theta"], float("nan")), "rope.theta"
     yield "negative norm eps", ("<f", FIELD["norm_eps"], -1.0), "norm_eps"
+    yield "an earlier format", ("<I", 8, 1), "weights format version 1, this engine reads version 2 (re-convert"
     yield "unknown block", ("<I", FIELD["block"], 7), "block 7"
     yield "negative softcap", ("<f", FIELD["logit_softcap"], -1.0), "logit_softcap"
     yield "odd layer head_dim", ("<I", layer_desc_at(raw, 0) + 4, 7), "layer 0: head_dim"
