@@ -1,6 +1,7 @@
 """Parity with transformers (the pinned version) for Mixtral, Qwen2-MoE,
 Qwen3-MoE and OLMoE: random checkpoints of several shapes are converted and
-run by the engine. Results are collected into a table (see
+run by the engine; Gemma 4 and gpt-oss (test_gemma4.py, test_gpt_oss.py)
+here only through a built server. Results are collected into a table (see
 scripts/parity_table.py, which puts it into the README)."""
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
  * q/k/v biases (Qwen2-MoE), q/k RMSNorm per head (Qwen3-MoE, Gemma 4) or
  * over the whole projection (OLMoE), OLMoE's clip_qkv; Gemma 4's sliding
  * window, per-layer head size and KV heads, v = k on full layers, v-norm,
- * partial RoPE, attention scale and post-attention norm. */
+ * partial RoPE, attention scale and post-attention norm; gpt-oss's sinks
+ * and output bias. */
 #include <math.h>
 #include <string.h>
 
