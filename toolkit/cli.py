@@ -178,7 +178,7 @@ def release(model, out, target_names, build_dir, strict, force, no_run, verbose)
 
 
 @main.command()
-@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]), default="mixtral",
+@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4"]), default="mixtral",
               show_default=True, help="architecture of the model")
 @click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32",
               show_default=True, help="weight type of the matrices")

@@ -87,7 +87,18 @@ def context(inputs: RenderInputs) -> dict:
         "cpu_check_c_flags": _cpu_check_c_flags(inputs, fallbacks),
         "version": __version__,
         "c_float": _c_float,
+        # K and V elements one token caches over all layers (layers differ in
+        # KV heads and head size: Gemma 4).
+        "kv_elements_per_token": _kv_elements_per_token(cfg) if cfg else 0,
     }
+
+
+def _kv_elements_per_token(cfg: dict) -> int:
+    """As weights.layer_descs shapes the layers (not imported: no numpy in
+    the wheel build)."""
+    sliding = cfg["attention"].get("sliding")
+    return sum(2 * (sliding["kv_heads"] * sliding["head_dim"] if kind == "sliding" else
+                    cfg["kv_heads"] * cfg["head_dim"]) for kind in cfg["layer_types"])
 
 
 RENDER_RECORD = "colibri-render.json"  # also marks a folder as a render (render_into)

@@ -392,7 +392,7 @@ int main(int argc, char **argv) {
             char slot[32];
             printf("memory: the KV cache takes %s a slot (%u tokens, f32; half with --kv-cache f16); give --model DIR "
                    "with --help for the whole budget (weights, KV cache, arena)\n",
-                   size_text((size_t)2 * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim * sizeof(float),
+                   size_text(CB_KV_ELEMENTS_PER_TOKEN * d->context_len * sizeof(float),
                              slot, sizeof slot), d->context_len);
 #else
             printf("memory: give --model DIR with --help for the model's budget (weights, KV cache, arena)\n");
