@@ -63,14 +63,39 @@ cdef extern from "tokenizer.h" nogil:
     uint32_t cb_tokenizer_size(const cb_tokenizer *t)
     int cb_is_end_token(const cb_tokenizer *t, int32_t id)
 
+cdef extern from "server/json.h" nogil:
+    ctypedef struct cb_json_tok:
+        pass
+    int cb_json_parse(const char *json, size_t len, cb_json_tok *toks, int max_toks, size_t *err_offset)
+    int cb_json_find(const char *json, const cb_json_tok *toks, int obj, const char *key)
+
+cdef extern from "jinja.h" nogil:
+    ctypedef struct cb_jinja:
+        pass
+    cb_jinja *cb_jinja_parse(const char *src, size_t len, char *err, size_t err_len)
+    void cb_jinja_free(cb_jinja *t)
+
+
+def chat_template_error(str template):
+    """Why the engine's chat-template interpreter cannot parse template
+    ("line N: reason"), or None."""
+    data = template.encode()
+    cdef char err[512]
+    cdef cb_jinja *t = cb_jinja_parse(data, len(data), err, sizeof(err))
+    if t == NULL:
+        return err.decode(errors="replace")
+    cb_jinja_free(t)
+    return None
+
+
 cdef extern from "chat.h" nogil:
-    ctypedef struct cb_chat_message:
-        const char *role
-        size_t role_len
-        const char *content
-        size_t content_len
-    long cb_chat_render(const cb_tokenizer *t, const cb_chat_message *msgs, int n, char *text, size_t cap,
-                        char *err, size_t err_len)
+    ctypedef struct cb_chat_request:
+        const char *json
+        const cb_json_tok *toks
+        int messages, tools, kwargs, add_generation_prompt, continue_final
+    size_t CB_CHAT_WORK_BYTES
+    long cb_chat_apply(const cb_tokenizer *t, const cb_chat_request *q, void *work, size_t work_cap, char *text,
+                       size_t cap, char *err, size_t err_len)
 
 
 cdef extern from "build_config.h":
@@ -138,29 +163,40 @@ cdef list _decode_stream(const cb_tokenizer *t, ids):
     return pieces
 
 
-cdef str _format_chat(const cb_tokenizer *t, messages):
+cdef str _format_chat(const cb_tokenizer *t, messages, tools, bint add_generation_prompt, bint continue_final,
+                      kwargs):
     """The prompt text the server makes of messages with the model's template."""
-    cdef int n = len(messages)
-    parts = [(m["role"].encode(), m["content"].encode()) for m in messages]
-    cdef cb_chat_message *msgs = <cb_chat_message *>PyMem_Malloc(sizeof(cb_chat_message) * max(n, 1))
-    if msgs == NULL:
-        raise MemoryError()
-    cdef size_t cap = 4096 + 2 * sum(len(r) + len(c) for r, c in parts)
-    buf = bytearray(cap * 4)
+    import json
+    body = json.dumps({"messages": list(messages), "tools": tools, "kwargs": kwargs or {}},
+                      ensure_ascii=False).encode()
+    cdef int n_toks = cb_json_parse(body, len(body), NULL, 0, NULL)
+    if n_toks < 0:
+        raise EngineError("messages, tools and kwargs must be JSON values")
+    cdef cb_json_tok *toks = <cb_json_tok *>PyMem_Malloc(sizeof(cb_json_tok) * n_toks)
+    cdef void *work = PyMem_Malloc(CB_CHAT_WORK_BYTES)
+    cdef size_t cap = 65536 + 8 * len(body)
+    buf = bytearray(cap)
     cdef char err[512]
     cdef long got
+    cdef cb_chat_request q
     try:
-        for i, (role, content) in enumerate(parts):
-            msgs[i].role = role
-            msgs[i].role_len = len(role)
-            msgs[i].content = content
-            msgs[i].content_len = len(content)
-        got = cb_chat_render(t, msgs, n, buf, len(buf), err, sizeof(err))
+        if toks == NULL or work == NULL:
+            raise MemoryError()
+        cb_json_parse(body, len(body), toks, n_toks, NULL)
+        q.json = body
+        q.toks = toks
+        q.messages = cb_json_find(body, toks, 0, b"messages")
+        q.tools = cb_json_find(body, toks, 0, b"tools") if tools is not None else -1
+        q.kwargs = cb_json_find(body, toks, 0, b"kwargs")
+        q.add_generation_prompt = add_generation_prompt
+        q.continue_final = continue_final
+        got = cb_chat_apply(t, &q, work, CB_CHAT_WORK_BYTES, buf, cap, err, sizeof(err))
     finally:
-        PyMem_Free(msgs)
+        PyMem_Free(toks)
+        PyMem_Free(work)
     if got < 0:
         raise EngineError(err.decode(errors="replace"))
-    return bytes(buf[:got]).decode("utf-8")
+    return bytes(buf[:got]).decode("utf-8", errors="replace")
 
 
 cdef class Tokenizer:
@@ -213,11 +249,12 @@ cdef class Tokenizer:
     def is_end_token(self, int tok):
         return bool(cb_is_end_token(self.t, tok))
 
-    def format_chat(self, messages):
-        """The prompt text of messages ({"role", "content"} dicts) as the
-        server formats it, from the reduced chat template."""
+    def format_chat(self, messages, tools=None, add_generation_prompt=True, continue_final=False, **kwargs):
+        """The prompt text of messages (OpenAI-style dicts) as the server
+        formats it: the model's chat template rendered by the C interpreter.
+        kwargs are the template's extra variables (enable_thinking...)."""
         with self._lock:
-            return _format_chat(self.t, messages)
+            return _format_chat(self.t, messages, tools, add_generation_prompt, continue_final, kwargs)
 
 
 cdef class Engine:
@@ -436,10 +473,11 @@ cdef class Engine:
         with self._lock:
             return _decode(cb_engine_tokenizer(self._live()), ids)
 
-    def format_chat(self, messages):
+    def format_chat(self, messages, tools=None, add_generation_prompt=True, continue_final=False, **kwargs):
         """The prompt text the server makes of chat messages (real tokenizers)."""
         with self._lock:
-            return _format_chat(cb_engine_tokenizer(self._live()), messages)
+            return _format_chat(cb_engine_tokenizer(self._live()), messages, tools, add_generation_prompt,
+                                continue_final, kwargs)
 
     def generate(self, prompt, int max_tokens=16):
         """Greedy continuation of a text prompt (no chat template): the new text."""
@@ -482,6 +520,9 @@ cdef extern from "kernels/kernels.h" nogil:
     void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
     void cb_rope_neox(float *vec, int n_heads, int head_dim, const float *cos_pos, const float *sin_pos)
     void cb_softmax(float *x, int n)
+    ctypedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n)
+    cb_dot_block_fn cb_dot_block_scalar(uint32_t dtype)
+    cb_dot_block_fn cb_dot_block(uint32_t dtype)
 
 cdef extern from "router.h" nogil:
     void cb_topk(const float *values, int n, int k, int32_t *ids)
@@ -528,7 +569,9 @@ def sha256_file(path):
     return hex_[:64].decode()
 
 
-_DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7}
+_DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7,
+              "q4_1": 8, "q5_0": 9, "q5_1": 10, "q2_k": 11, "q3_k": 12, "q4_k": 13, "q5_k": 14, "q6_k": 15,
+              "iq4_nl": 16, "iq4_xs": 17, "mxfp4": 18}
 
 
 def _f32(x):
@@ -588,7 +631,12 @@ def dot(dtype, w_raw, x, bint scalar=False):
         if scalar:
             return cb_dot_q4_0_scalar(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
         return cb_dot_q4_0(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
-    raise ValueError(dtype)
+    cdef cb_dot_block_fn fn = NULL
+    if dtype in _DTYPE_IDS:  # GGML's other block types (ids 8..18)
+        fn = cb_dot_block_scalar(_DTYPE_IDS[dtype]) if scalar else cb_dot_block(_DTYPE_IDS[dtype])
+    if fn == NULL:
+        raise ValueError(dtype)
+    return fn(&wv[0], <const cb_block_q8_0 *>&qv[0], n)
 
 
 def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
@@ -614,7 +662,7 @@ def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
     A.q = NULL
     A.q_stride = cols // 32
     cdef const unsigned char[::1] qv
-    if dtype in ("q8_0", "q4_0", "q8_0x4", "q4_0x4"):
+    if dtype not in ("f32", "f16", "bf16"):
         qv = np.concatenate([quantize(row, "q8_0") for row in x2])
         A.q = <const cb_block_q8_0 *>&qv[0]
     cb_matmul_tile(&W, r0, rows if r1 < 0 else r1, &A, NULL, n_tok, &ov[0, 0], rows, NULL, CB_SET, NULL)

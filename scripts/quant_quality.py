@@ -7,9 +7,9 @@ weight. Prints a markdown table (docs/quantization.md holds one).
 The models are random Hugging Face checkpoints (tests/hf_models.py: the
 parity tests' generator, with trained-like sharp routers and logits) whose
 rows are multiples of 256, so the K-quant types apply. Each converted model
-is run as its exact F32 twin (every weight dequantized to float32 by the gguf
-package's reference dequantizers), so the figures measure the quantizer
-alone, whatever kernels later read the bytes.
+is run as its exact F32 twin (every weight dequantized to float32 by
+quant.dequantize, bit-equal to the gguf package's reference dequantizers), so
+the figures measure the quantizer alone, whatever kernels later read the bytes.
 
     python scripts/quant_quality.py [--seqs 8 --len 256 --out /tmp/qq]
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -71,8 +72,10 @@ SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|ERROR: LeakSanitizer|run
 
 
 class RunningServer:
-    def __init__(self, exe: Path, model: Path, *args: str, env: dict | None = None):
-        self.proc = subprocess.Popen([str(exe), "--model", str(model), "--port", "0", *args],
+    def __init__(self, exe: Path, model: Path | None, *args: str, env: dict | None = None):
+        """model None: no --model (an executable that carries its model)."""
+        model_args = ["--model", str(model)] if model is not None else []
+        self.proc = subprocess.Popen([str(exe), *model_args, "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         self.stderr = ""  # the rest of stderr, once stopped
@@ -119,7 +122,7 @@ class RunningServer:
 def start_server():
     servers = []
 
-    def start(exe: Path, model: Path, *args: str) -> RunningServer:
+    def start(exe: Path, model: Path | None, *args: str) -> RunningServer:
         server = RunningServer(exe, model, *args)
         servers.append(server)
         return server
@@ -128,6 +131,18 @@ def start_server():
     for server in servers:
         if server.proc.poll() is None:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def run_env(tmp_path_factory):
+    """Environment for wrapped runs (wine, qemu): a private, quiet wine prefix
+    (created on first use, which takes a while: shared by the session), shut
+    down at the end."""
+    env = dict(os.environ, WINEDEBUG="-all", WINEPREFIX=str(tmp_path_factory.mktemp("wineprefix")),
+               WINEDLLOVERRIDES="mscoree=;mshtml=")  # no Mono / Gecko install prompts
+    yield env
+    if shutil.which("wineserver"):
+        subprocess.run(["wineserver", "-k"], env=env, capture_output=True, timeout=60)
 
 
 @pytest.fixture

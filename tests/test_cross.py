@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import signal
@@ -50,17 +49,6 @@ def runnable(name: str) -> targets.Target:
     if why:
         pytest.skip(f"{name} is built but cannot run here: {why}")
     return target
-
-
-@pytest.fixture(scope="module")
-def run_env(tmp_path_factory):
-    """Environment for wrapped runs: a private, quiet wine prefix (created on
-    first use, which takes a while), shut down at the end."""
-    env = dict(os.environ, WINEDEBUG="-all", WINEPREFIX=str(tmp_path_factory.mktemp("wineprefix")),
-               WINEDLLOVERRIDES="mscoree=;mshtml=")  # no Mono / Gecko install prompts
-    yield env
-    if shutil.which("wineserver"):
-        subprocess.run(["wineserver", "-k"], env=env, capture_output=True, timeout=60)
 
 
 def command(target: targets.Target, exe) -> list[str]:
@@ -167,6 +155,13 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
                             "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon", "dotprod"]}[name]
     for family in weight_type_families:
         assert f"kernel-check {family} weight types: ok" in done.stdout, done.stdout
+    # GGML's other block types (K-quants, IQ4, MXFP4): every SIMD family has
+    # kernels for all eleven; the scalar ones checked against double sums.
+    block_families = {"native": native[:1], "x86-64": [], "x86-64-v3": ["avx2"], "x86-64-v4": ["avx2"],
+                      "windows-x86-64-v3": ["avx2"], "linux-aarch64": ["neon"], "linux-aarch64-dotprod": ["neon"]}[name]
+    for family in block_families:
+        assert f"kernel-check {family} ggml block types: ok (11 of 11 types with own kernels" in done.stdout, done.stdout
+    assert "kernel-check scalar ggml block types: ok (11 types" in done.stdout, done.stdout
     assert "kernel-check attention: ok" in done.stdout, done.stdout
     assert "kernel-check x4 groups: ok" in done.stdout, done.stdout
     assert "kernel-check exp: ok" in done.stdout, done.stdout

@@ -319,8 +319,16 @@ def entry_at(raw: bytes, name: str) -> int:
 FIELD = {name: 24 + 4 * i for i, name in enumerate(
     ["arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts", "top_k", "expert_ffn",
      "n_shared_experts", "shared_ffn", "context_len", "router", "weight_dtype", "qk_norm", "qkv_bias", "shared_gate",
-     "dense_ffn", "tied_embeddings", "norm_eps", "rope_theta", "clip_qkv", "tok_kind", "bos_id", "eos_id",
-     "role_system", "role_user", "role_assistant", "end_of_turn"])}
+     "dense_ffn", "tied_embeddings", "norm_eps", "rope_theta", "clip_qkv", "block", "ffn_act", "v_norm",
+     "attn_scale", "embed_scale", "logit_softcap", "o_bias", "attn_sinks", "router_bias", "expert_bias",
+     "rope_attn_factor", "swiglu_alpha", "swiglu_limit", "tok_kind", "bos_id", "eos_id", "role_system", "role_user",
+     "role_assistant", "end_of_turn"])}
+
+
+def layer_desc_at(raw: bytes, layer: int) -> int:
+    """Where a layer's cb_layer_desc lies: after the tensor table."""
+    n_tensors = struct.unpack_from("<I", raw, 16)[0]
+    return (HEADER.size + 7) // 8 * 8 + n_tensors * TENSOR_ENTRY.size + 32 * layer
 
 
 def lies(raw: bytearray):
@@ -346,6 +354,13 @@ def lies(raw: bytearray):
     yield "heads not a multiple", ("<I", FIELD["n_kv_heads"], 3), "multiple of kv_heads"
     yield "NaN rope theta", ("<f", FIELD["rope_theta"], float("nan")), "rope.theta"
     yield "negative norm eps", ("<f", FIELD["norm_eps"], -1.0), "norm_eps"
+    yield "an earlier format", ("<I", 8, 1), "weights format version 1, this engine reads version 2 (re-convert"
+    yield "unknown block", ("<I", FIELD["block"], 7), "block 7"
+    yield "negative softcap", ("<f", FIELD["logit_softcap"], -1.0), "logit_softcap"
+    yield "odd layer head_dim", ("<I", layer_desc_at(raw, 0) + 4, 7), "layer 0: head_dim"
+    yield "layer kv heads", ("<I", layer_desc_at(raw, 1) + 8, 3), "layer 1: kv_heads does not divide heads"
+    yield "layer rope pairs", ("<I", layer_desc_at(raw, 1) + 12, 999), "layer 1: rope_pairs"
+    yield "layer window", ("<I", layer_desc_at(raw, 0), 1 << 30), "layer 0: the sliding window"
 
 
 def test_each_lie_in_the_header_is_refused_by_name(tiny_model, tmp_path):

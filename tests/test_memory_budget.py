@@ -45,12 +45,14 @@ def expected(model: Path, threads: int, slots: int | None = None, kv: str = "f32
 
 
 # Shapes that move every term of the arena and the weights: dense layers,
-# shared experts, q/k norms, quantized matrices, tied embeddings.
+# shared experts, q/k norms, quantized matrices, tied embeddings, per-layer shapes.
 SHAPES = {
     "mixtral-f32": ["--arch", "mixtral"],
     "qwen2-q8": ["--arch", "qwen2_moe", "--dtype", "q8_0", "--experts", "6", "--top-k", "3"],
     "qwen3-q4": ["--arch", "qwen3_moe", "--dtype", "q4_0", "--context-length", "96"],
     "olmoe-bf16": ["--arch", "olmoe", "--dtype", "bf16", "--vocab-size", "300", "--kv-heads", "4"],
+    # Layers of two shapes (KV heads, head sizes, RoPE tables): the KV cache and buffers per layer.
+    "gemma4-q8": ["--arch", "gemma4", "--dtype", "q8_0", "--layers", "7"],
 }
 
 

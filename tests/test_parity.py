@@ -1,6 +1,7 @@
 """Parity with transformers (the pinned version) for Mixtral, Qwen2-MoE,
 Qwen3-MoE and OLMoE: random checkpoints of several shapes are converted and
-run by the engine. Results are collected into a table (see
+run by the engine; Gemma 4 and gpt-oss (test_gemma4.py, test_gpt_oss.py)
+here only through a built server. Results are collected into a table (see
 scripts/parity_table.py, which puts it into the README)."""
 
 from __future__ import annotations
@@ -169,3 +170,40 @@ def test_built_server_generates_the_same_greedy_tokens(checkpoints, shape_id, tm
     finally:
         server.stop()
     assert body["colibri_trace"]["completion_tokens"] == ref["greedy"]
+
+
+TINY_MOE = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe"
+
+
+@pytest.mark.skipif(not TINY_MOE.is_dir(), reason="../shared/testdata not present")
+@pytest.mark.parametrize("name", ["gemma4", "gpt_oss"])
+def test_windowed_models_built_server_gives_transformers_tokens_and_batches_bit_identically(tmp_path, name):
+    """The tiny_moe Gemma 4 and gpt-oss (sliding window 4; gpt-oss's sinks)
+    through a built colibri-server (specialised: per-layer shapes come from
+    the weights' layer table): transformers' greedy ids; then prompts longer
+    than the window sent at once get the answers (tokens, top logprobs,
+    experts) each got alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import RunningServer, build_server
+    ref = TINY_MOE / name
+    model_dir = convert(ref, tmp_path / name, progress=False)
+    dist = build_server(tmp_path, model_dir, "native")
+    server = RunningServer(dist / "colibri-server", model_dir, "--threads", "2")
+    ids = [int(t) for t in np.load(ref / "ref" / "input_ids.npy")]
+
+    def ask(prompt):
+        body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "ignore_eos": True,
+                                               "logprobs": 3, "colibri_trace": True}).json()
+        return {"tokens": body["colibri_trace"]["completion_tokens"], "logprobs": body["choices"][0]["logprobs"],
+                "experts": body["expert_activations"]}
+    try:
+        assert ask(ids)["tokens"] == np.load(ref / "ref" / "greedy_ids.npy").tolist()
+        prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(8)]
+        alone = [ask(p) for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(ask, prompts))
+    finally:
+        server.stop()
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert a == b, f"prompt {i} differs when batched"

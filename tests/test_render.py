@@ -90,3 +90,30 @@ def test_the_wheel_build_renders_without_numpy(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tree" / "CMakeLists.txt").is_file()
+
+
+def test_a_render_leaves_unchanged_files_alone(tmp_path):
+    """render_tree into a build folder: the same inputs again change no file
+    (not even its time, so Ninja recompiles nothing); other inputs change
+    only the files they render; what the render no longer writes goes."""
+    target = targets.get_target("x86-64")
+    compiler = toolchain.find_compiler(target)
+    out = tmp_path / "g"
+
+    def files():
+        return {p.relative_to(out): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    render.render_tree(render.RenderInputs(None, target, "scalar", compiler.path), out)
+    first = files()
+    (out / "src" / "stale.c").write_text("int stale;\n")
+    (out / "old" / "dir").mkdir(parents=True)
+    os.utime(out / "src" / "engine.c", ns=(1, 1))  # an old time stays: the bytes did not change
+    render.render_tree(render.RenderInputs(None, target, "scalar", compiler.path), out)
+    second = files()
+    assert set(second) == set(first) and not (out / "old").exists()
+    assert second[Path("src/engine.c")][1] == 1
+    assert {k: v for k, v in second.items() if k != Path("src/engine.c")} == \
+        {k: v for k, v in first.items() if k != Path("src/engine.c")}
+    render.render_tree(render.RenderInputs(None, target, "scalar", compiler.path, slots=3), out)
+    third = files()
+    changed = {k for k in third if third[k] != second[k]}
+    assert Path("src/build_config.h") in changed and Path("src/engine.c") not in changed

@@ -27,6 +27,7 @@ SUPPORTED = {
     "qwen3-gguf": (TOKENIZERS / "qwen3" / "qwen3-vocab.generated.gguf", "ggml-vocab-qwen2.gguf"),
     "olmoe-json": (TOKENIZERS / "allenai-OLMo" / "allenai_gpt-neox-olmo-dolma-v1_5.json", "ggml-vocab-mpt.gguf"),
     "mistral-v1": (TOKENIZERS / "mistral-v1" / "tokenizer.model.v1", None),
+    "gemma-4": (LLAMA_CPP / "ggml-vocab-gemma-4.gguf", "ggml-vocab-gemma-4.gguf"),
 }
 
 pytestmark = pytest.mark.skipif(not TOKENIZERS.exists(), reason=f"{TOKENIZERS} is missing")
@@ -64,8 +65,7 @@ def test_expected_ids_and_round_trip(converted, name):
 
 
 @pytest.mark.parametrize("gguf,why", [("ggml-vocab-deepseek-llm.gguf", "pre-tokenizer 'deepseek-llm'"),
-                                      ("ggml-vocab-qwen35.gguf", "pre-tokenizer 'qwen35'"),
-                                      ("ggml-vocab-gemma-4.gguf", "tokenizer.ggml.model 'gemma4'")])
+                                      ("ggml-vocab-qwen35.gguf", "pre-tokenizer 'qwen35'")])
 def test_unsupported_tokenizers_are_refused_at_convert_time(tmp_path, gguf, why):
     with pytest.raises(TokenizerError, match=why):
         convert_tokenizer(LLAMA_CPP / gguf, tmp_path)
@@ -78,11 +78,12 @@ def test_cli_writes_the_file_and_prints_the_config_section(tmp_path):
     assert done.returncode == 0, done.stderr
     section = json.loads(done.stdout)
     assert section["kind"] == "bpe" and section["tokens"] == 151669 and section["eos_id"] == 151645
-    assert section["chat_template"]["mode"] == "turn"
+    assert section["chat_template"]["kind"] == "jinja" and section["chat_template"]["end_of_turn"] == 151645
     assert Tokenizer(tmp_path).encode("<|im_start|>hi") == [151644, 6023]
     bad = subprocess.run([sys.executable, "-m", "colibri_build.cli", "tokenizer",
-                          str(LLAMA_CPP / "ggml-vocab-gemma-4.gguf"), str(tmp_path / "g")], capture_output=True, text=True)
-    assert bad.returncode != 0 and "gemma4" in bad.stderr and "Traceback" not in bad.stderr
+                          str(LLAMA_CPP / "ggml-vocab-qwen35.gguf"), str(tmp_path / "g")],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "qwen35" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_corrupt_file_is_a_clear_error(tmp_path, converted):

@@ -72,3 +72,34 @@ def test_identical_ids_to_sentencepiece(tmp_path):
         if got != want or ours.decode(got) != ref.decode(want):
             mismatches.append((text, got[:16], want[:16]))
     assert not mismatches, f"{len(mismatches)}/{N_STRINGS} differ; first: {mismatches[0]}"
+
+
+def test_gemma4_tokenizer_json_gives_hf_tokenizers_ids(tmp_path):
+    """Gemma's tokenizer.json as transformers' GemmaTokenizer builds it (BPE
+    with byte fallback over the text with spaces as U+2581), made here from
+    the Gemma 4 GGUF's vocabulary and merges: converted by us, it gives the
+    `tokenizers` library's ids and text back."""
+    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
+    src = TOKENIZERS / "llama.cpp" / "ggml-vocab-gemma-4.gguf"
+    meta = read_gguf_metadata(src)
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    ref = tokenizers.Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    ref.normalizer = normalizers.Replace(" ", "\u2581")
+    ref.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    ref.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    specials = [t for t, k in zip(tokens, types) if k == 3]
+    ref.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    ref.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<bos>", "eos_token": "<eos>", '
+                                                    '"add_bos_token": true}')
+    section = convert_tokenizer(tmp_path / "tokenizer.json", tmp_path / "out", chat_template="none")
+    assert (section["kind"], section["bos_id"], section["eos_id"], section["add_bos"]) == ("spm", 2, 1, True)
+    ours = Tokenizer(tmp_path / "out")
+    mismatches = []
+    for text in random_strings(N_STRINGS, seed=44, specials=["<|turn>", "<turn|>", "<bos>"]):
+        got, want = ours.encode(text), ref.encode(text, add_special_tokens=False).ids
+        if got != want or ours.decode(got) != ref.decode(want, skip_special_tokens=False):
+            mismatches.append((text, got[:16], want[:16]))
+    assert not mismatches, f"{len(mismatches)}/{N_STRINGS} differ; first: {mismatches[0]}"

@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, config as config_mod, memory as memory_mod, toolchain
+from . import __version__, config as config_mod, embed as embed_mod, memory as memory_mod, toolchain
+from .embed import write_executable
 from .errors import ModelError
 from .outputs import OutputError, replace_file, write_failed
 from .render import RenderInputs, render_tree, template_tree_hash
@@ -99,21 +100,25 @@ def memory_budget(cfg: config_mod.ModelConfig, max_memory: int = 0) -> dict:
 
 
 def package(cfg: config_mod.ModelConfig, target: Target, compiler: toolchain.Compiler, kernels: str,
-            build: Path, dist_root: Path, sanitize: bool = False, memory: dict | None = None) -> BuildResult:
+            build: Path, dist_root: Path, sanitize: bool = False, memory: dict | None = None,
+            embed: bool = False) -> BuildResult:
     """Puts the executable, build-info.json and SHA256SUMS (of those two)
     into dist/<model>-<target>/, each replaced atomically; anything else in
-    that folder (a service file, notes) is the user's and stays."""
-    dist = dist_dir_for(cfg, target, dist_root, sanitize)
+    that folder (a service file, notes) is the user's and stays. embed: the
+    executable carries the model (toolkit/embed.py), in
+    dist/<model>-<target>-embedded/."""
+    dist = dist_dir_for(cfg, target, dist_root, sanitize, embed)
     try:
         check_folder_path(dist)
         dist.mkdir(parents=True, exist_ok=True)
-        return _package(cfg, target, compiler, kernels, build, dist, sanitize, memory)
+        return _package(cfg, target, compiler, kernels, build, dist, sanitize, memory, embed)
     except OSError as exc:
         raise write_failed(dist, exc) from None
 
 
-def dist_dir_for(cfg: config_mod.ModelConfig, target: Target, dist_root: Path, sanitize: bool = False) -> Path:
-    return dist_root / f"{cfg.name}-{target.name}{'-asan' if sanitize else ''}"
+def dist_dir_for(cfg: config_mod.ModelConfig, target: Target, dist_root: Path, sanitize: bool = False,
+                 embed: bool = False) -> Path:
+    return dist_root / f"{cfg.name}-{target.name}{'-asan' if sanitize else ''}{'-embedded' if embed else ''}"
 
 
 def check_folder_path(folder: Path) -> None:
@@ -126,9 +131,12 @@ def check_folder_path(folder: Path) -> None:
             return
 
 
-def _package(cfg, target, compiler, kernels, build, dist, sanitize, memory=None) -> BuildResult:
+def _package(cfg, target, compiler, kernels, build, dist, sanitize, memory=None, embed=False) -> BuildResult:
     exe = dist / target.exe_name
     built = build / target.exe_name
+    embedded, exe_sha = None, sha256_file(built)
+    if embed:  # written first: the weights' sha256 is checked before anything in dist/ changes
+        embedded, exe_sha = write_executable(built, cfg, exe)
     info = {
         "toolkit_version": __version__,
         "toolkit_git_revision": git_revision(),
@@ -147,11 +155,16 @@ def _package(cfg, target, compiler, kernels, build, dist, sanitize, memory=None)
         "memory": memory if memory is not None else memory_budget(cfg),
         "sanitizers": ["address", "undefined"] if sanitize else [],
         "executable": exe.name,
-        "executable_sha256": sha256_file(built),
+        "executable_sha256": exe_sha,
+        "executable_bytes": embedded["executable_bytes"] if embed else built.stat().st_size,
+        # Where the carried model lies in the executable (toolkit/embed.py);
+        # None: the server needs --model.
+        "embedded": embedded,
     }
     info_bytes = (json.dumps(info, indent=2) + "\n").encode()
     written = {exe.name: info["executable_sha256"], "build-info.json": hashlib.sha256(info_bytes).hexdigest()}
-    replace_file(exe, src=built, mode=0o755)
+    if not embed:
+        replace_file(exe, src=built, mode=0o755)
     replace_file(dist / "build-info.json", info_bytes)
     sums = "".join(f"{digest}  {name}\n" for name, digest in sorted(written.items()))
     replace_file(dist / "SHA256SUMS", sums.encode())
@@ -169,14 +182,18 @@ def resolve_toolchain(target_name: str, compiler_override: str | None = None):
 
 def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
           build_root: Path = Path("build"), compiler_override: str | None = None,
-          quiet: bool = False, sanitize: bool = False, max_memory: int = 0) -> BuildResult:
+          quiet: bool = False, sanitize: bool = False, max_memory: int = 0, embed: bool = False) -> BuildResult:
     """sanitize: a debug build with AddressSanitizer and UBSan (dynamically
     linked, slower), packaged as dist/<model>-<target>-asan/. max_memory
-    (bytes, 0: none): the server's default --max-memory."""
+    (bytes, 0: none): the server's default --max-memory. embed: one
+    executable that carries the model, in dist/<model>-<target>-embedded/
+    (the same compiled program: the build folder is shared)."""
     cfg = config_mod.load(model)
     # Before anything is compiled or replaced: a server built from a config
     # its weights do not match would refuse them at start.
     check_matches_config(cfg.data, cfg.path, cfg.folder / cfg["weights"]["file"])
+    if embed:
+        embed_mod.model_parts(cfg)  # a missing tokenizer.cbt stops the build before compiling
     memory = memory_budget(cfg, max_memory)  # refuses a max_memory too small before compiling
     log(f"[1/5] config {cfg.path} ({cfg.name}, {cfg['experts']} experts, top-{cfg['top_k']}, "
         f"{cfg['batch_slots']} slots)")
@@ -186,13 +203,13 @@ def build(model: str | Path, target_name: str, dist_root: Path = Path("dist"),
     if compiler.name != target.c_compilers[0]:  # another compiler: its own build folder
         work = work.with_name(f"{work.name}-{Path(compiler.name).name}")
     check_folder_path(work)
-    check_folder_path(dist_dir_for(cfg, target, dist_root.resolve(), sanitize))
+    check_folder_path(dist_dir_for(cfg, target, dist_root.resolve(), sanitize, embed))
     src = render_tree(RenderInputs(cfg, target, kernels, compiler.cmake, max_memory=max_memory), work / "project")
     log(f"[3/5] rendered {src}")
     log("[4/5] configure and compile (CMake + Ninja)")
     configure(src, work / "build", compiler, quiet, sanitize)
     compile_tree(work / "build", quiet)
-    result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve(), sanitize, memory)
+    result = package(cfg, target, compiler, kernels, work / "build", dist_root.resolve(), sanitize, memory, embed)
     log(f"[5/5] {result.executable}")
     return result
 

@@ -31,13 +31,14 @@ class _Group(click.Group):
             _fail(OutputError(f"{exc.filename}: {cause}" if exc.filename else cause))
 
 
-def _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory):
+def _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory, embed_weights):
     from .build import build
     from .gguf_convert import converted_for_build, is_gguf
     if is_gguf(model):  # convert first (once: reused while the file is unchanged), then build
         model = converted_for_build(model, Path(build_dir))
     result = build(model, target, dist_root=Path(dist), build_root=Path(build_dir),
-                   compiler_override=toolchain, quiet=quiet, sanitize=sanitize, max_memory=max_memory)
+                   compiler_override=toolchain, quiet=quiet, sanitize=sanitize, max_memory=max_memory,
+                   embed=embed_weights)
     click.echo(str(result.executable))
 
 
@@ -54,6 +55,9 @@ _build_options = [
     click.option("--max-memory", default=None, callback=lambda ctx, param, value: _size(value),
                  help="RAM the server must fit in (512M, 8G, 8GiB, bytes): its default --max-memory, "
                       "recorded in build-info.json; refused when one slot cannot fit"),
+    click.option("--embed-weights", is_flag=True,
+                 help="one executable that carries the model (config, tokenizer, weights mapped from the "
+                      "executable itself) and needs no --model, into dist/<model>-<target>-embedded/"),
 ]
 
 
@@ -77,7 +81,7 @@ def build_options(fn):
 @build_options
 @click.version_option(__version__, prog_name="colibri-build")
 @click.pass_context
-def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory):
+def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory, embed_weights):
     """Bake a mixture-of-experts model into a static, specialised colibri-server.
 
     \b
@@ -92,16 +96,16 @@ def main(ctx, model, target, dist, build_dir, toolchain, quiet, sanitize, max_me
             raise click.UsageError(f"--model is missing (a build needs it; given: {', '.join(given)})")
         click.echo(ctx.get_help())
         ctx.exit(0)
-    _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory)
+    _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory, embed_weights)
 
 
 @main.command("build")
 @build_options
-def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory):
+def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory, embed_weights):
     """Build dist/<model>-<target>/colibri-server (same as the top-level options)."""
     if model is None:
         raise click.UsageError("--model is required")
-    _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory)
+    _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memory, embed_weights)
 
 
 @main.command()
@@ -174,7 +178,7 @@ def release(model, out, target_names, build_dir, strict, force, no_run, verbose)
 
 
 @main.command()
-@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]), default="mixtral",
+@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4"]), default="mixtral",
               show_default=True, help="architecture of the model")
 @click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32",
               show_default=True, help="weight type of the matrices")

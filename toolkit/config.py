@@ -104,7 +104,22 @@ def fill_defaults(data: dict) -> dict:
     att.setdefault("qkv_bias", False)
     att.setdefault("qk_norm", "none")
     att.setdefault("clip_qkv", None)
+    att.setdefault("v_norm", False)
+    att.setdefault("k_eq_v", False)
+    att.setdefault("scale", None)
+    att.setdefault("sliding", None)
+    att.setdefault("o_bias", False)
+    att.setdefault("sinks", False)
+    data.setdefault("router_bias", False)
+    data.setdefault("expert_bias", False)
+    data.setdefault("swiglu", None)
+    data.setdefault("layer_types", ["full"] * data["layers"])
+    data.setdefault("block", "pre_norm")
+    data.setdefault("ffn_act", "silu")
+    data.setdefault("embed_scale", None)
+    data.setdefault("logit_softcap", None)
     data["rope"].setdefault("scaling", None)
+    data["rope"].setdefault("partial_rotary_factor", 1)
     return data
 
 
@@ -124,7 +139,7 @@ def _check_relations(d: dict) -> list[str]:
         problems.append("field 'dense_ffn_size': missing or 0, expected the dense MLP size since dense_layers is set")
     if d.get("shared_experts") and not d.get("shared_expert_ffn_size"):
         problems.append("field 'shared_expert_ffn_size': missing or 0, expected a size since shared_experts is 1")
-    if d["weights"]["dtype"] in ("q8_0", "q4_0"):
+    if d["weights"]["dtype"] not in ("f32", "f16", "bf16"):  # q8_0 activations: blocks of 32
         widths = {"hidden_size": d["hidden_size"], "expert_ffn_size": d["expert_ffn_size"],
                   "heads * head_dim": d["heads"] * d.get("head_dim", d["hidden_size"] // d["heads"]),
                   "shared_expert_ffn_size": d.get("shared_expert_ffn_size", 0),
@@ -133,6 +148,7 @@ def _check_relations(d: dict) -> list[str]:
             if value % 32:
                 problems.append(f"field '{field}': got {value}, expected a multiple of 32 for "
                                 f"weights.dtype {d['weights']['dtype']}")
+    problems += _check_layers(d)
     tok = d["tokenizer"]
     ids = {f"tokenizer.{k}": tok[k] for k in ("bos_id", "eos_id") if tok.get(k) is not None}
     ids.update({f"tokenizer.chat_roles.{k}": v for k, v in tok.get("chat_roles", {}).items()})
@@ -152,6 +168,37 @@ def _check_relations(d: dict) -> list[str]:
     if d.get("max_batch_tokens", 64) > d["context_length"]:
         problems.append(f"field 'max_batch_tokens': got {d['max_batch_tokens']}, "
                         f"expected <= context_length ({d['context_length']})")
+    return problems
+
+
+def _check_layers(d: dict) -> list[str]:
+    """layer_types, the sliding layers' shape and the gemma4 block."""
+    problems = []
+    types = d.get("layer_types")
+    sliding = d.get("attention", {}).get("sliding")
+    if types is not None and len(types) != d["layers"]:
+        problems.append(f"field 'layer_types': got {len(types)} entries, expected one per layer ({d['layers']})")
+    if types and "sliding" in types and not sliding:
+        problems.append("field 'attention.sliding': missing, expected the sliding layers' window, head_dim, "
+                        "kv_heads and rope_theta since layer_types has sliding layers")
+    if sliding:
+        if d["heads"] % sliding["kv_heads"]:
+            problems.append(f"field 'attention.sliding.kv_heads': got {sliding['kv_heads']}, expected a divisor of "
+                            f"heads ({d['heads']})")
+        if sliding["window"] > d["context_length"]:
+            problems.append(f"field 'attention.sliding.window': got {sliding['window']}, expected <= "
+                            f"context_length ({d['context_length']}); pass a longer context")
+        if d["weights"]["dtype"] in ("q8_0", "q4_0") and (d["heads"] * sliding["head_dim"]) % 32:
+            problems.append(f"field 'attention.sliding.head_dim': heads * {sliding['head_dim']} is not a multiple "
+                            f"of 32, needed for weights.dtype {d['weights']['dtype']}")
+    if d.get("ffn_act") == "swiglu_oai" and not d.get("swiglu"):
+        problems.append("field 'swiglu': missing, expected alpha and limit for ffn_act swiglu_oai")
+    if d.get("block") == "gemma4":
+        if not d.get("dense_ffn_size"):
+            problems.append("field 'dense_ffn_size': missing or 0, expected the MLP size of block gemma4")
+        if d.get("dense_layers") or d.get("shared_experts"):
+            problems.append("fields 'dense_layers' / 'shared_experts': block gemma4 has an MLP beside the experts "
+                            "on every layer, and no other dense layer or shared expert")
     return problems
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
 
 from . import config as config_mod
 from . import kquant
@@ -18,18 +19,41 @@ from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
 from .errors import ConfigError, ModelError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .safetensors_io import Checkpoint
-from .weights import expected_shapes, write_weights
+from .weights import expected_shapes, rope_freqs, write_weights
 
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # derived buffers some checkpoints carry
+# Gemma4ForConditionalGeneration: the text model sits under this prefix; the
+# vision and audio towers (and their embedders) beside it are not run.
+MULTIMODAL_TEXT_PREFIX = "model.language_model."
+MULTIMODAL_OTHER = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+# Gemma 4's per-layer tensors (engine name -> checkpoint name under the layer).
+GEMMA4_LAYER = {
+    "attn_norm": "input_layernorm.weight", "attn_post_norm": "post_attention_layernorm.weight",
+    "ffn_norm": "pre_feedforward_layernorm.weight", "ffn_post_norm_1": "post_feedforward_layernorm_1.weight",
+    "ffn_pre_norm_2": "pre_feedforward_layernorm_2.weight", "ffn_post_norm_2": "post_feedforward_layernorm_2.weight",
+    "ffn_post_norm": "post_feedforward_layernorm.weight", "ffn_router": "router.proj.weight",
+    "ffn_router_scale": "router.scale", "ffn_expert_scale": "router.per_expert_scale",
+    "layer_scalar": "layer_scalar",
+}
+# gpt-oss's per-layer tensors beyond the shared attention names.
+GPT_OSS_LAYER = {
+    "attn_o_bias": "self_attn.o_proj.bias", "attn_sinks": "self_attn.sinks", "ffn_router": "mlp.router.weight",
+    "ffn_router_bias": "mlp.router.bias",
+}
 
 
 class TensorSource:
     """Finds each engine tensor in the checkpoint, whatever the release's
     naming: per-expert w1/w2/w3 or gate/up/down_proj, or fused 3-D experts."""
 
-    def __init__(self, ckpt: Checkpoint):
+    def __init__(self, ckpt: Checkpoint, cfg: dict | None = None):
         self.ckpt = ckpt
         self.used: set[str] = set()
+        self.gemma = bool(cfg) and cfg.get("block") == "gemma4"
+        self.cfg = cfg
+        self.gpt_oss = bool(cfg) and cfg.get("architecture") == "gpt_oss"
+        # "model." normally; the multimodal wrapper's text model otherwise.
+        self.prefix = MULTIMODAL_TEXT_PREFIX if MULTIMODAL_TEXT_PREFIX + "embed_tokens.weight" in ckpt else "model."
 
     def _take(self, name, shape, index=None):
         self.used.add(name)
@@ -42,15 +66,17 @@ class TensorSource:
         raise ModelError(f"tensor for '{what}' is missing from the checkpoint (looked for {', '.join(candidates)})")
 
     def expert(self, layer: int, expert: int, role: str, shape):
-        base = f"model.layers.{layer}"
+        base = f"{self.prefix}layers.{layer}"
         per_expert = [f"{base}.{p}.experts.{expert}.{n}.weight" for p in MOE_PREFIXES for n in EXPERT_NAMES[role]]
         for name in per_expert:
             if name in self.ckpt:
                 return self._take(name, shape)
+        # Fused [E, ...] tensors: under the MoE block, or beside it (Gemma 4).
+        fused_at = [f"{base}.{p}.experts" for p in MOE_PREFIXES] + [f"{base}.experts"]
         if role == "down":
-            fused = self._first([f"{base}.{p}.experts.down_proj" for p in MOE_PREFIXES], f"layer {layer} expert {expert} down")
+            fused = self._first([f"{f}.down_proj" for f in fused_at], f"layer {layer} expert {expert} down")
             return self._take(fused, shape, expert)
-        fused = self._first([f"{base}.{p}.experts.gate_up_proj" for p in MOE_PREFIXES] + per_expert,
+        fused = self._first([f"{f}.gate_up_proj" for f in fused_at] + per_expert,
                             f"layer {layer} expert {expert} {role}")
         both = self._take(fused, None, expert)  # [2I, H]: gate rows, then up rows
         if both.shape != (2 * shape[0], shape[1]):
@@ -58,16 +84,45 @@ class TensorSource:
                              f"expected {[2 * shape[0], shape[1]]}")
         return both[: shape[0]] if role == "gate" else both[shape[0]:]
 
+    def gpt_oss_expert(self, layer: int, expert: int, role: str, shape):
+        """gpt-oss's fused experts, stored transposed: gate_up_proj [E, H, 2I]
+        with gate and up interleaved (columns 0::2 and 1::2), down_proj
+        [E, I, H]; their biases [E, 2I] (interleaved too) and [E, H]."""
+        base = f"{self.prefix}layers.{layer}.mlp.experts."
+        part = slice(0, None, 2) if role.startswith("gate") else slice(1, None, 2)
+        if role in ("gate", "up"):
+            array = self._take(base + "gate_up_proj", None, expert)[:, part].T
+        elif role == "down":
+            array = self._take(base + "down_proj", None, expert).T
+        elif role == "down_bias":
+            array = self._take(base + "down_proj_bias", None, expert)
+        else:
+            array = self._take(base + "gate_up_proj_bias", None, expert)[part]
+        if array.shape != tuple(shape):
+            raise ModelError(f"tensor '{base}{role}' of expert {expert} has shape {list(array.shape)} once split, "
+                             f"expected {list(shape)}")
+        return np.ascontiguousarray(array)
+
     def get(self, name: str, shape):
+        if name == "rope_freqs":  # worked out from the config, as transformers does
+            return rope_freqs(self.cfg)
         if name == "tok_embd":
-            return self._take("model.embed_tokens.weight", shape)
+            return self._take(self.prefix + "embed_tokens.weight", shape)
         if name == "output":
             return self._take("lm_head.weight", shape)
         if name == "output_norm":
-            return self._take("model.norm.weight", shape)
+            return self._take(self.prefix + "norm.weight", shape)
         _, layer, rest = name.split(".", 2)
         layer = int(layer)
-        base = f"model.layers.{layer}"
+        base = f"{self.prefix}layers.{layer}"
+        if self.gemma and rest in GEMMA4_LAYER:
+            return self._take(f"{base}.{GEMMA4_LAYER[rest]}", shape)
+        if self.gpt_oss:
+            if rest.startswith("expert."):
+                _, expert, role = rest.split(".")
+                return self.gpt_oss_expert(layer, int(expert), role, shape)
+            if rest in GPT_OSS_LAYER:
+                return self._take(f"{base}.{GPT_OSS_LAYER[rest]}", shape)
         if rest in ATTENTION:
             return self._take(f"{base}.{ATTENTION[rest]}", shape)
         if rest == "ffn_router":
@@ -86,6 +141,8 @@ class TensorSource:
     def unused(self, cfg: dict) -> list[str]:
         def ignorable(name):
             if name.endswith(IGNORED_TENSORS) or 0 in self.ckpt.shape(name):
+                return True
+            if self.prefix == MULTIMODAL_TEXT_PREFIX and name.startswith(MULTIMODAL_OTHER):
                 return True
             # Qwen2-MoE with shared_expert_intermediate_size 0 still saves the
             # gate of its empty shared expert: it scales a zero vector.
@@ -115,11 +172,26 @@ def model_config(hf_dir: Path, dtype: str, name: str, context_length: int | None
     if model_type not in BY_MODEL_TYPE:
         raise ConfigError(f"{path}: architecture '{model_type}' is not supported; supported: "
                           f"{', '.join(sorted(BY_MODEL_TYPE))}")
-    fields = BY_MODEL_TYPE[model_type].model_fields(hf, context_length)
+    if isinstance(raw.get("text_config"), dict):
+        # A multimodal wrapper (Gemma4ForConditionalGeneration): the text
+        # model's config is text_config; the towers' are not read.
+        outer = hf
+        text = raw["text_config"]
+        if "tie_word_embeddings" in raw and "tie_word_embeddings" not in text:
+            text = {**text, "tie_word_embeddings": raw["tie_word_embeddings"]}
+        outer.get("text_config")
+        outer.get("tie_word_embeddings")
+        outer.check_all_used(tuple(allow_fields) + tuple(
+            k for k in raw if k.endswith(("_config", "_token_id", "_token_index", "_token_ids"))))
+        hf = HFConfig(text, f"{path} (text_config)")
+    module = BY_MODEL_TYPE[model_type]
+    fields = module.model_fields(hf, context_length)
     hf.check_all_used(allow_fields)
-    cfg = {"format_version": 1, "name": name, "architecture": model_type, **fields,
+    architecture = getattr(module, "ARCHITECTURE", model_type)
+    cfg = {"format_version": 1, "name": name, "architecture": architecture, **fields,
            "batch_slots": batch_slots, "weights": {"file": "weights.cbw", "dtype": dtype},
-           "tokenizer": {"kind": "none", "bos_id": raw.get("bos_token_id"), "eos_id": _first_id(raw.get("eos_token_id"))},
+           "tokenizer": {"kind": "none", "bos_id": hf.data.get("bos_token_id", raw.get("bos_token_id")),
+                         "eos_id": _first_id(hf.data.get("eos_token_id", raw.get("eos_token_id")))},
            "source": {"format": "huggingface", "model_type": model_type}}
     return cfg, raw
 
@@ -170,7 +242,7 @@ def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None
             cfg["weights"].update(kquant.plan(cfg, mix, expected_shapes(cfg)))
             cfg["source"]["quantization"] = mix
             cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
-        source = TensorSource(Checkpoint(hf_dir))
+        source = TensorSource(Checkpoint(hf_dir), cfg)
         shapes = expected_shapes(cfg)
         with click.progressbar(shapes, label=f"converting to {dtype}", file=sys.stderr,
                                show_pos=True, hidden=not progress) as bar:

@@ -21,8 +21,9 @@ _ALIGN = 64
 _F32 = _I32 = _ATOMIC_INT = 4
 _BLOCK_Q8_0 = 34        # cb_block_q8_0: fp16 scale + 32 int8
 _FFN_UNIT = 16          # cb_ffn_unit: a pointer and two ints
-_FFN_WEIGHTS = 88       # cb_ffn_weights: 3 cb_tensor (24 each), a pointer, a size_t
-_LAYER_WEIGHTS = 376    # cb_layer_weights
+_FFN_WEIGHTS = 112      # cb_ffn_weights: 3 cb_tensor (24 each), 3 bias pointers, a pointer, a size_t
+_LAYER_WEIGHTS = 520    # cb_layer_weights
+_POINTER = _SIZE_T = 8
 _ATTN_BLOCK = 4         # CB_ATTN_BLOCK (kernels.h): queries a worker scores at once
 _QK = 32                # CB_QK
 GENERIC_MAX_BATCH = 64  # CB_MAX_BATCH of the generic build (render.py)
@@ -50,16 +51,19 @@ def weight_bytes(model: Path, cfg: dict | None = None) -> dict:
     dense, experts = first_expert, size - first_expert
     working_set = experts // d["n_experts"] * d["top_k"] if d["n_experts"] else 0
     least = dense - (0 if d["tied_embeddings"] else embd.nbytes - embd_row) + working_set
-    return {"dims": d, "dense": dense, "experts": experts, "embd": embd.nbytes, "embd_row": embd_row,
+    return {"dims": d, "layers": header["layers"], "dense": dense, "experts": experts, "embd": embd.nbytes,
+            "embd_row": embd_row,
             "working_set": working_set, "least": least}
 
 
-def kv_bytes_per_slot(d: dict, kv: str = "f32") -> int:
-    """One slot's KV cache: K and V for every layer, position and KV head."""
-    return 2 * d["n_layers"] * d["context_len"] * d["n_kv_heads"] * d["head_dim"] * (2 if kv == "f16" else 4)
+def kv_bytes_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None) -> int:
+    """One slot's KV cache: K and V for every layer, position and KV head
+    (layers: the header's per-layer KV heads and head sizes, else all as d)."""
+    layers = layers or [{"kv_heads": d["n_kv_heads"], "head_dim": d["head_dim"]}] * d["n_layers"]
+    return sum(2 * d["context_len"] * ld["kv_heads"] * ld["head_dim"] * (2 if kv == "f16" else 4) for ld in layers)
 
 
-def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int) -> int:
+def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: list[dict] | None = None) -> int:
     """The engine's arena less the KV cache (kv_total bytes, every slot's):
     carve() in engine.c, buffer by buffer in its order, each start 64-byte
     aligned (so the padding after the K cache counts), then the experts'
@@ -70,19 +74,27 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int) -> int:
         nonlocal used
         used = (used + _ALIGN - 1) // _ALIGN * _ALIGN + n
 
-    B, H, hd = max_batch, d["hidden"], d["head_dim"]
-    q_dim, kv_dim, E, k = d["n_heads"] * hd, d["n_kv_heads"] * hd, d["n_experts"], d["top_k"]
+    B, H = max_batch, d["hidden"]
+    ctx, L = d["context_len"], d["n_layers"]
+    layers = layers or [{"kv_heads": d["n_kv_heads"], "head_dim": d["head_dim"], "rope_theta": d["rope_theta"],
+                         "rope_pairs": d["head_dim"] // 2}] * L
+    q_dim = max(d["n_heads"] * ld["head_dim"] for ld in layers)
+    kv_dim = max(ld["kv_heads"] * ld["head_dim"] for ld in layers)
+    E, k = d["n_experts"], d["top_k"]
+    # One RoPE table per distinct (head_dim, theta, pairs) (rope_twin in engine.c).
+    rope = sum(ctx * hd // 2 for hd, _, _ in {(ld["head_dim"], ld["rope_theta"], ld["rope_pairs"]) for ld in layers})
     ffn_max = max(d["expert_ffn"], d["shared_ffn"], d["dense_ffn"])
     xq_stride = (max(H, q_dim, ffn_max) + _QK - 1) // _QK
-    ctx, L = d["context_len"], d["n_layers"]
     for count, size in [
-        (B * H, _F32), (B * H, _F32), (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
+        (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, max(ld["head_dim"] for ld in layers)), _F32),
+        (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
         (B * q_dim, _F32), (B * H, _F32), (threads * _ATTN_BLOCK * ctx, _F32), (B + 1, _I32),
         (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),
         (B * (k + 1), _F32), (E + 1, _FFN_UNIT), (B * (k + 1) * ffn_max, _F32), (B * (k + 1) * ffn_max, _F32),
         (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
         (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0), (B, _F32),
-        (B * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (ctx * hd // 2, _F32), (ctx * hd // 2, _F32),
+        (B * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (rope, _F32), (rope, _F32), (L, _POINTER),
+        (L, _POINTER), (L, _SIZE_T),
     ]:
         take(count * size)
     take(kv_total // 2)  # the K cache
@@ -101,9 +113,9 @@ def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "f32
     """What cb_engine_memory() reports for the model served with these
     threads, slots, batch and KV cache type."""
     w = weight_bytes(model, cfg)
-    d = w["dims"]
-    per_slot = kv_bytes_per_slot(d, kv)
-    arena = arena_bytes(d, threads, max_batch, per_slot * slots)
+    d, layers = w["dims"], w["layers"]
+    per_slot = kv_bytes_per_slot(d, kv, layers)
+    arena = arena_bytes(d, threads, max_batch, per_slot * slots, layers)
     return {
         "dense_bytes": w["dense"],
         "experts_bytes": w["experts"],

@@ -1,8 +1,9 @@
 """Weight encodings of the .cbw file, in NumPy: f32, f16, bf16 and GGML's
-q8_0 / q4_0 blocks (32 weights with an fp16 scale), bit-exact with the C
-reference quantizers in templates/src/kernels/quants.c; and the row sizes of
-the other GGML block types, which GGUF files bring (moved as they are) or
-kquant.py quantizes to (Q4_K, Q5_K, Q6_K, Q5_0)."""
+q8_0 / q4_0 blocks (32 weights with an fp16 scale). Bit-exact with the C
+reference quantizers in templates/src/kernels/quants.c. GGML's other block
+types (GGML_BLOCKS: K-quants, IQ4, MXFP4), as GGUF files hold them, are read
+here (dequantize); of those, kquant.py writes Q4_K, Q5_K, Q6_K and Q5_0
+(ENCODED_GGML: convert --dtype q4_k_m etc.)."""
 
 from __future__ import annotations
 
@@ -18,22 +19,26 @@ BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}
 # as four GGML rows, reordered so that the kernels read one stream, load four
 # scales at once and hold two rows' halves in one 256-bit vector (dims.h).
 X4 = {"q8_0x4": "q8_0", "q4_0x4": "q4_0"}
-# GGML block types kept bit for bit from GGUF files: (weights, bytes) a block
-# (ggml-common.h). The engine's kernels read them; the toolkit moves their
-# bytes, and quantizes to those of ENCODED_GGML itself (kquant.py: convert
-# --dtype q4_k_m etc.).
+
+
+# GGML's other block types, kept bit for bit as GGUF files hold them (dims.h
+# ids 8..18; kernels/kquants.c spells out the layouts): weights per block and
+# bytes per block.
 GGML_BLOCKS = {"q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
                "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210), "iq4_nl": (32, 18),
                "iq4_xs": (256, 136), "mxfp4": (32, 17)}
+# Those the toolkit also quantizes to (kquant.py); the others only come from GGUF files.
 ENCODED_GGML = ("q4_k", "q5_k", "q6_k", "q5_0")
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # E2M1, doubled
 
 
 def base_dtype(dtype: str) -> str:
     return X4.get(dtype, dtype)
 
 
-def block_size(dtype: str) -> int:
-    """Weights per block (1 for the float types)."""
+def block_elems(dtype: str) -> int:
+    """Weights per block (1 for the float types): rows are whole blocks."""
     dtype = base_dtype(dtype)
     if dtype in GGML_BLOCKS:
         return GGML_BLOCKS[dtype][0]
@@ -41,15 +46,15 @@ def block_size(dtype: str) -> int:
 
 
 def row_bytes(dtype: str, cols: int) -> int:
-    """Bytes of one row of cols weights (cols a multiple of block_size)."""
+    """Bytes of one row of cols weights (cols a multiple of block_elems)."""
     dtype = base_dtype(dtype)
     if dtype == "f32":
         return 4 * cols
     if dtype in ("f16", "bf16"):
         return 2 * cols
     if dtype in GGML_BLOCKS:
-        weights, nbytes = GGML_BLOCKS[dtype]
-        return cols // weights * nbytes
+        elems, size = GGML_BLOCKS[dtype]
+        return cols // elems * size
     return cols // QK * BLOCK_BYTES[dtype]
 
 
@@ -119,16 +124,107 @@ def deinterleave4(raw: np.ndarray, size: int, rows: int) -> np.ndarray:
     return np.concatenate([scales, quants], axis=3).transpose(0, 2, 1, 3).reshape(rows, nb, size)
 
 
+def _half(b: np.ndarray) -> np.ndarray:
+    """[n, 2] bytes -> [n, 1] float32 of the fp16 they hold."""
+    return np.ascontiguousarray(b).view("<f2").astype(np.float32).reshape(-1, 1)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[n, 16k] bytes -> [n, 32k]: per 16 bytes the low nibbles, then the high ones."""
+    q = qs.reshape(qs.shape[0], -1, 1, 16)
+    return np.concatenate([q & 0xF, q >> 4], axis=2).reshape(qs.shape[0], -1)
+
+
+def _bits(b: np.ndarray, n: int) -> np.ndarray:
+    """[rows, n / 8] bytes -> [rows, n] of bit j of the little-endian bit string."""
+    return np.unpackbits(b, axis=1, bitorder="little")[:, :n]
+
+
+def _scale_min_k4(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: 12 bytes -> the 8 6-bit scales and 8 mins (kquants.c)."""
+    a, b, c = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = np.concatenate([a & 63, (c & 0xF) | ((a >> 6) << 4)], axis=1)
+    mn = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _k_low2(qs: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K: [n, 64] bytes -> [n, 256] 2-bit values: weight e at
+    qs[32 * (e // 128) + e % 32] >> 2 * ((e % 128) // 32)."""
+    q = qs.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    return (q & 3).reshape(-1, 256)
+
+
+def dequantize_ggml(blocks: np.ndarray, dtype: str) -> np.ndarray:
+    """[n, block bytes] of one of GGML_BLOCKS -> [n, block weights] float32,
+    in gguf.quants' float arithmetic (products rounded before sums), so the
+    same bits."""
+    f = np.float32
+    if dtype in ("q4_1", "q5_1"):
+        d, m = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
+        q = _nibbles(blocks[:, 8:] if dtype == "q5_1" else blocks[:, 4:])
+        if dtype == "q5_1":
+            q = q | (_bits(blocks[:, 4:8], 32) << 4)
+        return d * q.astype(f) + m
+    if dtype == "q5_0":
+        q = (_nibbles(blocks[:, 6:]) | (_bits(blocks[:, 2:6], 32) << 4)).astype(np.int8) - np.int8(16)
+        return _half(blocks[:, 0:2]) * q.astype(f)
+    if dtype == "iq4_nl":
+        return _half(blocks[:, 0:2]) * IQ4NL_VALUES[_nibbles(blocks[:, 2:])].astype(f)
+    if dtype == "mxfp4":
+        e = blocks[:, 0:1].astype(np.uint32)
+        d = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23)).astype(np.uint32).view(f)
+        return d * MXFP4_VALUES[_nibbles(blocks[:, 1:])].astype(f)
+    n = blocks.shape[0]
+    if dtype == "q2_k":
+        sc, q = blocks[:, 0:16], _k_low2(blocks[:, 16:80]).reshape(n, 16, 16).astype(f)
+        d, dmin = _half(blocks[:, 80:82]), _half(blocks[:, 82:84])
+        dl, ml = (d * (sc & 0xF).astype(f))[:, :, None], (dmin * (sc >> 4).astype(f))[:, :, None]
+        return (dl * q - ml).reshape(n, 256)
+    if dtype == "q3_k":
+        s = blocks[:, 96:108]
+        lo = np.concatenate([s[:, 0:8] & 0xF, s[:, 0:8] >> 4], axis=1)
+        hi = (s[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16) & 3
+        scales = ((lo | (hi << 4)).astype(np.int8) - np.int8(32)).astype(f)
+        h = _bits(blocks[:, 0:32], 256).reshape(n, 32, 8).transpose(0, 2, 1).reshape(n, 256)  # hmask[e % 32] bit e // 32
+        q = _k_low2(blocks[:, 32:96]).astype(np.int8) - ((1 - h) << 2).astype(np.int8)
+        dl = (_half(blocks[:, 108:110]) * scales)[:, :, None]
+        return (dl * q.reshape(n, 16, 16).astype(f)).reshape(n, 256)
+    if dtype in ("q4_k", "q5_k"):
+        d, dmin = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
+        sc, mn = _scale_min_k4(blocks[:, 4:16])
+        qs = blocks[:, 48:] if dtype == "q5_k" else blocks[:, 16:]
+        q = qs.reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+        q = (q & 0xF).reshape(n, 8, 32)
+        if dtype == "q5_k":  # group g's 5th bit: qh[l] bit g
+            q = q | (_bits(blocks[:, 16:48], 256).reshape(n, 32, 8).transpose(0, 2, 1) << 4)
+        return ((d * sc)[:, :, None] * q.astype(f) - (dmin * mn)[:, :, None]).reshape(n, 256)
+    if dtype == "q6_k":
+        ql, qh = blocks[:, 0:128], blocks[:, 128:192]
+        scales = blocks[:, 192:208].view(np.int8).astype(f)
+        lo = ((ql.reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0xF).reshape(n, 2, 4, 32)
+        hi = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3)
+        q = (lo | (hi << 4)).astype(np.int8) - np.int8(32)
+        dl = (_half(blocks[:, 208:210]) * scales)[:, :, None]
+        return (dl * q.reshape(n, 16, 16).astype(f)).reshape(n, 256)
+    if dtype == "iq4_xs":
+        d = _half(blocks[:, 0:2])
+        sh = blocks[:, 2:4].copy().view("<u2").astype(np.uint32)
+        sl = blocks[:, 4:8]
+        lo = np.stack([sl & 0xF, sl >> 4], axis=2).reshape(n, 8)
+        hi = (sh >> (2 * np.arange(8, dtype=np.uint32))) & 3
+        ls = (lo.astype(np.int32) | (hi.astype(np.int32) << 4)) - 32
+        dl = (d * ls.astype(f))[:, :, None]
+        q = IQ4NL_VALUES[_nibbles(blocks[:, 8:])].astype(f).reshape(n, 8, 32)
+        return (dl * q).reshape(n, 256)
+    raise ValueError(f"unknown GGML block type {dtype!r}")
+
+
 def dequantize(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """Raw bytes of a tensor -> float32 array of shape."""
-    if dtype in GGML_BLOCKS:  # for tools and tests: the gguf package's reference dequantizers
-        try:
-            from gguf import GGMLQuantizationType, quants
-        except ImportError:
-            raise ValueError(f"dequantizing {dtype} needs the gguf package (pip install gguf)") from None
-        kind = GGMLQuantizationType[dtype.upper()]
-        rows = raw.reshape(-1, row_bytes(dtype, shape[-1]))
-        return quants.dequantize(rows, kind).astype(np.float32).reshape(shape)
+    if dtype in GGML_BLOCKS:
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, GGML_BLOCKS[dtype][1])
+        return dequantize_ggml(blocks, dtype).reshape(shape)
     if dtype in X4:
         dtype = X4[dtype]
         raw = deinterleave4(raw, BLOCK_BYTES[dtype], int(np.prod(shape[:-1])))
@@ -161,6 +257,11 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
     if dtype in ENCODED_GGML:  # quantized by kquant.py, in GGML's row layout (it checks the row length)
         from .kquant import ENCODERS
         return ENCODERS[dtype](x).tobytes()
+    if dtype in GGML_BLOCKS:  # kept as a GGUF file holds them; never re-encoded from floats
+        raise ValueError(f"{dtype}: the toolkit reads this GGML type but does not quantize to it "
+                         f"(it can write {', '.join(DTYPES + ENCODED_GGML)})")
+    if base_dtype(dtype) not in BLOCK_BYTES:
+        raise ValueError(f"unknown weight type {dtype!r}")
     if x.shape[-1] % QK:
         raise ValueError(f"{dtype} needs rows whose length is a multiple of {QK}, got {x.shape[-1]}")
     base = base_dtype(dtype)

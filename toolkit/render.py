@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,18 @@ def context(inputs: RenderInputs) -> dict:
         "cpu_check_c_flags": _cpu_check_c_flags(inputs, fallbacks),
         "version": __version__,
         "c_float": _c_float,
+        # K and V elements one token caches over all layers (layers differ in
+        # KV heads and head size: Gemma 4).
+        "kv_elements_per_token": _kv_elements_per_token(cfg) if cfg else 0,
     }
+
+
+def _kv_elements_per_token(cfg: dict) -> int:
+    """As weights.layer_descs shapes the layers (not imported: no numpy in
+    the wheel build)."""
+    sliding = cfg["attention"].get("sliding")
+    return sum(2 * (sliding["kv_heads"] * sliding["head_dim"] if kind == "sliding" else
+                    cfg["kv_heads"] * cfg["head_dim"]) for kind in cfg["layer_types"])
 
 
 RENDER_RECORD = "colibri-render.json"  # also marks a folder as a render (render_into)
@@ -94,11 +106,35 @@ RENDER_RECORD = "colibri-render.json"  # also marks a folder as a render (render
 
 def render_tree(inputs: RenderInputs, out: Path) -> Path:
     """Writes the rendered project into out, a folder the toolkit owns (a
-    build folder): whatever it held is replaced. Returns out."""
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    _write_tree(inputs, out)
+    build folder): afterwards it holds exactly the render. A file whose
+    bytes did not change is left as it was, so rendering the same inputs
+    again leaves Ninja nothing to recompile (a second build of one model,
+    e.g. with --embed-weights, takes seconds). Returns out."""
+    fresh = out.with_name(out.name + ".new")
+    if fresh.exists():
+        shutil.rmtree(fresh)
+    fresh.mkdir(parents=True)
+    _write_tree(inputs, fresh)
+    if not out.is_dir():
+        if out.exists() or out.is_symlink():
+            out.unlink()
+        fresh.rename(out)
+        return out
+    new_files = {p.relative_to(fresh) for p in fresh.rglob("*") if not p.is_dir()}
+    for old in sorted(out.rglob("*"), reverse=True):  # what the render no longer has
+        rel = old.relative_to(out)
+        if old.is_dir() and not old.is_symlink():
+            if not (fresh / rel).is_dir():
+                shutil.rmtree(old)
+        elif rel not in new_files:
+            old.unlink()
+    for rel in sorted(new_files):
+        dest = out / rel
+        if dest.is_file() and not dest.is_symlink() and dest.read_bytes() == (fresh / rel).read_bytes():
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(fresh / rel, dest)
+    shutil.rmtree(fresh)
     return out
 
 

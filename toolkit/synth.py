@@ -12,9 +12,9 @@ import numpy as np
 from . import config as config_mod
 from .errors import ConfigError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
-from .weights import expected_shapes, write_weights
+from .weights import expected_shapes, rope_freqs, write_weights
 
-ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4")
 
 # What each architecture adds to the shared shape, as model-config fields.
 ARCH_FEATURES = {
@@ -23,7 +23,27 @@ ARCH_FEATURES = {
                   "shared_expert_gate": True},
     "qwen3_moe": {"router": "softmax_topk_renorm", "attention": {"qk_norm": "per_head"}},
     "olmoe": {"router": "softmax_topk", "attention": {"qk_norm": "whole"}},
+    "gemma4": {"router": "softmax_topk_renorm", "block": "gemma4", "ffn_act": "gelu_tanh", "logit_softcap": 30.0,
+               "tie_word_embeddings": True},
 }
+
+
+def gemma4_features(dims: dict) -> dict:
+    """Gemma 4's layout on a preset's shape, as the 26B-A4B has it: 5
+    sliding layers to 1 full (the last full), full layers with twice the head
+    size and half the KV heads (v = k there), a quarter of their RoPE pairs
+    rotated, a window of a sixteenth of the context, an MLP of twice the
+    experts' size beside them."""
+    n, d = dims["layers"], dims.get("head_dim") or dims["hidden_size"] // dims["heads"]
+    types = ["sliding" if (i + 1) % 6 and i != n - 1 else "full" for i in range(n)]
+    return {
+        "layer_types": types, "head_dim": 2 * d, "kv_heads": max(1, dims["kv_heads"] // 2),
+        "dense_ffn_size": 2 * dims["expert_ffn_size"],
+        "embed_scale": float(np.float32(dims["hidden_size"] ** 0.5)),
+        "attention": {"qk_norm": "per_head", "v_norm": True, "k_eq_v": True, "scale": 1.0,
+                      "sliding": {"window": max(4, dims["context_length"] // 16), "head_dim": d,
+                                  "kv_heads": dims["kv_heads"], "rope_theta": 10000.0}},
+    }
 
 # Byte tokenizer layout: ids 0..255 are bytes, then these specials.
 BYTE_SPECIALS = {"bos_id": 256, "eos_id": 257}
@@ -53,6 +73,10 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
     dims = dict(PRESETS[preset])
     dims.update({k: v for k, v in overrides.items() if v is not None})
     features = dict(ARCH_FEATURES[arch])
+    if arch == "gemma4":
+        features.update(gemma4_features(dims))
+        dims.pop("head_dim", None)
+        dims.pop("kv_heads")
     if features.get("shared_experts"):
         features["shared_expert_ffn_size"] = 2 * dims["expert_ffn_size"]
     if tokenizer is not None:  # a real vocabulary: the embedding has one row per token
@@ -64,7 +88,7 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
         **dims,
         **features,
         "norm_eps": 1e-5,
-        "rope": {"theta": 10000.0},
+        "rope": {"theta": 1e6, "partial_rotary_factor": 0.25} if arch == "gemma4" else {"theta": 10000.0},
         "batch_slots": 8,
         "weights": {"file": "weights.cbw", "dtype": dtype},
         "tokenizer": tokenizer or {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
@@ -76,7 +100,9 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
 def random_tensors(cfg: dict, seed: int):
     rng = np.random.default_rng(seed)
     for name, shape in expected_shapes(cfg):
-        if name.endswith("norm"):
+        if name == "rope_freqs":  # not random: the config's YaRN frequencies
+            yield name, rope_freqs(cfg)
+        elif name.endswith(("norm", "norm_1", "norm_2", "_scale", "layer_scalar")):
             # Near 1, not exactly: a norm weight read from the wrong place shows.
             yield name, (1 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         else:

@@ -3,7 +3,7 @@ writes it from a Hugging Face tokenizer.json (+ tokenizer_config.json), a
 GGUF file's vocabulary or a SentencePiece tokenizer.model. Layout mirrors
 templates/src/tokenizer.h: a fixed header, then token texts (as the encoder
 sees them and as they decode), attributes, merges, added tokens and the
-reduced chat template."""
+chat template."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from .errors import ModelError
 
 MAGIC = b"CBTOKEN\0"
-VERSION = 1
+VERSION = 2  # 2: the chat section is the Jinja template's source
 FILE_NAME = "tokenizer.cbt"
 NO_TOKEN = 0xFFFFFFFF
 
@@ -138,18 +138,19 @@ def convert_tokenizer(src_dir: Path, out_dir: Path, chat_template: str | Path | 
     file) and returns model-config.json's `tokenizer` section. chat_template:
     a Jinja file or text used instead of the source's own template; "none"
     leaves the chat template out."""
-    from .chat_template import reduce_template
+    from .chat_template import check_template
     vocab = load_vocab(Path(src_dir))
     template = vocab.chat_template
     if chat_template is not None:
         template = None if str(chat_template) == "none" else _template_text(chat_template)
-    reduced = reduce_template(template, vocab) if template else None
-    if reduced is not None and reduced.eot is not None:
-        vocab.eot = reduced.eot
+    if template:
+        eot = check_template(template, vocab)
+        if eot is not None:
+            vocab.eot = eot
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise TokenizerError(f"{out_dir} is a file; expected the model folder to write {FILE_NAME} into")
-    data = pack(vocab, reduced.strings_list() if reduced else [])
+    data = pack(vocab, [template.encode()] if template else [])
     from .outputs import replace_file, write_failed
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +160,9 @@ def convert_tokenizer(src_dir: Path, out_dir: Path, chat_template: str | Path | 
     section = {"kind": vocab.kind, "file": FILE_NAME, "tokens": len(vocab.tokens),
                "bos_id": vocab.bos if vocab.bos is not None else _first_special(vocab),
                "eos_id": vocab.eos if vocab.eos is not None else _first_special(vocab),
-               "add_bos": vocab.add_bos, "chat_template": reduced.summary() if reduced else None}
+               "add_bos": vocab.add_bos,
+               "chat_template": {"kind": "jinja", "bytes": len(template.encode()),
+                                 "end_of_turn": vocab.eot} if template else None}
     return section
 
 

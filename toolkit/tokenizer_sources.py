@@ -138,6 +138,8 @@ def from_hf_json(path: Path) -> Vocab:
         raise TokenizerError(f"{where}: model.type {model.get('type')!r} is not supported; expected 'BPE'",
                              hint="WordPiece and Unigram tokenizers are not implemented")
     norm = j.get("normalizer")
+    if _is_sentencepiece_style(j):
+        return _hf_sentencepiece_style(j, path, where)
     if norm and norm.get("type") != "NFC":
         raise TokenizerError(f"{where}: normalizer {norm.get('type')!r} is not supported (only NFC)")
     pretok = _hf_pretok(j, where)
@@ -175,6 +177,50 @@ def from_hf_json(path: Path) -> Vocab:
     v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
     template = cfg.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    jinja = path.with_name("chat_template.jinja")
+    v.chat_template = jinja.read_text() if jinja.exists() else template
+    return v
+
+
+def _is_sentencepiece_style(j: dict) -> bool:
+    """Gemma's tokenizer.json (transformers' GemmaTokenizer): BPE with byte
+    fallback over the text with every space replaced by U+2581, no prefix
+    space; the Split on " " that follows the normaliser finds no space left."""
+    norm, pre = j.get("normalizer") or {}, j.get("pre_tokenizer")
+    replaces = (norm.get("type") == "Replace" and (norm.get("pattern") or {}).get("String") == " "
+                and norm.get("content") == "\u2581")
+    split_noop = pre is None or (pre.get("type") == "Split" and (pre.get("pattern") or {}).get("String") == " ")
+    return bool((j.get("model") or {}).get("byte_fallback")) and replaces and split_noop
+
+
+def _hf_sentencepiece_style(j: dict, path: Path, where: str) -> Vocab:
+    model = j["model"]
+    added = j.get("added_tokens", [])
+    n = max([*model["vocab"].values(), *(a["id"] for a in added)]) + 1
+    texts, attrs = [""] * n, [ATTR_UNUSED] * n
+    for text, i in model["vocab"].items():
+        is_byte = len(text) == 6 and text.startswith("<0x") and text.endswith(">")
+        texts[i], attrs[i] = text, ATTR_BYTE if is_byte else ATTR_NORMAL
+    for a in added:
+        for opt in ("lstrip", "rstrip", "single_word"):
+            if a.get(opt):
+                raise TokenizerError(f"{where}: added token {a['content']!r} has {opt}=true, which is not supported")
+        texts[a["id"]], attrs[a["id"]] = a["content"], ATTR_SPECIAL if a.get("special") else ATTR_USER
+    v = _merged_pieces_vocab(texts, attrs, model.get("merges", []), where)
+    v.added = [(a["id"], ADDED_SPECIAL if a.get("special") else 0) for a in added]
+    cfg_path = path.with_name("tokenizer_config.json")
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    by_text = {t: i for i, t in reversed(list(enumerate(texts)))}
+    for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
+        name = _config_token(cfg.get(key))
+        if name is not None:
+            setattr(v, attr, by_text.get(name))
+    post = j.get("post_processor") or {}
+    single = post.get("single") or []
+    v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
+    template = cfg.get("chat_template")
+    if isinstance(template, list):
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     jinja = path.with_name("chat_template.jinja")
     v.chat_template = jinja.read_text() if jinja.exists() else template
@@ -219,9 +265,11 @@ def from_gguf(path: Path) -> Vocab:
                           ATTR_BYTE: spm_model.BYTE}[a]) for t, s, a in zip(tokens, scores, attrs)]
         v = _spm_vocab(pieces, where, dummy_prefix=bool(get("tokenizer.ggml.add_space_prefix", True)),
                        byte_fallback=any(a == ATTR_BYTE for a in attrs))
+    elif model == "gemma4":
+        v = _merged_pieces_vocab(tokens, attrs, get("tokenizer.ggml.merges", []), where)
     else:
         raise TokenizerError(f"{where}: tokenizer.ggml.model '{model}' is not supported; expected 'gpt2' "
-                             "(byte-level BPE) or 'llama' (SentencePiece BPE)")
+                             "(byte-level BPE), 'llama' (SentencePiece BPE) or 'gemma4'")
     v.added = [(i, ADDED_SPECIAL if a == ATTR_SPECIAL else 0) for i, a in enumerate(attrs)
                if a in (ATTR_SPECIAL, ATTR_USER) and tokens[i]]
     v.bos = get("tokenizer.ggml.bos_token_id", v.bos)
@@ -264,6 +312,27 @@ def _spm_vocab(pieces: list[tuple[str, float, int]], where: str, dummy_prefix: b
         v.flags.add("byte_fallback")
     if not any("\u2581" in p.lstrip("\u2581") for p in normal):
         v.flags.add("split_words")
+    return v
+
+
+def _merged_pieces_vocab(tokens: list[str], attrs: list[int], merges: list, where: str) -> Vocab:
+    """Gemma's tokenizer (GGUF model 'gemma4', or its tokenizer.json):
+    SentencePiece-style pieces (a space is U+2581, no dummy prefix, bytes as
+    <0xXX> pieces for what no piece spells) merged by an explicit merge
+    list, whose order is the rank."""
+    out, byte_ids = [], [NO_TOKEN] * 256
+    for i, (piece, attr) in enumerate(zip(tokens, attrs)):
+        if attr == ATTR_BYTE:
+            b = int(piece[3:5], 16)
+            byte_ids[b] = i
+            out.append((piece.encode(), bytes([b]), ATTR_BYTE))
+        else:
+            text = piece.replace("\u2581", " ").encode() if attr in (ATTR_NORMAL, ATTR_USER) else piece.encode()
+            out.append((piece.encode(), text, attr))
+    index = {t: i for i, t in reversed(list(enumerate(tokens))) if attrs[i] in (ATTR_NORMAL, ATTR_USER)}
+    v = Vocab(kind="spm", pretok="none", tokens=out, merges=_merges(merges, index, where), added=[],
+              byte_ids=byte_ids, source=where)
+    v.flags.add("byte_fallback")
     return v
 
 

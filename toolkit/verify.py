@@ -15,22 +15,25 @@ import numpy as np
 
 from . import config as config_mod
 from .errors import ModelError
-from .weights import (ARCH_IDS, CONFIG_FIELD, DIMS_FIELDS, DIMS_FLOATS, DTYPE_IDS, HEADER, QK_NORM_IDS, ROUTER_IDS,
-                      TOKENIZER_IDS, dims_from_config, read_header, tokenizer_info)
+from .weights import (ARCH_IDS, BLOCK_IDS, CONFIG_FIELD, DIMS_ALL, DIMS_FLOAT_FIELDS, DTYPE_IDS, FFN_ACT_IDS,
+                      HEADER, LAYER_FIELDS, QK_NORM_IDS, ROUTER_IDS, TOKENIZER_IDS, dims_from_config, layer_descs,
+                      read_header, tokenizer_info)
+
+FLOAT_FIELDS = DIMS_FLOAT_FIELDS
 
 PIECE = 8 << 20
 
 # Enum fields: id -> the config's spelling.
 ENUM_NAMES = {key: {v: k for k, v in ids.items()} for key, ids in
               (("arch", ARCH_IDS), ("router", ROUTER_IDS), ("weight_dtype", DTYPE_IDS), ("qk_norm", QK_NORM_IDS),
-               ("tokenizer.kind", TOKENIZER_IDS))}
+               ("block", BLOCK_IDS), ("ffn_act", FFN_ACT_IDS), ("tokenizer.kind", TOKENIZER_IDS))}
 
 
 def _show(key: str, value) -> str:
     names = ENUM_NAMES.get(key)
     if names is not None:
         return f'"{names[value]}"' if value in names else f"id {value}"
-    if key in DIMS_FLOATS:
+    if key in FLOAT_FIELDS:
         return f"{float(np.float32(value)):.9g}"
     return "null" if value == 0xFFFFFFFF and key.startswith("tokenizer.") else str(value)
 
@@ -77,14 +80,19 @@ def check_header(cfg: dict, weights: Path, config_path: Path) -> None:
     header = read_header(weights)  # checks the magic
     with open(weights, "rb") as fh:
         fields = HEADER.unpack(fh.read(HEADER.size))
-    after_dims = 5 + len(DIMS_FIELDS) + len(DIMS_FLOATS)
+    after_dims = 5 + len(DIMS_ALL)
     got_tok, name = fields[after_dims:after_dims + 3], fields[-1].split(b"\0", 1)[0].decode(errors="replace")
     want = dims_from_config(cfg)
     for key, got in header["dims"].items():
         expected = want[key]
-        same = np.float32(got) == np.float32(expected) if key in DIMS_FLOATS else got == expected
+        same = np.float32(got) == np.float32(expected) if key in FLOAT_FIELDS else got == expected
         if not same:
             raise _disagree(config_path, weights, CONFIG_FIELD[key], key, expected, got)
+    for layer, (a, b) in enumerate(zip(layer_descs(cfg), header["layers"])):
+        for key in LAYER_FIELDS:
+            if np.float32(a[key]) != np.float32(b[key]):
+                raise _disagree(config_path, weights, f"layer {layer} {key} (layer_types, attention.sliding, rope)",
+                                key, a[key], b[key])
     for label, a, b in zip(("tokenizer.kind", "tokenizer.bos_id", "tokenizer.eos_id"), tokenizer_info(cfg), got_tok):
         if a != b:
             raise _disagree(config_path, weights, label, label, a, b)

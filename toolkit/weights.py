@@ -22,17 +22,19 @@ from . import quant
 from .errors import ModelError
 
 MAGIC = b"COLIBRI\0"
-VERSION = 1
+VERSION = 2  # 2: per-layer descriptors after the tensor table, Gemma 4's header fields
 PAGE = 4096
 HUGE_PAGE = 2 << 20  # CB_HUGE_ALIGNMENT
 TENSOR_ALIGN = 64
 NAME_BYTES = 48
 
-ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4}
+ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4, "gemma4": 5, "gpt_oss": 6}
+BLOCK_IDS = {"pre_norm": 0, "gemma4": 1}
+FFN_ACT_IDS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
-ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2}
+ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2, "topk_softmax": 3}
+# 8..18: GGML's other block types, bit for bit as GGUF files hold them (dims.h).
 DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7,
-             # GGML's own block layouts, kept bit for bit from GGUF files (quant.GGML_BLOCKS).
              "q4_1": 8, "q5_0": 9, "q5_1": 10, "q2_k": 11, "q3_k": 12, "q4_k": 13, "q5_k": 14, "q6_k": 15,
              "iq4_nl": 16, "iq4_xs": 17, "mxfp4": 18}
 # Ids no longer written or read (dims.h), with what to tell the user.
@@ -41,14 +43,25 @@ DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
 TOKENIZER_IDS = {"none": 0, "bytes": 1, "bpe": 2, "spm": 3}  # enum cb_tokenizer_kind
 
 # cb_weights_header in weights.h: magic, version, alignment, n_tensors,
-# header_bytes, then cb_dims (20 u32 + 3 f32), cb_tok_info (8 u32), name.
+# header_bytes, then cb_dims (20 u32 + 3 f32, 3 u32 + 3 f32, 4 u32 + 3 f32), cb_tok_info
+# (8 u32), name. The file's tables: the header, the tensor table, then one
+# cb_layer_desc per layer (LAYER_DESC).
 DIMS_FIELDS = ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts",
                "top_k", "expert_ffn", "n_shared_experts", "shared_ffn", "context_len", "router",
                "weight_dtype", "qk_norm", "qkv_bias", "shared_gate", "dense_ffn", "tied_embeddings")
 DIMS_FLOATS = ("norm_eps", "rope_theta", "clip_qkv")
-HEADER = struct.Struct("<8sIIII" + "I" * len(DIMS_FIELDS) + "f" * len(DIMS_FLOATS) + "8I" + "64s")
+DIMS_FIELDS2 = ("block", "ffn_act", "v_norm")
+DIMS_FLOATS2 = ("attn_scale", "embed_scale", "logit_softcap")
+DIMS_FIELDS3 = ("o_bias", "attn_sinks", "router_bias", "expert_bias")
+DIMS_FLOATS3 = ("rope_attn_factor", "swiglu_alpha", "swiglu_limit")
+DIMS_ALL = DIMS_FIELDS + DIMS_FLOATS + DIMS_FIELDS2 + DIMS_FLOATS2 + DIMS_FIELDS3 + DIMS_FLOATS3
+DIMS_FLOAT_FIELDS = set(DIMS_FLOATS + DIMS_FLOATS2 + DIMS_FLOATS3)
+HEADER = struct.Struct("<8sIIII" + "".join("f" if f in DIMS_FLOAT_FIELDS else "I" for f in DIMS_ALL) + "8I" + "64s")
 TENSOR_ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QQQ")
-assert HEADER.size == 212 and TENSOR_ENTRY.size == 104
+# cb_layer_desc: window, head_dim, kv_heads, rope_pairs, k_eq_v, rope_theta, 2 reserved.
+LAYER_DESC = struct.Struct("<5If2I")
+LAYER_FIELDS = ("window", "head_dim", "kv_heads", "rope_pairs", "k_eq_v", "rope_theta")
+assert HEADER.size == 264 and TENSOR_ENTRY.size == 104 and LAYER_DESC.size == 32
 
 
 def _round_up(n: int, align: int) -> int:
@@ -68,7 +81,62 @@ def dims_from_config(cfg: dict) -> dict:
         "tied_embeddings": int(cfg["tie_word_embeddings"]),
         "norm_eps": float(np.float32(cfg["norm_eps"])), "rope_theta": float(np.float32(cfg["rope"]["theta"])),
         "clip_qkv": float(np.float32(cfg["attention"]["clip_qkv"] or 0.0)),
+        "block": BLOCK_IDS[cfg["block"]], "ffn_act": FFN_ACT_IDS[cfg["ffn_act"]],
+        "v_norm": int(cfg["attention"]["v_norm"]),
+        "attn_scale": float(np.float32(cfg["attention"]["scale"] or 0.0)),
+        "embed_scale": float(np.float32(cfg["embed_scale"] or 0.0)),
+        "logit_softcap": float(np.float32(cfg["logit_softcap"] or 0.0)),
+        "o_bias": int(cfg["attention"]["o_bias"]), "attn_sinks": int(cfg["attention"]["sinks"]),
+        "router_bias": int(cfg["router_bias"]), "expert_bias": int(cfg["expert_bias"]),
+        "rope_attn_factor": float(np.float32((cfg["rope"]["scaling"] or {}).get("attention_factor", 0.0))),
+        "swiglu_alpha": float(np.float32((cfg["swiglu"] or {}).get("alpha", 0.0))),
+        "swiglu_limit": float(np.float32((cfg["swiglu"] or {}).get("limit", 0.0))),
     }
+
+
+def rope_freqs(cfg: dict) -> np.ndarray | None:
+    """YaRN's inverse frequencies [head_dim/2] as transformers 5.23 works them
+    out (_compute_yarn_parameters, in float32 like torch), or None without
+    rope.scaling. The engine reads them from the 'rope_freqs' tensor."""
+    sc = cfg["rope"]["scaling"]
+    if not sc:
+        return None
+    import math
+    d, base, factor = cfg["head_dim"], cfg["rope"]["theta"], sc["factor"]
+    orig = sc["original_max_position_embeddings"]
+
+    def correction_dim(rotations):
+        return (d * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+    low, high = correction_dim(sc["beta_fast"]), correction_dim(sc["beta_slow"])
+    if sc["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    pos = np.float32(base) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
+    extrapolation = np.float32(1.0) / pos
+    interpolation = np.float32(1.0) / (np.float32(factor) * pos)
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extra = np.float32(1) - ramp.astype(np.float32)
+    return (interpolation * (1 - extra) + extrapolation * extra).astype(np.float32)
+
+
+def layer_descs(cfg: dict) -> list[dict]:
+    """Each layer's attention shape (cb_layer_desc): the sliding layers'
+    from attention.sliding, the full layers' from the top-level fields."""
+    out = []
+    sliding = cfg["attention"]["sliding"]
+    for kind in cfg["layer_types"]:
+        if kind == "sliding":
+            d = sliding["head_dim"]
+            out.append(dict(window=sliding["window"], head_dim=d, kv_heads=sliding["kv_heads"], rope_pairs=d // 2,
+                            k_eq_v=0, rope_theta=float(np.float32(sliding["rope_theta"]))))
+        else:
+            d = cfg["head_dim"]
+            pairs = int(cfg["rope"]["partial_rotary_factor"] * d // 2)
+            out.append(dict(window=0, head_dim=d, kv_heads=cfg["kv_heads"], rope_pairs=pairs,
+                            k_eq_v=int(cfg["attention"]["k_eq_v"]), rope_theta=float(np.float32(cfg["rope"]["theta"]))))
+    return out
 
 
 def tokenizer_info(cfg: dict) -> list[int]:
@@ -85,27 +153,44 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor the engine reads, in file order: dense tensors first, then
     one page-aligned block per (layer, expert). Vectors (norms, biases,
     gates) and routers are f32; matrices are in the weights dtype."""
-    H, d = cfg["hidden_size"], cfg["head_dim"]
-    nh, nkv, E, I = cfg["heads"], cfg["kv_heads"], cfg["experts"], cfg["expert_ffn_size"]
+    H = cfg["hidden_size"]
+    nh, E, I = cfg["heads"], cfg["experts"], cfg["expert_ffn_size"]
     att = cfg["attention"]
     dense = set(cfg["dense_layers"])
+    gemma = cfg["block"] == "gemma4"
     out = [("tok_embd", (cfg["vocab_size"], H))]
-    for layer in range(cfg["layers"]):
+    for layer, desc in enumerate(layer_descs(cfg)):
         p = f"blk.{layer}."
-        out += [(p + "attn_norm", (H,)), (p + "attn_q", (nh * d, H)), (p + "attn_k", (nkv * d, H)),
-                (p + "attn_v", (nkv * d, H)), (p + "attn_o", (H, nh * d))]
+        d, nkv = desc["head_dim"], desc["kv_heads"]
+        out += [(p + "attn_norm", (H,)), (p + "attn_q", (nh * d, H)), (p + "attn_k", (nkv * d, H))]
+        if not desc["k_eq_v"]:
+            out.append((p + "attn_v", (nkv * d, H)))
+        out.append((p + "attn_o", (H, nh * d)))
         if att["qkv_bias"]:
             out += [(p + "attn_q_bias", (nh * d,)), (p + "attn_k_bias", (nkv * d,)), (p + "attn_v_bias", (nkv * d,))]
+        if att["o_bias"]:
+            out.append((p + "attn_o_bias", (H,)))
+        if att["sinks"]:
+            out.append((p + "attn_sinks", (nh,)))
         if att["qk_norm"] == "per_head":
             out += [(p + "attn_q_norm", (d,)), (p + "attn_k_norm", (d,))]
         elif att["qk_norm"] == "whole":
             out += [(p + "attn_q_norm", (nh * d,)), (p + "attn_k_norm", (nkv * d,))]
         out.append((p + "ffn_norm", (H,)))
+        if gemma:
+            F = cfg["dense_ffn_size"]
+            out += [(p + "attn_post_norm", (H,)), (p + "ffn_gate", (F, H)), (p + "ffn_up", (F, H)),
+                    (p + "ffn_down", (H, F)), (p + "ffn_post_norm_1", (H,)), (p + "ffn_router_scale", (H,)),
+                    (p + "ffn_expert_scale", (E,)), (p + "ffn_pre_norm_2", (H,)), (p + "ffn_post_norm_2", (H,)),
+                    (p + "ffn_post_norm", (H,)), (p + "layer_scalar", (1,)), (p + "ffn_router", (E, H))]
+            continue
         if layer in dense:
             F = cfg["dense_ffn_size"]
             out += [(p + "ffn_gate", (F, H)), (p + "ffn_up", (F, H)), (p + "ffn_down", (H, F))]
             continue
         out.append((p + "ffn_router", (E, H)))
+        if cfg["router_bias"]:
+            out.append((p + "ffn_router_bias", (E,)))
         if cfg["shared_experts"]:
             S = cfg["shared_expert_ffn_size"]
             out += [(p + "shexp.gate", (S, H)), (p + "shexp.up", (S, H)), (p + "shexp.down", (H, S))]
@@ -114,12 +199,16 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     out.append(("output_norm", (H,)))
     if not cfg["tie_word_embeddings"]:
         out.append(("output", (cfg["vocab_size"], H)))
+    if cfg["rope"]["scaling"]:
+        out.append(("rope_freqs", (cfg["head_dim"] // 2,)))
     for layer in range(cfg["layers"]):
         if layer in dense:
             continue
         for e in range(E):
             p = f"blk.{layer}.expert.{e}."
             out += [(p + "gate", (I, H)), (p + "up", (I, H)), (p + "down", (H, I))]
+            if cfg["expert_bias"]:
+                out += [(p + "gate_bias", (I,)), (p + "up_bias", (I,)), (p + "down_bias", (H,))]
     return out
 
 
@@ -193,7 +282,7 @@ def expert_alignment(cfg: dict) -> int:
 def plan_layout(cfg: dict) -> tuple[int, int, list[TensorEntry]]:
     """Header bytes, the experts' alignment and every tensor's place."""
     shapes = expected_shapes(cfg)
-    header_bytes = _round_up(HEADER.size, 8) + TENSOR_ENTRY.size * len(shapes)
+    header_bytes = _round_up(HEADER.size, 8) + TENSOR_ENTRY.size * len(shapes) + LAYER_DESC.size * cfg["layers"]
     align = expert_alignment(cfg)
     offset = _round_up(header_bytes, PAGE)
     entries = []
@@ -208,8 +297,8 @@ def plan_layout(cfg: dict) -> tuple[int, int, list[TensorEntry]]:
 def _pack_header(cfg: dict, n_tensors: int, header_bytes: int, align: int) -> bytes:
     dims = dims_from_config(cfg)
     name = cfg["name"].encode()
-    return HEADER.pack(MAGIC, VERSION, align, n_tensors, header_bytes,
-                       *(dims[f] for f in DIMS_FIELDS), *(dims[f] for f in DIMS_FLOATS), *tokenizer_info(cfg), name)
+    return HEADER.pack(MAGIC, VERSION, align, n_tensors, header_bytes, *(dims[f] for f in DIMS_ALL),
+                       *tokenizer_info(cfg), name)
 
 
 def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> str:
@@ -225,6 +314,8 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
         for ent in entries:
             shape = list(ent.shape) + [0] * (4 - len(ent.shape))
             head += TENSOR_ENTRY.pack(ent.name.encode(), ent.dtype, len(ent.shape), *shape, ent.offset, ent.nbytes)
+        for desc in layer_descs(cfg):
+            head += LAYER_DESC.pack(*(desc[f] for f in LAYER_FIELDS), 0, 0)
         _write(fh, digest, bytes(head))
         pos = len(head)
         it = iter(tensors)
@@ -291,11 +382,15 @@ def read_header(path: Path) -> dict:
         if len(raw) < HEADER.size or raw[:8] != MAGIC:
             raise ModelError(f"{path}: not a Colibri weights file (bad magic)")
         vals = HEADER.unpack(raw)
+        if vals[1] != VERSION:
+            raise ModelError(f"{path}: weights format version {vals[1]}, this colibri-build reads version {VERSION}; "
+                             "re-convert or synth the model with this colibri-build")
         n_tensors, header_bytes = vals[3], vals[4]
         fh.seek(_round_up(HEADER.size, 8))
         table = fh.read(TENSOR_ENTRY.size * n_tensors)
-    n = len(DIMS_FIELDS)
-    dims = dict(zip(DIMS_FIELDS + DIMS_FLOATS, vals[5:5 + n + len(DIMS_FLOATS)]))
+        dims = dict(zip(DIMS_ALL, vals[5:5 + len(DIMS_ALL)]))
+        layers = [dict(zip(LAYER_FIELDS, LAYER_DESC.unpack(fh.read(LAYER_DESC.size))[:len(LAYER_FIELDS)]))
+                  for _ in range(dims["n_layers"])]
     tensors = {}
     for i in range(n_tensors):
         name, dtype, ndim, *rest = TENSOR_ENTRY.unpack_from(table, i * TENSOR_ENTRY.size)
@@ -305,8 +400,8 @@ def read_header(path: Path) -> dict:
                              f"re-convert the model with this colibri-build")
         shape, offset, nbytes = tuple(rest[:ndim]), rest[4], rest[5]
         tensors[name.rstrip(b"\0").decode()] = TensorEntry(name.rstrip(b"\0").decode(), dtype, shape, offset, nbytes)
-    tok_start = 5 + n + len(DIMS_FLOATS)
-    return {"version": vals[1], "alignment": vals[2], "header_bytes": header_bytes, "dims": dims,
+    tok_start = 5 + len(DIMS_ALL)
+    return {"version": vals[1], "alignment": vals[2], "header_bytes": header_bytes, "dims": dims, "layers": layers,
             "tokenizer": list(vals[tok_start:tok_start + 7]), "name": vals[-1].rstrip(b"\0").decode(errors="replace"),
             "tensors": tensors}
 
@@ -375,8 +470,13 @@ CONFIG_FIELD = {
     "weight_dtype": "weights.dtype", "qk_norm": "attention.qk_norm", "qkv_bias": "attention.qkv_bias",
     "shared_gate": "shared_expert_gate", "dense_ffn": "dense_ffn_size", "tied_embeddings": "tie_word_embeddings",
     "norm_eps": "norm_eps", "rope_theta": "rope.theta", "clip_qkv": "attention.clip_qkv",
+    "block": "block", "ffn_act": "ffn_act", "v_norm": "attention.v_norm", "attn_scale": "attention.scale",
+    "embed_scale": "embed_scale", "logit_softcap": "logit_softcap", "o_bias": "attention.o_bias",
+    "attn_sinks": "attention.sinks", "router_bias": "router_bias", "expert_bias": "expert_bias",
+    "rope_attn_factor": "rope.scaling.attention_factor", "swiglu_alpha": "swiglu.alpha", "swiglu_limit": "swiglu.limit",
 }
 _ID_NAMES = {"arch": {v: k for k, v in ARCH_IDS.items()}, "router": {v: k for k, v in ROUTER_IDS.items()},
+             "block": {v: k for k, v in BLOCK_IDS.items()}, "ffn_act": {v: k for k, v in FFN_ACT_IDS.items()},
              "weight_dtype": DTYPE_NAMES, "qk_norm": {v: k for k, v in QK_NORM_IDS.items()}}
 TOKENIZER_FIELDS = ("tokenizer.kind", "tokenizer.bos_id", "tokenizer.eos_id", "tokenizer.chat_roles.system",
                     "tokenizer.chat_roles.user", "tokenizer.chat_roles.assistant",
@@ -410,12 +510,18 @@ def check_matches_config(cfg: dict, config_path: Path, weights_path: Path) -> No
     except struct.error:
         raise ModelError(f"{weights_path}: truncated tensor table {both}", hint=hint) from None
     expected = dims_from_config(cfg)
-    for field in DIMS_FIELDS + DIMS_FLOATS:
+    for field in DIMS_ALL:
         want, got = expected[field], header["dims"][field]
-        same = (float(np.float32(want)) == float(np.float32(got))) if field in DIMS_FLOATS else want == got
+        floats = field in DIMS_FLOAT_FIELDS
+        same = (float(np.float32(want)) == float(np.float32(got))) if floats else want == got
         if not same:
             raise ModelError(f"{CONFIG_FIELD[field]} is {_shown(field, want)} in the config but "
                              f"{_shown(field, got)} in the weights {both}", hint=hint)
+    for layer, (want, got) in enumerate(zip(layer_descs(cfg), header["layers"])):
+        for field in LAYER_FIELDS:
+            if float(np.float32(want[field])) != float(np.float32(got[field])):
+                raise ModelError(f"layer {layer}'s {field} is {want[field]} in the config (layer_types, "
+                                 f"attention.sliding, rope) but {got[field]} in the weights {both}", hint=hint)
     for field, want, got in zip(TOKENIZER_FIELDS, tokenizer_info(cfg), header["tokenizer"]):
         if want != got:
             none = 0xFFFFFFFF

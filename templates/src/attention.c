@@ -1,7 +1,10 @@
 /* Grouped-query attention with RoPE over each slot's KV cache, with the
- * per-architecture extras settled by cb_dims: q/k/v biases (Qwen2-MoE), q/k
- * RMSNorm per head (Qwen3-MoE) or over the whole projection (OLMoE), and
- * OLMoE's clip_qkv. */
+ * per-architecture extras settled by cb_dims and the layer's descriptor:
+ * q/k/v biases (Qwen2-MoE), q/k RMSNorm per head (Qwen3-MoE, Gemma 4) or
+ * over the whole projection (OLMoE), OLMoE's clip_qkv; Gemma 4's sliding
+ * window, per-layer head size and KV heads, v = k on full layers, v-norm,
+ * partial RoPE, attention scale and post-attention norm; gpt-oss's sinks
+ * and output bias. */
 #include <math.h>
 #include <string.h>
 
@@ -33,21 +36,35 @@ static int find_runs(const cb_batch_item *items, int n, int32_t *runs) {
     return n_runs;
 }
 
-/* softmax(q k^T / sqrt(d)) v over positions 0..pos of one item and head. */
+static float attn_scale(const cb_dims *d, int hd) {
+    return d->attn_scale > 0 ? d->attn_scale : 1.0f / sqrtf((float)hd);
+}
+
+/* softmax(q k^T * scale) v over positions start..pos of one item and head
+ * (start past 0 only in a sliding-window layer). */
 static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores) {
     const cb_dims *d = CB_DIMS(e);
-    const int hd = (int)d->head_dim, kvh = h / (int)(d->n_heads / d->n_kv_heads); /* HF repeat_kv: contiguous groups */
+    const cb_layer_desc *ld = &e->w.layer_desc[layer];
+    /* HF repeat_kv: contiguous groups */
+    const int hd = (int)ld->head_dim, kvh = h / (int)(d->n_heads / ld->n_kv_heads);
     const int q_dim = (int)d->n_heads * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int start = ld->window && it->pos + 1 > (int)ld->window ? it->pos + 1 - (int)ld->window : 0;
+    const int n = it->pos + 1 - start;
+    const float scale = attn_scale(d, hd);
     const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
     float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
-    const void *k = cache_head(e, e->k_cache, it->slot, layer, kvh);
-    const void *v = cache_head(e, e->v_cache, it->slot, layer, kvh);
-    if (e->kv_f16) cb_attn_scores_f16(q, k, hd, it->pos + 1, hd, scale, scores);
-    else cb_attn_scores(q, k, hd, it->pos + 1, hd, scale, scores);
-    cb_softmax(scores, it->pos + 1);
-    if (e->kv_f16) cb_attn_mix_f16(out, scores, v, hd, it->pos + 1, hd);
-    else cb_attn_mix(out, scores, v, hd, it->pos + 1, hd);
+    const size_t skip = (size_t)start * hd * kv_element(e);
+    const void *k = (const uint8_t *)cache_head(e, e->k_cache, it->slot, layer, kvh) + skip;
+    const void *v = (const uint8_t *)cache_head(e, e->v_cache, it->slot, layer, kvh) + skip;
+    if (e->kv_f16) cb_attn_scores_f16(q, k, hd, n, hd, scale, scores);
+    else cb_attn_scores(q, k, hd, n, hd, scale, scores);
+    const float *sinks = e->w.layers[layer].sinks;
+    /* gpt-oss: one more column in the softmax, not mixed (a worker's scores
+     * hold CB_ATTN_BLOCK * context floats: room for it). */
+    if (sinks) scores[n] = sinks[h];
+    cb_softmax(scores, sinks ? n + 1 : n);
+    if (e->kv_f16) cb_attn_mix_f16(out, scores, v, hd, n, hd);
+    else cb_attn_mix(out, scores, v, hd, n, hd);
 }
 
 /* Heads taken four at a time where each KV head serves a multiple of four
@@ -56,12 +73,15 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
  * 4-KV-head model's batch-1 decode has 4 such jobs a layer: enough for 2 or
  * 4 threads, not for 16). Elsewhere one head a job, which spreads a decode
  * step's few items over more threads. Same bits either way. */
-static int heads_per_job(const cb_dims *d, int n_runs, int threads) {
+static int heads_per_job(const cb_dims *d, const cb_layer_desc *ld, int n_runs, int threads) {
 #ifdef cb_attn_scores4
-    if ((d->n_heads / d->n_kv_heads) % CB_ATTN_BLOCK == 0 && n_runs * (int)d->n_heads / CB_ATTN_BLOCK >= threads)
+    /* A sliding window starts each query's keys elsewhere, and a sink
+     * widens each softmax: one at a time. */
+    if (!ld->window && !d->attn_sinks && (d->n_heads / ld->n_kv_heads) % CB_ATTN_BLOCK == 0 &&
+        n_runs * (int)d->n_heads / CB_ATTN_BLOCK >= threads)
         return CB_ATTN_BLOCK;
 #endif
-    (void)d, (void)n_runs, (void)threads;
+    (void)d, (void)ld, (void)n_runs, (void)threads;
     return 1;
 }
 
@@ -74,20 +94,21 @@ static void attend_task(void *p, int task, int worker) {
     attn_task *t = p;
     cb_engine *e = t->e;
     const cb_dims *d = CB_DIMS(e);
-    const int nh = (int)d->n_heads, hd = (int)d->head_dim, q_dim = nh * hd, per_run = nh / t->heads_per_job;
+    const cb_layer_desc *ld = &e->w.layer_desc[t->layer];
+    const int nh = (int)d->n_heads, hd = (int)ld->head_dim, q_dim = nh * hd, per_run = nh / t->heads_per_job;
     const size_t ctx = d->context_len;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = attn_scale(d, hd);
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * ctx;
     int begin, end;
     cb_split(t->n_runs * per_run, task, t->n_tasks, &begin, &end);
     for (int job = begin; job < end; job++) {
         const int r = job / per_run, h0 = job % per_run * t->heads_per_job, i0 = t->runs[r], m = t->runs[r + 1] - i0;
-        const int kvh = h0 / (int)(d->n_heads / d->n_kv_heads);
+        const int kvh = h0 / (int)(d->n_heads / ld->n_kv_heads);
         const cb_batch_item *it = &t->items[i0];
         const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
         const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
 #ifdef cb_attn_scores4
-        if (m == CB_ATTN_BLOCK) {
+        if (m == CB_ATTN_BLOCK && !ld->window && !d->attn_sinks) {
             const int n = it->pos + 1;
             for (int h = h0; h < h0 + t->heads_per_job; h++) {
                 const float *q = e->q + (size_t)i0 * q_dim + (size_t)h * hd;
@@ -119,6 +140,8 @@ static void attend_task(void *p, int task, int worker) {
             }
             continue;
         }
+#else
+        (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
 #endif
         for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores);
     }
@@ -141,9 +164,11 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[t->layer];
     const cb_batch_item *it = &t->items[i];
-    const int hd = (int)d->head_dim, q_dim = (int)d->n_heads * hd, kv_dim = (int)d->n_kv_heads * hd;
+    const int hd = (int)L->desc->head_dim, nkv = (int)L->desc->n_kv_heads;
+    const int q_dim = (int)d->n_heads * hd, kv_dim = nkv * hd;
     const size_t off = (size_t)it->pos * (hd / 2);
     float *q = e->q + (size_t)i * q_dim, *k = e->k + (size_t)i * kv_dim, *v = e->v + (size_t)i * kv_dim;
+    if (L->desc->k_eq_v) memcpy(v, k, sizeof(float) * kv_dim); /* the raw k projection, before k's norm and RoPE */
     if (L->bq) {
         cb_axpy(q, 1.0f, L->bq, q_dim);
         cb_axpy(k, 1.0f, L->bk, kv_dim);
@@ -154,16 +179,19 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
         cb_rmsnorm(k, k, L->k_norm, kv_dim, d->norm_eps);
     } else if (d->qk_norm == CB_QK_NORM_PER_HEAD) {
         for (int h = 0; h < (int)d->n_heads; h++) cb_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, d->norm_eps);
-        for (int h = 0; h < (int)d->n_kv_heads; h++) cb_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, d->norm_eps);
+        for (int h = 0; h < nkv; h++) cb_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, d->norm_eps);
     }
+    if (d->v_norm)
+        for (int h = 0; h < nkv; h++) cb_rmsnorm(v + h * hd, v + h * hd, e->ones, hd, d->norm_eps);
     if (d->clip_qkv > 0) {
         clamp(q, q_dim, d->clip_qkv);
         clamp(k, kv_dim, d->clip_qkv);
         clamp(v, kv_dim, d->clip_qkv);
     }
-    cb_rope_neox(q, (int)d->n_heads, hd, e->rope_cos + off, e->rope_sin + off);
-    cb_rope_neox(k, (int)d->n_kv_heads, hd, e->rope_cos + off, e->rope_sin + off);
-    for (int h = 0; h < (int)d->n_kv_heads; h++) {
+    const float *cos_p = e->layer_cos[t->layer] + off, *sin_p = e->layer_sin[t->layer] + off;
+    cb_rope_neox(q, (int)d->n_heads, hd, cos_p, sin_p);
+    cb_rope_neox(k, nkv, hd, cos_p, sin_p);
+    for (int h = 0; h < nkv; h++) {
         const size_t at = (size_t)it->pos * hd;
         uint8_t *kc = cache_head(e, e->k_cache, it->slot, t->layer, h);
         uint8_t *vc = cache_head(e, e->v_cache, it->slot, t->layer, h);
@@ -177,25 +205,42 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
     }
 }
 
+/* Gemma 4: x += RMSNorm(wo attn) with the post-attention norm. */
+static void post_norm_token(cb_engine *e, void *p, int i) {
+    const cb_layer_weights *L = p;
+    const size_t H = CB_DIMS(e)->hidden;
+    float *o = e->proj + i * H;
+    cb_rmsnorm(o, o, L->attn_post_norm, (int)H, CB_DIMS(e)->norm_eps);
+    cb_axpy(e->x + i * H, 1.0f, o, (int)H);
+}
+
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[layer];
-    const int H = (int)d->hidden, hd = (int)d->head_dim;
-    const int q_dim = (int)d->n_heads * hd, kv_dim = (int)d->n_kv_heads * hd;
+    const int H = (int)d->hidden, hd = (int)L->desc->head_dim;
+    const int q_dim = (int)d->n_heads * hd, kv_dim = (int)L->desc->n_kv_heads * hd;
     cb_rmsnorm_tokens(e, n, L->attn_norm);
     const cb_act xa = cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride);
     const cb_mm_part qkv[3] = {{&L->wq, e->q, q_dim, CB_SET}, {&L->wk, e->k, kv_dim, CB_SET},
                                {&L->wv, e->v, kv_dim, CB_SET}};
-    cb_parallel_matmul(e, qkv, 3, &xa, n);
+    cb_parallel_matmul(e, qkv, L->desc->k_eq_v ? 2 : 3, &xa, n);
     layer_tokens tokens = {layer, items};
     cb_for_tokens(e, n, place_qkv_token, &tokens);
     const int n_runs = find_runs(items, n, e->attn_runs);
-    const int per = heads_per_job(d, n_runs, cb_threadpool_size(e->pool));
+    const int per = heads_per_job(d, L->desc, n_runs, cb_threadpool_size(e->pool));
     const int jobs = n_runs * (int)d->n_heads / per, most = 8 * cb_threadpool_size(e->pool);
     attn_task task = {e, layer, items, e->attn_runs, n_runs, jobs < most ? jobs : most, per};
     cb_threadpool_run(e->pool, attend_task, &task, task.n_tasks);
-    /* x += wo attn, straight into the residual stream. */
     const cb_act aa = cb_activations(e, e->attn, q_dim, n, q_dim, e->xq, e->xq_stride);
+    if (L->attn_post_norm) {
+        const cb_mm_part wo = {&L->wo, e->proj, H, CB_SET};
+        cb_parallel_matmul(e, &wo, 1, &aa, n);
+        cb_for_tokens(e, n, post_norm_token, (void *)L);
+        return;
+    }
+    /* x += wo attn, straight into the residual stream. */
     const cb_mm_part wo = {&L->wo, e->x, H, CB_ADD};
     cb_parallel_matmul(e, &wo, 1, &aa, n);
+    if (L->bo)
+        for (int i = 0; i < n; i++) cb_axpy(e->x + (size_t)i * H, 1.0f, L->bo, H);
 }

@@ -1,26 +1,23 @@
 /* Turning chat messages into the prompt's token ids.
- * bytes tokenizer (synthetic models): BOS, then per message
- *   <role> content <end_of_turn>, then <assistant>.
- * Real tokenizers: the model's Jinja chat template, reduced at build time by
- * toolkit/chat_template.py to the strings below (tokenizer.cbt's chat
- * section), is rendered to text, then tokenized with special tokens parsed:
- *   turn mode:      [head_sys system sys_user | head] user1 user_asst asst1 asst_user user2 ... tail
- *   last_user mode: head user1 user_asst asst1 asst_user system sys_sep userN tail
- * An optional system message comes first; the last message is the user's. */
+ *   bytes tokenizer (synthetic models): BOS, then per message
+ *     <role> content <end_of_turn>, then <assistant>.
+ *   real tokenizers: the model's own Jinja chat template (tokenizer.cbt's
+ *     chat section, parsed once when the tokenizer opens), rendered per
+ *     request by jinja.c as transformers' apply_chat_template renders it,
+ *     then tokenized with special tokens parsed. */
 #ifndef CB_CHAT_H
 #define CB_CHAT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/json.h"
 #include "tokenizer.h"
 
-enum cb_chat_field {
-    CB_CHAT_HEAD_SYS, CB_CHAT_HEAD, CB_CHAT_SYS_USER, CB_CHAT_USER_ASST, CB_CHAT_ASST_USER, CB_CHAT_TAIL,
-    CB_CHAT_SYS_SEP, CB_CHAT_OPTIONS, /* "<mode><trim system><trim user><trim assistant>" digits */
-    CB_CHAT_N_FIELDS
-};
-#define CB_CHAT_DATE '\x1a' /* in a template string: today's date, YYYY-MM-DD */
+/* Working memory of one template render (values, captured text): the
+ * request's messages and tools as Python values take a few times their JSON
+ * size, and a request body is at most 1 MiB. */
+#define CB_CHAT_WORK_BYTES ((size_t)24 << 20)
 
 typedef struct {
     const char *role;
@@ -29,17 +26,28 @@ typedef struct {
     size_t content_len;
 } cb_chat_message;
 
+/* A chat request as the template sees it: JSON values of the body. */
+typedef struct {
+    const char *json;
+    const cb_json_tok *toks;
+    int messages;              /* the "messages" array */
+    int tools;                 /* the "tools" array, or -1 (the template gets none) */
+    int kwargs;                /* "chat_template_kwargs" object, or -1 */
+    int add_generation_prompt; /* 1 or 0 */
+    int continue_final;        /* continue the final message (assistant prefill) */
+} cb_chat_request;
+
 /* Whether the tokenizer carries a chat template (or is the byte tokenizer). */
 int cb_chat_available(const cb_tokenizer *t);
-/* Renders the messages as the template's text into text[cap]; returns the
- * length, or -1 with a message in err (no template, bad roles or order,
- * text longer than cap). */
-long cb_chat_render(const cb_tokenizer *t, const cb_chat_message *msgs, int n, char *text, size_t cap,
-                    char *err, size_t err_len);
-/* The prompt's ids (rendered into text[text_cap] first, for real
- * tokenizers). Returns the number of ids, or -1 with a message in err
- * (unknown role, prompt longer than cap tokens). */
-int cb_chat_format(const cb_tokenizer *t, const cb_chat_message *msgs, int n, char *text, size_t text_cap,
-                   int32_t *out, int cap, char *err, size_t err_len);
+/* The template's text for the request into text[cap], rendered in
+ * work[work_cap] (8-byte aligned); returns the length, or -1 with a message
+ * in err: no template, the template's raise_exception message, a template
+ * error, or a limit (text longer than cap, work too small). */
+long cb_chat_apply(const cb_tokenizer *t, const cb_chat_request *q, void *work, size_t work_cap, char *text,
+                   size_t cap, char *err, size_t err_len);
+/* Byte tokenizer: the prompt's ids. Returns the number of ids, or -1 with a
+ * message in err (unknown role, prompt longer than cap tokens). */
+int cb_chat_format(const cb_tokenizer *t, const cb_chat_message *msgs, int n, int32_t *out, int cap, char *err,
+                   size_t err_len);
 
 #endif

@@ -7,12 +7,29 @@
 
 #include <stdint.h>
 
-enum cb_arch { CB_ARCH_MIXTRAL = 1, CB_ARCH_QWEN2_MOE = 2, CB_ARCH_QWEN3_MOE = 3, CB_ARCH_OLMOE = 4 };
+enum cb_arch {
+    CB_ARCH_MIXTRAL = 1, CB_ARCH_QWEN2_MOE = 2, CB_ARCH_QWEN3_MOE = 3, CB_ARCH_OLMOE = 4, CB_ARCH_GEMMA4 = 5,
+    CB_ARCH_GPT_OSS = 6
+};
+
+/* How a decoder layer wires its norms and FFNs. */
+enum cb_block {
+    CB_BLOCK_PRE_NORM = 0, /* x += Attn(norm(x)); x += FFN(norm(x)) (Mixtral, Qwen, OLMoE) */
+    CB_BLOCK_GEMMA4 = 1,   /* post-norms on attention and FFN, a dense MLP beside the experts, a layer scalar */
+};
+
+/* The experts' (and dense MLPs') gate activation. */
+enum cb_ffn_act {
+    CB_ACT_SILU = 0,
+    CB_ACT_GELU_TANH = 1,
+    CB_ACT_SWIGLU_OAI = 2, /* gpt-oss: (clamp(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit) */
+};
 
 /* How router logits become expert weights. */
 enum cb_router {
     CB_ROUTER_SOFTMAX_TOPK_RENORM = 1, /* softmax over all, top-k, renormalise (Mixtral, norm_topk_prob) */
     CB_ROUTER_SOFTMAX_TOPK = 2,        /* softmax over all, top-k, as is (OLMoE, Qwen2-MoE) */
+    CB_ROUTER_TOPK_SOFTMAX = 3,        /* top-k of the logits, softmax over those k (gpt-oss) */
 };
 
 /* RMSNorm on q and k before RoPE. */
@@ -31,9 +48,15 @@ enum cb_qk_norm {
  * How the toolkit stores the matrices the engine multiplies
  * (toolkit/quant.py). Id 5 was an earlier q8_0x4 that kept each row's 32
  * quants together; files holding it are refused (re-convert). */
+/* Ids 8..18 are GGML block types kept bit for bit as a GGUF file holds
+ * them (kernels.h has their blocks): 32 weights a block for q4_1, q5_0,
+ * q5_1, iq4_nl and mxfp4, 256 (a super-block) for the K types and iq4_xs.
+ * Every block type from q8_0 on multiplies q8_0 activations. */
 enum cb_dtype {
     CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4, CB_Q4_0X4 = 6, CB_Q8_0X4 = 7,
-    CB_DTYPE_COUNT = 8
+    CB_Q4_1 = 8, CB_Q5_0 = 9, CB_Q5_1 = 10, CB_Q2_K = 11, CB_Q3_K = 12, CB_Q4_K = 13, CB_Q5_K = 14,
+    CB_Q6_K = 15, CB_IQ4_NL = 16, CB_IQ4_XS = 17, CB_MXFP4 = 18,
+    CB_DTYPE_COUNT = 19
 };
 
 typedef struct {
@@ -51,7 +74,8 @@ typedef struct {
     uint32_t shared_ffn;    /* intermediate size of the shared expert */
     uint32_t context_len;
     uint32_t router;        /* enum cb_router */
-    uint32_t weight_dtype;  /* enum cb_dtype of the matrices */
+    uint32_t weight_dtype;  /* enum cb_dtype of the matrices; a block type lets each
+                             * matrix be any type (a GGUF Q4_K_M mixes several) */
     uint32_t qk_norm;       /* enum cb_qk_norm */
     uint32_t qkv_bias;      /* q, k and v projections carry biases */
     uint32_t shared_gate;   /* shared expert scaled by sigmoid(x . w_gate) */
@@ -60,6 +84,31 @@ typedef struct {
     float norm_eps;
     float rope_theta;
     float clip_qkv;         /* clamp q, k, v to +-clip_qkv; 0: no clamp */
+    uint32_t block;         /* enum cb_block */
+    uint32_t ffn_act;       /* enum cb_ffn_act */
+    uint32_t v_norm;        /* v RMS-normalised per head, without a weight (Gemma 4) */
+    float attn_scale;       /* q.k scale; 0: head_dim^-1/2 */
+    float embed_scale;      /* embedding rows multiplied by it; 0: not scaled */
+    float logit_softcap;    /* logits = c * tanh(logits / c); 0: none */
+    uint32_t o_bias;        /* the output projection has a bias (gpt-oss) */
+    uint32_t attn_sinks;    /* a learned logit per head joins each softmax's denominator (gpt-oss) */
+    uint32_t router_bias;   /* router logits have a bias (gpt-oss) */
+    uint32_t expert_bias;   /* each expert's gate, up and down have biases (gpt-oss) */
+    float rope_attn_factor; /* cos and sin times it (YaRN's attention factor); 0: 1 */
+    float swiglu_alpha, swiglu_limit; /* CB_ACT_SWIGLU_OAI's constants */
 } cb_dims;
+
+/* What differs from layer to layer (Gemma 4's sliding and full layers): a
+ * table of n_layers of these follows the tensor table in the weights file.
+ * head_dim and n_kv_heads in cb_dims are the full-attention layers'. */
+typedef struct {
+    uint32_t window;        /* sliding window (keys seen, itself included); 0: full attention */
+    uint32_t head_dim;
+    uint32_t n_kv_heads;
+    uint32_t rope_pairs;    /* pairs (i, i + d/2) rotated, i < rope_pairs; the others pass through */
+    uint32_t k_eq_v;        /* no v projection: v is the raw k projection */
+    float rope_theta;       /* inv_freq[i] = theta^(-2i/head_dim) */
+    uint32_t reserved[2];
+} cb_layer_desc;
 
 #endif

@@ -1,13 +1,16 @@
 /* Engine lifecycle and the forward pass (transformers' Mixtral, Qwen2-MoE,
- * Qwen3-MoE and OLMoE share it; their differences are fields of cb_dims):
+ * Qwen3-MoE, OLMoE and Gemma 4 share it; their differences are fields of
+ * cb_dims and the per-layer descriptors):
  *   x = embed[token]; per layer: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x));
- *   logits = output(RMSNorm(x)) */
+ *   logits = output(RMSNorm(x))
+ * (Gemma 4: embeddings scaled, post-norms in the layer, logits soft-capped). */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "embedded.h"
 #include "engine_internal.h"
 #include "kernels/kernels.h"
 #include "model_config.h"
@@ -113,16 +116,34 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
+/* The first layer before l whose RoPE table l can share (same head_dim,
+ * theta and rotated pairs), or l itself. */
+static int rope_twin(const cb_layer_desc *desc, int l) {
+    for (int j = 0; j < l; j++)
+        if (desc[j].head_dim == desc[l].head_dim && desc[j].rope_theta == desc[l].rope_theta &&
+            desc[j].rope_pairs == desc[l].rope_pairs)
+            return j;
+    return l;
+}
+
 /* Carves every buffer; called once to size the arena, once to fill it. */
 static void carve(cb_engine *e, int n_threads) {
     const cb_dims *d = CB_DIMS(e);
+    const cb_layer_desc *desc = e->w.layer_desc;
     cb_arena *a = &e->arena;
-    const size_t B = (size_t)e->max_batch, H = d->hidden, hd = d->head_dim;
-    const size_t q_dim = d->n_heads * hd, kv_dim = d->n_kv_heads * hd, E = d->n_experts, k = d->top_k;
+    const size_t B = (size_t)e->max_batch, H = d->hidden;
+    const size_t q_dim = (size_t)e->q_max, kv_dim = (size_t)e->kv_max, E = d->n_experts, k = d->top_k;
     const size_t I = (size_t)e->ffn_max, ctx = d->context_len;
+    size_t rope = 0, widest_head = 0;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        if (rope_twin(desc, (int)l) == (int)l) rope += ctx * desc[l].head_dim / 2;
+        if (desc[l].head_dim > widest_head) widest_head = desc[l].head_dim;
+    }
 #define TAKE(field, count) e->field = cb_arena_take(a, sizeof(*e->field) * (count))
     TAKE(x, B * H);
     TAKE(xn, B * H);
+    TAKE(xr, B * H);
+    TAKE(ones, H > widest_head ? H : widest_head);
     TAKE(q, B * q_dim);
     TAKE(k, B * kv_dim);
     TAKE(v, B * kv_dim);
@@ -152,46 +173,111 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(logit_items, B);
     TAKE(item_fault, B);
     TAKE(expert_seen, (size_t)d->n_layers * E);
-    TAKE(rope_cos, ctx * hd / 2);
-    TAKE(rope_sin, ctx * hd / 2);
+    TAKE(rope_cos, rope);
+    TAKE(rope_sin, rope);
+    TAKE(layer_cos, d->n_layers);
+    TAKE(layer_sin, d->n_layers);
+    TAKE(kv_layer_at, d->n_layers);
     TAKE(k_cache, cb_engine_kv_bytes(e) / 2);
     TAKE(v_cache, cb_engine_kv_bytes(e) / 2);
 #undef TAKE
     e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
 }
 
+/* Each layer's RoPE table, one per distinct (head_dim, theta, pairs). */
 static void fill_rope_tables(cb_engine *e) {
     const cb_dims *d = CB_DIMS(e);
-    const int half = (int)d->head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        /* inv_freq = theta^(-2i/d), as transformers' default RoPE. */
-        /* Like transformers: inv_freq and the angle are float32, cos/sin of it. */
-        float inv_freq = (float)(1.0 / pow((double)d->rope_theta, (double)(2 * i) / (double)d->head_dim));
-        for (uint32_t p = 0; p < d->context_len; p++) {
-            double angle = (double)((float)p * inv_freq);
-            e->rope_cos[(size_t)p * half + i] = (float)cos(angle);
-            e->rope_sin[(size_t)p * half + i] = (float)sin(angle);
+    const cb_layer_desc *desc = e->w.layer_desc;
+    size_t at = 0;
+    for (int l = 0; l < (int)d->n_layers; l++) {
+        const int twin = rope_twin(desc, l);
+        if (twin < l) {
+            e->layer_cos[l] = e->layer_cos[twin];
+            e->layer_sin[l] = e->layer_sin[twin];
+            continue;
+        }
+        const int hd = (int)desc[l].head_dim, half = hd / 2;
+        float *cos_t = e->rope_cos + at, *sin_t = e->rope_sin + at;
+        at += (size_t)d->context_len * half;
+        e->layer_cos[l] = cos_t;
+        e->layer_sin[l] = sin_t;
+        for (int i = 0; i < half; i++) {
+            /* inv_freq = theta^(-2i/d), as transformers' default RoPE; past
+             * rope_pairs 0 (Gemma 4's proportional RoPE: the exponent still
+             * over the whole d), so cos 1 and sin 0 pass the pair through. */
+            /* Like transformers: inv_freq and the angle are float32, cos/sin of it. */
+            float inv_freq = i < (int)desc[l].rope_pairs
+                                 ? (float)(1.0 / pow((double)desc[l].rope_theta, (double)(2 * i) / (double)hd))
+                                 : 0.0f;
+            if (e->w.rope_freqs) inv_freq = e->w.rope_freqs[i]; /* YaRN's, worked out by the toolkit */
+            const float factor = d->rope_attn_factor > 0 ? d->rope_attn_factor : 1.0f;
+            for (uint32_t p = 0; p < d->context_len; p++) {
+                double angle = (double)((float)p * inv_freq);
+                cos_t[(size_t)p * half + i] = (float)cos(angle) * factor;
+                sin_t[(size_t)p * half + i] = (float)sin(angle) * factor;
+            }
         }
     }
 }
 
+/* The model this executable carries: its config checked, its weights mapped
+ * from the executable (labelled so in messages), the config against their
+ * header. 0, or -1 with the message. */
+static int open_embedded(cb_engine *e, cb_model_config *cfg, cb_embedded *m, char *path, size_t path_len,
+                         char *err, size_t err_len) {
+    char label[4300];
+    if (cb_embedded_open(m, err, err_len) != 1) return -1;
+    char *text = malloc(m->config_bytes + 1); /* NUL-terminated, as the JSON reader wants */
+    if (!text) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    memcpy(text, m->config, m->config_bytes);
+    text[m->config_bytes] = 0;
+    snprintf(label, sizeof label, "%s (embedded model-config.json)", m->label);
+    const int status = cb_model_config_parse(cfg, text, m->config_bytes, label, err, err_len);
+    free(text);
+    snprintf(path, path_len, "%s (embedded weights)", m->label);
+    if (status != 0 || cb_weights_map_range(&e->w, NULL, m->weights_offset, m->weights_bytes, path, err, err_len) != 0)
+        return -1;
+    return cb_model_config_check(cfg, e->w.header, path, err, err_len);
+}
+
+/* Where each layer's K (or V) cache lies in a slot's: layers differ in KV
+ * heads and head size (Gemma 4). Sliding-window layers keep the whole
+ * context too (positions index the cache directly; the window only limits
+ * what a query reads), so one layout serves every layer. */
+static size_t kv_slot_bytes(const cb_engine *e, size_t *layer_at) {
+    const cb_dims *d = CB_DIMS(e);
+    size_t at = 0;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        if (layer_at) layer_at[l] = at;
+        at += (size_t)d->context_len * e->w.layer_desc[l].n_kv_heads * e->w.layer_desc[l].head_dim * kv_element(e);
+    }
+    return at;
+}
+
 cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enum cb_kv_type kv, char *err,
                           size_t err_len) {
-    char path[4096];
+    char path[4400];
     cb_engine *e = calloc(1, sizeof *e);
     cb_model_config *cfg = malloc(sizeof *cfg);
-    if (!e || !cfg) {
+    cb_embedded *embedded = model_dir ? NULL : calloc(1, sizeof *embedded);
+    if (!e || !cfg || (!model_dir && !embedded)) {
         snprintf(err, err_len, "out of memory");
         free(e);
         free(cfg);
+        free(embedded);
         return NULL;
     }
     /* model-config.json describes the folder: it names the weights file, and
-     * the file's header must repeat its shape. */
-    if (cb_model_config_load(cfg, model_dir, err, err_len) != 0 ||
-        cb_model_config_weights_path(cfg, model_dir, path, sizeof path, err, err_len) != 0 ||
-        cb_weights_map(&e->w, path, err, err_len) != 0 ||
-        cb_model_config_check(cfg, e->w.header, path, err, err_len) != 0) {
+     * the file's header must repeat its shape. Embedded, the executable
+     * carries all three files. */
+    if (embedded ? open_embedded(e, cfg, embedded, path, sizeof path, err, err_len) != 0
+                 : (cb_model_config_load(cfg, model_dir, err, err_len) != 0 ||
+                    cb_model_config_weights_path(cfg, model_dir, path, sizeof path, err, err_len) != 0 ||
+                    cb_weights_map(&e->w, path, err, err_len) != 0 ||
+                    cb_model_config_check(cfg, e->w.header, path, err, err_len) != 0)) {
         free(cfg);
         goto fail;
     }
@@ -207,9 +293,10 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     }
 #endif
     const cb_dims *d = CB_DIMS(e);
-    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_OLMOE || d->n_kv_heads == 0 ||
+    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_GPT_OSS || d->n_kv_heads == 0 ||
         d->n_heads % d->n_kv_heads || d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2 ||
-        d->weight_dtype >= CB_DTYPE_COUNT || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {
+        d->weight_dtype >= CB_DTYPE_COUNT || d->weight_dtype == CB_Q4_0X4 || d->weight_dtype == CB_Q8_0X4 ||
+        d->weight_dtype == 5 || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {
         snprintf(err, err_len, "%s: unsupported or inconsistent model dimensions in the header", path);
         goto fail;
     }
@@ -222,23 +309,31 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     e->max_batch = CB_MAX_BATCH;
     e->kv_f16 = kv == CB_KV_F16;
     /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
-    const double kv_bytes = 2.0 * e->n_slots * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim *
-                            (e->kv_f16 ? 2.0 : 4.0);
+    double kv_bytes = 0;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        const cb_layer_desc *ld = &e->w.layer_desc[l];
+        kv_bytes += 2.0 * e->n_slots * d->context_len * ld->n_kv_heads * ld->head_dim * (e->kv_f16 ? 2.0 : 4.0);
+        e->q_max = max_int(e->q_max, (int)(d->n_heads * ld->head_dim));
+        e->kv_max = max_int(e->kv_max, (int)(ld->n_kv_heads * ld->head_dim));
+    }
     if (kv_bytes > 0x1p50) {
         snprintf(err, err_len, "%s: the KV cache of %d slots of %u tokens would take %.3g GiB", path, e->n_slots,
                  d->context_len, kv_bytes / 0x1p30);
         goto fail;
     }
     e->ffn_max = max_int((int)d->expert_ffn, max_int((int)d->shared_ffn, (int)d->dense_ffn));
-    const int widest = max_int(max_int((int)d->hidden, (int)(d->n_heads * d->head_dim)), e->ffn_max);
+    const int widest = max_int(max_int((int)d->hidden, e->q_max), e->ffn_max);
     e->xq_stride = (widest + CB_QK - 1) / CB_QK;
-    if ((d->weight_dtype == CB_Q8_0 || d->weight_dtype == CB_Q4_0) &&
-        (d->hidden % CB_QK || (d->n_heads * d->head_dim) % CB_QK || d->expert_ffn % CB_QK ||
-         d->shared_ffn % CB_QK || d->dense_ffn % CB_QK)) {
+    int q_widths_ok = 1;
+    for (uint32_t l = 0; l < d->n_layers; l++) q_widths_ok &= (d->n_heads * e->w.layer_desc[l].head_dim) % CB_QK == 0;
+    if (d->weight_dtype >= CB_Q8_0 &&
+        (d->hidden % CB_QK || !q_widths_ok || d->expert_ffn % CB_QK || d->shared_ffn % CB_QK ||
+         d->dense_ffn % CB_QK)) {
         snprintf(err, err_len, "%s: block-quantized weights need every matrix width to be a multiple of %d",
                  path, CB_QK);
         goto fail;
     }
+    e->kv_slot_bytes = kv_slot_bytes(e, NULL);
     carve(e, n_threads);
     size_t expert_bytes = sizeof(cb_ffn_weights) * d->n_layers * d->n_experts;
     e->arena.used += expert_bytes + 64;
@@ -255,8 +350,23 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         snprintf(err, err_len, "%s: %s", path, why);
         goto fail;
     }
+    kv_slot_bytes(e, e->kv_layer_at);
+    for (uint32_t i = 0; i < d->hidden; i++) e->ones[i] = 1.0f;
+    for (uint32_t l = 0; l < d->n_layers; l++)
+        for (uint32_t i = 0; i < e->w.layer_desc[l].head_dim; i++) e->ones[i] = 1.0f;
     fill_rope_tables(e);
-    if (cb_tokenizer_open(&e->tokenizer, model_dir, &e->w.header->tok, d->vocab, err, err_len) != 0) goto fail;
+    if (embedded) {
+        char label[4300];
+        snprintf(label, sizeof label, "%s (embedded tokenizer.cbt)", embedded->label);
+        if (cb_tokenizer_open_bytes(&e->tokenizer, embedded->tokenizer, embedded->tokenizer_bytes, label,
+                                    &e->w.header->tok, d->vocab, err, err_len) != 0)
+            goto fail;
+        cb_embedded_close(embedded); /* the weights have their own mapping; the rest was copied */
+        free(embedded);
+        embedded = NULL;
+    } else if (cb_tokenizer_open(&e->tokenizer, model_dir, &e->w.header->tok, d->vocab, err, err_len) != 0) {
+        goto fail;
+    }
     e->pool = cb_threadpool_create(n_threads);
     if (!e->pool) {
         snprintf(err, err_len, "cannot start %d threads", n_threads);
@@ -264,6 +374,8 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     }
     return e;
 fail:
+    if (embedded) cb_embedded_close(embedded);
+    free(embedded);
     cb_engine_close(e);
     return NULL;
 }
@@ -279,8 +391,7 @@ void cb_engine_close(cb_engine *e) {
 
 const cb_dims *cb_engine_dims(const cb_engine *e) { return CB_DIMS(e); }
 size_t cb_engine_kv_bytes(const cb_engine *e) {
-    const cb_dims *d = CB_DIMS(e);
-    return 2 * (size_t)e->n_slots * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim * kv_element(e);
+    return 2 * (size_t)e->n_slots * e->kv_slot_bytes;
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
 
@@ -364,9 +475,12 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
     const int H = (int)d->hidden;
     const cb_tensor *embd = &e->w.tok_embd;
     const size_t row_bytes = cb_row_bytes(embd->dtype, embd->cols);
-    for (int i = 0; i < n; i++)
-        cb_dequantize_row(embd->dtype, (const uint8_t *)embd->data + (size_t)items[i].token * row_bytes,
-                          e->x + (size_t)i * H, H);
+    for (int i = 0; i < n; i++) {
+        float *x = e->x + (size_t)i * H;
+        cb_dequantize_row(embd->dtype, (const uint8_t *)embd->data + (size_t)items[i].token * row_bytes, x, H);
+        if (d->embed_scale > 0) /* Gemma 4: times sqrt(H) */
+            for (int c = 0; c < H; c++) x[c] *= d->embed_scale;
+    }
     /* The last layer's FFN feeds only the output head: run it for the
      * items whose logits are wanted (a prompt's last token), not for every
      * prompt token (its routing, reported per token, is still worked out). */
@@ -387,6 +501,9 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
         const cb_mm_part head = {&e->w.output, e->logits, (int)d->vocab, CB_SET};
         cb_parallel_matmul(e, &head, 1, &a, rows);
     }
+    if (d->logit_softcap > 0) /* Gemma 4: c * tanh(logits / c), in transformers' order */
+        for (size_t i = 0; i < (size_t)rows * d->vocab; i++)
+            e->logits[i] = tanhf(e->logits[i] / d->logit_softcap) * d->logit_softcap;
     for (int r = 0; r < rows; r++) {
         int32_t *fault = &e->item_fault[e->logit_items[r]];
         if (*fault < 0 && !all_finite(e->logits + (size_t)r * d->vocab, d->vocab)) *fault = (int32_t)d->n_layers;

@@ -28,7 +28,9 @@ enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1 };
 
 /* Opens the model folder: reads model-config.json, maps (does not read) the
  * weights file it names, refuses a header whose shape differs from the
- * config's, and allocates every buffer. n_threads <= 0 means one per online CPU.
+ * config's, and allocates every buffer. model_dir NULL: the model the
+ * running executable carries (embedded.h), its weights mapped from the
+ * executable. n_threads <= 0 means one per online CPU.
  * n_slots <= 0 means the compiled-in number of slots. On failure returns NULL
  * and writes a message naming the file and the problem into err. */
 cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enum cb_kv_type kv,

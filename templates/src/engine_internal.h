@@ -22,8 +22,11 @@ struct cb_engine {
     /* Activations, [max_batch] rows each. */
     float *x;                  /* residual stream [B][H] */
     float *xn;                 /* normalised input [B][H] */
-    float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2 */
+    float *xr;                 /* Gemma 4: the router's input, then the experts' normed sum [B][H] */
+    float *ones;               /* 1.0 [max(H, d)]: the weight of a weightless RMSNorm */
+    float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2, d and nkv the widest layer's */
     float *attn;               /* attention output before wo [B][nh*d] */
+    int q_max, kv_max;         /* the widest layer's nh*d and nkv*d */
     float *proj;               /* wo output / MoE output [B][H] */
     float *scores;             /* per worker [n_threads][CB_ATTN_BLOCK][context] */
     int32_t *attn_runs;        /* a layer's runs of items attending together [B+1] */
@@ -57,9 +60,12 @@ struct cb_engine {
     int n_items, n_logit_rows; /* of the last batch */
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
-    float *rope_cos, *rope_sin; /* [context][d/2] */
+    float *rope_cos, *rope_sin; /* one [context][d/2] table per distinct (d, theta, pairs) */
+    const float **layer_cos, **layer_sin; /* each layer's table [L] */
     int kv_f16;                /* the cache holds float16 (cb_half), else float */
-    uint8_t *k_cache, *v_cache; /* [slots][L][nkv][context][d] elements */
+    size_t *kv_layer_at;       /* where each layer's cache starts in a slot's, in bytes [L] */
+    size_t kv_slot_bytes;      /* one slot's K (or V) cache over all layers */
+    uint8_t *k_cache, *v_cache; /* [slots] of: per layer [nkv][context][d] elements (the layer's nkv, d) */
 };
 
 static inline size_t kv_element(const cb_engine *e) { return e->kv_f16 ? sizeof(cb_half) : sizeof(float); }
@@ -69,8 +75,8 @@ static inline size_t kv_element(const cb_engine *e) { return e->kv_f16 ? sizeof(
  * memory in order. */
 static inline void *cache_head(const cb_engine *e, uint8_t *cache, int slot, int layer, int kv_head) {
     const cb_dims *d = CB_DIMS(e);
-    return cache + (((size_t)slot * d->n_layers + layer) * d->n_kv_heads + kv_head) * d->context_len * d->head_dim *
-                       kv_element(e);
+    return cache + (size_t)slot * e->kv_slot_bytes + e->kv_layer_at[layer] +
+           (size_t)kv_head * d->context_len * e->w.layer_desc[layer].head_dim * kv_element(e);
 }
 
 /* One FFN run over some of the batch's tokens: pairs [begin, begin+count)

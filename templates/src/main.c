@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "build_config.h"
+#include "embedded.h"
 #include "engine.h"
 #include "platform/net.h"
 #include "model_config.h"
@@ -19,8 +20,10 @@ static void request_stop(void) { stop_requested = 1; }
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: colibri-server --model DIR [options]\n"
-            "  --model DIR               model folder: model-config.json and the weights file it names\n"
+            "usage: colibri-server [--model DIR] [options]\n"
+            "  --model DIR               model folder: model-config.json and the weights file it names; needed\n"
+            "                            unless this executable carries its model (colibri-build\n"
+            "                            --embed-weights), which --model then replaces\n"
             "  --host ADDR               address to bind (default 127.0.0.1)\n"
             "  --port N                  TCP port, 0 for any free one (default 8080)\n"
             "  --threads N               compute threads (default: one per CPU)\n"
@@ -47,7 +50,8 @@ static void usage(FILE *out) {
             "  --verbose                 log connection events\n"
             "  --verify                  check the model folder and exit: what start-up checks, then the weights\n"
             "                            file's sha256 against model-config.json's weights.sha256 (reads the\n"
-            "                            whole file); exit 0 and 'ok' when all agree\n"
+            "                            whole file); exit 0 and 'ok' when all agree (without --model: the\n"
+            "                            model this executable carries, against the sha256 it records)\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
             CB_MAX_SLOTS, CB_MAX_SLOTS, CB_DEFAULT_MAX_MEMORY ? CB_DEFAULT_MAX_MEMORY_TEXT " (set at build)" : "none",
             CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
@@ -124,6 +128,72 @@ static int verify_model(const char *model) {
         return 1;
     }
     printf("%s: ok (sha256 %s)\n", path, got);
+    return 0;
+}
+
+/* The sha256 of a mapped range, in 1 MiB pieces with a progress line a GiB. */
+static void sha256_mapped(const cb_mapped_file *f, char hex[65], verify_progress *prog) {
+    cb_sha256 s;
+    uint8_t digest[32];
+    cb_sha256_init(&s);
+    for (uint64_t at = 0; at < f->size; at += 1u << 20) {
+        const uint64_t n = f->size - at < (1u << 20) ? f->size - at : (1u << 20);
+        cb_sha256_update(&s, f->data + at, (size_t)n);
+        verify_report(prog, at + n);
+    }
+    cb_sha256_final(&s, digest);
+    cb_sha256_hex(digest, hex);
+}
+
+/* --verify without --model: the model this executable carries. The start-up
+ * checks, then the weights' sha256 against the one the executable records
+ * (and the config's weights.sha256, when it has one). */
+static int verify_embedded(void) {
+    static cb_model_config cfg;
+    static cb_embedded m;
+    char err[1024], got[65];
+    cb_engine *engine = cb_engine_open(NULL, 1, 1, CB_KV_F32, err, sizeof err);
+    if (!engine) {
+        fprintf(stderr, "colibri-server: %s\n", err);
+        return 1;
+    }
+    cb_engine_close(engine);
+    if (cb_embedded_open(&m, err, sizeof err) != 1) {
+        fprintf(stderr, "colibri-server: %s\n", err);
+        return 1;
+    }
+    cb_mapped_file weights;
+    char *text = malloc(m.config_bytes + 1); /* NUL-terminated for the JSON reader */
+    if (text) {
+        memcpy(text, m.config, m.config_bytes);
+        text[m.config_bytes] = 0;
+    }
+    if (!text || cb_model_config_parse(&cfg, text, m.config_bytes, m.label, err, sizeof err) != 0 ||
+        cb_map_file_range(NULL, m.weights_offset, m.weights_bytes, &weights, err, sizeof err) != 0) {
+        fprintf(stderr, "colibri-server: %s\n", text ? err : "out of memory");
+        free(text);
+        cb_embedded_close(&m);
+        return 1;
+    }
+    free(text);
+    verify_progress prog = {cb_now_ns(), 1ull << 30};
+    sha256_mapped(&weights, got, &prog);
+    cb_unmap_file(&weights);
+    const double s = (double)(cb_now_ns() - prog.start_ns) / 1e9;
+    fprintf(stderr, "colibri-server: verify: %s (embedded weights): %.1f MiB hashed in %.2f s (%.0f MB/s)\n",
+            m.label, (double)m.weights_bytes / (1 << 20), s, (double)m.weights_bytes / 1e6 / (s > 0 ? s : 1e-9));
+    const char *want = strcmp(got, m.weights_sha256) != 0 ? m.weights_sha256
+                       : cfg.sha256[0] && strcmp(got, cfg.sha256) != 0 ? cfg.sha256 : NULL;
+    if (want) {
+        fprintf(stderr, "colibri-server: %s (embedded weights, bytes %llu..%llu): sha256 mismatch: expected %s (%s), "
+                "got %s\n", m.label, (unsigned long long)m.weights_offset,
+                (unsigned long long)(m.weights_offset + m.weights_bytes), want,
+                want == cfg.sha256 ? "weights.sha256 in the embedded model-config.json" : "the embedded record", got);
+        cb_embedded_close(&m);
+        return 1;
+    }
+    printf("%s (embedded weights): ok (sha256 %s)\n", m.label, got);
+    cb_embedded_close(&m);
     return 0;
 }
 
@@ -300,15 +370,29 @@ int main(int argc, char **argv) {
         }
         if (bad) return 2;
     }
+    /* Without --model, the model this executable carries (none: an error);
+     * with it, that folder, even when the executable carries one (the file
+     * then serves a re-converted model of the same shape; the build's shape
+     * is still checked), and the executable itself is not opened (a sandbox
+     * without /proc still runs it). */
+    char embedded_err[1024];
+    cb_embedded probe;
+    const int carries = model ? 0 : cb_embedded_open(&probe, embedded_err, sizeof embedded_err);
+    if (carries == 1) cb_embedded_close(&probe);
+    if (!model && carries < 0) {
+        fprintf(stderr, "colibri-server: %s\n", embedded_err);
+        return 1;
+    }
     if (help) {
         usage(stdout);
-        if (!model) {
+        if (!model && carries == 1) printf("model: carried by this executable (give --model DIR to serve another)\n");
+        if (!model && carries != 1) {
 #if CB_SPECIALISED
             const cb_dims *d = &cb_compiled_dims;
             char slot[32];
             printf("memory: the KV cache takes %s a slot (%u tokens, f32; half with --kv-cache f16); give --model DIR "
                    "with --help for the whole budget (weights, KV cache, arena)\n",
-                   size_text((size_t)2 * d->n_layers * d->context_len * d->n_kv_heads * d->head_dim * sizeof(float),
+                   size_text(CB_KV_ELEMENTS_PER_TOKEN * d->context_len * sizeof(float),
                              slot, sizeof slot), d->context_len);
 #else
             printf("memory: give --model DIR with --help for the model's budget (weights, KV cache, arena)\n");
@@ -325,11 +409,12 @@ int main(int argc, char **argv) {
         print_memory_limit(&m, max_memory);
         return 0;
     }
-    if (!model) {
-        fprintf(stderr, "colibri-server: --model DIR is required\n");
+    if (!model && carries != 1) {
+        fprintf(stderr, "colibri-server: --model DIR is required: %s\n", embedded_err);
         usage(stderr);
         return 2;
     }
+
     /* An empty key would silently serve without authentication: a flag that
      * asks for a key must give one (an empty $COLIBRI_API_KEY counts as unset). */
     if ((api_key_flag && !*api_key_flag) || (metrics_key_flag && !*metrics_key_flag)) {
@@ -344,7 +429,7 @@ int main(int argc, char **argv) {
     if (api_key_file && read_key_file(api_key_file, api_key_buf, sizeof api_key_buf) != 0) return 2;
     if (api_key_file) api_key = api_key_buf;
     else if (api_key_flag) api_key = api_key_flag;
-    if (verify) return verify_model(model);
+    if (verify) return model ? verify_model(model) : verify_embedded();
     if (api_key && !*api_key) api_key = NULL;
     if (metrics_key && !*metrics_key) metrics_key = NULL;
     /* Every connection (and spare entry) is a descriptor; the rest is the
@@ -405,6 +490,7 @@ int main(int argc, char **argv) {
             cb_engine_model_name(engine), d->n_layers, d->n_experts, d->top_k, n_slots,
             opt.queue_cap, CB_KERNELS_NAME, kv == CB_KV_F16 ? "f16" : "f32",
             (double)cb_engine_kv_bytes(engine) / (1 << 20), api_key ? ", API key required" : "");
+    if (!model) fprintf(stderr, "colibri-server: serving the model %s carries\n", cb_self_exe_path());
     print_memory(&budget);
     print_memory_limit(&budget, max_memory);
     fprintf(stderr, "colibri-server: listening on http://%s:%d\n", host, cb_netloop_port(loop));

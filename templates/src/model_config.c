@@ -19,12 +19,14 @@ typedef struct {
 } reader;
 
 /* Names of enum values, indexed by value (NULL: not a value). */
-static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
-static const char *const ROUTERS[] = {NULL, "softmax_topk_renorm", "softmax_topk"};
-/* 5..7: the x4 layouts and a retired id, never a model's weights.dtype; 8..:
- * GGML's types as a GGUF file stores them (the shared dtype id contract). */
+static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss"};
+static const char *const BLOCKS[] = {"pre_norm", "gemma4"};
+static const char *const FFN_ACTS[] = {"silu", "gelu_tanh", "swiglu_oai"};
+static const char *const ROUTERS[] = {NULL, "softmax_topk_renorm", "softmax_topk", "topk_softmax"};
+/* Indexed by enum cb_dtype; the x4 layouts are per tensor, never a model's. */
 static const char *const DTYPES[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", NULL,     NULL,     NULL,    "q4_1", "q5_0",
                                      "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"};
+_Static_assert(sizeof DTYPES / sizeof DTYPES[0] == CB_DTYPE_COUNT, "a name for every dtype id");
 static const char *const QK_NORMS[] = {"none", "per_head", "whole"};
 static const char *const TOKENIZERS[] = {"none", "bytes", "bpe", "spm"};
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -184,14 +186,28 @@ static char *read_file(const char *path, size_t *len, char *err, size_t err_len)
 }
 
 int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, size_t err_len) {
-    memset(c, 0, sizeof *c);
-    if ((size_t)snprintf(c->path, sizeof c->path, "%s/%s", model_dir, CB_MODEL_CONFIG_FILE) >= sizeof c->path) {
+    char path[sizeof c->path];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", model_dir, CB_MODEL_CONFIG_FILE) >= sizeof path) {
         snprintf(err, err_len, "model folder path too long (%zu bytes)", strlen(model_dir));
         return -1;
     }
-    size_t len = 0, at = 0;
-    char *text = read_file(c->path, &len, err, err_len);
+    size_t len = 0;
+    char *text = read_file(path, &len, err, err_len);
     if (!text) return -1;
+    const int status = cb_model_config_parse(c, text, len, path, err, err_len);
+    free(text);
+    return status;
+}
+
+int cb_model_config_parse(cb_model_config *c, const char *text, size_t len, const char *label, char *err,
+                          size_t err_len) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->path, sizeof c->path, "%s", label);
+    size_t at = 0;
+    if (len > MAX_CONFIG_BYTES) {
+        snprintf(err, err_len, "%s: larger than %u MiB: not a model config", c->path, MAX_CONFIG_BYTES >> 20);
+        return -1;
+    }
     cb_json_tok *toks = NULL;
     int n = cb_json_parse(text, len, NULL, 0, &at);
     if (n > 0) {
@@ -204,7 +220,6 @@ int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, s
         snprintf(err, err_len, "%s: not valid JSON: %s at line %d, column %d", c->path, cb_json_strerror(n), line,
                  col);
         free(toks);
-        free(text);
         return -1;
     }
     reader r = {text, toks, c->path, err, err_len, 0};
@@ -236,10 +251,27 @@ int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, s
         d->norm_eps = number(&r, root, "norm_eps", "norm_eps", 1, 0);
         const int rope = object(&r, root, "rope", "rope", 1);
         d->rope_theta = number(&r, rope, "theta", "rope.theta", rope >= 0, 0);
+        const int scaling = rope < 0 ? -1 : member(&r, rope, "scaling", "rope.scaling", 0);
+        if (scaling >= 0 && r.toks[scaling].type == CB_JSON_OBJECT)
+            d->rope_attn_factor = number(&r, scaling, "attention_factor", "rope.scaling.attention_factor", 1, 0);
         const int att = object(&r, root, "attention", "attention", 0);
         d->qkv_bias = boolean(&r, att, "qkv_bias", "attention.qkv_bias");
         d->qk_norm = choice(&r, att, "qk_norm", "attention.qk_norm", 0, CB_QK_NORM_NONE, QK_NORMS, COUNT(QK_NORMS));
         d->clip_qkv = number(&r, att, "clip_qkv", "attention.clip_qkv", 0, 1);
+        d->v_norm = boolean(&r, att, "v_norm", "attention.v_norm");
+        d->attn_scale = number(&r, att, "scale", "attention.scale", 0, 1);
+        d->block = choice(&r, root, "block", "block", 0, CB_BLOCK_PRE_NORM, BLOCKS, COUNT(BLOCKS));
+        d->ffn_act = choice(&r, root, "ffn_act", "ffn_act", 0, CB_ACT_SILU, FFN_ACTS, COUNT(FFN_ACTS));
+        d->embed_scale = number(&r, root, "embed_scale", "embed_scale", 0, 1);
+        d->logit_softcap = number(&r, root, "logit_softcap", "logit_softcap", 0, 1);
+        d->o_bias = boolean(&r, att, "o_bias", "attention.o_bias");
+        d->attn_sinks = boolean(&r, att, "sinks", "attention.sinks");
+        d->router_bias = boolean(&r, root, "router_bias", "router_bias");
+        d->expert_bias = boolean(&r, root, "expert_bias", "expert_bias");
+        int swiglu = member(&r, root, "swiglu", "swiglu", 0); /* an object, or null: none */
+        if (swiglu >= 0 && r.toks[swiglu].type != CB_JSON_OBJECT) swiglu = -1;
+        d->swiglu_alpha = number(&r, swiglu, "alpha", "swiglu.alpha", 0, 0);
+        d->swiglu_limit = number(&r, swiglu, "limit", "swiglu.limit", 0, 0);
         const int w = object(&r, root, "weights", "weights", 1);
         if (w >= 0) {
             string(&r, w, "file", "weights.file", 1, c->weights_file, sizeof c->weights_file);
@@ -258,7 +290,6 @@ int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, s
         }
     }
     free(toks);
-    free(text);
     return r.failed ? -1 : 0;
 }
 
@@ -315,6 +346,13 @@ int cb_model_config_check(const cb_model_config *c, const cb_weights_header *h, 
         {"shared_expert_gate", cfg->shared_gate, hdr->shared_gate, NULL, 0},
         {"dense_ffn_size", cfg->dense_ffn, hdr->dense_ffn, NULL, 0},
         {"tie_word_embeddings", cfg->tied_embeddings, hdr->tied_embeddings, NULL, 0},
+        {"block", cfg->block, hdr->block, BLOCKS, COUNT(BLOCKS)},
+        {"ffn_act", cfg->ffn_act, hdr->ffn_act, FFN_ACTS, COUNT(FFN_ACTS)},
+        {"attention.v_norm", cfg->v_norm, hdr->v_norm, NULL, 0},
+        {"attention.o_bias", cfg->o_bias, hdr->o_bias, NULL, 0},
+        {"attention.sinks", cfg->attn_sinks, hdr->attn_sinks, NULL, 0},
+        {"router_bias", cfg->router_bias, hdr->router_bias, NULL, 0},
+        {"expert_bias", cfg->expert_bias, hdr->expert_bias, NULL, 0},
         {"tokenizer.kind", c->tok_kind, h->tok.kind, TOKENIZERS, COUNT(TOKENIZERS)},
         {"tokenizer.bos_id", c->bos_id, h->tok.bos_id, NULL, 0},
         {"tokenizer.eos_id", c->eos_id, h->tok.eos_id, NULL, 0},
@@ -333,6 +371,12 @@ int cb_model_config_check(const cb_model_config *c, const cb_weights_header *h, 
         {"norm_eps", cfg->norm_eps, hdr->norm_eps},
         {"rope.theta", cfg->rope_theta, hdr->rope_theta},
         {"attention.clip_qkv", cfg->clip_qkv, hdr->clip_qkv},
+        {"attention.scale", cfg->attn_scale, hdr->attn_scale},
+        {"embed_scale", cfg->embed_scale, hdr->embed_scale},
+        {"logit_softcap", cfg->logit_softcap, hdr->logit_softcap},
+        {"rope.scaling.attention_factor", cfg->rope_attn_factor, hdr->rope_attn_factor},
+        {"swiglu.alpha", cfg->swiglu_alpha, hdr->swiglu_alpha},
+        {"swiglu.limit", cfg->swiglu_limit, hdr->swiglu_limit},
     };
     for (int i = 0; i < COUNT(floats) && !field; i++) {
         if (floats[i].cfg == floats[i].hdr) continue;

@@ -16,7 +16,7 @@
 #define CB_MODEL_CONFIG_FILE "model-config.json"
 
 typedef struct {
-    char path[4096];          /* model_dir/model-config.json, for messages */
+    char path[4096];          /* model_dir/model-config.json (or where an embedded one lies), for messages */
     char name[64];
     char weights_file[1024];  /* weights.file, relative to the model folder */
     char sha256[65];          /* weights.sha256, lowercase hex; "" when absent */
@@ -29,6 +29,11 @@ typedef struct {
  * Returns 0, or -1 with a message naming the file, the field and what was
  * wrong in err. */
 int cb_model_config_load(cb_model_config *c, const char *model_dir, char *err, size_t err_len);
+/* The same checks of a config's text (len bytes, text[len] == 0) from
+ * elsewhere (an executable that carries its model); label names it in
+ * messages. */
+int cb_model_config_parse(cb_model_config *c, const char *text, size_t len, const char *label, char *err,
+                          size_t err_len);
 
 /* Compares the config with the weights header (at weights_path): name,
  * shape, types and tokenizer. Returns 0, or -1 naming the first field that

@@ -7,6 +7,7 @@
  * long runs of weights): gate, up and SwiGLU; then down into one row per
  * (token, unit) pair, each unit's down as soon as its own gate and up are
  * done; then each token's pairs are summed in unit order. */
+#include <math.h>
 #include <string.h>
 
 #include "engine_internal.h"
@@ -43,7 +44,7 @@ static void group_by_expert(cb_engine *e, int layer, int n, const cb_batch_item 
 
 typedef struct {
     cb_engine *e;
-    int n_units, n;
+    int n_units, n, to_x;             /* to_x: the sum goes into x (else it stays in proj) */
     int chunk, down_chunk, sum_chunk; /* rows per gate/up, down and sum task */
     cb_act xa;                        /* the FFN input, xn (quantized) */
 } ffn_job;
@@ -72,7 +73,28 @@ static int unit_of_task(const int32_t *first, int n_units, int task) {
     return lo;
 }
 
-/* Rows [r0, r0+chunk) of one unit's gate and up: hid = silu(gate) * up,
+/* gate[i] = gelu_tanh(gate[i]) * up[i], as torch's gelu(approximate="tanh")
+ * in float32 (Gemma 4's experts and MLP). */
+static void geglu(float *gate, const float *up, int n) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2/pi) */
+    for (int i = 0; i < n; i++) {
+        const float x = gate[i], inner = beta * (x + kappa * x * x * x);
+        gate[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+    }
+}
+
+/* gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, +-limit),
+ * gate[i] = (u + 1) * g * sigmoid(alpha g), in transformers' order. */
+static void swiglu_oai(float *gate, const float *up, int n, float alpha, float limit) {
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        const float glu = g * (1.0f / (1.0f + cb_expf(-(g * alpha))));
+        gate[i] = (u + 1.0f) * glu;
+    }
+}
+
+/* Rows [r0, r0+chunk) of one unit's gate and up: hid = act(gate) * up,
  * then quantized (chunk is a multiple of 32, so its blocks are whole). */
 static void gate_up_task(const ffn_job *j, int task) {
     cb_engine *e = j->e;
@@ -84,8 +106,16 @@ static void gate_up_task(const ffn_job *j, int task) {
     float *hid = e->hid + (size_t)unit->begin * I_max, *up = e->up + (size_t)unit->begin * I_max;
     cb_matmul_tile(&unit->f->gate, r0, r1, &j->xa, items, unit->count, hid, I_max, NULL, CB_SET, NULL);
     cb_matmul_tile(&unit->f->up, r0, r1, &j->xa, items, unit->count, up, I_max, NULL, CB_SET, NULL);
+    const cb_dims *d = CB_DIMS(e);
     for (int t = 0; t < unit->count; t++) {
-        cb_swiglu(hid + (size_t)t * I_max + r0, up + (size_t)t * I_max + r0, r1 - r0);
+        float *g = hid + (size_t)t * I_max + r0, *u = up + (size_t)t * I_max + r0;
+        if (unit->f->gate_bias) { /* gpt-oss's experts */
+            cb_axpy(g, 1.0f, unit->f->gate_bias + r0, r1 - r0);
+            cb_axpy(u, 1.0f, unit->f->up_bias + r0, r1 - r0);
+        }
+        if (d->ffn_act == CB_ACT_GELU_TANH) geglu(g, u, r1 - r0);
+        else if (d->ffn_act == CB_ACT_SWIGLU_OAI) swiglu_oai(g, u, r1 - r0, d->swiglu_alpha, d->swiglu_limit);
+        else cb_swiglu(g, u, r1 - r0);
         if (j->xa.q)
             cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
                                  e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
@@ -105,6 +135,9 @@ static void down_task(const ffn_job *j, int task) {
                       j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride};
     cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->pair_out + (size_t)unit->begin * H, H, NULL,
                    CB_SET, NULL);
+    if (unit->f->down_bias)
+        for (int t = 0; t < unit->count; t++)
+            cb_axpy(e->pair_out + (size_t)(unit->begin + t) * H + r0, 1.0f, unit->f->down_bias + r0, r1 - r0);
 }
 
 /* The job's first phase is every unit's gate/up tasks, its second their
@@ -132,7 +165,7 @@ static void sum_task(void *p, int task, int worker) {
             const int pair = e->item_pairs[(size_t)i * per + k];
             cb_axpy(proj + r0, e->group_w[pair], e->pair_out + (size_t)pair * H + r0, r1 - r0);
         }
-        cb_axpy(e->x + (size_t)i * H + r0, 1.0f, proj + r0, r1 - r0);
+        if (j->to_x) cb_axpy(e->x + (size_t)i * H + r0, 1.0f, proj + r0, r1 - r0);
     }
 }
 
@@ -148,12 +181,13 @@ static void list_item_pairs(cb_engine *e, int n_units, int n) {
         }
 }
 
-static void run_units(cb_engine *e, int n_units, int n) {
+static void run_units(cb_engine *e, int n_units, int n, int to_x) {
     const int H = (int)CB_DIMS(e)->hidden;
     int rows = 0;
     for (int u = 0; u < n_units; u++) rows += (int)e->units[u].f->gate.rows;
     list_item_pairs(e, n_units, n);
-    ffn_job j = {e, n_units, n, cb_task_rows(e, rows, CB_QK), cb_task_rows(e, n_units * H, 4), cb_task_rows(e, H, 4),
+    ffn_job j = {e, n_units, n, to_x, cb_task_rows(e, rows, CB_QK), cb_task_rows(e, n_units * H, 4),
+                 cb_task_rows(e, H, 4),
                  cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
     const int gate_up_tasks = number_tasks(e, e->unit_task, 0, n_units, j.chunk, 0);
     const int down_tasks = number_tasks(e, e->down_task, gate_up_tasks, n_units, j.down_chunk, 1);
@@ -183,14 +217,107 @@ static int all_tokens_unit(cb_engine *e, int u, const cb_ffn_weights *f, const f
 static void route_token(cb_engine *e, void *p, int i) {
     const cb_dims *d = CB_DIMS(e);
     const int layer = *(const int *)p, E = (int)d->n_experts, k = (int)d->top_k;
-    cb_route(e->router_logits + (size_t)i * E, E, k, (int)d->router,
-             e->routing + ((size_t)i * d->n_layers + layer) * k, e->route_w + (size_t)i * k);
+    int32_t *ids = e->routing + ((size_t)i * d->n_layers + layer) * k;
+    float *w = e->route_w + (size_t)i * k;
+    const float *bias = e->w.layers[layer].router_bias; /* gpt-oss */
+    if (bias) cb_axpy(e->router_logits + (size_t)i * E, 1.0f, bias, E);
+    cb_route(e->router_logits + (size_t)i * E, E, k, (int)d->router, ids, w);
+    const float *scale = e->w.layers[layer].expert_scale; /* Gemma 4: after renormalising */
+    if (scale)
+        for (int j = 0; j < k; j++) w[j] *= scale[ids[j]];
+}
+
+/* The units of the experts some needed token chose, in ascending order;
+ * returns how many. */
+static int expert_units(cb_engine *e, const cb_layer_weights *L, int layer) {
+    const int E = (int)CB_DIMS(e)->n_experts;
+    int n_units = 0;
+    for (int x = 0; x < E; x++) {
+        const int begin = e->group_start[x], count = e->group_start[x + 1] - begin;
+        if (!count) continue;
+        e->units[n_units++] = (cb_ffn_unit){&L->experts[x], begin, count};
+        uint8_t *seen = &e->expert_seen[(size_t)layer * E + x];
+        if (!*seen) {
+            /* First use: ask for the whole block at once (the mapping has
+             * no readahead, so faults alone would read it 4 KiB at a time;
+             * in 2 MiB pages each fault reads 2 MiB, see cb_weights_map). */
+            if (!e->w.huge_pages) cb_map_advise_willneed(L->experts[x].block, L->experts[x].block_bytes);
+            *seen = 1;
+        }
+    }
+    return n_units;
+}
+
+/* Gemma 4's router input: RMSNorm(x) without weight, times the router's
+ * scale, times H^-1/2 (transformers' order). */
+static void gemma_router_input(cb_engine *e, void *p, int i) {
+    const cb_layer_weights *L = p;
+    const int H = (int)CB_DIMS(e)->hidden;
+    const float root = (float)(1.0 / sqrt((double)H));
+    float *z = e->xr + (size_t)i * H;
+    cb_rmsnorm(z, e->x + (size_t)i * H, e->ones, H, CB_DIMS(e)->norm_eps);
+    for (int c = 0; c < H; c++) z[c] = z[c] * L->router_scale[c] * root;
+}
+
+typedef struct {
+    const cb_layer_weights *L;
+    const cb_batch_item *outputs_of;
+} gemma_tokens;
+
+/* xr = post_feedforward_layernorm_2(experts' sum in proj). */
+static void gemma_experts_out(cb_engine *e, void *p, int i) {
+    const gemma_tokens *g = p;
+    const int H = (int)CB_DIMS(e)->hidden;
+    if (!needed(g->outputs_of, i)) return;
+    cb_rmsnorm(e->xr + (size_t)i * H, e->proj + (size_t)i * H, g->L->ffn_post_norm_2, H, CB_DIMS(e)->norm_eps);
+}
+
+/* x = (x + post_norm(post_norm_1(MLP in proj) + xr)) * layer_scalar. */
+static void gemma_combine(cb_engine *e, void *p, int i) {
+    const gemma_tokens *g = p;
+    const int H = (int)CB_DIMS(e)->hidden;
+    const float eps = CB_DIMS(e)->norm_eps;
+    if (!needed(g->outputs_of, i)) return;
+    float *t = e->xn + (size_t)i * H, *x = e->x + (size_t)i * H;
+    cb_rmsnorm(t, e->proj + (size_t)i * H, g->L->ffn_post_norm_1, H, eps);
+    cb_axpy(t, 1.0f, e->xr + (size_t)i * H, H);
+    cb_rmsnorm(t, t, g->L->ffn_post_norm, H, eps);
+    const float s = g->L->layer_scalar[0];
+    for (int c = 0; c < H; c++) x[c] = (x[c] + t[c]) * s;
+}
+
+/* Gemma 4's FFN half: a dense MLP and the routed experts side by side, both
+ * reading x after attention, each with its own norms (ARCHITECTURES.md §5). */
+static void gemma_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_of) {
+    const cb_dims *d = CB_DIMS(e);
+    const cb_layer_weights *L = &e->w.layers[layer];
+    const int H = (int)d->hidden, E = (int)d->n_experts;
+    gemma_tokens g = {L, outputs_of};
+    cb_for_tokens(e, n, gemma_router_input, (void *)L);
+    const cb_act za = {e->xr, NULL, H, 0};
+    const cb_mm_part router = {&L->router, e->router_logits, E, CB_SET};
+    cb_parallel_matmul(e, &router, 1, &za, n);
+    cb_for_tokens(e, n, route_token, &layer);
+    group_by_expert(e, layer, n, outputs_of);
+    cb_rmsnorm_tokens(e, n, L->ffn_pre_norm_2);
+    int n_units = expert_units(e, L, layer);
+    if (!n_units) return; /* no token's output is read */
+    run_units(e, n_units, n, 0);
+    cb_for_tokens(e, n, gemma_experts_out, &g);
+    cb_rmsnorm_tokens(e, n, L->ffn_norm);
+    n_units = all_tokens_unit(e, 0, &L->dense, NULL, n, outputs_of);
+    run_units(e, n_units, n, 0);
+    cb_for_tokens(e, n, gemma_combine, &g);
 }
 
 void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_of) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_weights *L = &e->w.layers[layer];
     const int H = (int)d->hidden, E = (int)d->n_experts, k = (int)d->top_k;
+    if (d->block == CB_BLOCK_GEMMA4) {
+        gemma_ffn_layer(e, layer, n, outputs_of);
+        return;
+    }
     cb_rmsnorm_tokens(e, n, L->ffn_norm);
     int n_units = 0;
     if (L->is_moe) {
@@ -200,19 +327,7 @@ void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_o
         cb_for_tokens(e, n, route_token, &layer);
         group_by_expert(e, layer, n, outputs_of);
         /* Experts in ascending order, then the shared expert. */
-        for (int x = 0; x < E; x++) {
-            const int begin = e->group_start[x], count = e->group_start[x + 1] - begin;
-            if (!count) continue;
-            e->units[n_units++] = (cb_ffn_unit){&L->experts[x], begin, count};
-            uint8_t *seen = &e->expert_seen[(size_t)layer * E + x];
-            if (!*seen) {
-                /* First use: ask for the whole block at once (the mapping has
-                 * no readahead, so faults alone would read it 4 KiB at a time;
-                 * in 2 MiB pages each fault reads 2 MiB, see cb_weights_map). */
-                if (!e->w.huge_pages) cb_map_advise_willneed(L->experts[x].block, L->experts[x].block_bytes);
-                *seen = 1;
-            }
-        }
+        n_units = expert_units(e, L, layer);
         if (L->shared.gate.data) {
             /* Qwen2-MoE's shared expert: every token, scaled by sigmoid(x . w_gate). */
             for (int i = 0; i < n; i++) {
@@ -229,5 +344,5 @@ void cb_ffn_layer(cb_engine *e, int layer, int n, const cb_batch_item *outputs_o
             for (int j = 0; j < k; j++) e->routing[((size_t)i * d->n_layers + layer) * k + j] = -1;
         n_units = all_tokens_unit(e, n_units, &L->dense, NULL, n, outputs_of);
     }
-    if (n_units) run_units(e, n_units, n);
+    if (n_units) run_units(e, n_units, n, 1);
 }

@@ -22,6 +22,13 @@ void cb_topk_scalar(const float *values, int n, int k, int32_t *ids) {
 void cb_topk(const float *values, int n, int k, int32_t *ids) { cb_topk_f32(values, n, k, ids); }
 
 void cb_route(float *logits, int n_experts, int top_k, int router_kind, int32_t *ids, float *weights) {
+    if (router_kind == CB_ROUTER_TOPK_SOFTMAX) {
+        /* gpt-oss: top-k of the raw logits, softmax over those k only. */
+        cb_topk(logits, n_experts, top_k, ids);
+        for (int j = 0; j < top_k; j++) weights[j] = logits[ids[j]];
+        cb_softmax(weights, top_k);
+        return;
+    }
     /* [softmax over all experts, then top-k] as transformers' Mixtral router. */
     cb_softmax(logits, n_experts);
     cb_topk(logits, n_experts, top_k, ids);

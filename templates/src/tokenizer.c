@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jinja.h"
 #include "pretok.h"
 #include "unicode_nfc.h"
 
@@ -110,7 +111,7 @@ static int parse(cb_tokenizer *t, const char *path, size_t size, char *err, size
     }
     if ((h->kind != CB_TOKENIZER_BPE && h->kind != CB_TOKENIZER_SPM) || h->pretok > CB_PRETOK_QWEN2)
         return fail(err, err_len, path, "unknown tokenizer kind or pre-tokenizer");
-    if (h->n_tokens == 0 || h->n_chat > CB_CHAT_MAX_STRINGS)
+    if (h->n_tokens == 0 || h->n_chat > 1)
         return fail(err, err_len, path, "bad token or chat string count");
     t->kind = h->kind, t->pretok = h->pretok, t->flags = h->flags;
     t->n_tokens = h->n_tokens, t->n_merges = h->n_merges, t->n_added = h->n_added, t->n_chat = h->n_chat;
@@ -128,6 +129,14 @@ static int parse(cb_tokenizer *t, const char *path, size_t size, char *err, size
     for (uint32_t i = 0; i < t->n_chat; i++) {
         t->chat[i] = chat + chat_off[i];
         t->chat_len[i] = chat_off[i + 1] - chat_off[i];
+    }
+    if (t->n_chat == 1) { /* parsed once here: a template this engine cannot run is refused at start */
+        char why[256];
+        t->chat_tpl = cb_jinja_parse(t->chat[0], t->chat_len[0], why, sizeof why);
+        if (!t->chat_tpl) {
+            snprintf(err, err_len, "%s: chat template %s", path, why);
+            return -1;
+        }
     }
     uint32_t ids[4] = {t->bos_id, t->eos_id, t->unk_id, t->eot_id};
     for (int i = 0; i < 4; i++)
@@ -208,6 +217,24 @@ static int alloc_work(cb_tokenizer *t) {
     return w->id && w->start && w->prev && w->next && w->heap && w->word ? 0 : -1;
 }
 
+/* t->file holds size bytes: parse them and allocate the encoder's buffers. */
+static int finish_load(cb_tokenizer *t, const char *path, size_t size, char *err, size_t err_len) {
+    if (parse(t, path, size, err, err_len) != 0) {
+        cb_tokenizer_close(t);
+        return -1;
+    }
+    if (alloc_work(t) != 0) {
+        cb_tokenizer_close(t);
+        return fail(err, err_len, path, "out of memory for the encoder's buffers");
+    }
+    t->vocab = t->n_tokens;
+    t->info.kind = t->kind;
+    t->info.bos_id = t->bos_id;
+    t->info.eos_id = t->eos_id;
+    t->info.role_system = t->info.role_user = t->info.role_assistant = t->info.end_of_turn = CB_NO_TOKEN;
+    return 0;
+}
+
 int cb_tokenizer_load(cb_tokenizer *t, const char *path, char *err, size_t err_len) {
     memset(t, 0, sizeof *t);
     FILE *f = fopen(path, "rb");
@@ -225,20 +252,17 @@ int cb_tokenizer_load(cb_tokenizer *t, const char *path, char *err, size_t err_l
         cb_tokenizer_close(t);
         return fail(err, err_len, path, "cannot read");
     }
-    if (parse(t, path, (size_t)size, err, err_len) != 0) {
-        cb_tokenizer_close(t);
-        return -1;
-    }
-    if (alloc_work(t) != 0) {
-        cb_tokenizer_close(t);
-        return fail(err, err_len, path, "out of memory for the encoder's buffers");
-    }
-    t->vocab = t->n_tokens;
-    t->info.kind = t->kind;
-    t->info.bos_id = t->bos_id;
-    t->info.eos_id = t->eos_id;
-    t->info.role_system = t->info.role_user = t->info.role_assistant = t->info.end_of_turn = CB_NO_TOKEN;
-    return 0;
+    return finish_load(t, path, (size_t)size, err, err_len);
+}
+
+int cb_tokenizer_load_bytes(cb_tokenizer *t, const void *bytes, size_t size, const char *label, char *err,
+                            size_t err_len) {
+    memset(t, 0, sizeof *t);
+    if (size < sizeof(cb_tok_file_header)) return fail(err, err_len, label, "too short to be a tokenizer file");
+    t->file = malloc(size); /* a copy: the tables parse() builds point into it */
+    if (!t->file) return fail(err, err_len, label, "out of memory for its copy");
+    memcpy(t->file, bytes, size);
+    return finish_load(t, label, size, err, err_len);
 }
 
 void cb_tokenizer_init(cb_tokenizer *t, const cb_tok_info *info, uint32_t vocab) {
@@ -253,16 +277,9 @@ void cb_tokenizer_init(cb_tokenizer *t, const cb_tok_info *info, uint32_t vocab)
     t->unk_id = CB_NO_TOKEN;
 }
 
-int cb_tokenizer_open(cb_tokenizer *t, const char *model_dir, const cb_tok_info *info, uint32_t vocab,
-                      char *err, size_t err_len) {
-    if (info->kind == CB_TOKENIZER_BYTES || info->kind == CB_TOKENIZER_NONE) {
-        cb_tokenizer_init(t, info, vocab);
-        t->kind = info->kind;
-        return 0;
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.cbt", model_dir);
-    if (cb_tokenizer_load(t, path, err, err_len) != 0) return -1;
+/* A loaded tokenizer against what the weights header says it is. */
+static int check_against(cb_tokenizer *t, const char *path, const cb_tok_info *info, uint32_t vocab, char *err,
+                         size_t err_len) {
     if (t->kind != info->kind || t->n_tokens > vocab) {
         snprintf(err, err_len, "%s: %u tokens of kind %u, but the weights expect at most %u of kind %u", path,
                  t->n_tokens, t->kind, vocab, info->kind);
@@ -274,7 +291,38 @@ int cb_tokenizer_open(cb_tokenizer *t, const char *model_dir, const cb_tok_info 
     return 0;
 }
 
+/* The byte tokenizer (or none) needs no file. */
+static int builtin(cb_tokenizer *t, const cb_tok_info *info, uint32_t vocab) {
+    if (info->kind != CB_TOKENIZER_BYTES && info->kind != CB_TOKENIZER_NONE) return 0;
+    cb_tokenizer_init(t, info, vocab);
+    t->kind = info->kind;
+    return 1;
+}
+
+int cb_tokenizer_open(cb_tokenizer *t, const char *model_dir, const cb_tok_info *info, uint32_t vocab,
+                      char *err, size_t err_len) {
+    if (builtin(t, info, vocab)) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.cbt", model_dir);
+    if (cb_tokenizer_load(t, path, err, err_len) != 0) return -1;
+    return check_against(t, path, info, vocab, err, err_len);
+}
+
+int cb_tokenizer_open_bytes(cb_tokenizer *t, const void *bytes, size_t size, const char *label,
+                            const cb_tok_info *info, uint32_t vocab, char *err, size_t err_len) {
+    if (builtin(t, info, vocab)) return 0;
+    if (!bytes) {
+        snprintf(err, err_len, "%s: the weights name a tokenizer of kind %u, but no tokenizer.cbt is there", label,
+                 info->kind);
+        return -1;
+    }
+    if (cb_tokenizer_load_bytes(t, bytes, size, label, err, err_len) != 0) return -1;
+    return check_against(t, label, info, vocab, err, err_len);
+}
+
 void cb_tokenizer_close(cb_tokenizer *t) {
+    cb_jinja_free(t->chat_tpl);
+    t->chat_tpl = NULL;
     if (t->work) {
         free(t->work->id);
         free(t->work->start);

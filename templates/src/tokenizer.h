@@ -22,9 +22,9 @@
  *   u8  attr[n_tokens]                    enum cb_tok_attr
  *   cb_tok_merge merges[n_merges]         BPE merges, any order
  *   cb_tok_added added[n_added]           tokens split out of text first
- *   u32 chat_off[n_chat+1], chat bytes    reduced chat template (chat.h) */
+ *   u32 chat_off[n_chat+1], chat bytes    n_chat 0, or 1: the Jinja chat template's source */
 #define CB_TOK_MAGIC "CBTOKEN"
-#define CB_TOK_VERSION 1
+#define CB_TOK_VERSION 2 /* 2: the chat section is the Jinja source (1: reduced strings) */
 #define CB_TOK_MAX_WORD (1u << 16) /* longest pre-token, in bytes, one encode handles */
 #define CB_TOK_MAX_NFC (1u << 18)  /* longest text chunk, in code points, that needs NFC */
 #define CB_CHAT_MAX_STRINGS 16
@@ -79,6 +79,7 @@ typedef struct {
     uint32_t n_chat;
     const char *chat[CB_CHAT_MAX_STRINGS];
     uint32_t chat_len[CB_CHAT_MAX_STRINGS];
+    struct cb_jinja *chat_tpl;        /* the chat template, parsed at open; NULL if none */
     uint32_t *str_table, str_mask;    /* enc text -> id, open addressing */
     uint32_t *merge_table, merge_mask;/* (left, right) -> merge index */
     void *file;                       /* the whole .cbt, owned */
@@ -96,8 +97,15 @@ typedef struct {
  * model_dir/tokenizer.cbt. Returns 0, or -1 with the file and reason in err. */
 int cb_tokenizer_open(cb_tokenizer *t, const char *model_dir, const cb_tok_info *info, uint32_t vocab,
                       char *err, size_t err_len);
-/* Loads a .cbt file alone (tools, tests). */
+/* The same from a .cbt file's bytes held elsewhere (an executable that
+ * carries its model; bytes NULL: there is none); label names them in
+ * messages. The bytes are copied. */
+int cb_tokenizer_open_bytes(cb_tokenizer *t, const void *bytes, size_t size, const char *label,
+                            const cb_tok_info *info, uint32_t vocab, char *err, size_t err_len);
+/* Loads a .cbt file alone (tools, tests), or its bytes. */
 int cb_tokenizer_load(cb_tokenizer *t, const char *path, char *err, size_t err_len);
+int cb_tokenizer_load_bytes(cb_tokenizer *t, const void *bytes, size_t size, const char *label, char *err,
+                            size_t err_len);
 void cb_tokenizer_close(cb_tokenizer *t);
 /* Kept for the byte tokenizer's callers: cb_tokenizer_open without a folder. */
 void cb_tokenizer_init(cb_tokenizer *t, const cb_tok_info *info, uint32_t vocab);

@@ -10,7 +10,8 @@ static const cb_tensor_entry *entries(const cb_weights *w) {
 static const char *dtype_name(uint32_t dtype) {
     static const char *names[CB_DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "q4_0",
                                                 "q8_0x4 of an earlier layout (re-convert the model)", "q4_0x4",
-                                                "q8_0x4"};
+                                                "q8_0x4", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+                                                "q6_k", "iq4_nl", "iq4_xs", "mxfp4"};
     return dtype < CB_DTYPE_COUNT ? names[dtype] : "unknown";
 }
 
@@ -55,6 +56,24 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
                  (double)d->norm_eps, (double)d->rope_theta, (double)d->clip_qkv);
         return -1;
     }
+    if (d->block > CB_BLOCK_GEMMA4 || d->ffn_act > CB_ACT_SWIGLU_OAI || d->v_norm > 1 || d->o_bias > 1 ||
+        d->attn_sinks > 1 || d->router_bias > 1 || d->expert_bias > 1 || d->router > CB_ROUTER_TOPK_SOFTMAX) {
+        snprintf(err, err_len, "%s: header: block %u, ffn_act %u, router %u or a flag (v_norm %u, o_bias %u, "
+                 "attn_sinks %u, router_bias %u, expert_bias %u) unknown", path, d->block, d->ffn_act, d->router,
+                 d->v_norm, d->o_bias, d->attn_sinks, d->router_bias, d->expert_bias);
+        return -1;
+    }
+    if (!(d->attn_scale >= 0.0f && d->attn_scale < 1e30f) || !(d->embed_scale >= 0.0f && d->embed_scale < 1e30f) ||
+        !(d->logit_softcap >= 0.0f && d->logit_softcap < 1e30f) ||
+        !(d->rope_attn_factor >= 0.0f && d->rope_attn_factor < 1e30f) ||
+        !(d->swiglu_alpha >= 0.0f && d->swiglu_alpha < 1e30f) ||
+        !(d->swiglu_limit >= 0.0f && d->swiglu_limit < 1e30f)) {
+        snprintf(err, err_len, "%s: header: attention.scale %g, embed_scale %g, logit_softcap %g, rope attention "
+                 "factor %g or swiglu alpha/limit %g/%g out of range", path, (double)d->attn_scale,
+                 (double)d->embed_scale, (double)d->logit_softcap, (double)d->rope_attn_factor,
+                 (double)d->swiglu_alpha, (double)d->swiglu_limit);
+        return -1;
+    }
     if (h->tok.kind > CB_TOKENIZER_SPM) {
         snprintf(err, err_len, "%s: header: tokenizer kind %u unknown", path, h->tok.kind);
         return -1;
@@ -75,6 +94,30 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
     return 0;
 }
 
+/* Each layer's descriptor within what the engine can size and consistent
+ * with the model's heads; -1 naming the layer and the field. */
+static int check_layers(const cb_weights_header *h, const cb_layer_desc *desc, const char *path, char *err,
+                        size_t err_len) {
+    const cb_dims *d = &h->dims;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        const cb_layer_desc *L = &desc[l];
+        const char *why = NULL;
+        if (L->head_dim < 2 || L->head_dim > 65536 || L->head_dim % 2) why = "head_dim is not even in 2..65536";
+        else if (L->n_kv_heads < 1 || d->n_heads % L->n_kv_heads) why = "kv_heads does not divide heads";
+        else if ((uint64_t)d->n_heads * L->head_dim > CB_MAX_SIZE) why = "heads * head_dim is too large";
+        else if (L->rope_pairs > L->head_dim / 2) why = "rope_pairs is over head_dim / 2";
+        else if (L->k_eq_v > 1 || L->reserved[0] || L->reserved[1]) why = "k_eq_v or a reserved field is not 0/1";
+        else if (L->window > d->context_len) why = "the sliding window is longer than the context";
+        else if (!(L->rope_theta >= 1.0f && L->rope_theta < 1e30f)) why = "rope_theta is out of range";
+        if (why) {
+            snprintf(err, err_len, "%s: header: layer %u: %s (window %u, head_dim %u, kv_heads %u, rope_pairs %u)",
+                     path, l, why, L->window, L->head_dim, L->n_kv_heads, L->rope_pairs);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* One table entry against the file: a known dtype, 1..4 nonzero dims whose
  * size is nbytes, 64-byte aligned data after the table and inside the file.
  * 0, or -1 naming the tensor and the field. */
@@ -86,7 +129,7 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
     char detail[160];
     uint64_t rows = 1, cols = t->shape[0];
     if (!name_ok) why = "its name is not terminated";
-    else if (t->dtype >= CB_DTYPE_COUNT || cb_row_bytes(t->dtype, 32) == 0) {
+    else if (t->dtype >= CB_DTYPE_COUNT || cb_row_bytes(t->dtype, cb_block_elems(t->dtype)) == 0) {
         snprintf(detail, sizeof detail, "dtype %u: %s", t->dtype, dtype_name(t->dtype));
         why = detail;
     }
@@ -100,8 +143,12 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
     }
     if (!why) {
         const uint64_t row_bytes = cb_row_bytes(t->dtype, (uint32_t)cols);
-        const int blocks = t->dtype >= CB_Q8_0;
-        if ((blocks && cols % 32) || row_bytes == 0 || rows > UINT64_MAX / row_bytes || rows * row_bytes != t->nbytes) {
+        const uint32_t block = cb_block_elems(t->dtype);
+        if (cols % block) {
+            snprintf(detail, sizeof detail, "rows of %llu weights, but %s rows are whole blocks of %u",
+                     (unsigned long long)cols, dtype_name(t->dtype), block);
+            why = detail;
+        } else if (row_bytes == 0 || rows > UINT64_MAX / row_bytes || rows * row_bytes != t->nbytes) {
             snprintf(detail, sizeof detail, "%llu bytes where its shape and dtype make %llu",
                      (unsigned long long)t->nbytes,
                      (unsigned long long)(row_bytes && rows <= UINT64_MAX / row_bytes ? rows * row_bytes : 0));
@@ -124,8 +171,14 @@ static int check_entry(const cb_tensor_entry *t, uint32_t i, size_t table_end, s
 }
 
 int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
+    return cb_weights_map_range(w, path, 0, 0, path, err, err_len);
+}
+
+/* path: what messages call the weights (the file, or where they are embedded). */
+int cb_weights_map_range(cb_weights *w, const char *file, uint64_t offset, uint64_t size, const char *path,
+                         char *err, size_t err_len) {
     memset(w, 0, sizeof *w);
-    if (cb_map_file(path, &w->file, err, err_len) != 0) return -1;
+    if (cb_map_file_range(file, offset, size, &w->file, err, err_len) != 0) return -1;
     /* Before the first touch: no readahead anywhere, so a fault reads only
      * its page (a fault on the header must not read-around megabytes of
      * experts). The dense part is asked for explicitly in cb_weights_bind. */
@@ -137,8 +190,8 @@ int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
         goto fail;
     }
     if (h->version != CB_WEIGHTS_VERSION) {
-        snprintf(err, err_len, "%s: weights format version %u, this engine reads version %d",
-                 path, h->version, CB_WEIGHTS_VERSION);
+        snprintf(err, err_len, "%s: weights format version %u, this engine reads version %d (re-convert or "
+                 "synth the model with this colibri-build)", path, h->version, CB_WEIGHTS_VERSION);
         goto fail;
     }
     table_end += (size_t)h->n_tensors * sizeof(cb_tensor_entry);
@@ -146,12 +199,21 @@ int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len) {
         snprintf(err, err_len, "%s: truncated tensor table", path);
         goto fail;
     }
-    if (h->header_bytes != table_end || (h->alignment != 4096 && h->alignment != CB_HUGE_ALIGNMENT)) {
-        snprintf(err, err_len, "%s: header: header_bytes %u (expected %zu for %u tensors), alignment %u (expected "
-                 "4096 or %u)", path, h->header_bytes, table_end, h->n_tensors, h->alignment, CB_HUGE_ALIGNMENT);
+    if (check_dims(h, path, err, err_len) != 0) goto fail;
+    const size_t layers_at = table_end;
+    table_end += (size_t)h->dims.n_layers * sizeof(cb_layer_desc);
+    if (table_end > w->file.size) {
+        snprintf(err, err_len, "%s: truncated layer table", path);
         goto fail;
     }
-    if (check_dims(h, path, err, err_len) != 0) goto fail;
+    if (h->header_bytes != table_end || (h->alignment != 4096 && h->alignment != CB_HUGE_ALIGNMENT)) {
+        snprintf(err, err_len, "%s: header: header_bytes %u (expected %zu for %u tensors and %u layers), alignment "
+                 "%u (expected 4096 or %u)", path, h->header_bytes, table_end, h->n_tensors, h->dims.n_layers,
+                 h->alignment, CB_HUGE_ALIGNMENT);
+        goto fail;
+    }
+    w->layer_desc = (const cb_layer_desc *)(w->file.data + layers_at);
+    if (check_layers(h, w->layer_desc, path, err, err_len) != 0) goto fail;
     const cb_tensor_entry *t = entries(w);
     for (uint32_t i = 0; i < h->n_tensors; i++)
         if (check_entry(&t[i], i, table_end, w->file.size, path, err, err_len) != 0) goto fail;
@@ -174,6 +236,22 @@ void cb_weights_unmap(cb_weights *w) {
     w->header = NULL;
 }
 
+uint32_t cb_block_elems(uint32_t dtype) {
+    switch (dtype) {
+    case CB_F32:
+    case CB_F16:
+    case CB_BF16: return 1;
+    case CB_Q2_K:
+    case CB_Q3_K:
+    case CB_Q4_K:
+    case CB_Q5_K:
+    case CB_Q6_K:
+    case CB_IQ4_XS: return 256;
+    default: return 32;
+    }
+}
+
+/* GGML's block sizes (kernels.h has the blocks and checks these sizes). */
 size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     switch (dtype) {
     case CB_F32: return (size_t)cols * 4;
@@ -183,6 +261,17 @@ size_t cb_row_bytes(uint32_t dtype, uint32_t cols) {
     case CB_Q8_0X4: return (size_t)cols / 32 * 34; /* fp16 scale + 32 int8 */
     case CB_Q4_0:
     case CB_Q4_0X4: return (size_t)cols / 32 * 18; /* fp16 scale + 16 bytes of nibbles */
+    case CB_Q4_1: return (size_t)cols / 32 * 20;
+    case CB_Q5_0: return (size_t)cols / 32 * 22;
+    case CB_Q5_1: return (size_t)cols / 32 * 24;
+    case CB_IQ4_NL: return (size_t)cols / 32 * 18;
+    case CB_MXFP4: return (size_t)cols / 32 * 17;
+    case CB_Q2_K: return (size_t)cols / 256 * 84;
+    case CB_Q3_K: return (size_t)cols / 256 * 110;
+    case CB_Q4_K: return (size_t)cols / 256 * 144;
+    case CB_Q5_K: return (size_t)cols / 256 * 176;
+    case CB_Q6_K: return (size_t)cols / 256 * 210;
+    case CB_IQ4_XS: return (size_t)cols / 256 * 136;
     default: return 0;
     }
 }
@@ -274,12 +363,23 @@ static void bind_ffn(binder *b, const char *prefix, uint64_t H, uint64_t I, uint
     bind(b, name, H, I, dtype, 0, &f->down);
 }
 
+/* A routed expert's biases (gpt-oss), after its matrices in its block. */
+static void bind_expert_bias(binder *b, const char *prefix, uint64_t H, uint64_t I, cb_ffn_weights *f) {
+    char name[CB_TENSOR_NAME_BYTES + 16]; /* a longer name is not in the table: bind says it is missing */
+    snprintf(name, sizeof name, "%sgate_bias", prefix);
+    f->gate_bias = bind_vector(b, name, I, 0);
+    snprintf(name, sizeof name, "%sup_bias", prefix);
+    f->up_bias = bind_vector(b, name, I, 0);
+    snprintf(name, sizeof name, "%sdown_bias", prefix);
+    f->down_bias = bind_vector(b, name, H, 0);
+}
+
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len) {
     const cb_dims *d = &w->header->dims;
     const uint32_t dt = CB_ANY_MATRIX; /* each matrix as the file has it; weight_dtype is the main one */
-    const uint64_t H = d->hidden, q_dim = (uint64_t)d->n_heads * d->head_dim,
-                   kv_dim = (uint64_t)d->n_kv_heads * d->head_dim, I = d->expert_ffn;
+    const uint64_t H = d->hidden, I = d->expert_ffn;
+    const int gemma = d->block == CB_BLOCK_GEMMA4;
     binder b = {w, err, err_len, 0, 0, 0};
     char name[CB_TENSOR_NAME_BYTES];
     const uint8_t *first_expert = NULL;
@@ -293,30 +393,56 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     if (d->tied_embeddings) w->output = w->tok_embd;
     else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
     w->output_norm = bind_vector(&b, "output_norm", H, 0);
+    w->rope_freqs = bind_vector(&b, "rope_freqs", d->head_dim / 2, 1);
+    for (uint32_t l = 0; w->rope_freqs && l < d->n_layers; l++)
+        if (w->layer_desc[l].head_dim != d->head_dim) {
+            snprintf(err, err_len, "tensor 'rope_freqs' serves head size %u, but layer %u has %u", d->head_dim, l,
+                     w->layer_desc[l].head_dim);
+            return -1;
+        }
     w->layers = layers;
-    const uint64_t q_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? d->head_dim : q_dim;
-    const uint64_t k_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? d->head_dim : kv_dim;
     for (uint32_t l = 0; l < d->n_layers && !b.failed; l++) {
         cb_layer_weights *L = &layers[l];
+        memset(L, 0, sizeof *L);
+        L->desc = &w->layer_desc[l];
+        const uint64_t hd = L->desc->head_dim, q_dim = (uint64_t)d->n_heads * hd,
+                       kv_dim = (uint64_t)L->desc->n_kv_heads * hd;
+        const uint64_t q_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? hd : q_dim;
+        const uint64_t k_norm_len = d->qk_norm == CB_QK_NORM_PER_HEAD ? hd : kv_dim;
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blk.%u." fmt, l, ##__VA_ARGS__), name)
         L->attn_norm = bind_vector(&b, NAME("attn_norm"), H, 0);
         L->ffn_norm = bind_vector(&b, NAME("ffn_norm"), H, 0);
         bind(&b, NAME("attn_q"), q_dim, H, dt, 0, &L->wq);
         bind(&b, NAME("attn_k"), kv_dim, H, dt, 0, &L->wk);
-        bind(&b, NAME("attn_v"), kv_dim, H, dt, 0, &L->wv);
+        if (!L->desc->k_eq_v) bind(&b, NAME("attn_v"), kv_dim, H, dt, 0, &L->wv);
         bind(&b, NAME("attn_o"), H, q_dim, dt, 0, &L->wo);
         if (d->qkv_bias) {
             L->bq = bind_vector(&b, NAME("attn_q_bias"), q_dim, 0);
             L->bk = bind_vector(&b, NAME("attn_k_bias"), kv_dim, 0);
             L->bv = bind_vector(&b, NAME("attn_v_bias"), kv_dim, 0);
         }
+        if (d->o_bias) L->bo = bind_vector(&b, NAME("attn_o_bias"), H, 0);
+        if (d->attn_sinks) L->sinks = bind_vector(&b, NAME("attn_sinks"), d->n_heads, 0);
         if (d->qk_norm != CB_QK_NORM_NONE) {
             L->q_norm = bind_vector(&b, NAME("attn_q_norm"), q_norm_len, 0);
             L->k_norm = bind_vector(&b, NAME("attn_k_norm"), k_norm_len, 0);
         }
+        if (gemma) {
+            /* Every layer: the MLP beside the experts, and five more norms. */
+            L->attn_post_norm = bind_vector(&b, NAME("attn_post_norm"), H, 0);
+            bind_ffn(&b, NAME("ffn_"), H, d->dense_ffn, dt, 0, &L->dense);
+            L->ffn_post_norm_1 = bind_vector(&b, NAME("ffn_post_norm_1"), H, 0);
+            L->router_scale = bind_vector(&b, NAME("ffn_router_scale"), H, 0);
+            L->expert_scale = bind_vector(&b, NAME("ffn_expert_scale"), d->n_experts, 0);
+            L->ffn_pre_norm_2 = bind_vector(&b, NAME("ffn_pre_norm_2"), H, 0);
+            L->ffn_post_norm_2 = bind_vector(&b, NAME("ffn_post_norm_2"), H, 0);
+            L->ffn_post_norm = bind_vector(&b, NAME("ffn_post_norm"), H, 0);
+            L->layer_scalar = bind_vector(&b, NAME("layer_scalar"), 1, 0);
+        }
         /* A layer with a router is a MoE layer; one without is a dense MLP. */
-        bind(&b, NAME("ffn_router"), d->n_experts, H, CB_F32, 1, &L->router);
+        bind(&b, NAME("ffn_router"), d->n_experts, H, CB_F32, gemma ? 0 : 1, &L->router);
         L->is_moe = L->router.data != NULL;
+        if (L->is_moe && d->router_bias) L->router_bias = bind_vector(&b, NAME("ffn_router_bias"), d->n_experts, 0);
         if (!L->is_moe) {
             if (!d->dense_ffn && !b.failed) {
                 snprintf(err, err_len, "layer %u has no router and the model has no dense FFN size", l);
@@ -333,6 +459,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
         for (uint32_t e = 0; e < d->n_experts && !b.failed; e++) {
             cb_ffn_weights *X = &L->experts[e];
             bind_ffn(&b, NAME("expert.%u.", e), H, I, dt, 0, X);
+            if (d->expert_bias) bind_expert_bias(&b, NAME("expert.%u.", e), H, I, X);
             if (b.failed) break;
             const uint8_t *start = X->gate.data;
             const uint8_t *end = (const uint8_t *)X->down.data + H * cb_row_bytes(X->down.dtype, (uint32_t)I);
@@ -391,6 +518,19 @@ int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t 
     FIELD(norm_eps, "norm_eps")
     FIELD(rope_theta, "rope.theta")
     FIELD(clip_qkv, "attention.clip_qkv")
+    FIELD(block, "block id")
+    FIELD(ffn_act, "ffn_act id")
+    FIELD(v_norm, "attention.v_norm")
+    FIELD(attn_scale, "attention.scale")
+    FIELD(embed_scale, "embed_scale")
+    FIELD(logit_softcap, "logit_softcap")
+    FIELD(o_bias, "attention.o_bias")
+    FIELD(attn_sinks, "attention.sinks")
+    FIELD(router_bias, "router_bias")
+    FIELD(expert_bias, "expert_bias")
+    FIELD(rope_attn_factor, "rope.scaling.attention_factor")
+    FIELD(swiglu_alpha, "swiglu.alpha")
+    FIELD(swiglu_limit, "swiglu.limit")
 #undef FIELD
     return 0;
 }

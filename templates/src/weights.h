@@ -1,6 +1,7 @@
 /* The weights file (.cbw) and the model's tensors mapped from it.
  * Layout (little-endian), written by toolkit/weights.py:
- *   cb_weights_header | pad to 8 | cb_tensor_entry[n_tensors] | data
+ *   cb_weights_header | pad to 8 | cb_tensor_entry[n_tensors] |
+ *   cb_layer_desc[n_layers] | data
  * Dense tensors are 64-byte aligned; each expert's gate, up and down lie in
  * one block that starts on a 4 KiB page, so an unrouted expert is never read. */
 #ifndef CB_WEIGHTS_H
@@ -13,7 +14,7 @@
 #include "platform/platform.h"
 
 #define CB_WEIGHTS_MAGIC "COLIBRI"
-#define CB_WEIGHTS_VERSION 1
+#define CB_WEIGHTS_VERSION 2 /* 2: per-layer descriptors, Gemma 4's and gpt-oss's fields */
 #define CB_TENSOR_NAME_BYTES 48
 #define CB_HUGE_ALIGNMENT (2u << 20) /* expert blocks on 2 MiB pages (header alignment) */
 
@@ -49,13 +50,15 @@ typedef struct {
     uint64_t nbytes;
 } cb_tensor_entry;
 
-_Static_assert(sizeof(cb_dims) == 92, "cb_dims must match toolkit/weights.py");
-_Static_assert(sizeof(cb_weights_header) == 212, "header must match toolkit/weights.py");
+_Static_assert(sizeof(cb_dims) == 144, "cb_dims must match toolkit/weights.py");
+_Static_assert(sizeof(cb_layer_desc) == 32, "cb_layer_desc must match toolkit/weights.py");
+_Static_assert(sizeof(cb_weights_header) == 264, "header must match toolkit/weights.py");
 _Static_assert(sizeof(cb_tensor_entry) == 104, "tensor entry must match toolkit/weights.py");
 
 /* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector, in any
- * enum cb_dtype. Quantized rows are runs of 32-weight blocks (GGML layout),
- * or in the x4 types groups of four rows interleaved block by block (dims.h). */
+ * enum cb_dtype. Quantized rows are runs of GGML blocks (32 weights, 256 for
+ * the K types and iq4_xs), or in the x4 types groups of four rows
+ * interleaved block by block (dims.h). */
 typedef struct {
     const void *data;
     uint32_t dtype;
@@ -66,19 +69,24 @@ typedef struct {
  * them per tensor); dims.weight_dtype names the main one. */
 #define CB_ANY_MATRIX 0xFFFFFFFFu
 
-/* Bytes of one row of cols weights of a dtype (cols a multiple of 32 for
- * the block types). */
+/* Bytes of one row of cols weights of a dtype (cols a whole number of
+ * blocks for the block types). */
 size_t cb_row_bytes(uint32_t dtype, uint32_t cols);
+/* Weights a block of a dtype holds (1 for the float types): a row's length
+ * must be a multiple of it. */
+uint32_t cb_block_elems(uint32_t dtype);
 
 /* One SwiGLU FFN: a routed expert, the shared expert or a dense MLP. */
 typedef struct {
     cb_tensor gate, up, down;   /* [I, H], [I, H], [H, I] */
+    const float *gate_bias, *up_bias, *down_bias; /* [I], [I], [H]: routed experts of expert_bias models */
     const void *block;          /* a routed expert's page-aligned block */
     size_t block_bytes;
 } cb_ffn_weights;
 
 typedef struct {
-    const float *attn_norm, *ffn_norm;   /* [H] */
+    const float *attn_norm, *ffn_norm;   /* [H] (Gemma 4: input and pre-feedforward norms) */
+    const cb_layer_desc *desc;           /* this layer's attention shape */
     cb_tensor wq, wk, wv, wo;            /* [nh*d, H], [nkv*d, H] x2, [H, nh*d] */
     const float *bq, *bk, *bv;           /* biases, NULL unless qkv_bias */
     const float *q_norm, *k_norm;        /* [d] per head or [nh*d] / [nkv*d] whole, NULL if none */
@@ -87,15 +95,28 @@ typedef struct {
     cb_ffn_weights *experts;             /* [E] */
     cb_ffn_weights shared;               /* shared expert (gate.data NULL if none) */
     const float *shared_gate;            /* [H]: sigmoid(x . w) scales it; NULL if ungated */
-    cb_ffn_weights dense;                /* MLP-only layers */
+    cb_ffn_weights dense;                /* MLP-only layers; Gemma 4: the MLP beside the experts */
+    /* Gemma 4 (CB_BLOCK_GEMMA4), NULL otherwise: */
+    const float *attn_post_norm;         /* [H] on the attention output */
+    const float *ffn_pre_norm_2;         /* [H] the experts' input norm */
+    const float *ffn_post_norm_1, *ffn_post_norm_2, *ffn_post_norm; /* [H] MLP, experts, their sum */
+    const float *router_scale;           /* [H] on the router's RMS-normalised input */
+    const float *expert_scale;           /* [E] on each chosen expert's weight */
+    const float *layer_scalar;           /* [1] the layer's output times it */
+    /* gpt-oss, NULL otherwise: */
+    const float *bo;                     /* [H] output projection bias */
+    const float *sinks;                  /* [nh] per-head sink logits */
+    const float *router_bias;            /* [E] */
 } cb_layer_weights;
 
 typedef struct {
     cb_mapped_file file;
     const cb_weights_header *header;
     int huge_pages;                      /* the mapping is advised 2 MiB pages (cb_weights_map) */
+    const cb_layer_desc *layer_desc;     /* [n_layers], after the tensor table */
     cb_tensor tok_embd;                  /* [vocab, H] */
     const float *output_norm;            /* [H] */
+    const float *rope_freqs;             /* [head_dim/2] inv_freq of every layer (YaRN), NULL: from theta */
     cb_tensor output;                    /* [vocab, H]: tok_embd when tied */
     cb_layer_weights *layers;            /* [n_layers], from the arena */
     int block_matrices;                  /* some matrix is block-quantized: activations get quantized */
@@ -104,6 +125,11 @@ typedef struct {
 /* Maps path and checks magic, version, bounds and every tensor's shape
  * against the header's dims. Returns 0 or -1 with a message in err. */
 int cb_weights_map(cb_weights *w, const char *path, char *err, size_t err_len);
+/* The same for weights that are bytes [offset, offset + size) of a file
+ * (path NULL: the running executable, cb_map_file_range), offsets in the
+ * header counted from offset; label names them in messages. */
+int cb_weights_map_range(cb_weights *w, const char *path, uint64_t offset, uint64_t size, const char *label,
+                         char *err, size_t err_len);
 /* Points layers/experts (storage from the caller) at the mapped tensors. */
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len);

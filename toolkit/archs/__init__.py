@@ -1,6 +1,7 @@
 """One module per supported architecture: config.json -> model-config fields.
 Tensor naming is shared (common.py); architecture differences are fields."""
 
-from . import mixtral, olmoe, qwen2_moe, qwen3_moe
+from . import gemma4, gpt_oss, mixtral, olmoe, qwen2_moe, qwen3_moe
 
-BY_MODEL_TYPE = {"mixtral": mixtral, "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe, "olmoe": olmoe}
+BY_MODEL_TYPE = {"mixtral": mixtral, "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe, "olmoe": olmoe,
+                 "gemma4_text": gemma4, "gemma4": gemma4, "gpt_oss": gpt_oss}

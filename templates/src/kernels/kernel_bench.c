@@ -27,6 +27,9 @@ static const struct {
 } types[] = {
     {"q8_0x4", CB_Q8_0X4, CB_Q8_0}, {"q4_0x4", CB_Q4_0X4, CB_Q4_0}, {"q8_0", CB_Q8_0, CB_Q8_0},
     {"q4_0", CB_Q4_0, CB_Q4_0},     {"f16", CB_F16, CB_F16},
+    /* GGML types as GGUF files hold them (random blocks: speed only). */
+    {"q4_k", CB_Q4_K, CB_Q4_K},     {"q5_k", CB_Q5_K, CB_Q5_K},     {"q6_k", CB_Q6_K, CB_Q6_K},
+    {"mxfp4", CB_MXFP4, CB_MXFP4},
 };
 
 static uint32_t rng = 2463534242u;
@@ -46,7 +49,16 @@ static void fill(uint8_t *w, uint32_t dtype, uint32_t base, size_t rows) {
         for (int i = 0; i < 4; i++) {
             for (int c = 0; c < COLS; c++) row[c] = uniform();
             uint8_t *dst = dtype == base ? w + (r + i) * row_bytes : four + i * base_bytes;
-            if (base == CB_Q8_0) cb_quantize_row_q8_0(row, (cb_block_q8_0 *)dst, COLS);
+            if (base >= CB_Q4_1) { /* random bytes, small normal scales (no denormal slow paths) */
+                for (size_t b = 0; b < row_bytes; b++) dst[b] = (uint8_t)(uniform() * 127 + 128);
+                const size_t block = row_bytes / (COLS / (base == CB_MXFP4 ? 32 : 256));
+                for (uint8_t *blk = dst; blk < dst + row_bytes; blk += block) {
+                    const cb_half h = cb_float_to_half(0.001f);
+                    if (base == CB_MXFP4) blk[0] = 120;
+                    else if (base == CB_Q6_K) memcpy(blk + 208, &h, 2);
+                    else memcpy(blk, &h, 2), memcpy(blk + 2, &h, 2); /* q4_k, q5_k: d, dmin */
+                }
+            } else if (base == CB_Q8_0) cb_quantize_row_q8_0(row, (cb_block_q8_0 *)dst, COLS);
             else if (base == CB_Q4_0) cb_quantize_row_q4_0(row, (cb_block_q4_0 *)dst, COLS);
             else
                 for (int c = 0; c < COLS; c++) ((cb_half *)dst)[c] = cb_float_to_half(row[c]);

@@ -175,6 +175,85 @@ static int check_typed(int f, int *cases, double *worst) {
     return 0;
 }
 
+/* GGML's other block types (ids 8..18): each family's kernels against the
+ * scalar ones on the same random blocks (every bit pattern is a valid block;
+ * scales set to finite values), within 1e-5 of sum |w x|; and the scalar
+ * ones against a double-precision sum over the dequantized weights and
+ * activations (the integer parts exact, so float rounding only). */
+static const struct {
+    uint32_t dtype;
+    const char *name;
+    int elems, bytes, half0, half1; /* fp16 scale offsets in the block, -1: none */
+} block_types[] = {
+    {CB_Q4_1, "q4_1", 32, 20, 0, 2},      {CB_Q5_0, "q5_0", 32, 22, 0, -1},    {CB_Q5_1, "q5_1", 32, 24, 0, 2},
+    {CB_Q2_K, "q2_k", 256, 84, 80, 82},   {CB_Q3_K, "q3_k", 256, 110, 108, -1}, {CB_Q4_K, "q4_k", 256, 144, 0, 2},
+    {CB_Q5_K, "q5_k", 256, 176, 0, 2},    {CB_Q6_K, "q6_k", 256, 210, 208, -1}, {CB_IQ4_NL, "iq4_nl", 32, 18, 0, -1},
+    {CB_IQ4_XS, "iq4_xs", 256, 136, 0, -1}, {CB_MXFP4, "mxfp4", 32, 17, -1, -1},
+};
+#define N_BLOCK_TYPES ((int)(sizeof block_types / sizeof block_types[0]))
+static const struct {
+    const char *name;
+    cb_dot_block_fn (*kernel)(uint32_t dtype);
+} block_families[] = {
+#if CB_KERNELS_AVX2
+    {"avx2", cb_dot_block_avx2},
+#endif
+#if CB_KERNELS_NEON
+    {"neon", cb_dot_block_neon},
+#endif
+    {"scalar", cb_dot_block_scalar},
+};
+#define BLOCK_N_MAX 2048
+static uint8_t block_row[BLOCK_N_MAX]; /* under a byte a weight in every type */
+static float block_w[BLOCK_N_MAX], block_x[BLOCK_N_MAX], block_xf[BLOCK_N_MAX];
+static cb_block_q8_0 block_xq[BLOCK_N_MAX / CB_QK];
+
+static void random_block_row(int t, int n) {
+    const int nb = n / block_types[t].elems, size = block_types[t].bytes;
+    for (int i = 0; i < nb * size; i++) block_row[i] = (uint8_t)next_u32();
+    for (int b = 0; b < nb; b++) {
+        uint8_t *blk = block_row + (size_t)b * size;
+        const int offs[2] = {block_types[t].half0, block_types[t].half1};
+        for (int k = 0; k < 2; k++)
+            if (offs[k] >= 0) {
+                const cb_half h = cb_float_to_half(uniform() * 0.02f);
+                memcpy(blk + offs[k], &h, 2);
+            }
+        if (block_types[t].dtype == CB_MXFP4) blk[0] = (uint8_t)(118 + next_u32() % 10); /* 2^-10 .. 2^-1 */
+    }
+}
+
+/* Returns the number of types the family has its own kernels for, or -1. */
+static int check_block_types(int f, int *cases, double *worst) {
+    int own = 0;
+    for (int t = 0; t < N_BLOCK_TYPES; t++) {
+        const cb_dot_block_fn kernel = block_families[f].kernel(block_types[t].dtype);
+        const cb_dot_block_fn ref = cb_dot_block_scalar(block_types[t].dtype);
+        if (!kernel) continue;
+        own++;
+        for (int n = block_types[t].elems; n <= BLOCK_N_MAX; n += n < 512 ? block_types[t].elems : 512) {
+            random_block_row(t, n);
+            for (int i = 0; i < n; i++) block_x[i] = uniform() * (i % 9 == 0 ? 4.0f : 1.0f);
+            cb_quantize_row_q8_0(block_x, block_xq, n);
+            cb_dequantize_row(block_types[t].dtype, block_row, block_w, n);
+            cb_dequantize_row(CB_Q8_0, block_xq, block_xf, n);
+            double exact = 0, mag = 0;
+            for (int i = 0; i < n; i++) exact += (double)block_w[i] * block_xf[i], mag += fabs((double)block_w[i] * block_xf[i]);
+            const float want = ref(block_row, block_xq, n), got = kernel(block_row, block_xq, n);
+            char what[64];
+            snprintf(what, sizeof what, "dot_%s", block_types[t].name);
+            if (!close_enough(what, n, got, want, mag, worst)) return -1;
+            if (fabs((double)want - exact) > 1e-5 * mag + 1e-30) {
+                printf("  %s n=%d: the scalar reference %.9g, the double sum of the dequantized rows %.9g\n", what, n,
+                       want, exact);
+                return -1;
+            }
+            (*cases)++;
+        }
+    }
+    return own;
+}
+
 /* Attention of one head over cached rows, float or float16: scores within
  * the dot tolerance of the scalar ones and the same for a position whatever
  * n is, the weighted sum of V bit for bit (per element the same FMA chain),
@@ -551,6 +630,21 @@ int main(void) {
         printf("kernel-check %s weight types: %s (f16/bf16/q8_0/q4_0 dots, %d cases, worst relative error %.2e)\n",
                typed[f].name, bad ? "FAILED" : "ok", cases, worst);
         failed |= bad;
+    }
+    for (int f = 0; f < (int)(sizeof block_families / sizeof block_families[0]); f++) {
+        int cases = 0;
+        double worst = 0;
+        const int own = check_block_types(f, &cases, &worst);
+        const int reference = block_families[f].kernel == cb_dot_block_scalar;
+        if (reference)
+            printf("kernel-check scalar ggml block types: %s (%d types, the reference against double sums of the "
+                   "dequantized rows; %d cases, worst relative error %.2e)\n", own < 0 ? "FAILED" : "ok", N_BLOCK_TYPES,
+                   cases, worst);
+        else
+            printf("kernel-check %s ggml block types: %s (%d of %d types with own kernels, the rest scalar; %d cases, "
+                   "worst relative error %.2e)\n", block_families[f].name, own < 0 ? "FAILED" : "ok", own < 0 ? 0 : own,
+                   N_BLOCK_TYPES, cases, worst);
+        failed |= own < 0;
     }
     {
         int cases = 0, bad = 0;

@@ -29,6 +29,102 @@ typedef struct {
 _Static_assert(sizeof(cb_block_q8_0) == 34, "q8_0 block is 34 bytes on disk");
 _Static_assert(sizeof(cb_block_q4_0) == 18, "q4_0 block is 18 bytes on disk");
 
+/* GGML's other block types, byte for byte as GGUF files hold them (dims.h
+ * ids 8..18). 32-weight blocks: element j in the low nibble of qs[j],
+ * element j + 16 in its high nibble; a 5th bit, where there is one, is bit j
+ * of qh. K types: 256-weight super-blocks of 16- or 32-weight sub-blocks
+ * with 4- to 8-bit scales (kernels/kquants.c spells out where each weight's
+ * bits lie). */
+#define CB_QK_K 256
+typedef struct {
+    cb_half d, m;          /* x = d * q + m, q in 0..15 */
+    uint8_t qs[CB_QK / 2];
+} cb_block_q4_1;
+typedef struct {
+    cb_half d;             /* x = d * (q - 16), q in 0..31 */
+    uint8_t qh[4];
+    uint8_t qs[CB_QK / 2];
+} cb_block_q5_0;
+typedef struct {
+    cb_half d, m;          /* x = d * q + m */
+    uint8_t qh[4];
+    uint8_t qs[CB_QK / 2];
+} cb_block_q5_1;
+typedef struct {
+    uint8_t scales[16];    /* per 16 weights: scale in the low nibble, min in the high one */
+    uint8_t qs[64];        /* 2-bit q */
+    cb_half d, dmin;       /* x = d * scale * q - dmin * min */
+} cb_block_q2_k;
+typedef struct {
+    uint8_t hmask[32];     /* 3rd bit of q; clear means q - 4 */
+    uint8_t qs[64];        /* low 2 bits of q */
+    uint8_t scales[12];    /* 16 6-bit scales, 32 subtracted */
+    cb_half d;
+} cb_block_q3_k;
+typedef struct {
+    cb_half d, dmin;       /* x = d * scale * q - dmin * min, per 32 weights */
+    uint8_t scales[12];    /* 8 6-bit scales and 8 6-bit mins */
+    uint8_t qs[CB_QK_K / 2];
+} cb_block_q4_k;
+typedef struct {
+    cb_half d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[CB_QK_K / 8]; /* 5th bit of q */
+    uint8_t qs[CB_QK_K / 2];
+} cb_block_q5_k;
+typedef struct {
+    uint8_t ql[CB_QK_K / 2]; /* low 4 bits of q */
+    uint8_t qh[CB_QK_K / 4]; /* high 2 bits */
+    int8_t scales[16];       /* per 16 weights; x = d * scale * (q - 32) */
+    cb_half d;
+} cb_block_q6_k;
+typedef struct {
+    cb_half d;             /* x = d * cb_iq4nl_values[q] */
+    uint8_t qs[CB_QK / 2];
+} cb_block_iq4_nl;
+typedef struct {
+    cb_half d;
+    uint16_t scales_h;     /* high 2 bits of each 32-weight group's 6-bit scale */
+    uint8_t scales_l[4];   /* low 4 bits; x = d * (scale - 32) * cb_iq4nl_values[q] */
+    uint8_t qs[CB_QK_K / 2];
+} cb_block_iq4_xs;
+typedef struct {
+    uint8_t e;             /* E8M0 exponent: x = 2^(e - 128) * cb_mxfp4_values[q] */
+    uint8_t qs[CB_QK / 2];
+} cb_block_mxfp4;
+_Static_assert(sizeof(cb_block_q4_1) == 20, "q4_1 block is 20 bytes on disk");
+_Static_assert(sizeof(cb_block_q5_0) == 22, "q5_0 block is 22 bytes on disk");
+_Static_assert(sizeof(cb_block_q5_1) == 24, "q5_1 block is 24 bytes on disk");
+_Static_assert(sizeof(cb_block_q2_k) == 84, "q2_k block is 84 bytes on disk");
+_Static_assert(sizeof(cb_block_q3_k) == 110, "q3_k block is 110 bytes on disk");
+_Static_assert(sizeof(cb_block_q4_k) == 144, "q4_k block is 144 bytes on disk");
+_Static_assert(sizeof(cb_block_q5_k) == 176, "q5_k block is 176 bytes on disk");
+_Static_assert(sizeof(cb_block_q6_k) == 210, "q6_k block is 210 bytes on disk");
+_Static_assert(sizeof(cb_block_iq4_nl) == 18, "iq4_nl block is 18 bytes on disk");
+_Static_assert(sizeof(cb_block_iq4_xs) == 136, "iq4_xs block is 136 bytes on disk");
+_Static_assert(sizeof(cb_block_mxfp4) == 17, "mxfp4 block is 17 bytes on disk");
+/* The 4-bit codebooks: IQ4_NL's non-linear levels, and MXFP4's E2M1 values
+ * doubled (hence 2^(e - 128) rather than 2^(e - 127)). */
+extern const int8_t cb_iq4nl_values[16], cb_mxfp4_values[16];
+
+/* One row of a GGML block type (ids 8..18) . x quantized to q8_0 (n a
+ * multiple of the type's block). Integer products per 16 or 32 weights,
+ * scaled in float: the same arithmetic on every target up to the order of
+ * float sums. */
+typedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n);
+/* The scalar reference of a type, and this build's best kernel for it
+ * (a SIMD one where the family has it, else the scalar one); NULL for a
+ * dtype that is not one of ids 8..18. */
+cb_dot_block_fn cb_dot_block_scalar(uint32_t dtype);
+cb_dot_block_fn cb_dot_block(uint32_t dtype);
+/* A family's kernel for a type, or NULL where it has none (kernel-check). */
+#if CB_KERNELS_AVX2
+cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype);
+#endif
+#if CB_KERNELS_NEON
+cb_dot_block_fn cb_dot_block_neon(uint32_t dtype);
+#endif
+
 float cb_half_to_float(cb_half h);
 cb_half cb_float_to_half(float f);   /* round to nearest even, like numpy */
 static inline float cb_bf16_to_float(uint16_t b) {
@@ -45,6 +141,8 @@ void cb_quantize_row_q4_0(const float *x, cb_block_q4_0 *y, int n);
 void cb_interleave4(const void *rows, size_t row_bytes, uint32_t dtype, int nb, void *group);
 /* Any dtype's row back to float32. */
 void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n);
+/* The same for ids 8..18 (kernels/kquants.c); 0 for any other dtype. */
+int cb_dequantize_block_row(uint32_t dtype, const void *row, float *out, int n);
 
 /* Dot products of one weight row with one activation row: float rows, or
  * for the block types the activation quantized to q8_0. */
@@ -253,7 +351,7 @@ static inline void cb_prefetch_write(const void *p) { __builtin_prefetch(p, 1, 3
 
 /* 1 when W's kernel wants the activations quantized to q8_0 first. */
 static inline int cb_wants_q8_activations(const cb_tensor *W) {
-    return W->dtype == CB_Q8_0 || W->dtype == CB_Q4_0 || W->dtype == CB_Q8_0X4 || W->dtype == CB_Q4_0X4;
+    return W->dtype >= CB_Q8_0;
 }
 
 /* The activation rows of a matmul: float32 rows x_stride floats apart and,

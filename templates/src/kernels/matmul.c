@@ -185,6 +185,18 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         }
     }
 #endif
+    /* GGML's other block types (ids 8..18): a row at a time (one sequential
+     * stream, which the hardware prefetcher follows), each token's pass
+     * after the first reading it from L1. */
+    const cb_dot_block_fn block_dot = cb_dot_block(W->dtype);
+    if (block_dot) {
+        for (; r < r1; r++) {
+            const void *row = w + (size_t)r * row_bytes;
+            for (int t = 0; t < n_tok; t++)
+                store(Y + (size_t)(out ? out[t] : t) * y_stride + r, mode, scale, t,
+                      block_dot(row, A->q + (size_t)(in ? in[t] : t) * A->q_stride, cols));
+        }
+    }
     for (; r < r1; r++) {
         const void *row = w + (size_t)r * row_bytes;
         for (int t = 0; t < n_tok; t++)

@@ -97,6 +97,9 @@ void cb_dequantize_row(uint32_t dtype, const void *row, float *out, int n) {
             }
         }
         break;
+    default:
+        cb_dequantize_block_row(dtype, row, out, n);
+        break;
     }
 }
 

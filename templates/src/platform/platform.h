@@ -7,15 +7,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A read-only mapping of a whole file; pages are read in on first touch. */
+/* A read-only mapping of a file, or of a range of one; pages are read in on
+ * first touch. data/size: the range; base/base_size: what was mapped (the
+ * range widened down to the system's mapping granularity). */
 typedef struct {
     const uint8_t *data;
     uint64_t size;
-    intptr_t handle;   /* OS handle kept for unmapping */
+    const uint8_t *base;
+    uint64_t base_size;
 } cb_mapped_file;
 
-/* Returns 0, or -1 with a message naming the path and reason in err. */
+/* Maps the whole file. Returns 0, or -1 with a message naming the path and
+ * reason in err. */
 int cb_map_file(const char *path, cb_mapped_file *out, char *err, size_t err_len);
+/* Maps bytes [offset, offset + size) of a file; path NULL: the running
+ * executable (an executable that carries its model). The range must lie
+ * inside the file; any offset is accepted (the mapping starts at the
+ * granularity boundary below it, 64 KiB on Windows), but only an offset
+ * aligned as the file's own pages keeps 2 MiB-aligned data 2 MiB-aligned. */
+int cb_map_file_range(const char *path, uint64_t offset, uint64_t size, cb_mapped_file *out, char *err,
+                      size_t err_len);
+/* The running executable's path (UTF-8 on Windows), for messages; "" when
+ * the system does not say. */
+const char *cb_self_exe_path(void);
 void cb_unmap_file(cb_mapped_file *m);
 /* Hints for a mapped range: read ahead soon (dense weights), or read only
  * the pages touched (experts, so unrouted experts stay on disk). */

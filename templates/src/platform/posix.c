@@ -15,32 +15,79 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef __APPLE__
+#include <mach-o/dyld.h>
+#endif
+
+const char *cb_self_exe_path(void) {
+    static char path[4096]; /* start-up only, from the loading thread */
+    if (path[0]) return path;
+#ifdef __APPLE__
+    uint32_t cap = sizeof path;
+    if (_NSGetExecutablePath(path, &cap) != 0) path[0] = 0;
+#else
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    path[n > 0 ? n : 0] = 0;
+#endif
+    return path;
+}
+
 int cb_map_file(const char *path, cb_mapped_file *out, char *err, size_t err_len) {
+    return cb_map_file_range(path, 0, 0, out, err, err_len);
+}
+
+int cb_map_file_range(const char *path, uint64_t offset, uint64_t size, cb_mapped_file *out, char *err,
+                      size_t err_len) {
+    const int whole = offset == 0 && size == 0;
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* The running executable: /proc/self/exe is the file even when its path
+     * has been renamed or replaced since the start. */
+#ifdef __APPLE__
+    const char *name = path ? path : cb_self_exe_path(), *open_path = name;
+#else
+    const char *name = path ? path : cb_self_exe_path(), *open_path = path ? path : "/proc/self/exe";
+#endif
+    int fd = open(open_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        snprintf(err, err_len, "%s: cannot open: %s", name, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0) {
-        snprintf(err, err_len, "%s: empty or unreadable file", path);
+        snprintf(err, err_len, "%s: empty or unreadable file", name);
         close(fd);
         return -1;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd); /* the mapping keeps the file alive */
-    if (p == MAP_FAILED) {
-        snprintf(err, err_len, "%s: cannot map: %s", path, strerror(errno));
+    const uint64_t file_size = (uint64_t)st.st_size;
+    if (whole) size = file_size;
+    if (size == 0 || offset > file_size || size > file_size - offset) {
+        snprintf(err, err_len, "%s: bytes %llu..%llu lie outside the file of %llu bytes (truncated?)", name,
+                 (unsigned long long)offset, (unsigned long long)(offset + size), (unsigned long long)file_size);
+        close(fd);
         return -1;
     }
-    out->data = p;
-    out->size = (uint64_t)st.st_size;
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), skip = offset % page;
+    if (size + skip > (uint64_t)SIZE_MAX) {
+        snprintf(err, err_len, "%s: %llu bytes do not fit in this process's address space", name,
+                 (unsigned long long)size);
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, (size_t)(size + skip), PROT_READ, MAP_PRIVATE, fd, (off_t)(offset - skip));
+    close(fd); /* the mapping keeps the file alive */
+    if (p == MAP_FAILED) {
+        snprintf(err, err_len, "%s: cannot map: %s", name, strerror(errno));
+        return -1;
+    }
+    out->base = p;
+    out->base_size = size + skip;
+    out->data = out->base + skip;
+    out->size = size;
     return 0;
 }
 
 void cb_unmap_file(cb_mapped_file *m) {
-    if (m->data) munmap((void *)m->data, (size_t)m->size);
+    if (m->base) munmap((void *)m->base, (size_t)m->base_size);
     memset(m, 0, sizeof *m);
 }
 

@@ -25,37 +25,90 @@ static const char *win_error(DWORD code, char *buf, size_t len) {
     return buf;
 }
 
+const char *cb_self_exe_path(void) {
+    static char path[4 * MAX_PATH]; /* start-up only, from the loading thread */
+    static wchar_t wide[32768]; /* start-up only; 64 KiB is too much for a stack */
+    if (path[0]) return path;
+    DWORD n = GetModuleFileNameW(NULL, wide, sizeof wide / sizeof wide[0]);
+    if (n == 0 || n >= sizeof wide / sizeof wide[0] ||
+        WideCharToMultiByte(CP_UTF8, 0, wide, (int)n + 1, path, (int)sizeof path, NULL, NULL) == 0)
+        path[0] = 0;
+    return path;
+}
+
+/* The running executable, opened by its wide path (any characters). */
+static HANDLE open_self(void) {
+    static wchar_t wide[32768]; /* start-up only; 64 KiB is too much for a stack */
+    DWORD n = GetModuleFileNameW(NULL, wide, sizeof wide / sizeof wide[0]);
+    if (n == 0 || n >= sizeof wide / sizeof wide[0]) return INVALID_HANDLE_VALUE;
+    /* The loader holds the image open for reading and executing: share both
+     * (and delete, so an update can rename it while it runs). */
+    return CreateFileW(wide, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_DELETE, NULL, OPEN_EXISTING,
+                       FILE_ATTRIBUTE_NORMAL, NULL);
+}
+
 int cb_map_file(const char *path, cb_mapped_file *out, char *err, size_t err_len) {
+    return cb_map_file_range(path, 0, 0, out, err, err_len);
+}
+
+int cb_map_file_range(const char *path, uint64_t offset, uint64_t size, cb_mapped_file *out, char *err,
+                      size_t err_len) {
     char why[256];
+    const int whole = offset == 0 && size == 0;
+    const char *name = path ? path : cb_self_exe_path();
     memset(out, 0, sizeof *out);
-    HANDLE file = CreateFileA(path, GENERIC_READ, FILE_SHARE_READ, NULL, OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, NULL);
+    HANDLE file = path ? CreateFileA(path, GENERIC_READ, FILE_SHARE_READ, NULL, OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL,
+                                     NULL)
+                       : open_self();
     if (file == INVALID_HANDLE_VALUE) {
-        snprintf(err, err_len, "%s: cannot open: %s", path, win_error(GetLastError(), why, sizeof why));
+        snprintf(err, err_len, "%s: cannot open: %s", name, win_error(GetLastError(), why, sizeof why));
         return -1;
     }
-    LARGE_INTEGER size;
-    if (!GetFileSizeEx(file, &size) || size.QuadPart <= 0 || (uint64_t)size.QuadPart > (uint64_t)SIZE_MAX) {
-        snprintf(err, err_len, "%s: empty or unreadable file", path);
+    LARGE_INTEGER file_size;
+    if (!GetFileSizeEx(file, &file_size) || file_size.QuadPart <= 0) {
+        snprintf(err, err_len, "%s: empty or unreadable file", name);
+        CloseHandle(file);
+        return -1;
+    }
+    const uint64_t total = (uint64_t)file_size.QuadPart;
+    if (whole) size = total;
+    if (size == 0 || offset > total || size > total - offset) {
+        snprintf(err, err_len, "%s: bytes %llu..%llu lie outside the file of %llu bytes (truncated?)", name,
+                 (unsigned long long)offset, (unsigned long long)(offset + size), (unsigned long long)total);
+        CloseHandle(file);
+        return -1;
+    }
+    /* A view starts on the allocation granularity (64 KiB). */
+    SYSTEM_INFO si;
+    GetSystemInfo(&si);
+    const uint64_t skip = offset % si.dwAllocationGranularity, start = offset - skip;
+    if (size + skip > (uint64_t)SIZE_MAX) {
+        snprintf(err, err_len, "%s: %llu bytes do not fit in this process's address space", name,
+                 (unsigned long long)size);
         CloseHandle(file);
         return -1;
     }
     HANDLE mapping = CreateFileMappingA(file, NULL, PAGE_READONLY, 0, 0, NULL);
-    void *p = mapping ? MapViewOfFile(mapping, FILE_MAP_READ, 0, 0, 0) : NULL;
+    void *p = mapping ? MapViewOfFile(mapping, FILE_MAP_READ, (DWORD)(start >> 32), (DWORD)start,
+                                      (SIZE_T)(size + skip))
+                      : NULL;
     DWORD code = GetLastError();
     /* The view keeps the mapping and the file open (as mmap does after close). */
     if (mapping) CloseHandle(mapping);
     CloseHandle(file);
     if (!p) {
-        snprintf(err, err_len, "%s: cannot map: %s", path, win_error(code, why, sizeof why));
+        snprintf(err, err_len, "%s: cannot map: %s", name, win_error(code, why, sizeof why));
         return -1;
     }
-    out->data = p;
-    out->size = (uint64_t)size.QuadPart;
+    out->base = p;
+    out->base_size = size + skip;
+    out->data = out->base + skip;
+    out->size = size;
     return 0;
 }
 
 void cb_unmap_file(cb_mapped_file *m) {
-    if (m->data) UnmapViewOfFile(m->data);
+    if (m->base) UnmapViewOfFile(m->base);
     memset(m, 0, sizeof *m);
 }
 

@@ -37,6 +37,10 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->text_cap = a->scratch_cap + (1u << 16);
     a->text = alloc_zeroed(a->text_cap, 1, &ok);
     a->ids = alloc_zeroed(a->scratch_cap, sizeof(int32_t), &ok);
+    if (cb_engine_tokenizer(engine)->chat_tpl) {
+        a->chat_work_cap = CB_CHAT_WORK_BYTES;
+        a->chat_work = alloc_zeroed(a->chat_work_cap, 1, &ok);
+    }
     for (int s = 0; ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
         st->generated = alloc_zeroed(ctx, sizeof(int32_t), &ok);
@@ -92,6 +96,7 @@ void cb_app_destroy(cb_app *a) {
     free(a->scratch);
     free(a->messages);
     free(a->text);
+    free(a->chat_work);
     free(a->ids);
     free(a->response);
     cb_sampler_free(&a->sampler);
@@ -401,15 +406,15 @@ static void handle_detokenize(cb_app *a, cb_conn *c, const char *body, size_t le
 
 /* The prompt text the chat template makes of messages (no inference). */
 static void handle_apply_template(cb_app *a, cb_conn *c, const char *body, size_t len) {
-    char err[256];
-    int n_messages = 0;
+    char err[512];
+    cb_chat_request q;
     if (refuse_without_tokenizer(a, c, "/apply-template")) return;
-    if (cb_request_messages(a, body, len, &n_messages, err, sizeof err)) {
+    if (cb_request_template(a, body, len, &q, err, sizeof err)) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;
     }
-    long got = cb_chat_render(cb_engine_tokenizer(a->engine), a->messages, n_messages, a->text, a->text_cap, err,
-                              sizeof err);
+    long got = cb_chat_apply(cb_engine_tokenizer(a->engine), &q, a->chat_work, a->chat_work_cap, a->text, a->text_cap,
+                             err, sizeof err);
     if (got < 0) {
         cb_respond_error(a, c, 400, "invalid_request_error", err);
         return;

@@ -94,6 +94,8 @@ struct cb_app {
     cb_chat_message *messages;
     char *text;                  /* a formatted prompt or detokenized text [text_cap] */
     size_t text_cap;
+    void *chat_work;             /* a chat template's render [chat_work_cap]; NULL without one */
+    size_t chat_work_cap;
     int32_t *ids;                /* /tokenize and /detokenize [scratch_cap] */
     char *response;              /* [CB_RESPONSE_BYTES] */
     int step_tokens;             /* most tokens a step carries while some decode (0: no limit) */
@@ -110,8 +112,9 @@ struct cb_app {
  * (naming the field) in err. */
 /* The body as a JSON object in a->toks: 0, or 400 with a message. */
 int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, size_t err_len);
-/* The body's "messages" into a->messages: 0 with the count, or 400. */
-int cb_request_messages(cb_app *a, const char *body, size_t len, int *n_messages, char *err, size_t err_len);
+/* The body of /apply-template as the chat template's inputs (tools
+ * included): 0, or 400 with a message. */
+int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request *q, char *err, size_t err_len);
 int cb_request_read(cb_app *a, cb_request *r, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len);
 

@@ -109,8 +109,10 @@ static int read_stop(reader *r, cb_request *q) {
     return 0;
 }
 
-/* "messages" into a->messages (their text in a->scratch); returns the count
- * through *n_out. */
+/* "messages" into a->messages (their text in a->scratch, for the byte
+ * tokenizer's framing); returns the count through *n_out. The template gets
+ * the messages as JSON, so other fields (tool_calls, tool_call_id, name,
+ * reasoning_content) reach it too. */
 static int parse_messages(reader *r, int *n_out) {
     cb_app *a = r->a;
     const cb_json_tok *t = r->t;
@@ -131,7 +133,7 @@ static int parse_messages(reader *r, int *n_out) {
         msg->role = a->scratch + used, msg->role_len = (size_t)n;
         used += (size_t)n + 1;
         /* content: a string, or an array of {"type":"text","text":...} parts
-         * (joined); null for an assistant turn without text. */
+         * (joined); null or absent (an assistant turn of tool calls). */
         msg->content = a->scratch + used, msg->content_len = 0;
         if (content >= 0 && t[content].type == CB_JSON_STRING) {
             n = cb_json_unescape(r->body, &t[content], a->scratch + used, a->scratch_cap - used);
@@ -150,12 +152,38 @@ static int parse_messages(reader *r, int *n_out) {
                 if (n < 0) return fail(r, "'messages[%d].content[%d].text' holds an invalid string", i, p);
                 msg->content_len += (size_t)n;
             }
-        } else if (!(content >= 0 && t[content].type == CB_JSON_NULL)) {
+        } else if (content >= 0 && t[content].type != CB_JSON_NULL) {
             return fail(r, "'messages[%d].content' must be a string or an array of text parts", i);
         }
         used += msg->content_len + 1;
     }
     *n_out = t[arr].size;
+    return 0;
+}
+
+/* The template's inputs from the body: messages, tools (only where the
+ * caller allows them), chat_template_kwargs, add_generation_prompt and
+ * continue_final_message. A final assistant message is continued (prefill)
+ * unless the body asks for a new turn. */
+static int chat_request(reader *r, cb_chat_request *q, int n_messages, int allow_tools) {
+    const cb_json_tok *t = r->t;
+    q->json = r->body, q->toks = t;
+    q->messages = cb_json_find(r->body, t, 0, "messages");
+    q->tools = allow_tools ? field(r, "tools") : -1;
+    if (q->tools >= 0 && t[q->tools].type != CB_JSON_ARRAY) return fail(r, "'tools' must be an array");
+    q->kwargs = field(r, "chat_template_kwargs");
+    if (q->kwargs >= 0 && t[q->kwargs].type != CB_JSON_OBJECT)
+        return fail(r, "'chat_template_kwargs' must be an object");
+    const cb_chat_message *last = &r->a->messages[n_messages - 1];
+    int last_assistant = last->role_len == 9 && !memcmp(last->role, "assistant", 9);
+    int gen = -1, cont = -1, status;
+    if ((status = read_bool(r, "add_generation_prompt", &gen)) || (status = read_bool(r, "continue_final_message", &cont)))
+        return status;
+    if (cont < 0) cont = last_assistant && gen != 1;
+    if (gen < 0) gen = !cont;
+    if (gen && cont)
+        return fail(r, "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    q->add_generation_prompt = gen, q->continue_final = cont;
     return 0;
 }
 
@@ -174,15 +202,24 @@ static int no_tokenizer(reader *r, const char *what) {
 
 static int read_messages(reader *r, cb_request *q, int ctx) {
     cb_app *a = r->a;
-    int n_messages, status;
+    const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
+    int n_messages, status, n;
     if ((status = parse_messages(r, &n_messages))) return status;
     if ((status = no_tokenizer(r, "/v1/chat/completions"))) return status;
-    char err[256];
-    /* Formatted into a->ids, which holds any prompt the body can make, so a
+    char err[512];
+    /* Tokenized into a->ids, which holds any prompt the body can make, so a
      * failure is about the messages (role, template) and the length check
      * below can give the real count. */
-    int n = cb_chat_format(cb_engine_tokenizer(a->engine), a->messages, n_messages, a->text, a->text_cap,
-                           a->ids, (int)a->scratch_cap, err, sizeof err);
+    if (tok->kind == CB_TOKENIZER_BYTES) {
+        n = cb_chat_format(tok, a->messages, n_messages, a->ids, (int)a->scratch_cap, err, sizeof err);
+    } else {
+        cb_chat_request cq;
+        if ((status = chat_request(r, &cq, n_messages, 0))) return status;
+        long len = cb_chat_apply(tok, &cq, a->chat_work, a->chat_work_cap, a->text, a->text_cap, err, sizeof err);
+        if (len < 0) return fail(r, "%s", err);
+        n = cb_tokenize_ex(tok, a->text, (size_t)len, 1, a->ids, (int)a->scratch_cap, err, sizeof err);
+        if (n < 0 && strstr(err, "more than")) snprintf(err, sizeof err, "the prompt is longer than %zu tokens", a->scratch_cap);
+    }
     if (n < 0) return fail(r, "%s", err);
     if ((status = check_prompt_length(r, n, ctx))) return status;
     memcpy(q->prompt, a->ids, (size_t)n * sizeof *q->prompt);
@@ -237,10 +274,11 @@ int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, 
     return 0;
 }
 
-int cb_request_messages(cb_app *a, const char *body, size_t len, int *n_messages, char *err, size_t err_len) {
-    int status = cb_request_parse_object(a, body, len, err, err_len);
+int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request *q, char *err, size_t err_len) {
+    int status = cb_request_parse_object(a, body, len, err, err_len), n_messages;
     reader rd = {a, body, a->toks, err, err_len};
-    return status ? status : parse_messages(&rd, n_messages);
+    if (status || (status = parse_messages(&rd, &n_messages))) return status;
+    return chat_request(&rd, q, n_messages, 1);
 }
 
 int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, size_t len, char *err,

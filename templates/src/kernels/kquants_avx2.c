@@ -1,0 +1,287 @@
+/* AVX2 dot products of GGML's other block types (dims.h ids 8..18) against
+ * q8_0 activations. Reference: kernels/kquants.c, whose integer sums these
+ * compute exactly (maddubs pairs stay within int16: unsigned weights are at
+ * most 63, signed ones at most 127 in magnitude, |x| <= 127); only the float
+ * scaling and summation order differ (kernel_check.c bounds it). */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* u (unsigned bytes) . s (signed bytes), as 16 int16 pair sums: lanes 0..7
+ * hold bytes 0..15, lanes 8..15 bytes 16..31. */
+static inline __m256i pairs(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
+
+/* Int16 pair sums -> 8 int32 lanes, bytes 0..15 times a and 16..31 times b
+ * (per-16 scales; a == b for a per-32 one). */
+static inline __m256i scaled(__m256i p16, int a, int b) {
+    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a)));
+}
+
+static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
+
+/* Signed w . x: maddubs needs one unsigned operand, so move w's sign onto x. */
+static inline __m256i dot_signed(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(pairs(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+
+/* 16 bytes of nibbles -> 32 bytes 0..15: low nibbles (elements 0..15) then
+ * high ones (16..31). */
+static inline __m256i nibbles16(const uint8_t *qs) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
+}
+
+/* 32 bits (bit j for element j) -> 0x10 in byte j where set: q5's 5th bit. */
+static inline __m256i bit5_bytes(const uint8_t qh[4]) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                                                2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i mask = _mm256_set1_epi64x(0x8040201008040201LL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(0x10));
+}
+
+static inline __m256i x_sums(__m256i x) { return _mm256_madd_epi16(pairs(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1)); }
+
+static inline __m256i codebook(const int8_t values[16]) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
+}
+
+static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q4_1 *b = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK; i++) {
+        const __m256i xq = load32(x[i].qs);
+        const float dx = _cvtsh_ss(x[i].d);
+        const __m256i sq = _mm256_madd_epi16(pairs(nibbles16(b[i].qs), xq), _mm256_set1_epi16(1));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * dx), f32(sq), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].m) * dx), f32(x_sums(xq)), acc);
+    }
+    return hsum(acc);
+}
+
+static float dot_q5_0(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q5_0 *b = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK; i++) {
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles16(b[i].qs), bit5_bytes(b[i].qh)), _mm256_set1_epi8(16));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * _cvtsh_ss(x[i].d)), f32(dot_signed(q, load32(x[i].qs))),
+                              acc);
+    }
+    return hsum(acc);
+}
+
+static float dot_q5_1(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q5_1 *b = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK; i++) {
+        const __m256i xq = load32(x[i].qs);
+        const float dx = _cvtsh_ss(x[i].d);
+        const __m256i u = _mm256_or_si256(nibbles16(b[i].qs), bit5_bytes(b[i].qh));
+        const __m256i sq = _mm256_madd_epi16(pairs(u, xq), _mm256_set1_epi16(1));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * dx), f32(sq), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].m) * dx), f32(x_sums(xq)), acc);
+    }
+    return hsum(acc);
+}
+
+/* 32-weight codebook blocks: iq4_nl (fp16 scale) and mxfp4 (E8M0). */
+static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_iq4_nl *b = w;
+    const __m256i book = codebook(cb_iq4nl_values);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK; i++) {
+        const __m256i q = _mm256_shuffle_epi8(book, nibbles16(b[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * _cvtsh_ss(x[i].d)), f32(dot_signed(q, load32(x[i].qs))),
+                              acc);
+    }
+    return hsum(acc);
+}
+
+static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_mxfp4 *b = w;
+    const __m256i book = codebook(cb_mxfp4_values);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK; i++) {
+        const uint32_t bits = b[i].e < 2 ? 0x00200000u << b[i].e : (uint32_t)(b[i].e - 1) << 23; /* 2^(e - 128) */
+        float d;
+        memcpy(&d, &bits, sizeof d);
+        const __m256i q = _mm256_shuffle_epi8(book, nibbles16(b[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x[i].d)), f32(dot_signed(q, load32(x[i].qs))), acc);
+    }
+    return hsum(acc);
+}
+
+/* The 8 activation blocks' fp16 scales of a super-block as floats. */
+static inline __m256 x_scales8(const cb_block_q8_0 *x) {
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)x[0].d, (short)x[1].d, (short)x[2].d, (short)x[3].d, (short)x[4].d,
+                                          (short)x[5].d, (short)x[6].d, (short)x[7].d));
+}
+
+/* Q4_K / Q5_K: 32-weight group c of a super-block is the low (even c) or
+ * high nibbles of qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5. Per
+ * group c: d * scale_c * dx_c and dmin * min_c * dx_c are worked out for
+ * the 8 groups at once, and the integer sums q . x and sum(x) scaled by
+ * them into two accumulators each (even and odd groups: independent FMA
+ * chains). */
+static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_0 *x, int n, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK_K; i++, x += 8) {
+        const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
+        const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
+        /* The 8 scales and 8 mins, unpacked as kquants.c scale_min_k4. */
+        const uint8_t *s = k5->scales;
+        int32_t sc[8], mn[8];
+        for (int j = 0; j < 4; j++) {
+            sc[j] = s[j] & 63, mn[j] = s[j + 4] & 63;
+            sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4), mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+        }
+        const __m256 dx = x_scales8(x);
+        float fq[8], fm[8];
+        _mm256_storeu_ps(fq, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(k5->d)), dx),
+                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)sc))));
+        _mm256_storeu_ps(fm, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(k5->dmin)), dx),
+                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)mn))));
+        const __m256i qh = q5 ? load32(k5->qh) : _mm256_setzero_si256();
+        for (int c = 0; c < 8; c += 2) {
+            const __m256i q = load32(qs + 16 * c);
+            __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c)), one), 4));
+                hi = _mm256_or_si256(hi,
+                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c + 1)), one), 4));
+            }
+            const __m256i x0 = load32(x[c].qs), x1 = load32(x[c + 1].qs);
+            const __m256i s0 = _mm256_madd_epi16(pairs(lo, x0), ones16), s1 = _mm256_madd_epi16(pairs(hi, x1), ones16);
+            const __m256i m0 = _mm256_madd_epi16(pairs(one, x0), ones16), m1 = _mm256_madd_epi16(pairs(one, x1), ones16);
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(fq + c), f32(s0), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(fq + c + 1), f32(s1), acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(fm + c), f32(m0), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(fm + c + 1), f32(m1), acc1);
+        }
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+static float dot_q4_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 0); }
+static float dot_q5_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 1); }
+
+/* Q6_K: group c (n = c / 4, k = c % 4) is ql[64n + 32(k & 1)..] (low nibbles
+ * for k < 2, high ones after) with qh[32n..] >> 2k as bits 4..5; q - 32 as
+ * q . x - 32 sum(x); scales per 16 weights. */
+static float dot_q6_k(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q6_k *b = w;
+    const __m256i low4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        const float d = _cvtsh_ss(b->d);
+        for (int half = 0; half < 2; half++) {
+            const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
+            const __m256i h = load32(b->qh + 32 * half);
+            const __m256i u[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
+                _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4)),
+            };
+            for (int k = 0; k < 4; k++, x++) {
+                const int c = 4 * half + k;
+                const __m256i xq = load32(x->qs);
+                const __m256i p = _mm256_sub_epi16(pairs(u[k], xq), pairs(k32, xq));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x->d)), f32(scaled(p, b->scales[2 * c], b->scales[2 * c + 1])),
+                                      acc);
+            }
+        }
+    }
+    return hsum(acc);
+}
+
+/* Q3_K: group c (n = c / 4, j = c % 4): 2 bits of qs[32n..] >> 2j, the 3rd
+ * from hmask[0..31] bit c (clear: 4 less); q - 4 as q . x - 4 sum(x). */
+static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q3_k *b = w;
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        const float d = _cvtsh_ss(b->d);
+        int sc[16];
+        for (int g = 0; g < 16; g++)
+            sc[g] = (((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF) | ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+        const __m256i hm = load32(b->hmask);
+        for (int c = 0; c < 8; c++, x++) {
+            const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(load32(b->qs + 32 * (c / 4)), _mm_cvtsi32_si128(2 * (c % 4))), three);
+            const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(c)), one), 2);
+            const __m256i xq = load32(x->qs);
+            const __m256i p = _mm256_sub_epi16(pairs(_mm256_or_si256(q2, hb), xq), pairs(four, xq));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x->d)), f32(scaled(p, sc[2 * c], sc[2 * c + 1])), acc);
+        }
+    }
+    return hsum(acc);
+}
+
+/* Q2_K: group c as Q3_K's low bits; scale and min per 16 weights. */
+static float dot_q2_k(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q2_k *b = w;
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        const float d = _cvtsh_ss(b->d), dmin = _cvtsh_ss(b->dmin);
+        for (int c = 0; c < 8; c++, x++) {
+            const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(load32(b->qs + 32 * (c / 4)), _mm_cvtsi32_si128(2 * (c % 4))), three);
+            const __m256i xq = load32(x->qs);
+            const int s0 = b->scales[2 * c], s1 = b->scales[2 * c + 1];
+            const float dx = _cvtsh_ss(x->d);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), f32(scaled(pairs(q2, xq), s0 & 0xF, s1 & 0xF)), acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * dx), f32(scaled(pairs(one, xq), s0 >> 4, s1 >> 4)), acc);
+        }
+    }
+    return hsum(acc);
+}
+
+static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_iq4_xs *b = w;
+    const __m256i book = codebook(cb_iq4nl_values);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        const float d = _cvtsh_ss(b->d);
+        for (int g = 0; g < 8; g++, x++) {
+            const int ls = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4;
+            const __m256i q = _mm256_shuffle_epi8(book, nibbles16(b->qs + 16 * g));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x->d)),
+                                  f32(_mm256_mullo_epi32(dot_signed(q, load32(x->qs)), _mm256_set1_epi32(ls - 32))), acc);
+        }
+    }
+    return hsum(acc);
+}
+
+cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q4_1: return dot_q4_1;
+    case CB_Q5_0: return dot_q5_0;
+    case CB_Q5_1: return dot_q5_1;
+    case CB_Q2_K: return dot_q2_k;
+    case CB_Q3_K: return dot_q3_k;
+    case CB_Q4_K: return dot_q4_k;
+    case CB_Q5_K: return dot_q5_k;
+    case CB_Q6_K: return dot_q6_k;
+    case CB_IQ4_NL: return dot_iq4_nl;
+    case CB_IQ4_XS: return dot_iq4_xs;
+    case CB_MXFP4: return dot_mxfp4;
+    }
+    return NULL;
+}

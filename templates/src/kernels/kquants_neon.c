@@ -1,0 +1,258 @@
+/* NEON dot products of GGML's other block types (dims.h ids 8..18) against
+ * q8_0 activations; SDOT where the target has the dot-product extension.
+ * Reference: kernels/kquants.c, whose integer sums these compute exactly
+ * (weights unpacked to int8, products summed per 16); only the float
+ * scaling and summation order differ (kernel_check.c bounds it). */
+#include <arm_neon.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static inline float half(cb_half h) { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); }
+
+/* Sum of 16 int8 products. */
+static inline int32_t dot16(int8x16_t w, int8x16_t x) {
+#if CB_KERNELS_DOTPROD
+    return vaddvq_s32(vdotq_s32(vdupq_n_s32(0), w, x));
+#else
+    const int16x8_t p = vmlal_s8(vmull_s8(vget_low_s8(w), vget_low_s8(x)), vget_high_s8(w), vget_high_s8(x));
+    return vaddlvq_s16(p);
+#endif
+}
+
+static inline int32_t sum16(int8x16_t x) { return vaddlvq_s8(x); }
+
+/* 16 bytes of nibbles -> low nibbles (elements 0..15), high ones (16..31). */
+static inline void nibbles(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
+    const uint8x16_t q = vld1q_u8(qs);
+    *lo = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0xF)));
+    *hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+}
+
+/* q5's 5th bits, 0x10 in byte j where bit j of qh is set (j < 16: lo). */
+static inline void bit5(const uint8_t qh[4], uint8x16_t *lo, uint8x16_t *hi) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    static const uint8_t mask_bytes[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t mask = vld1q_u8(mask_bytes);
+    const uint8x16_t b01 = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    const uint8x16_t b23 = vcombine_u8(vdup_n_u8((uint8_t)(bits >> 16)), vdup_n_u8((uint8_t)(bits >> 24)));
+    *lo = vandq_u8(vtstq_u8(b01, mask), vdupq_n_u8(0x10));
+    *hi = vandq_u8(vtstq_u8(b23, mask), vdupq_n_u8(0x10));
+}
+
+static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q4_1 *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK; i++) {
+        int8x16_t lo, hi;
+        nibbles(b[i].qs, &lo, &hi);
+        const int8x16_t x0 = vld1q_s8(x[i].qs), x1 = vld1q_s8(x[i].qs + 16);
+        const int32_t sq = dot16(lo, x0) + dot16(hi, x1), sx = sum16(x0) + sum16(x1);
+        s += half(x[i].d) * (half(b[i].d) * (float)sq + half(b[i].m) * (float)sx);
+    }
+    return s;
+}
+
+static inline __attribute__((always_inline)) float dot_q5(const void *w, const cb_block_q8_0 *x, int n, int with_min) {
+    const size_t block = with_min ? sizeof(cb_block_q5_1) : sizeof(cb_block_q5_0);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK; i++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * block;
+        const uint8_t *qh = blk + (with_min ? 4 : 2), *qs = qh + 4;
+        cb_half hd, hm = 0;
+        memcpy(&hd, blk, 2);
+        if (with_min) memcpy(&hm, blk + 2, 2);
+        int8x16_t lo, hi;
+        uint8x16_t h0, h1;
+        nibbles(qs, &lo, &hi);
+        bit5(qh, &h0, &h1);
+        lo = vreinterpretq_s8_u8(vorrq_u8(vreinterpretq_u8_s8(lo), h0));
+        hi = vreinterpretq_s8_u8(vorrq_u8(vreinterpretq_u8_s8(hi), h1));
+        if (!with_min) lo = vsubq_s8(lo, vdupq_n_s8(16)), hi = vsubq_s8(hi, vdupq_n_s8(16));
+        const int8x16_t x0 = vld1q_s8(x[i].qs), x1 = vld1q_s8(x[i].qs + 16);
+        const int32_t sq = dot16(lo, x0) + dot16(hi, x1);
+        const float dx = half(x[i].d);
+        s += with_min ? dx * (half(hd) * (float)sq + half(hm) * (float)(sum16(x0) + sum16(x1))) : dx * half(hd) * (float)sq;
+    }
+    return s;
+}
+static float dot_q5_0(const void *w, const cb_block_q8_0 *x, int n) { return dot_q5(w, x, n, 0); }
+static float dot_q5_1(const void *w, const cb_block_q8_0 *x, int n) { return dot_q5(w, x, n, 1); }
+
+/* 32-weight codebook blocks: iq4_nl (fp16 scale) and mxfp4 (E8M0, 2^(e - 128)). */
+static inline __attribute__((always_inline)) float dot_book(const void *w, const cb_block_q8_0 *x, int n, int mx) {
+    const int8x16_t book = vld1q_s8(mx ? cb_mxfp4_values : cb_iq4nl_values);
+    const size_t block = mx ? sizeof(cb_block_mxfp4) : sizeof(cb_block_iq4_nl);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK; i++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * block;
+        float d;
+        if (mx) {
+            const uint32_t bits = blk[0] < 2 ? 0x00200000u << blk[0] : (uint32_t)(blk[0] - 1) << 23;
+            memcpy(&d, &bits, sizeof d);
+        } else {
+            cb_half hd;
+            memcpy(&hd, blk, 2);
+            d = half(hd);
+        }
+        int8x16_t lo, hi;
+        nibbles(blk + (mx ? 1 : 2), &lo, &hi);
+        lo = vqtbl1q_s8(book, vreinterpretq_u8_s8(lo));
+        hi = vqtbl1q_s8(book, vreinterpretq_u8_s8(hi));
+        const int32_t sq = dot16(lo, vld1q_s8(x[i].qs)) + dot16(hi, vld1q_s8(x[i].qs + 16));
+        s += half(x[i].d) * d * (float)sq;
+    }
+    return s;
+}
+static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) { return dot_book(w, x, n, 0); }
+static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) { return dot_book(w, x, n, 1); }
+
+/* Q4_K / Q5_K: group c is the low (even c) or high nibbles of
+ * qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5. */
+static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_0 *x, int n, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++) {
+        const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
+        const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs, *sc6 = k5->scales;
+        const float d = half(k5->d), dmin = half(k5->dmin);
+        uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+        if (q5) h0 = vld1q_u8(k5->qh), h1 = vld1q_u8(k5->qh + 16);
+        float sum_q = 0, sum_m = 0;
+        for (int c = 0; c < 8; c++, x++) {
+            int sc, m;
+            if (c < 4) sc = sc6[c] & 63, m = sc6[c + 4] & 63;
+            else sc = (sc6[c + 4] & 0xF) | ((sc6[c - 4] >> 6) << 4), m = (sc6[c + 4] >> 4) | ((sc6[c] >> 6) << 4);
+            const uint8x16_t q0 = vld1q_u8(qs + 32 * (c / 2)), q1 = vld1q_u8(qs + 32 * (c / 2) + 16);
+            uint8x16_t u0 = c & 1 ? vshrq_n_u8(q0, 4) : vandq_u8(q0, vdupq_n_u8(0xF));
+            uint8x16_t u1 = c & 1 ? vshrq_n_u8(q1, 4) : vandq_u8(q1, vdupq_n_u8(0xF));
+            if (q5) {
+                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << c));
+                u0 = vorrq_u8(u0, vandq_u8(vtstq_u8(h0, bit), vdupq_n_u8(0x10)));
+                u1 = vorrq_u8(u1, vandq_u8(vtstq_u8(h1, bit), vdupq_n_u8(0x10)));
+            }
+            const int8x16_t x0 = vld1q_s8(x->qs), x1 = vld1q_s8(x->qs + 16);
+            const float dx = half(x->d);
+            sum_q += dx * (float)(sc * (dot16(vreinterpretq_s8_u8(u0), x0) + dot16(vreinterpretq_s8_u8(u1), x1)));
+            sum_m += dx * (float)(m * (sum16(x0) + sum16(x1)));
+        }
+        s += d * sum_q - dmin * sum_m;
+    }
+    return s;
+}
+static float dot_q4_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 0); }
+static float dot_q5_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 1); }
+
+/* Q6_K: group c (n = c / 4, k = c % 4) is ql[64n + 32(k & 1)..] (low nibbles
+ * for k < 2, high ones after) with qh[32n..] >> 2k as bits 4..5, 32
+ * subtracted; scales per 16 weights. */
+static float dot_q6_k(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q6_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        float sum = 0;
+        for (int c = 0; c < 8; c++, x++) {
+            const int hf = c / 4, k = c % 4;
+            int8x16_t q[2];
+            for (int p = 0; p < 2; p++) {
+                const uint8x16_t l = vld1q_u8(b->ql + 64 * hf + 32 * (k & 1) + 16 * p);
+                const uint8x16_t h = vld1q_u8(b->qh + 32 * hf + 16 * p);
+                const uint8x16_t lo = k >= 2 ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(0xF));
+                const uint8x16_t hi = vshlq_n_u8(vandq_u8(vshlq_u8(h, vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3)), 4);
+                q[p] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, hi)), vdupq_n_s8(32));
+            }
+            const int32_t sq = b->scales[2 * c] * dot16(q[0], vld1q_s8(x->qs)) +
+                               b->scales[2 * c + 1] * dot16(q[1], vld1q_s8(x->qs + 16));
+            sum += half(x->d) * (float)sq;
+        }
+        s += half(b->d) * sum;
+    }
+    return s;
+}
+
+/* Q3_K / Q2_K: the 2 low bits of group c (n = c / 4, j = c % 4) are
+ * qs[32n..] >> 2j; Q3_K's third is hmask[0..31] bit c (clear: 4 less). */
+static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q3_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        float sum = 0;
+        for (int c = 0; c < 8; c++, x++) {
+            int8x16_t q[2];
+            int sc[2];
+            for (int p = 0; p < 2; p++) {
+                const int g = 2 * c + p;
+                sc[p] = (((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF) |
+                         ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+                const uint8x16_t l = vld1q_u8(b->qs + 32 * (c / 4) + 16 * p);
+                const uint8x16_t q2 = vandq_u8(vshlq_u8(l, vdupq_n_s8((int8_t)(-2 * (c % 4)))), vdupq_n_u8(3));
+                const uint8x16_t set = vtstq_u8(vld1q_u8(b->hmask + 16 * p), vdupq_n_u8((uint8_t)(1u << c)));
+                q[p] = vsubq_s8(vreinterpretq_s8_u8(q2), vreinterpretq_s8_u8(vbicq_u8(vdupq_n_u8(4), set)));
+            }
+            sum += half(x->d) * (float)(sc[0] * dot16(q[0], vld1q_s8(x->qs)) + sc[1] * dot16(q[1], vld1q_s8(x->qs + 16)));
+        }
+        s += half(b->d) * sum;
+    }
+    return s;
+}
+
+static float dot_q2_k(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_q2_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        float sum_q = 0, sum_m = 0;
+        for (int c = 0; c < 8; c++, x++) {
+            int32_t sq = 0, sm = 0;
+            for (int p = 0; p < 2; p++) {
+                const uint8x16_t l = vld1q_u8(b->qs + 32 * (c / 4) + 16 * p);
+                const int8x16_t q2 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(l, vdupq_n_s8((int8_t)(-2 * (c % 4)))), vdupq_n_u8(3)));
+                const int8x16_t xq = vld1q_s8(x->qs + 16 * p);
+                const int scm = b->scales[2 * c + p];
+                sq += (scm & 0xF) * dot16(q2, xq);
+                sm += (scm >> 4) * sum16(xq);
+            }
+            const float dx = half(x->d);
+            sum_q += dx * (float)sq;
+            sum_m += dx * (float)sm;
+        }
+        s += half(b->d) * sum_q - half(b->dmin) * sum_m;
+    }
+    return s;
+}
+
+static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_iq4_xs *b = w;
+    const int8x16_t book = vld1q_s8(cb_iq4nl_values);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++) {
+        float sum = 0;
+        for (int g = 0; g < 8; g++, x++) {
+            const int ls = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4;
+            int8x16_t lo, hi;
+            nibbles(b->qs + 16 * g, &lo, &hi);
+            lo = vqtbl1q_s8(book, vreinterpretq_u8_s8(lo));
+            hi = vqtbl1q_s8(book, vreinterpretq_u8_s8(hi));
+            sum += half(x->d) * (float)((ls - 32) * (dot16(lo, vld1q_s8(x->qs)) + dot16(hi, vld1q_s8(x->qs + 16))));
+        }
+        s += half(b->d) * sum;
+    }
+    return s;
+}
+
+cb_dot_block_fn cb_dot_block_neon(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q4_1: return dot_q4_1;
+    case CB_Q5_0: return dot_q5_0;
+    case CB_Q5_1: return dot_q5_1;
+    case CB_Q2_K: return dot_q2_k;
+    case CB_Q3_K: return dot_q3_k;
+    case CB_Q4_K: return dot_q4_k;
+    case CB_Q5_K: return dot_q5_k;
+    case CB_Q6_K: return dot_q6_k;
+    case CB_IQ4_NL: return dot_iq4_nl;
+    case CB_IQ4_XS: return dot_iq4_xs;
+    case CB_MXFP4: return dot_mxfp4;
+    }
+    return NULL;
+}

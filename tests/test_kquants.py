@@ -1,0 +1,271 @@
+"""GGML's other block types (K-quants, Q4_1/Q5_0/Q5_1, IQ4_NL/IQ4_XS, MXFP4),
+kept bit for bit as GGUF files hold them: the toolkit's numpy dequantization
+equals gguf.quants' (llama.cpp's reference reader) bit for bit, the engine's
+C dequantization equals it too, and the engine's dot products and matrix
+kernel (SIMD and scalar reference) equal a float64 product of the
+dequantized weights and the activations within the error of rounding the
+activations to q8_0."""
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+
+from colibri_build import _engine as kernels
+from colibri_build import quant
+
+TYPES = list(quant.GGML_BLOCKS)
+# Byte offsets of each block's fp16 scales (d, and dmin / m where there is one).
+HALVES = {"q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2),
+          "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,), "mxfp4": ()}
+QUANTIZABLE = {"q4_1", "q5_0", "q5_1", "mxfp4"}  # gguf.quants.quantize supports these
+
+rng = np.random.default_rng(24)
+
+
+def gguf_type(dtype):
+    return gguf.GGMLQuantizationType[dtype.upper()]
+
+
+def random_blocks(dtype, n_blocks, extreme=False):
+    """Random bytes (the format gives every bit pattern a value), with finite
+    fp16 scales of either sign; extreme: scales and exponents over their
+    whole range (subnormal to huge), for dequantization only."""
+    size = quant.GGML_BLOCKS[dtype][1]
+    b = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    for off in HALVES[dtype]:
+        if extreme:
+            h = rng.integers(0, 0x7C00, n_blocks).astype(np.uint16) | (rng.integers(0, 2, n_blocks) << 15).astype(np.uint16)
+        else:
+            h = (rng.uniform(2e-3, 2e-2, n_blocks) * rng.choice([-1, 1], n_blocks)).astype("<f2").view(np.uint16)
+        b[:, off:off + 2] = h.astype("<u2").view(np.uint8).reshape(n_blocks, 2)
+    if dtype == "mxfp4" and not extreme:
+        b[:, 0] = rng.integers(118, 128, n_blocks)  # 2^-10 .. 2^-1
+    return b
+
+
+def quantized_rows(dtype, rows, cols):
+    """[rows, cols] weights in dtype: gguf's own quantizer where it has one,
+    random valid blocks otherwise."""
+    elems, size = quant.GGML_BLOCKS[dtype]
+    if dtype in QUANTIZABLE:
+        w = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
+        return np.ascontiguousarray(gguf.quants.quantize(w, gguf_type(dtype))).reshape(rows, cols // elems * size)
+    return random_blocks(dtype, rows * cols // elems).reshape(rows, cols // elems * size)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_numpy_and_c_dequantize_equal_gguf_bit_for_bit(dtype):
+    elems, size = quant.GGML_BLOCKS[dtype]
+    blocks = np.concatenate([random_blocks(dtype, 64), random_blocks(dtype, 64, extreme=True),
+                             quantized_rows(dtype, 2, 4 * 256).reshape(-1, size)])
+    if dtype == "mxfp4":
+        blocks[:4, 0] = [0, 1, 254, 255]  # subnormal, and the largest exponents
+    n = blocks.shape[0] * elems
+    with np.errstate(over="ignore"):  # huge scales times large levels are inf, in both
+        want = gguf.quants.dequantize(blocks.reshape(-1), gguf_type(dtype)).reshape(-1)
+        got = quant.dequantize(blocks.reshape(-1), dtype, (n,))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+    got_c = kernels.dequantize(blocks.reshape(-1), dtype, n)
+    np.testing.assert_array_equal(got_c.view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_row_bytes_follow_the_blocks(dtype):
+    elems, size = quant.GGML_BLOCKS[dtype]
+    assert quant.row_bytes(dtype, 4 * elems) == 4 * size
+    assert quant.block_elems(dtype) == elems
+
+
+def test_encoding_floats_to_a_ggml_type_is_refused_not_mislabelled():
+    """The toolkit has no quantizer for these types (kquant.py has one for
+    quant.ENCODED_GGML, tests/test_kquant_convert.py): asking for one must
+    fail, not write another type's bytes under this type's id."""
+    x = np.zeros((4, 256), np.float32)
+    for dtype in sorted(set(TYPES) - set(quant.ENCODED_GGML)):
+        with pytest.raises(ValueError, match=f"{dtype}: the toolkit reads this GGML type but does not quantize"):
+            quant.encode(x, dtype)
+    with pytest.raises(ValueError, match="unknown weight type 'q7_0'"):
+        quant.encode(x, "q7_0")
+
+
+def q8_activation(x):
+    """x rounded as the engine rounds activations (q8_0), and each block's step."""
+    blocks = quant.quantize_q8_0(x).reshape(-1, 34)
+    return quant.dequantize(blocks.ravel(), "q8_0", x.shape), blocks[:, :2].copy().view("<f2").astype(np.float64).ravel()
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+@pytest.mark.parametrize("n", [256, 2048])
+def test_dot_products_within_activation_rounding(dtype, n):
+    """Both kernels do the integer products exactly: against the float64
+    product of the dequantized weights and the q8_0-rounded activations they
+    are off by float rounding only (1e-5 of sum |w x|); against the exact
+    activations by at most half a q8_0 step per weight (plus the fp16
+    rounding of the step), sum over blocks of step/2 * sum |w| of the block."""
+    raw = quantized_rows(dtype, 1, n).ravel()
+    w = quant.dequantize(raw, dtype, (n,)).astype(np.float64)
+    x = (rng.standard_normal(n) * np.where(np.arange(n) % 9 == 0, 4.0, 1.0)).astype(np.float32)
+    xq, step = q8_activation(x)
+    on_q8 = float(w @ xq.astype(np.float64))
+    mag = float(np.abs(w) @ np.abs(xq.astype(np.float64)))
+    rounding = float((np.abs(w).reshape(-1, 32).sum(axis=1) * step * (0.5 + 127 * 2.0 ** -11)).sum())
+    exact = float(w @ x.astype(np.float64))
+    for scalar in (True, False):
+        got = kernels.dot(dtype, raw, x, scalar=scalar)
+        assert abs(got - on_q8) <= 1e-5 * mag + 1e-30, (scalar, got, on_q8)
+        assert abs(got - exact) <= rounding + 1e-5 * mag, (scalar, got, exact)
+    assert abs(kernels.dot(dtype, raw, x) - kernels.dot(dtype, raw, x, scalar=True)) <= 2e-5 * mag + 1e-30
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_matrix_kernel_equals_the_row_kernel_bit_for_bit(dtype):
+    """The engine's matrix path gives each row exactly what the one-row
+    kernel does, for any token count and row split (thread counts and batch
+    composition must not change results)."""
+    rows_n, cols = 7, 512
+    raw = quantized_rows(dtype, rows_n, cols).ravel()
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    y = kernels.matmul(dtype, raw, rows_n, x)
+    row_bytes = raw.size // rows_n
+    for t in range(len(x)):
+        for r in range(rows_n):
+            assert y[t, r] == kernels.dot(dtype, raw[r * row_bytes:(r + 1) * row_bytes], x[t])
+    np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x[:2]), y[:2])
+    for r0, r1 in [(0, 4), (3, 7), (1, 2)]:
+        np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, r0, r1)[:, r0:r1], y[:, r0:r1])
+    w = quant.dequantize(raw, dtype, (rows_n, cols)).astype(np.float64)
+    ref = np.stack([w @ q8_activation(xt)[0].astype(np.float64) for xt in x])
+    np.testing.assert_allclose(y, ref, rtol=0, atol=1e-5 * float(np.abs(w).sum(axis=1).max()) * 4)
+
+
+# ---- a model whose matrices mix the types, through the engine ----
+
+# Scale fields per type (the fp16 d, and dmin / m; mxfp4's exponent) giving
+# weights of a few hundredths, like the synthetic models' (synth.INIT_STD).
+SMALL_SCALES = {"q4_1": (0.004, -0.03), "q5_0": (0.002,), "q5_1": (0.002, -0.03), "q2_k": (0.001, 0.001),
+                "q3_k": (0.0003,), "q4_k": (0.00005, 0.0003), "q5_k": (0.00003, 0.0005), "q6_k": (0.00001,),
+                "iq4_nl": (0.0003,), "iq4_xs": (0.00001,), "mxfp4": (120,)}
+
+
+def small_random_rows(dtype, rows, cols, rng):
+    elems, size = quant.GGML_BLOCKS[dtype]
+    b = rng.integers(0, 256, (rows * cols // elems, size), dtype=np.uint8)
+    if dtype == "mxfp4":
+        b[:, 0] = SMALL_SCALES[dtype][0]
+    for off, value in zip(HALVES[dtype], SMALL_SCALES[dtype]):
+        b[:, off:off + 2] = np.full(len(b), value, "<f2").view(np.uint8).reshape(-1, 2)
+    return b.ravel()
+
+
+def write_mixed_weights(cfg, path, tensors, dtype_of, rng):
+    """A .cbw whose matrices take dtype_of(name) (random small blocks for
+    GGML's types, encoded floats for the rest), in the layout
+    toolkit/weights.py writes (64-byte tensors, expert blocks on pages)."""
+    from colibri_build import weights as wt
+    shapes = wt.expected_shapes(cfg)
+    header_bytes = wt._round_up(wt.HEADER.size, 8) + wt.TENSOR_ENTRY.size * len(shapes)
+    offset, entries, datas = wt._round_up(header_bytes, wt.PAGE), [], []
+    for (name, shape), (name2, array) in zip(shapes, tensors):
+        assert name == name2
+        dtype = dtype_of(name, shape)
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        data = small_random_rows(dtype, rows, shape[-1], rng).tobytes() if dtype in quant.GGML_BLOCKS \
+            else quant.encode(array, dtype)
+        offset = wt._round_up(offset, wt.PAGE if wt.is_expert_block_start(name) else wt.TENSOR_ALIGN)
+        entries.append(wt.TensorEntry(name, wt.DTYPE_IDS[dtype], shape, offset, len(data)))
+        datas.append(data)
+        offset += len(data)
+    head = bytearray(wt._pack_header(cfg, len(entries), header_bytes, wt.PAGE))
+    head += b"\0" * (wt._round_up(wt.HEADER.size, 8) - wt.HEADER.size)
+    for ent in entries:
+        shape = list(ent.shape) + [0] * (4 - len(ent.shape))
+        head += wt.TENSOR_ENTRY.pack(ent.name.encode(), ent.dtype, len(ent.shape), *shape, ent.offset, ent.nbytes)
+    out = bytearray(wt._round_up(offset, wt.PAGE))
+    out[:len(head)] = head
+    for ent, data in zip(entries, datas):
+        out[ent.offset:ent.offset + ent.nbytes] = data
+    path.write_bytes(bytes(out))
+
+
+def mixed_model(tmp_path, arch, dtype_of, model_dtype="q4_k", preset="small", seed=5):
+    import json
+
+    from colibri_build.synth import random_tensors, synth
+    model = synth(arch, preset, tmp_path / arch, seed=seed)
+    cfg = json.loads((model / "model-config.json").read_text())
+    cfg["weights"]["dtype"] = model_dtype
+    cfg["weights"].pop("sha256", None)
+    from colibri_build import config
+    cfg = config.validate(cfg)
+    write_mixed_weights(cfg, model / "weights.cbw", random_tensors(cfg, seed), dtype_of, np.random.default_rng(seed))
+    (model / "model-config.json").write_text(json.dumps(cfg))
+    return model, cfg
+
+
+# A Q4_K_M-like mix: every GGML type, q8_0 and the float ones among the
+# matrices, the embedding in q6_k (read a row at a time).
+MIX = [*TYPES, "q8_0", "q4_0", "f16", "f32"]
+
+
+def mix_dtype(name, shape):
+    if len(shape) == 1 or name.endswith("ffn_router"):
+        return "f32"
+    if name == "tok_embd":
+        return "q6_k"
+    return MIX[sum(map(ord, name)) % len(MIX)]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe"])
+def test_a_model_mixing_every_type_runs_and_matches_the_reference(tmp_path, arch):
+    """Each matrix in its own type (as in a GGUF Q4_K_M): the engine loads it
+    and its logits are the float reference's on the same (dequantized)
+    weights, up to the activations' rounding to q8_0 (the q8_0 models'
+    bound in test_archs.py), at every position whose experts are the
+    reference's: on random weights that rounding flips an occasional near
+    tie between experts (measured on qwen3_moe: 1 choice in 48, where the
+    logits then differ by 0.1), which the routing bound allows."""
+    from colibri_build import Engine
+    from colibri_build.weights import load_tensors, read_header
+    from reference import forward as reference_forward
+
+    model, cfg = mixed_model(tmp_path, arch, mix_dtype)
+    from colibri_build.weights import DTYPE_NAMES
+    used = {DTYPE_NAMES[t.dtype] for t in read_header(model / "weights.cbw")["tensors"].values()}
+    assert set(MIX) <= used, used
+    prompt = [256, 259, 72, 101, 108, 108, 111, 261, 260, 7, 99, 200]
+    ref, experts = reference_forward(cfg, load_tensors(model / "weights.cbw"), prompt)
+    engine = Engine(model)
+    logits = engine.forward(prompt)
+    # Positions before the first whose experts differ (a flip reaches the
+    # later ones through attention).
+    same = np.cumprod((engine.last_routing == experts).all(axis=(1, 2))).astype(bool)
+    assert (engine.last_routing == experts).mean() >= 0.9 and same.sum() >= len(prompt) // 2, engine.last_routing
+    err = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
+    print(f"{arch}: max relative logit error {err[same].max():.2e} where the experts agree "
+          f"({same.sum()} of {len(prompt)} positions)")
+    assert err[same].max() < 2e-2, err
+
+
+def test_a_k_quant_row_that_is_not_whole_blocks_is_refused(tmp_path):
+    """The tiny preset's rows are 64 weights: a q4_k matrix cannot hold them,
+    and the engine says which tensor and why instead of reading past it."""
+    from colibri_build import Engine
+    from colibri_build._engine import EngineError
+    import json
+
+    model = mixed_model(tmp_path, "mixtral", lambda name, shape: "f32" if len(shape) == 1 or name.endswith(
+        "ffn_router") else "q8_0", model_dtype="q8_0", preset="tiny")[0]
+    data = bytearray((model / "weights.cbw").read_bytes())
+    from colibri_build import weights as wt
+    header = wt.read_header(model / "weights.cbw")
+    names = list(header["tensors"])
+    index = names.index("blk.0.attn_q")
+    at = wt._round_up(wt.HEADER.size, 8) + index * wt.TENSOR_ENTRY.size + wt.NAME_BYTES
+    data[at:at + 4] = wt.DTYPE_IDS["q4_k"].to_bytes(4, "little")
+    (model / "weights.cbw").write_bytes(bytes(data))
+    with pytest.raises(EngineError, match=r"tensor 'blk\.0\.attn_q' \(#\d+\): rows of 64 weights, but q4_k rows are "
+                                          r"whole blocks of 256"):
+        Engine(model)
+    assert json.loads((model / "model-config.json").read_text())["weights"]["dtype"] == "q8_0"
