@@ -264,3 +264,23 @@ def test_q4_k_m_loses_clearly_less_than_q4_0(tmp_path):
     assert kl["q6_k"] < 0.25 * kl["q4_k_m"], kl
     assert rows["q4_0"]["bpw"] == 4.5 / 8
     assert rows["q4_0"]["bpw"] < rows["q4_k_m"]["bpw"] < 1.25 * rows["q4_0"]["bpw"]
+
+
+@pytest.mark.skipif(not (SHARED / "tiny_moe").is_dir(), reason="../shared/testdata/tiny_moe is missing")
+@pytest.mark.parametrize("mix", ["q4_k_m", "q6_k"])
+def test_the_engine_runs_the_quantized_model_as_its_f32_twin_does(tmp_path, mix):
+    """The engine's own K-quant kernels on the converted file against the
+    exact F32 twin of the same weights: the only difference left is the
+    kernels' 8-bit activations (KL measured 0.0003 here for q4_k_m, 0.0002
+    for q6_k; 0.002-0.004 on the quality models, as much as Q4_0's)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import quant_quality as qq
+    hf = numpy_mixtral(tmp_path / "hf", seed=3, head=5.0)
+    from colibri_build.convert import convert
+    model = convert(hf, tmp_path / mix, dtype=mix, context_length=64, progress=False)
+    seq = [[int(t) for t in np.random.default_rng(6).integers(3, 256, 64)]]
+    native = qq.run(model, seq)[0]
+    twin = qq.run(qq.f32_twin(model, tmp_path / "twin"), seq)[0]
+    kl = (np.exp(twin) * (twin - native)).sum(-1)
+    assert kl.mean() < 0.01, kl.mean()
+    assert (twin.argmax(-1) == native.argmax(-1)).mean() >= 0.9
