@@ -19,9 +19,10 @@ else
 fi
 # The extension for this machine's CPU (the default is the portable baseline,
 # whose scalar kernels make the parity tests about 3x slower); it is built
-# here and never leaves this machine.
+# here and never leaves this machine. --config-settings, not -C: Debian 12's
+# pip 23.0 lacks the short form.
 echo "test.sh: installing colibri-build with its test extras (compiles the Python binding; transformers," \
      "openai, tokenizers, gguf, ziglang...)..." >&2
-"$py" -m pip install -q ".[test,parity]" -C cmake.define.COLIBRI_PY_TARGET=native
+"$py" -m pip install -q ".[test,parity]" --config-settings=cmake.define.COLIBRI_PY_TARGET=native
 echo "test.sh: running the tests (pytest -q $*)" >&2
 "$py" -m pytest -q --durations=15 "$@"
