@@ -38,9 +38,16 @@ def _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memor
     click.echo(str(result.executable))
 
 
+def _complete_target(ctx, param, incomplete):
+    """Shell completion of --target: the names in targets/."""
+    from .targets import all_targets
+    return [name for name in sorted(all_targets()) if name.startswith(incomplete)]
+
+
 _build_options = [
     click.option("--model", "model", type=click.Path(path_type=Path), help="model-config.json or its folder"),
-    click.option("--target", default="native", show_default=True, help="a target from 'colibri-build targets'"),
+    click.option("--target", default="native", show_default=True, help="a target from 'colibri-build targets'",
+                 shell_complete=_complete_target),
     click.option("--dist", default="dist", show_default=True, help="where dist/<model>-<target>/ goes"),
     click.option("--build-dir", default="build", show_default=True, help="where rendered trees are built"),
     click.option("--toolchain", default=None, help="C compiler to use instead of the target's choice"),
@@ -102,7 +109,7 @@ def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize, max_me
 
 @main.command()
 @click.option("--model", required=True, type=click.Path(path_type=Path), help="model-config.json or its folder")
-@click.option("--target", default="native", show_default=True)
+@click.option("--target", default="native", show_default=True, shell_complete=_complete_target)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="folder to write the project into")
 @click.option("--toolchain", default=None, help="C compiler to record in toolchain.cmake")
 @click.option("--force", is_flag=True, help="write into a non-empty OUT that is not a previous render "
@@ -148,7 +155,7 @@ def targets_cmd(as_json):
 @click.option("--model", required=True, type=click.Path(path_type=Path), help="model-config.json or its folder")
 @click.option("--out", default="release", show_default=True, type=click.Path(path_type=Path),
               help="folder for the archives and SHA256SUMS (new or empty unless --force)")
-@click.option("--target", "target_names", multiple=True,
+@click.option("--target", "target_names", multiple=True, shell_complete=_complete_target,
               help="a target to release (repeatable; default: every release target)")
 @click.option("--build-dir", default="build", show_default=True, type=click.Path(path_type=Path),
               help="where the trees are built (dist folders go to BUILD_DIR/release/dist)")
@@ -229,7 +236,7 @@ def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_fie
 @click.option("--threads", type=int, default=2, show_default=True, help="server compute threads")
 @click.option("--repeats", type=int, default=5, show_default=True, help="decode/prefill repetitions")
 @click.option("--quick", is_flag=True, help="fewer requests (a smoke run, not figures to quote)")
-@click.option("--target", default="native", show_default=True)
+@click.option("--target", default="native", show_default=True, shell_complete=_complete_target)
 @click.option("--membw", type=click.Path(path_type=Path), default=None,
               help="membw.c to measure bandwidth with (default: ../shared/tools/membw.c if present)")
 @click.option("--update-benchmarks-md", is_flag=True, help="put the table into BENCHMARKS.md")
@@ -295,6 +302,22 @@ def tokenizer_cmd(src, out_dir, chat_template):
     from .tokenizer import convert_tokenizer
     section = convert_tokenizer(src, out_dir, chat_template=chat_template)
     click.echo(json.dumps(section, indent=2, ensure_ascii=False))
+
+
+@main.command("inspect")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def inspect_cmd(model, as_json):
+    """What MODEL holds: a model folder, its model-config.json or weights file
+    (architecture, dims, weight types and sizes, tokenizer, chat template),
+    or a dist/<model>-<target> folder or its colibri-server (the target and
+    compiler it was built for, from build-info.json)."""
+    from .inspect_model import inspect, text
+    got = inspect(model)
+    if as_json:
+        click.echo(json.dumps(got, indent=2, ensure_ascii=False))
+    else:
+        click.echo(text(got), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover
