@@ -239,24 +239,39 @@ def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_fie
 @click.option("--target", default="native", show_default=True, shell_complete=_complete_target)
 @click.option("--membw", type=click.Path(path_type=Path), default=None,
               help="membw.c to measure bandwidth with (default: ../shared/tools/membw.c if present)")
-@click.option("--update-benchmarks-md", is_flag=True, help="put the table into BENCHMARKS.md")
-def bench(presets, dtypes, models_dir, out, threads, repeats, quick, target, membw, update_benchmarks_md):
+@click.option("--update-benchmarks-md", is_flag=True,
+              help="put the table into BENCHMARKS.md, the JSON into benchmarks/bench.json and the chart "
+                   "into benchmarks/decode.png")
+@click.option("--chart", type=click.Path(path_type=Path), default=None,
+              help="also draw decode tok/s against the bandwidth ceiling into this PNG (needs matplotlib)")
+@click.option("--from-json", type=click.Path(path_type=Path), default=None,
+              help="measure nothing: the table (and --chart) from this earlier bench.json")
+def bench(presets, dtypes, models_dir, out, threads, repeats, quick, target, membw, update_benchmarks_md, chart,
+          from_json):
     """Measure decode/prefill speed, latency, RSS and cold start against this
     machine's memory bandwidth (BENCHMARKS.md)."""
-    from . import bench as bench_mod
-    if membw is None:
-        candidate = Path.cwd().parent / "shared" / "tools" / "membw.c"
-        membw = candidate if candidate.is_file() else None
-    results = bench_mod.run(presets.split(","), dtypes.split(","), models_dir, out, threads, repeats, quick,
-                            target, membw)
+    from . import bench as bench_mod, bench_chart
+    if from_json is not None:
+        results = bench_chart.load(from_json)
+    else:
+        if membw is None:
+            candidate = Path.cwd().parent / "shared" / "tools" / "membw.c"
+            membw = candidate if candidate.is_file() else None
+        results = bench_mod.run(presets.split(","), dtypes.split(","), models_dir, out, threads, repeats, quick,
+                                target, membw)
     table = bench_mod.markdown(results)
     click.echo(table)
+    if chart is not None:
+        click.echo(str(bench_chart.draw(results, chart)), err=True)
     if update_benchmarks_md:
         path = Path("BENCHMARKS.md")
         text = path.read_text() if path.is_file() else "# Benchmarks\n\n<!-- bench:begin -->\n<!-- bench:end -->\n"
         head, rest = text.split("<!-- bench:begin -->", 1)
         _, tail = rest.split("<!-- bench:end -->", 1)
         path.write_text(f"{head}<!-- bench:begin -->\n{table}<!-- bench:end -->{tail}")
+        Path("benchmarks").mkdir(exist_ok=True)
+        Path("benchmarks/bench.json").write_text(json.dumps(results, indent=2) + "\n")
+        bench_chart.draw(results, Path("benchmarks/decode.png"))
 
 
 @main.command()
