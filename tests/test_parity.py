@@ -1,7 +1,7 @@
 """Parity with transformers (the pinned version) for Mixtral, Qwen2-MoE,
 Qwen3-MoE and OLMoE: random checkpoints of several shapes are converted and
 run by the engine. Results are collected into a table (see
-scripts/parity_table.py, which puts it into the README)."""
+scripts/parity_table.py, which puts it into docs/models.md)."""
 
 from __future__ import annotations
 

@@ -266,9 +266,13 @@ def bench(presets, dtypes, models_dir, out, threads, repeats, quick, target, mem
     if update_benchmarks_md:
         path = Path("BENCHMARKS.md")
         text = path.read_text() if path.is_file() else "# Benchmarks\n\n<!-- bench:begin -->\n<!-- bench:end -->\n"
-        head, rest = text.split("<!-- bench:begin -->", 1)
-        _, tail = rest.split("<!-- bench:end -->", 1)
-        path.write_text(f"{head}<!-- bench:begin -->\n{table}<!-- bench:end -->{tail}")
+        for name, block in (("bench", table), ("bench-summary", bench_mod.summary_markdown(results))):
+            if f"<!-- {name}:begin -->" not in text:
+                continue
+            head, rest = text.split(f"<!-- {name}:begin -->", 1)
+            _, tail = rest.split(f"<!-- {name}:end -->", 1)
+            text = f"{head}<!-- {name}:begin -->\n{block}<!-- {name}:end -->{tail}"
+        path.write_text(text)
         Path("benchmarks").mkdir(exist_ok=True)
         Path("benchmarks/bench.json").write_text(json.dumps(results, indent=2) + "\n")
         bench_chart.draw(results, Path("benchmarks/decode.png"))
