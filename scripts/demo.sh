@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the bundled default model, from a fresh machine:
-# install, synthesise a tiny random-weight Mixtral-style model (models/tiny,
+# install (into the virtual environment .venv; see venv.sh), synthesise a tiny random-weight Mixtral-style model (models/tiny,
 # reused when there), build its static server, start it, send one chat
 # request, stop it. Exits non-zero, saying why, when any step fails.
 #
@@ -8,7 +8,9 @@
 #   PORT    the port to serve on; default: a free one the server picks.
 #           A PORT that is taken is an error, not a silent fallback.
 #   TARGET  the build target (default native; 'colibri-build targets' lists them)
-#   COLIBRI_DEMO_SKIP_INSTALL=1  skip the apt and pip steps (already installed)
+#   COLIBRI_DEMO_SKIP_INSTALL=1  skip the apt and pip steps and the venv: use the
+#           colibri-build already on PATH
+#   COLIBRI_VENV  the virtual environment's folder (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${TARGET:-native}"
@@ -16,8 +18,9 @@ say() { echo "demo: $*" >&2; }
 
 if [ "${COLIBRI_DEMO_SKIP_INSTALL:-0}" != 1 ]; then
   bash scripts/install-system-deps.sh
-  say "installing colibri-build with pip (compiles the Python binding; about a minute the first time)..."
-  python3 -m pip install -q .
+  source scripts/venv.sh   # .venv, first on PATH: never the system's Python (PEP 668)
+  say "installing colibri-build into $VIRTUAL_ENV with pip (compiles the Python binding; about a minute the first time)..."
+  "$py" -m pip install -q .
 fi
 if [ -f models/tiny/model-config.json ]; then
   say "using models/tiny (already there)"
