@@ -6,6 +6,12 @@
 venv="${COLIBRI_VENV:-.venv}"
 venv_say() { echo "venv: $*" >&2; }
 if [ ! -x "$venv/bin/python" ]; then
+  # A folder that is there and is not an environment is the user's: never
+  # make one inside it, nor remove it when that fails.
+  if [ -e "$venv" ] && [ -n "$(ls -A "$venv" 2>/dev/null)" ]; then
+    venv_say "$venv exists and is not a virtual environment (no $venv/bin/python); move it, or set COLIBRI_VENV to another folder"
+    exit 1
+  fi
   command -v python3 >/dev/null || { venv_say "python3 is missing (install it with your package manager)"; exit 1; }
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
     { venv_say "Python >= 3.10 is needed; python3 is $(python3 -V 2>&1)"; exit 1; }
@@ -13,7 +19,7 @@ if [ ! -x "$venv/bin/python" ]; then
   # Debian and Ubuntu ship venv's pip bootstrap (ensurepip) in a separate
   # package; without it 'python3 -m venv' fails halfway, leaving a folder without pip.
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-    rm -rf "$venv"
+    rm -rf "$venv"   # what the failed venv made: the folder was absent or empty
     pkg="python3-venv"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       venv_say "installing $pkg with apt-get..."

@@ -119,3 +119,19 @@ def test_venv_sh_names_what_is_missing_without_python3(tmp_path):
                           env={"PATH": str(empty)}, cwd=tmp_path)
     assert done.returncode == 1 and "python3 is missing" in done.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def test_venv_sh_leaves_a_users_folder_of_that_name_alone(tmp_path):
+    """COLIBRI_VENV naming a folder of the user's that is not an environment:
+    refused, and the folder and its file stay (it used to be created into and,
+    had venv failed, removed)."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    done = subprocess.run(["bash", "-c", "source scripts/venv.sh"], capture_output=True, text=True,
+                          env={**os.environ, "COLIBRI_VENV": str(mine)}, cwd=tmp_path)
+    assert done.returncode == 1 and "is not a virtual environment" in done.stderr
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert (mine / "notes.txt").read_text() == "keep me"
