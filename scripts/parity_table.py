@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Puts the parity table measured by tests/test_parity.py into README.md.
+"""Puts the parity table measured by tests/test_parity.py into docs/models.md.
 
     python -m pytest -q tests/test_parity.py      # writes build/parity.json
-    python scripts/parity_table.py                 # rewrites the README section
+    python scripts/parity_table.py                 # rewrites the docs/models.md section
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- parity-table:begin -->", "<!-- parity-table:end -->"
+DOC = ROOT / "docs" / "models.md"
 
 
 def table(results: list[dict]) -> str:
@@ -29,13 +30,13 @@ def table(results: list[dict]) -> str:
 
 def main() -> int:
     results = json.loads((ROOT / "build" / "parity.json").read_text())
-    readme = (ROOT / "README.md").read_text()
+    readme = DOC.read_text()
     if BEGIN not in readme or END not in readme:
-        print("README.md has no parity-table markers", file=sys.stderr)
+        print(f"{DOC} has no parity-table markers", file=sys.stderr)
         return 1
     head, rest = readme.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{table(results)}\n{END}{tail}")
+    DOC.write_text(f"{head}{BEGIN}\n{table(results)}\n{END}{tail}")
     return 0
 
 

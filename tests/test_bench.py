@@ -16,12 +16,13 @@ MEMBW = Path(__file__).resolve().parents[1].parent / "shared" / "tools" / "membw
 
 def test_bench_reports_all_figures(tmp_path):
     args = ["bench", "--presets", "tiny", "--dtypes", "q8_0", "--models-dir", tmp_path / "models", "--out",
-            tmp_path / "out", "--quick", "--repeats", "1"]
+            tmp_path / "out", "--quick", "--repeats", "1", "--chart", tmp_path / "decode.png"]
     if MEMBW.is_file():
         args += ["--membw", MEMBW]
     done = run_cli(*args)
     results = json.loads((tmp_path / "out" / "bench.json").read_text())
     run = results["runs"]["tiny:q8_0"]
+    assert (tmp_path / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the chart of this run's JSON
     for key in ("decode_tok_s", "prefill_tok_s", "long_context_decode_tok_s"):
         assert run[key]["median"] > 0
     assert set(run["aggregate_decode_tok_s"]) == {"2", "4", "8"}

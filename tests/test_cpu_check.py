@@ -77,6 +77,7 @@ def serves(tmp_path, exe: Path, model: Path, prefix: list[str]) -> None:
     stop_checked(server)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cpu, use", [("Nehalem", "x86-64-v2"), ("qemu64", "x86-64")])
 def test_v3_server_on_a_cpu_without_avx2_exits_1(workdir, tiny_model, cpu, use):
     exe = built(workdir, tiny_model, "x86-64-v3")
@@ -84,11 +85,13 @@ def test_v3_server_on_a_cpu_without_avx2_exits_1(workdir, tiny_model, cpu, use):
     assert_refused(done, "x86-64-v3", ["AVX", "AVX2", "FMA", "F16C", "BMI2"], use)
 
 
+@pytest.mark.slow
 def test_v3_server_serves_on_a_cpu_with_avx2(workdir, tiny_model, tmp_path):
     exe = built(workdir, tiny_model, "x86-64-v3")
     serves(tmp_path, exe, tiny_model, [qemu("qemu-x86_64-static"), "-cpu", "Haswell"])
 
 
+@pytest.mark.slow
 def test_v4_server_on_a_cpu_without_avx512_exits_1(workdir, tiny_model):
     exe = built(workdir, tiny_model, "x86-64-v4")
     # qemu's Haswell model has AVX2 and never AVX-512.
@@ -100,6 +103,7 @@ def test_v4_server_on_a_cpu_without_avx512_exits_1(workdir, tiny_model):
         assert_refused(run([exe, "--model", tiny_model]), "x86-64-v4", ["AVX512F"], "x86-64-v3")
 
 
+@pytest.mark.slow
 def test_kernel_check_exits_1_too(workdir, tiny_model):
     """The other executables of a build run the same check first."""
     exe = built(workdir, tiny_model, "x86-64-v3")
@@ -112,6 +116,7 @@ def test_kernel_check_exits_1_too(workdir, tiny_model):
     assert exe.exists()
 
 
+@pytest.mark.slow
 def test_aarch64_dotprod_server_on_a_cpu_without_dotprod_exits_1(workdir, tiny_model, tmp_path):
     exe = built(workdir, tiny_model, "linux-aarch64-dotprod")
     emulator = qemu("qemu-aarch64-static")
@@ -120,6 +125,7 @@ def test_aarch64_dotprod_server_on_a_cpu_without_dotprod_exits_1(workdir, tiny_m
     serves(tmp_path, exe, tiny_model, [emulator, "-cpu", "cortex-a76"])
 
 
+@pytest.mark.slow
 def test_the_python_extension_defaults_to_the_portable_baseline(tmp_path):
     """Configured with no COLIBRI_PY_TARGET, the extension is compiled for
     the architecture's baseline target, never -march=native."""
@@ -136,6 +142,7 @@ def test_the_python_extension_defaults_to_the_portable_baseline(tmp_path):
     assert ("-march=x86-64 " if expected == "x86-64" else "-march=armv8-a ") in ninja
 
 
+@pytest.mark.slow
 def test_an_extension_built_for_avx2_fails_to_import_without_it(tmp_path):
     """Built for x86-64-v3 and imported by a Python on a CPU without AVX2: an
     ImportError with the reason, where it used to load (and die on the first

@@ -58,6 +58,7 @@ def completion(prompt, **extra):
     return {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "colibri_trace": True, **extra}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1e-39, 1e-45, 3e-39])
 def test_tiny_temperature_is_greedy(server_exe, tiny_model, temperature, start_server):
     """Before: 1/T was infinite, every weight NaN, and the sampler gave the
@@ -163,6 +164,7 @@ def assert_names_non_finite(response):
     assert err["type"] == "server_error" and "param" in err and "code" in err
 
 
+@pytest.mark.slow
 def test_a_nan_request_fails_alone_and_the_others_keep_their_bits(server_exe, nan_expert_model, plan,
                                                                   start_server):
     """Before: the server crashed (ASan: group_by_expert's wild write) or
@@ -188,6 +190,7 @@ def test_a_nan_request_fails_alone_and_the_others_keep_their_bits(server_exe, na
     stop_checked(server)
 
 
+@pytest.mark.slow
 def test_a_non_finite_embedding_fails_only_its_request(server_exe, nan_embedding_model, plan, start_server):
     server = start_server(server_exe, nan_embedding_model)
     alone = server.post("/v1/completions", completion(plan["b"]))
@@ -282,6 +285,7 @@ def test_corrupt_headers_are_refused_or_run_cleanly_in_the_engine(tiny_model, tm
     assert sum(line.startswith("refused") for line in lines) > 100
 
 
+@pytest.mark.slow
 def test_corrupt_headers_are_refused_or_served_by_the_asan_server(asan_server_dist, tiny_model, tmp_path):
     exe = asan_server_dist / "colibri-server"
     for model, what in mutated_models(tiny_model, tmp_path, 40, seed=29):

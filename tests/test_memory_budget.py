@@ -72,6 +72,7 @@ def test_engine_memory_equals_python(workdir, shape):
             assert got["needs_bytes"] > got["least_bytes"] > got["arena_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_build_info_memory(small_dist, small_model):
     info = json.loads((small_dist / "build-info.json").read_text())
     mem = info["memory"]
@@ -90,6 +91,7 @@ def test_build_info_memory(small_dist, small_model):
     assert mem["least_bytes"] == mem["least_weights_bytes"] + mem["kv_cache_bytes_per_slot"] + mem["arena_bytes"]
 
 
+@pytest.mark.slow
 def test_start_line_and_help(small_dist, small_model, start_server):
     exe = small_dist / "colibri-server"
     want = expected(small_model, 2)
@@ -110,6 +112,7 @@ def test_start_line_and_help(small_dist, small_model, start_server):
     assert done.returncode == 0 and f"the KV cache takes {per_slot} a slot" in done.stdout
 
 
+@pytest.mark.slow
 def test_max_memory_reduces_slots(small_dist, small_model, start_server):
     want = expected(small_model, 2)
     # Room for 3 slots and a half beside what one token needs.
@@ -131,6 +134,7 @@ def test_max_memory_reduces_slots(small_dist, small_model, start_server):
         assert done.returncode == 2 and "--max-memory: got" in done.stderr, (bad, done.stderr)
 
 
+@pytest.mark.slow
 def test_max_memory_refuses_when_one_slot_does_not_fit(small_dist, small_model):
     want = expected(small_model, 2)
     done = subprocess.run([small_dist / "colibri-server", "--model", small_model, "--threads", "2",
@@ -150,6 +154,7 @@ def test_parse_size():
             memory.parse_size(bad)
 
 
+@pytest.mark.slow
 def test_build_max_memory(workdir, small_model, small_dist, start_server):
     """colibri-build --max-memory: recorded, baked in as the server's
     default --max-memory; one too small is refused before compiling."""
@@ -187,6 +192,7 @@ def status_bytes(pid: int) -> dict:
 RSS_SLACK = 8 << 20
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 def test_rss_within_prediction(small_dist, small_model, start_server):
     """Every slot serving, every expert routed to: the high-water RSS stays

@@ -12,6 +12,7 @@ import colibri_build
 SRC = Path(colibri_build.__file__).parent / "templates" / "src"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 def test_network_layer_under_sanitizers(tmp_path):
     exe = tmp_path / "test_net"

@@ -2,7 +2,7 @@
 Qwen3-MoE and OLMoE: random checkpoints of several shapes are converted and
 run by the engine; Gemma 4 and gpt-oss (test_gemma4.py, test_gpt_oss.py)
 here only through a built server. Results are collected into a table (see
-scripts/parity_table.py, which puts it into the README)."""
+scripts/parity_table.py, which puts it into docs/models.md)."""
 
 from __future__ import annotations
 

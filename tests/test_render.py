@@ -8,6 +8,7 @@ from pathlib import Path
 
 import cmake
 import ninja
+import pytest
 
 from colibri_build import config, render, targets, toolchain
 from conftest import run_cli
@@ -51,6 +52,7 @@ def test_render_is_deterministic(tiny_model, tmp_path):
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
 
 
+@pytest.mark.slow
 def test_rendered_tree_builds_without_python(tiny_model, tmp_path):
     tree = render_to(tiny_model, tmp_path / "tree", "x86-64")
     env = {"PATH": f"{cmake.CMAKE_BIN_DIR}:{ninja.BIN_DIR}:/usr/bin:/bin", "HOME": str(tmp_path)}

@@ -371,10 +371,12 @@ def test_install_script_says_what_apt_is_doing(tmp_path):
 # --- 11. the demo fails loudly when its server cannot start ------------------
 
 def demo_copy(tmp_path):
-    """scripts/demo.sh in a folder of its own (it works relative to itself),
-    so models/ and dist/ go there, not into the checkout."""
+    """scripts/demo.sh and the shipped demo checkpoint in a folder of their
+    own (it works relative to itself), so models/ and dist/ go there, not
+    into the checkout."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "demo.sh", tmp_path / "scripts" / "demo.sh")
+    shutil.copytree(ROOT / "models" / "demo", tmp_path / "models" / "demo")
     return tmp_path / "scripts" / "demo.sh"
 
 
@@ -418,4 +420,8 @@ def test_demo_fails_loudly_when_its_port_is_taken_and_finds_a_free_one_otherwise
     assert done.returncode == 0, done.stdout + done.stderr
     reply = json.loads(done.stdout.strip().splitlines()[-1])  # after the path the build prints
     assert reply["object"] == "chat.completion" and reply["id"] != "not-colibri"
-    assert "using models/tiny (already there)" in done.stderr
+    assert "using models/demo-q8_0 (already there)" in done.stderr
+    # The demo model answers in words (the random tiny model answered in bytes).
+    text = reply["choices"][0]["message"]["content"]
+    assert len(text.split()) >= 5 and sum(c.isascii() and (c.isalpha() or c in " ,.;:'?!") for c in text) \
+        >= 0.9 * len(text), text

@@ -470,6 +470,27 @@ def markdown(results: dict) -> str:
             f"{results['threads']}; {results['date']}\n\n" + "\n".join(rows) + "\n")
 
 
+def summary_markdown(results: dict) -> str:
+    """BENCHMARKS.md's lead table: batch-1 decode against its bandwidth
+    ceiling, prefill and time to first token, llama.cpp's figures beside
+    (measured at q8_0 only)."""
+    llama = results.get("llama_cpp") or {}
+    rows = ["| model | weights | decode tok/s | bandwidth ceiling tok/s (reached) | prefill 512 tok/s "
+            "| TTFT P50 ms | llama.cpp decode / prefill tok/s, TTFT ms |",
+            "|---|---|---|---|---|---|---|"]
+    for key, r in results["runs"].items():
+        preset, dtype = key.rsplit(":", 1)
+        ceiling = (f"{r['decode_ceiling_tok_s']:.0f} ({r['decode_fraction_of_ceiling']:.0%})"
+                   if r.get("decode_ceiling_tok_s") else "-")
+        ref = llama.get(preset) if dtype == "q8_0" else None
+        ref_text = f"{ref['decode']} / {ref['prefill']}, {ref['ttft_ms']}" if ref else "-"
+        rows.append(f"| {preset} | {dtype} | {r['decode_tok_s']['median']:.1f} | {ceiling} | "
+                    f"{r['prefill_tok_s']['median']:.0f} | {r['sequential_chat']['ttft_p50_ms']:.0f} | {ref_text} |")
+    m = results["machine"]
+    return (f"{m['cpu']}, {m['cpus']} CPUs; server threads: {results['threads']}; {results['date']}\n\n"
+            + "\n".join(rows) + "\n")
+
+
 def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, threads: int, repeats: int,
         quick: bool, target: str, membw_source: Path | None) -> dict:
     from .build import build, build_generic_server

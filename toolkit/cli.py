@@ -42,10 +42,17 @@ def _build(model, target, dist, build_dir, toolchain, quiet, sanitize, max_memor
     click.echo(str(result.executable))
 
 
+def _complete_target(ctx, param, incomplete):
+    """Shell completion of --target: the names in targets/."""
+    from .targets import all_targets
+    return [name for name in sorted(all_targets()) if name.startswith(incomplete)]
+
+
 _build_options = [
     click.option("--model", "model", type=click.Path(path_type=Path),
                  help="model-config.json or its folder, or a GGUF file (converted into BUILD_DIR/models/ first)"),
-    click.option("--target", default="native", show_default=True, help="a target from 'colibri-build targets'"),
+    click.option("--target", default="native", show_default=True, help="a target from 'colibri-build targets'",
+                 shell_complete=_complete_target),
     click.option("--dist", default="dist", show_default=True, help="where dist/<model>-<target>/ goes"),
     click.option("--build-dir", default="build", show_default=True, help="where rendered trees are built"),
     click.option("--toolchain", default=None, help="C compiler to use instead of the target's choice"),
@@ -110,7 +117,7 @@ def build_cmd(model, target, dist, build_dir, toolchain, quiet, sanitize, max_me
 
 @main.command()
 @click.option("--model", required=True, type=click.Path(path_type=Path), help="model-config.json or its folder")
-@click.option("--target", default="native", show_default=True)
+@click.option("--target", default="native", show_default=True, shell_complete=_complete_target)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="folder to write the project into")
 @click.option("--toolchain", default=None, help="C compiler to record in toolchain.cmake")
 @click.option("--force", is_flag=True, help="write into a non-empty OUT that is not a previous render "
@@ -156,7 +163,7 @@ def targets_cmd(as_json):
 @click.option("--model", required=True, type=click.Path(path_type=Path), help="model-config.json or its folder")
 @click.option("--out", default="release", show_default=True, type=click.Path(path_type=Path),
               help="folder for the archives and SHA256SUMS (new or empty unless --force)")
-@click.option("--target", "target_names", multiple=True,
+@click.option("--target", "target_names", multiple=True, shell_complete=_complete_target,
               help="a target to release (repeatable; default: every release target)")
 @click.option("--build-dir", default="build", show_default=True, type=click.Path(path_type=Path),
               help="where the trees are built (dist folders go to BUILD_DIR/release/dist)")
@@ -250,27 +257,46 @@ def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_fie
 @click.option("--threads", type=int, default=2, show_default=True, help="server compute threads")
 @click.option("--repeats", type=int, default=5, show_default=True, help="decode/prefill repetitions")
 @click.option("--quick", is_flag=True, help="fewer requests (a smoke run, not figures to quote)")
-@click.option("--target", default="native", show_default=True)
+@click.option("--target", default="native", show_default=True, shell_complete=_complete_target)
 @click.option("--membw", type=click.Path(path_type=Path), default=None,
               help="membw.c to measure bandwidth with (default: ../shared/tools/membw.c if present)")
-@click.option("--update-benchmarks-md", is_flag=True, help="put the table into BENCHMARKS.md")
-def bench(presets, dtypes, models_dir, out, threads, repeats, quick, target, membw, update_benchmarks_md):
+@click.option("--update-benchmarks-md", is_flag=True,
+              help="put the table into BENCHMARKS.md, the JSON into benchmarks/bench.json and the chart "
+                   "into benchmarks/decode.png")
+@click.option("--chart", type=click.Path(path_type=Path), default=None,
+              help="also draw decode tok/s against the bandwidth ceiling into this PNG (needs matplotlib)")
+@click.option("--from-json", type=click.Path(path_type=Path), default=None,
+              help="measure nothing: the table (and --chart) from this earlier bench.json")
+def bench(presets, dtypes, models_dir, out, threads, repeats, quick, target, membw, update_benchmarks_md, chart,
+          from_json):
     """Measure decode/prefill speed, latency, RSS and cold start against this
     machine's memory bandwidth (BENCHMARKS.md)."""
-    from . import bench as bench_mod
-    if membw is None:
-        candidate = Path.cwd().parent / "shared" / "tools" / "membw.c"
-        membw = candidate if candidate.is_file() else None
-    results = bench_mod.run(presets.split(","), dtypes.split(","), models_dir, out, threads, repeats, quick,
-                            target, membw)
+    from . import bench as bench_mod, bench_chart
+    if from_json is not None:
+        results = bench_chart.load(from_json)
+    else:
+        if membw is None:
+            candidate = Path.cwd().parent / "shared" / "tools" / "membw.c"
+            membw = candidate if candidate.is_file() else None
+        results = bench_mod.run(presets.split(","), dtypes.split(","), models_dir, out, threads, repeats, quick,
+                                target, membw)
     table = bench_mod.markdown(results)
     click.echo(table)
+    if chart is not None:
+        click.echo(str(bench_chart.draw(results, chart)), err=True)
     if update_benchmarks_md:
         path = Path("BENCHMARKS.md")
         text = path.read_text() if path.is_file() else "# Benchmarks\n\n<!-- bench:begin -->\n<!-- bench:end -->\n"
-        head, rest = text.split("<!-- bench:begin -->", 1)
-        _, tail = rest.split("<!-- bench:end -->", 1)
-        path.write_text(f"{head}<!-- bench:begin -->\n{table}<!-- bench:end -->{tail}")
+        for name, block in (("bench", table), ("bench-summary", bench_mod.summary_markdown(results))):
+            if f"<!-- {name}:begin -->" not in text:
+                continue
+            head, rest = text.split(f"<!-- {name}:begin -->", 1)
+            _, tail = rest.split(f"<!-- {name}:end -->", 1)
+            text = f"{head}<!-- {name}:begin -->\n{block}<!-- {name}:end -->{tail}"
+        path.write_text(text)
+        Path("benchmarks").mkdir(exist_ok=True)
+        Path("benchmarks/bench.json").write_text(json.dumps(results, indent=2) + "\n")
+        bench_chart.draw(results, Path("benchmarks/decode.png"))
 
 
 @main.command()
@@ -316,6 +342,22 @@ def tokenizer_cmd(src, out_dir, chat_template):
     from .tokenizer import convert_tokenizer
     section = convert_tokenizer(src, out_dir, chat_template=chat_template)
     click.echo(json.dumps(section, indent=2, ensure_ascii=False))
+
+
+@main.command("inspect")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def inspect_cmd(model, as_json):
+    """What MODEL holds: a model folder, its model-config.json or weights file
+    (architecture, dims, weight types and sizes, tokenizer, chat template),
+    or a dist/<model>-<target> folder or its colibri-server (the target and
+    compiler it was built for, from build-info.json)."""
+    from .inspect_model import inspect, text
+    got = inspect(model)
+    if as_json:
+        click.echo(json.dumps(got, indent=2, ensure_ascii=False))
+    else:
+        click.echo(text(got), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -47,7 +47,8 @@ static void usage(FILE *out) {
             "  --metrics-key KEY         /metrics also takes this key, e.g. for a scraper (also\n"
             "                            $COLIBRI_METRICS_KEY); with --api-key, /metrics needs one of the two\n"
             "  --metrics-public          /metrics needs no key even with --api-key\n"
-            "  --verbose                 log connection events\n"
+            "  --verbose                 log connection events, and a line per generation request as it ends (id,\n"
+            "                            status, tokens in/out, queue/prompt/decode ms)\n"
             "  --verify                  check the model folder and exit: what start-up checks, then the weights\n"
             "                            file's sha256 against model-config.json's weights.sha256 (reads the\n"
             "                            whole file); exit 0 and 'ok' when all agree (without --model: the\n"
@@ -454,7 +455,7 @@ int main(int argc, char **argv) {
     cb_engine_memory(engine, &budget);
     const int n_slots = cb_engine_n_slots(engine);
     cb_app_options opt = {queue >= 0 ? queue : 2 * n_slots, api_key, step_tokens >= 0 ? step_tokens : n_slots,
-                          metrics_key, metrics_public};
+                          metrics_key, metrics_public, verbose};
     cb_app *app = cb_app_create(engine, &opt);
     if (!app) {
         fprintf(stderr, "colibri-server: out of memory for request buffers\n");

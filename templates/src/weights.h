@@ -3,7 +3,9 @@
  *   cb_weights_header | pad to 8 | cb_tensor_entry[n_tensors] |
  *   cb_layer_desc[n_layers] | data
  * Dense tensors are 64-byte aligned; each expert's gate, up and down lie in
- * one block that starts on a 4 KiB page, so an unrouted expert is never read. */
+ * one block that starts on the header's alignment (2 MiB where a block is at
+ * least 1 MiB, else 4 KiB; toolkit/weights.py expert_alignment), so an
+ * unrouted expert is never read. */
 #ifndef CB_WEIGHTS_H
 #define CB_WEIGHTS_H
 

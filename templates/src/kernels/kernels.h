@@ -201,8 +201,8 @@ void cb_dot4_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
 void cb_dot4_q4_0_avx2(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
                        const void *next);
 #define cb_dot4_q8_0 cb_dot4_q8_0_avx2
-/* x4 groups: one contiguous stream, which the hardware prefetcher follows
- * (a software prefetch of the next group cost ~1% of decode), so no next. */
+/* x4 groups: one contiguous stream, so no next: the kernel prefetches its
+ * own stream STREAM_PREFETCH_BYTES ahead (avx2.c says why and how far). */
 void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
 void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4]);
 void cb_dot4_tokens_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);

@@ -25,6 +25,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->metrics_key = opt->metrics_key;
     a->metrics_public = opt->metrics_public;
     a->step_tokens = opt->step_tokens;
+    a->verbose = opt->verbose;
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
@@ -118,9 +119,40 @@ int cb_app_queued(const cb_app *a) { return a->queue_len; }
 
 static void pool_put(cb_app *a, cb_request *q) { a->pool_free[a->n_pool_free++] = (int)(q - a->pool); }
 
-static void release_slot(cb_app *a, int s) {
+/* --verbose: one line on stderr per generation request as it ends: id
+ * ("-" for one refused before it got one), endpoint, HTTP status (499: the
+ * client left first, as nginx counts it), how it ended, tokens in and out,
+ * queue / prompt / decode ms. Formatted on the stack and written at once. */
+static void log_request(const cb_app *a, const cb_request *q, const cb_slot *st, cb_endpoint ep, int status,
+                        const char *outcome) {
+    if (!a->verbose) return;
+    char id[24] = "-";
+    double queue_ms = 0, prompt_ms = 0, decode_ms = 0;
+    int in = 0, out = 0;
+    if (q) {
+        snprintf(id, sizeof id, "%llu", (unsigned long long)q->request_no);
+        in = q->n_prompt;
+        ep = q->endpoint;
+        queue_ms = (double)((st ? st->admitted_ns : cb_now_ns()) - q->arrived_ns) * 1e-6;
+    }
+    if (st) {
+        out = st->n_generated;
+        if (out) prompt_ms = (double)(st->first_token_ns - st->admitted_ns) * 1e-6;
+        if (out > 1) decode_ms = (double)(st->last_token_ns - st->first_token_ns) * 1e-6;
+    }
+    char line[256];
+    snprintf(line, sizeof line,
+             "colibri-server: request id=%s endpoint=%s status=%d outcome=%s tokens_in=%d tokens_out=%d "
+             "queue_ms=%.1f prompt_ms=%.1f decode_ms=%.1f\n",
+             id, ep == CB_EP_CHAT ? "chat" : "completions", status, outcome, in, out, queue_ms, prompt_ms, decode_ms);
+    fputs(line, stderr);
+}
+
+/* Frees slot s; status and outcome: what its request's log line says. */
+static void release_slot(cb_app *a, int s, int status, const char *outcome) {
     cb_slot *st = &a->slots[s];
     if (!st->req) return;
+    log_request(a, st->req, st, st->req->endpoint, status, outcome);
     pool_put(a, st->req);
     st->req = NULL;
 }
@@ -217,7 +249,7 @@ static void admit(cb_app *a, int s, cb_request *q) {
         return;
     }
     if (c) cb_conn_close(c);
-    release_slot(a, s);
+    release_slot(a, s, 499, "closed");
 }
 
 static int free_slot(const cb_app *a) {
@@ -239,6 +271,7 @@ static void admit_queued(cb_app *a) {
 static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *body, size_t len) {
     if (a->draining) {
         cb_respond_error(a, c, 503, NULL, "the server is shutting down");
+        log_request(a, NULL, NULL, ep, 503, "draining");
         return;
     }
     if (a->n_pool_free == 0) {
@@ -246,6 +279,7 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
                                    "retry shortly\",\"type\":\"rate_limit_error\",\"param\":null,\"code\":null}}";
         cb_metrics_status(&a->metrics, 429);
         cb_conn_respond(c, 429, "application/json", busy, sizeof busy - 1, "Retry-After: 1\r\n");
+        log_request(a, NULL, NULL, ep, 429, "queue-full");
         return;
     }
     cb_request *q = &a->pool[a->pool_free[--a->n_pool_free]];
@@ -254,6 +288,7 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
     if (status) {
         pool_put(a, q);
         cb_respond_error(a, c, status, "invalid_request_error", err);
+        log_request(a, NULL, NULL, ep, status, "invalid");
         return;
     }
     q->conn = cb_conn_handle(c);
@@ -523,11 +558,12 @@ void cb_app_on_close(void *app, cb_conn_id id) {
     cb_app *a = app;
     /* The client left: its slot, or its place in the queue, is free at once. */
     for (int s = 0; s < a->n_slots; s++)
-        if (a->slots[s].req && a->slots[s].req->conn == id) release_slot(a, s);
+        if (a->slots[s].req && a->slots[s].req->conn == id) release_slot(a, s, 499, "closed");
     for (int i = 0; i < a->queue_len; i++) {
         cb_request *q = queue_at(a, i);
         if (q->conn != id) continue;
         queue_remove(a, i);
+        log_request(a, q, NULL, q->endpoint, 499, "closed-in-queue");
         pool_put(a, q);
         break;
     }
@@ -541,6 +577,7 @@ void cb_app_drain(cb_app *a) {
         a->queue_len--;
         cb_conn *c = cb_netloop_conn(a->loop, q->conn);
         if (c) cb_respond_error(a, c, 503, NULL, "the server is shutting down");
+        log_request(a, q, NULL, q->endpoint, 503, "draining");
         pool_put(a, q);
     }
 }
@@ -552,7 +589,7 @@ void cb_app_cancel_all(cb_app *a) {
         cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
         if (c && st->req->stream) cb_conn_close(c); /* a stream cannot change its status any more */
         else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
-        release_slot(a, s);
+        release_slot(a, s, 503, "shutdown");
     }
 }
 
@@ -615,7 +652,7 @@ static void finish(cb_app *a, int s) {
     } else if (c) {
         cb_respond_final(a, c, st);
     }
-    release_slot(a, s);
+    release_slot(a, s, c ? 200 : 499, st->finish_reason);
 }
 
 /* A new token for slot s: sample, record, release its text. */
@@ -659,7 +696,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
         if (c && (n > 0 || q->logprobs) && cb_stream_delta(a, c, st, st->held, n, i) != CB_CONN_OK) {
             /* The client reads slower than we write: give up on it. */
             cb_conn_close(c);
-            release_slot(a, s);
+            release_slot(a, s, 499, "slow-client");
             return;
         }
     } else {
@@ -687,7 +724,7 @@ static void fail_non_finite(cb_app *a, int s, int fault) {
     } else if (c) {
         cb_respond_error(a, c, 500, NULL, message);
     }
-    release_slot(a, s);
+    release_slot(a, s, 500, "non-finite");
 }
 
 /* ---- the scheduler ---- */
@@ -740,7 +777,7 @@ int cb_app_step(cb_app *a) {
             cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
             if (c && st->req->stream) cb_conn_close(c);
             else if (c) cb_respond_error(a, c, 500, NULL, err);
-            release_slot(a, a->batch_slot[i]);
+            release_slot(a, a->batch_slot[i], 500, "forward-failed");
         }
         return 0;
     }

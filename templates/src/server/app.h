@@ -16,6 +16,7 @@ typedef struct {
     int step_tokens;     /* most tokens a step carries while some requests decode (0: no limit) */
     const char *metrics_key; /* this key also opens /metrics (for scrapers); NULL: none */
     int metrics_public;  /* /metrics needs no key, even with api_key set */
+    int verbose;         /* one line on stderr per generation request as it ends */
 } cb_app_options;
 
 /* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */

@@ -105,6 +105,7 @@ struct cb_app {
     const char *metrics_key;     /* NULL: /metrics takes the API key only */
     int metrics_public;          /* /metrics needs no key */
     int draining;                /* shutting down: no new requests */
+    int verbose;                 /* a line on stderr per generation request (log_request) */
     uint64_t requests;
 };
 
