@@ -165,7 +165,8 @@ def write_mixed_weights(cfg, path, tensors, dtype_of, rng):
     toolkit/weights.py writes (64-byte tensors, expert blocks on pages)."""
     from colibri_build import weights as wt
     shapes = wt.expected_shapes(cfg)
-    header_bytes = wt._round_up(wt.HEADER.size, 8) + wt.TENSOR_ENTRY.size * len(shapes)
+    header_bytes = (wt._round_up(wt.HEADER.size, 8) + wt.TENSOR_ENTRY.size * len(shapes)
+                    + wt.LAYER_DESC.size * cfg["layers"])
     offset, entries, datas = wt._round_up(header_bytes, wt.PAGE), [], []
     for (name, shape), (name2, array) in zip(shapes, tensors):
         assert name == name2
@@ -182,6 +183,8 @@ def write_mixed_weights(cfg, path, tensors, dtype_of, rng):
     for ent in entries:
         shape = list(ent.shape) + [0] * (4 - len(ent.shape))
         head += wt.TENSOR_ENTRY.pack(ent.name.encode(), ent.dtype, len(ent.shape), *shape, ent.offset, ent.nbytes)
+    for desc in wt.layer_descs(cfg):  # the per-layer table (format version 2)
+        head += wt.LAYER_DESC.pack(*(desc[f] for f in wt.LAYER_FIELDS), 0, 0)
     out = bytearray(wt._round_up(offset, wt.PAGE))
     out[:len(head)] = head
     for ent, data in zip(entries, datas):

@@ -217,6 +217,7 @@ def plan_tensors(g: GGUFFile, cfg: dict) -> dict:
     and weights.tensor_dtypes (the others; a layer's experts share their
     merged tensor's type). Vectors and routers are f32 in the engine: a
     GGUF F16/BF16 one widens exactly; a quantized one is refused."""
+    cfg = config_mod.fill_defaults(cfg)  # expected_shapes reads fields the config leaves to defaults
     source = _Source(g, cfg)
     types: dict[str, str] = {}
     weight: Counter = Counter()
