@@ -449,6 +449,7 @@ def test_gemma4_gpt_oss_and_deepseek2_are_refused_until_the_engine_runs_them(tmp
         assert not (tmp_path / arch).exists()
 
 
+@pytest.mark.slow
 def test_model_gguf_target_converts_and_builds_in_one_step(tmp_path):
     if shutil.which("cmake") is None:
         pytest.skip("no cmake")

@@ -24,7 +24,8 @@ from tokenizer_cases import TESTDATA
 
 SRC = Path(colibri_build.__file__).parent / "templates" / "src"
 TEMPLATES = TESTDATA / "chat_templates"
-pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+# slow: each test builds or uses an ASan/UBSan build of the interpreter's driver.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")]
 
 
 @pytest.fixture(scope="module")

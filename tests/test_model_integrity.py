@@ -353,6 +353,7 @@ def test_verify_finds_a_flipped_byte_and_passes_a_clean_model(tmp_path, tiny_mod
     assert cli.returncode == 5 and "has no weights.sha256" in cli.stderr
 
 
+@pytest.mark.slow
 def test_colibri_build_verify_checks_schema_and_header(tmp_path, tiny_model):
     """Before: no verify command (click: "No such command 'verify'")."""
     for folder, message in refusals(tmp_path, tiny_model):

@@ -48,6 +48,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_identical_ids_to_hf_tokenizers(tmp_path, name):
     src, make_ref, specials = CASES[name]
@@ -74,6 +75,7 @@ def test_identical_ids_to_sentencepiece(tmp_path):
     assert not mismatches, f"{len(mismatches)}/{N_STRINGS} differ; first: {mismatches[0]}"
 
 
+@pytest.mark.slow
 def test_gemma4_tokenizer_json_gives_hf_tokenizers_ids(tmp_path):
     """Gemma's tokenizer.json as transformers' GemmaTokenizer builds it (BPE
     with byte fallback over the text with spaces as U+2581), made here from
