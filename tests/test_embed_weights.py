@@ -31,6 +31,7 @@ from colibri_build.embed import GRANULE, RECORD_BYTES, read_record, write_execut
 from colibri_build.tokenizer_sources import byte_unicode
 from colibri_build.synth import synth
 from colibri_build.weights import HUGE_PAGE, PAGE, drop_from_page_cache, read_header
+from colibri_build.weights import VERSION as WEIGHTS_VERSION
 from conftest import RunningServer, run_cli, stop_checked
 from test_cross import runnable
 
@@ -230,7 +231,8 @@ def damaged_copy(src, dest, how: str, e: dict) -> None:
     ("appended to", 1, r"where the record says \d+: bytes were appended after it"),
     ("config overwritten", 1, r"its embedded model is damaged: model-config.json's bytes do not match their sha256"),
     ("record at the end overwritten", 1, r"the record at its end is damaged"),
-    ("weights header overwritten", 1, r"\(embedded weights\): weights format version 9, this engine reads version 1"),
+    ("weights header overwritten", 1, r"\(embedded weights\): weights format version 9, this engine reads version "
+                                      rf"{WEIGHTS_VERSION}"),
     ("stripped", 2, r"--model DIR is required: .* carries no model \(colibri-build --embed-weights builds one that "
                     r"does; strip removes it\)"),
 ])

@@ -133,7 +133,12 @@ static int parse_messages(reader *r, int *n_out) {
         msg->role = a->scratch + used, msg->role_len = (size_t)n;
         used += (size_t)n + 1;
         /* content: a string, or an array of {"type":"text","text":...} parts
-         * (joined); null or absent (an assistant turn of tool calls). */
+         * (joined); null or absent only in an assistant turn (of tool calls),
+         * as OpenAI's API has it. */
+        const int assistant = n == 9 && !memcmp(msg->role, "assistant", 9);
+        if (!assistant && (content < 0 || t[content].type == CB_JSON_NULL))
+            return fail(r, "'messages[%d].content' is required for role '%.*s' (a string or an array of text parts)",
+                        i, (int)msg->role_len < 32 ? (int)msg->role_len : 32, msg->role);
         msg->content = a->scratch + used, msg->content_len = 0;
         if (content >= 0 && t[content].type == CB_JSON_STRING) {
             n = cb_json_unescape(r->body, &t[content], a->scratch + used, a->scratch_cap - used);
