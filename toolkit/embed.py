@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 from .errors import ModelError
+from .outputs import atomic_file
 from .weights import PAGE, drop_from_page_cache, read_header
 
 MAGIC = b"COLIBRI-MODEL\0\0\0"
@@ -154,36 +154,26 @@ def write_executable(image: Path, cfg, dest: Path, mode: int = 0o755) -> tuple[d
             "tokenizer": hashlib.sha256(parts["tokenizer"].read_bytes()).digest() if parts["tokenizer"] else bytes(32),
             "weights": bytes.fromhex(weights_sha)}
     record = pack_record(layout, shas)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            out = _Writer(fh)
-            out.copy(image)
-            out.pad_to(_round_up(image_bytes, GRANULE))
-            out.write(record)
-            for name in ("config", "tokenizer", "weights"):
-                if parts[name] is None:
-                    continue
-                out.pad_to(layout[f"{name}_offset"])
-                copied = out.copy(parts[name])
-                if out.pos != layout[f"{name}_offset"] + sizes[name] or copied != shas[name].hex():
-                    raise ModelError(f"{parts[name]}: changed while being copied into {dest}; build again")
-            out.write(record)
-            fh.truncate(out.pos)
-            fh.flush()
-            # On disk before it replaces anything; and out of the page cache,
-            # so the server's first mapping reads the weights in 2 MiB pages.
-            drop_from_page_cache(fh)
+    with atomic_file(dest, mode) as fh:
+        out = _Writer(fh)
+        out.copy(image)
+        out.pad_to(_round_up(image_bytes, GRANULE))
+        out.write(record)
+        for name in ("config", "tokenizer", "weights"):
+            if parts[name] is None:
+                continue
+            out.pad_to(layout[f"{name}_offset"])
+            copied = out.copy(parts[name])
+            if out.pos != layout[f"{name}_offset"] + sizes[name] or copied != shas[name].hex():
+                raise ModelError(f"{parts[name]}: changed while being copied into {dest}; build again")
+        out.write(record)
+        fh.truncate(out.pos)
+        fh.flush()
+        # On disk before it replaces anything; and out of the page cache,
+        # so the server's first mapping reads the weights in 2 MiB pages.
+        drop_from_page_cache(fh)
         if out.pos != layout["executable_bytes"]:
             raise ModelError(f"{dest}: wrote {out.pos} bytes, planned {layout['executable_bytes']}")
-        os.chmod(tmp, mode)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     info = {**layout, "weights_sha256": weights_sha, "config_sha256": shas["config"].hex(),
             "tokenizer_sha256": shas["tokenizer"].hex() if parts["tokenizer"] else None}
     return info, out.digest.hexdigest()

@@ -176,17 +176,15 @@ def publish_files(stage: Path, out: Path, order: tuple[str, ...] = ()) -> None:
         os.replace(stage / rel, dest)
 
 
-def replace_file(dest: Path, data: bytes | None = None, src: Path | None = None, mode: int | None = None) -> None:
-    """Writes dest atomically: a unique temporary file beside it, then
-    os.replace. From bytes or by copying src."""
+@contextmanager
+def atomic_file(dest: Path, mode: int | None = None) -> Iterator:
+    """An open binary file that replaces dest atomically when the block ends
+    (a unique temporary file beside it, then os.replace); on any error the
+    temporary file is removed and dest is left as it was."""
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
-            if src is not None:
-                with open(src, "rb") as sf:
-                    shutil.copyfileobj(sf, fh, 1 << 20)
-            else:
-                fh.write(data or b"")
+            yield fh
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, dest)
@@ -196,3 +194,13 @@ def replace_file(dest: Path, data: bytes | None = None, src: Path | None = None,
         except OSError:
             pass
         raise
+
+
+def replace_file(dest: Path, data: bytes | None = None, src: Path | None = None, mode: int | None = None) -> None:
+    """Writes dest atomically (atomic_file), from bytes or by copying src."""
+    with atomic_file(dest, mode) as fh:
+        if src is not None:
+            with open(src, "rb") as sf:
+                shutil.copyfileobj(sf, fh, 1 << 20)
+        else:
+            fh.write(data or b"")
