@@ -1,4 +1,4 @@
-"""GGUF files in (issue 24): llama.cpp's own small files of the four
+"""GGUF files in (issue 24): llama.cpp's own small files of the six
 architectures the engine runs (../shared/testdata/gguf, made by its converter
 and quantizer) are converted with their weights kept bit for bit, then run
 by the engine and compared with llama.cpp's outputs for the same files
@@ -28,7 +28,7 @@ from colibri_build.weights import (DTYPE_IDS, DTYPE_NAMES, check_matches_config,
 from conftest import run_cli  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "testdata" / "gguf"
-ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")  # the engine's; gemma4, gpt_oss, deepseek_v3 wait
+ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss")  # the engine's; deepseek_v3 waits
 # Dtype ids of the kernels being added alongside (the shared contract): a
 # file holding one the engine lacks is skipped, naming it; any other load
 # failure fails.
@@ -170,17 +170,34 @@ def test_every_weight_keeps_its_ggml_type_and_bytes(converted, arch, name):
     to_gguf = {"tok_embd": "token_embd", "output": "output", "output_norm": "output_norm", "attn_o": "attn_output",
                "ffn_router": "ffn_gate_inp", "attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias",
                "attn_v_bias": "attn_v.bias", "shexp.gate": "ffn_gate_shexp", "shexp.up": "ffn_up_shexp",
-               "shexp.down": "ffn_down_shexp", "shexp_gate_inp": "ffn_gate_inp_shexp"}
-    seen = set()
+               "shexp.down": "ffn_down_shexp", "shexp_gate_inp": "ffn_gate_inp_shexp",
+               # gemma4
+               "attn_post_norm": "post_attention_norm", "ffn_post_norm_1": "post_ffw_norm_1",
+               "ffn_pre_norm_2": "pre_ffw_norm_2", "ffn_post_norm_2": "post_ffw_norm_2", "ffn_post_norm": "post_ffw_norm",
+               "ffn_router_scale": "ffn_gate_inp.scale", "ffn_expert_scale": "ffn_down_exps.scale",
+               "layer_scalar": "layer_output_scale",
+               # gpt-oss
+               "attn_o_bias": "attn_output.bias", "attn_sinks": "attn_sinks", "ffn_router_bias": "ffn_gate_inp.bias"}
+    if g.meta["general.architecture"] == "gpt-oss":
+        to_gguf["ffn_norm"] = "post_attention_norm"
+    seen = {"rope_freqs.weight"} if "rope_freqs.weight" in g.tensors else set()  # gemma4: read into the config
     for tname, ent in header["tensors"].items():
         parts = tname.split(".")
-        expert = None
+        expert = half = None
+        if tname == "rope_freqs":  # gpt-oss: YaRN's, from the metadata (the parity tests check it)
+            continue
         if parts[0] == "blk" and parts[2] == "expert":
-            gname, expert = f"blk.{parts[1]}.ffn_{parts[4]}_exps.weight", int(parts[3])
+            role, expert = parts[4], int(parts[3])
+            if role.endswith("_bias"):
+                gname = f"blk.{parts[1]}.ffn_{role[:-5]}_exps.bias"
+            elif role in ("gate", "up") and f"blk.{parts[1]}.ffn_gate_up_exps.weight" in g.tensors:
+                gname, half = f"blk.{parts[1]}.ffn_gate_up_exps.weight", ("gate", "up").index(role)
+            else:
+                gname = f"blk.{parts[1]}.ffn_{role}_exps.weight"
         elif parts[0] == "blk":
             rest = ".".join(parts[2:])
             rest = to_gguf.get(rest, rest)
-            gname = f"blk.{parts[1]}.{rest}" + ("" if rest.endswith(".bias") else ".weight")
+            gname = f"blk.{parts[1]}.{rest}" + ("" if rest.endswith((".bias", ".scale")) else ".weight")
         else:
             gname = to_gguf[tname] + ".weight"
         t = g.tensors[gname]
@@ -188,6 +205,8 @@ def test_every_weight_keeps_its_ggml_type_and_bytes(converted, arch, name):
         src = np.frombuffer(g.raw(t), dtype=np.uint8)
         if expert is not None:
             src = src.reshape(t.shape[0], -1)[expert]
+        if half is not None:  # gemma4's fused gate_up: gate rows, then up rows
+            src = src.reshape(2, -1)[half]
         got = np.asarray(cbw[ent.offset:ent.offset + ent.nbytes])
         dtype = DTYPE_NAMES[ent.dtype]
         assert quant.base_dtype(dtype) == t.type_name.lower(), f"{tname}: {dtype} from {t.type_name}"
@@ -283,9 +302,20 @@ def test_same_answers_as_llama_cpp(converted, arch, name):
 
 # Known misses of the 0.25-nat bar, as measured (issue 24 stays open on them):
 # both engines round activations to 8 bits, differently (q8_0 per 32 here,
-# llama.cpp's q8_K per 256 for K-quant rows); this file's exact float32 twin
-# is 0.18 off, the kernels 0.40.
-TOP1_OFF = {"qwen2_moe-Q4_K_M.gguf": 0.45}
+# llama.cpp's q8_K per 256 for K-quant rows); qwen2_moe-Q4_K_M's exact float32
+# twin is 0.18 off, the kernels 0.40. gemma4-Q4_K_M is off at one position
+# (teacher-forced position 4, reference margin 0.18) however it is computed:
+# the kernels 0.43, its exact float32 twin 0.35, and transformers on the same
+# dequantized weights 0.35 as well (every other position within 0.10):
+# llama.cpp's own rounding of a model whose F16 and Q4_K_M files already
+# agree on only 10 of 16 positions (the folder's README).
+TOP1_OFF = {"qwen2_moe-Q4_K_M.gguf": 0.45, "gemma4-Q4_K_M.gguf": 0.45}
+# Files whose exact float32 twin, like the kernels, is held to the 15/16 bar
+# rather than to every position of margin >= 0.1: there exact float32 flips a
+# position that llama.cpp's 8-bit activations decide (gemma4-Q4_K_M: position
+# 4, margin 0.18; gpt_oss-MXFP4_MOE: position 4, margin 0.22, where the
+# kernels, which round activations as llama.cpp does, agree).
+TWIN_15_OF_16 = {"gemma4-Q4_K_M.gguf", "gpt_oss-MXFP4_MOE.gguf"}
 
 
 NEAR_TIE = 0.1
@@ -316,6 +346,19 @@ def check_same_answers(engine, r: dict, name: str, tie: float | None = None, top
     engine.close()
 
 
+def f32_twin(model: Path, twin: Path) -> Path:
+    """model with every tensor dequantized exactly into an F32 model."""
+    cfg = json.loads((model / "model-config.json").read_text())
+    tensors = load_tensors(model / "weights.cbw")
+    cfg["weights"] = {"file": "weights.cbw", "dtype": "f32"}
+    twin.mkdir()
+    shutil.copy(model / "tokenizer.cbt", twin)
+    cfg["weights"]["sha256"] = write_weights(cfg, twin / "weights.cbw",
+                                             ((n, tensors[n]) for n, _ in expected_shapes(cfg)))
+    (twin / "model-config.json").write_text(json.dumps(cfg))
+    return twin
+
+
 GGML_ONLY = [(arch, name) for arch, name in FILES
              if set(refs(arch)["files"][name]["tensor_types"]) - {"F32", "F16", "BF16", "Q8_0", "Q4_0"}]
 
@@ -330,17 +373,91 @@ def test_k_quant_files_as_f32_twins_give_llama_cpps_answers(converted, tmp_path,
     positions whose reference margin is under 0.1 nats: exact float32 and
     llama.cpp's 8-bit activations split those (qwen2_moe-Q4_K_M has two, at
     0.030 and 0.056, where this twin scores 14/16)."""
-    model = converted(arch, name)
-    cfg = json.loads((model / "model-config.json").read_text())
-    tensors = load_tensors(model / "weights.cbw")
-    cfg["weights"] = {"file": "weights.cbw", "dtype": "f32"}
-    twin = tmp_path / "twin"
-    twin.mkdir()
-    shutil.copy(model / "tokenizer.cbt", twin)
-    cfg["weights"]["sha256"] = write_weights(cfg, twin / "weights.cbw",
-                                             ((n, tensors[n]) for n, _ in expected_shapes(cfg)))
-    (twin / "model-config.json").write_text(json.dumps(cfg))
-    check_same_answers(Engine(twin, threads=1), refs(arch), name, tie=0.1)
+    twin = f32_twin(converted(arch, name), tmp_path / "twin")
+    check_same_answers(Engine(twin, threads=1), refs(arch), name, tie=None if name in TWIN_15_OF_16 else 0.1,
+                       top1=TOP1_OFF.get(name, 0.25))
+
+
+# ---- gemma4 and gpt-oss: the mapping against transformers ----
+
+# transformers' name -> llama.cpp's (per layer), written from the two
+# projects' own naming, apart from the converter's tables.
+HF_FROM_GGUF = {
+    "gemma4": {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+               "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+               "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+               "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+               "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+               "post_feedforward_layernorm.weight": "post_ffw_norm.weight", "router.proj.weight": "ffn_gate_inp.weight",
+               "router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale",
+               "layer_scalar": "layer_output_scale.weight", "self_attn.q_proj.weight": "attn_q.weight",
+               "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+               "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+               "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+               "experts.gate_up_proj": "ffn_gate_up_exps.weight", "experts.down_proj": "ffn_down_exps.weight"},
+    "gpt_oss": {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+                "self_attn.sinks": "attn_sinks.weight", "mlp.router.weight": "ffn_gate_inp.weight",
+                "mlp.router.bias": "ffn_gate_inp.bias",
+                **{f"self_attn.{a}_proj.{k}": f"attn_{b}.{k}" for a, b in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))
+                   for k in ("weight", "bias")}},
+}
+
+
+def transformers_on_gguf(arch: str, path: Path):
+    """The transformers model of the file's config.json (refs.json), holding
+    the file's weights dequantized exactly by the gguf package; gpt-oss's
+    experts go back to its fused, interleaved, transposed layout."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.set_num_threads(1)
+    hf = dict(refs(arch)["model"]["hf_config_json"])
+    if arch == "gpt_oss":  # llama.cpp's YaRN floors/ceils the correction range: transformers' truncate
+        hf["rope_scaling"] = {**hf["rope_scaling"], "truncate": True}
+    config = transformers.AutoConfig.for_model(**hf)
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    r = gguf.GGUFReader(path)
+    t = {x.name: torch.from_numpy(np.array(gguf.quants.dequantize(x.data, x.tensor_type), np.float32)
+                                  .reshape([int(n) for n in reversed(x.shape)])) for x in r.tensors}
+    sd = {"model.embed_tokens.weight": t["token_embd.weight"], "model.norm.weight": t["output_norm.weight"]}
+    if "output.weight" in t:
+        sd["lm_head.weight"] = t["output.weight"]
+    for i in range(config.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        sd.update({p + k: t[b + v] for k, v in HF_FROM_GGUF[arch].items() if b + v in t})
+        if arch == "gpt_oss":
+            def interleave(gate, up):  # gate_up's columns 0::2 and 1::2
+                return torch.stack([gate, up], dim=2).reshape(gate.shape[0], -1, *gate.shape[2:])
+            sd[p + "mlp.experts.gate_up_proj"] = interleave(t[b + "ffn_gate_exps.weight"],
+                                                            t[b + "ffn_up_exps.weight"]).transpose(1, 2)
+            sd[p + "mlp.experts.gate_up_proj_bias"] = interleave(t[b + "ffn_gate_exps.bias"], t[b + "ffn_up_exps.bias"])
+            sd[p + "mlp.experts.down_proj"] = t[b + "ffn_down_exps.weight"].transpose(1, 2)
+            sd[p + "mlp.experts.down_proj_bias"] = t[b + "ffn_down_exps.bias"]
+    missing, unexpected = model.load_state_dict({k: v.contiguous() for k, v in sd.items()}, strict=False)
+    assert not unexpected and not [m for m in missing if m != "lm_head.weight" or "output.weight" in t], missing
+    return model, torch
+
+
+@pytest.mark.parametrize("arch,name", [("gemma4", "gemma4-Q8_0.gguf"), ("gpt_oss", "gpt_oss-MXFP4_MOE.gguf")])
+def test_gemma4_and_gpt_oss_files_compute_what_transformers_computes_on_their_weights(converted, tmp_path, arch,
+                                                                                       name):
+    """The converted file, dequantized exactly (its F32 twin), against
+    transformers holding the same values under their own names: logits
+    within 1e-4 of the largest at every position. Proves the mapping (names,
+    fused and split experts, sliding layers, k = v, proportional RoPE, YaRN,
+    sinks, biases) apart from llama.cpp's rounding, which the bars above
+    must allow."""
+    twin = f32_twin(converted(arch, name), tmp_path / "twin")
+    model, torch = transformers_on_gguf(arch, DATA / arch / name)
+    r = refs(arch)
+    ids = r["prompt"] + r["teacher_forced_path"]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    got = Engine(twin, threads=1).forward(ids)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"{name}: max error {err:.2e} relative to the largest logit")
+    assert err < 1e-4, f"max error {err:.2e} relative to the largest logit"
 
 
 # ---- the command line and bad files ----
@@ -402,7 +519,8 @@ BAD = {
                       r"tensor 'blk.0.attn_q.weight' \(Q8_0, ne=\[256, 1024\]\) is \d+ bytes by its shape and type "
                       r"but only \d+ lie before"),
     "unknown-arch": (lambda d: d.__setitem__(slice(None), bytes(d).replace(b"qwen3moe", b"qwen9moe")),
-                     r"architecture 'qwen9moe' \(general.architecture\) is not supported; supported: llama, olmoe"),
+                     r"architecture 'qwen9moe' \(general.architecture\) is not supported; supported: gemma4, gpt-oss, "
+                     r"llama, olmoe"),
     "missing-key": (lambda d: d.__setitem__(slice(None), bytes(d).replace(b"qwen3moe.expert_used_count",
                                                                           b"qwen3moe.expert_used_cnxxx")),
                     r"metadata key 'qwen3moe.expert_used_count' is missing"),
@@ -441,12 +559,37 @@ def test_a_bad_file_into_an_existing_folder_leaves_it_as_it_was(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
-def test_gemma4_gpt_oss_and_deepseek2_are_refused_until_the_engine_runs_them(tmp_path):
-    for arch, name in (("gpt_oss", "gpt_oss-Q8_0.gguf"), ("deepseek_v3", "deepseek_v3-Q8_0.gguf"),
-                       ("gemma4", "gemma4-Q8_0.gguf")):
-        with pytest.raises(ModelError, match="is not supported; supported: llama, olmoe, qwen2moe, qwen3moe"):
-            convert_gguf(DATA / arch / name, tmp_path / arch, progress=False)
-        assert not (tmp_path / arch).exists()
+def test_deepseek2_is_refused_until_the_engine_runs_it(tmp_path):
+    with pytest.raises(ModelError, match="'deepseek2' .* is not supported; supported: gemma4, gpt-oss, llama, olmoe, "
+                                         "qwen2moe, qwen3moe"):
+        convert_gguf(DATA / "deepseek_v3" / "deepseek_v3-Q8_0.gguf", tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds").exists()
+
+
+def _set_rope_factor(data: bytearray, pair: int, value: float) -> None:
+    t = GGUFFile(DATA / "gemma4" / "gemma4-Q8_0.gguf").tensors["rope_freqs.weight"]
+    data[t.offset + 4 * pair:t.offset + 4 * pair + 4] = np.float32(value).tobytes()
+
+
+ARCH_BAD = {
+    "gemma4-rope-freqs": ("gemma4/gemma4-Q8_0.gguf", lambda d: _set_rope_factor(d, 20, 2.0),
+                          r"tensor 'rope_freqs.weight' holds factors .*; only proportional RoPE"),
+    "gemma4-kv-sharing": ("gemma4/gemma4-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"gemma4.attention.shared_kv_layers\x04\x00\x00\x00\x00", b"gemma4.attention.shared_kv_layers\x04\x00\x00\x00\x01")),
+        r"gemma4.attention.shared_kv_layers is 1: KV sharing .* is not implemented"),
+    "gpt-oss-rope-scaling": ("gpt_oss/gpt_oss-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"\x04\x00\x00\x00\x00\x00\x00\x00yarn", b"\x04\x00\x00\x00\x00\x00\x00\x00linr")),
+        r"gpt-oss.rope.scaling.type is 'linr'; only yarn is implemented for gpt-oss"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARCH_BAD))
+def test_a_gemma4_or_gpt_oss_file_the_engine_would_misread_is_refused(tmp_path, case):
+    src, edit, message = ARCH_BAD[case]
+    bad = patched(tmp_path, DATA / src, edit)
+    with pytest.raises(ModelError, match=f"{re.escape(str(bad))}: {message}"):
+        convert_gguf(bad, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

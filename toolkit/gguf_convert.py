@@ -6,12 +6,14 @@ GGML type and bytes: nothing is dequantized or requantized. The bytes only
 move: merged `ffn_*_exps` tensors split into one page-aligned block per
 expert, llama.cpp's q/k row permutation of `llama` files undone (a row
 permutation), and Q8_0/Q4_0 rows regrouped into the engine's x4 layout (the
-same blocks, reordered). The file is memory-mapped and read once, in the
+same blocks, reordered); Gemma 4's fused `ffn_gate_up_exps` split into
+its gate and up rows. The file is memory-mapped and read once, in the
 order the output is written; the output appears only when complete."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -24,10 +26,11 @@ from . import quant
 from .errors import ModelError
 from .gguf_meta import GGUFFile, GGUFTensor
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
-from .weights import DTYPE_NAMES, Stored, expected_shapes, plan_layout, write_weights
+from .weights import DTYPE_NAMES, Stored, expected_shapes, plan_layout, rope_freqs, write_weights
 
 # GGUF general.architecture -> the engine's architecture.
-ARCHS = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
+ARCHS = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",
+         "gemma4": "gemma4", "gpt-oss": "gpt_oss"}
 # How llama.cpp weighs the chosen experts, per architecture (its graph fixes
 # it; the GGUF file does not say): renormalised over the top-k or not.
 ROUTERS = {"llama": "softmax_topk_renorm", "qwen3moe": "softmax_topk_renorm", "qwen2moe": "softmax_topk",
@@ -48,7 +51,21 @@ LAYER_NAMES = {
     "shexp_gate_inp": "ffn_gate_inp_shexp.weight", "ffn_gate": "ffn_gate.weight", "ffn_up": "ffn_up.weight",
     "ffn_down": "ffn_down.weight",
 }
+# Where an architecture's GGUF names differ (llama.cpp's tensor names for
+# its gemma4 and openai-moe graphs).
+ARCH_LAYER_NAMES = {
+    "gemma4": {**LAYER_NAMES, "attn_post_norm": "post_attention_norm.weight",
+               "ffn_post_norm_1": "post_ffw_norm_1.weight", "ffn_pre_norm_2": "pre_ffw_norm_2.weight",
+               "ffn_post_norm_2": "post_ffw_norm_2.weight", "ffn_post_norm": "post_ffw_norm.weight",
+               "ffn_router_scale": "ffn_gate_inp.scale", "ffn_expert_scale": "ffn_down_exps.scale",
+               "layer_scalar": "layer_output_scale.weight"},
+    # gpt-oss's norm before the experts is HF's post_attention_layernorm.
+    "gpt-oss": {**LAYER_NAMES, "ffn_norm": "post_attention_norm.weight", "attn_o_bias": "attn_output.bias",
+                "attn_sinks": "attn_sinks.weight", "ffn_router_bias": "ffn_gate_inp.bias"},
+}
 GLOBAL_NAMES = {"tok_embd": "token_embd.weight", "output_norm": "output_norm.weight", "output": "output.weight"}
+# llama.cpp's freq factor for a pair that does not rotate (proportional RoPE).
+NO_ROTATION_FACTOR = 1e29
 
 
 def _supported_list() -> str:
@@ -75,6 +92,19 @@ class _Meta:
             value = value[0]
         return value
 
+    def per_layer(self, key: str, layers: int, default=None, required: bool = False) -> list:
+        """A key that may hold one value for all layers or one per layer."""
+        full = f"{self.arch}.{key}"
+        value = self.g.meta.get(full, default)
+        if value is None and required:
+            raise ModelError(f"{self.g.path}: metadata key '{full}' is missing")
+        if not isinstance(value, list):
+            return [value] * layers
+        if len(value) != layers:
+            raise ModelError(f"{self.g.path}: metadata '{full}' has {len(value)} values; {self.arch}.block_count "
+                             f"says {layers} layers")
+        return value
+
 
 def _tensor(g: GGUFFile, name: str, required: bool = True) -> GGUFTensor | None:
     t = g.tensors.get(name)
@@ -94,6 +124,10 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
         raise ModelError(f"{path}: architecture '{arch}' (general.architecture) is not supported; supported: "
                          f"{', '.join(sorted(ARCHS))} ('llama' with experts: Mixtral)")
     m = _Meta(g, arch)
+    if arch in ARCH_CONFIGS:
+        cfg = ARCH_CONFIGS[arch](g, m, min(m.get("context_length", 4096), context_length or 4096))
+        return {"format_version": 1, "name": name, "architecture": ARCHS[arch], **cfg, "batch_slots": batch_slots,
+                **_common_fields(g, arch)}
     layers = m.get("block_count", required=True)
     hidden = m.get("embedding_length", required=True)
     heads = m.get("attention.head_count", required=True)
@@ -153,7 +187,12 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
         "shared_experts": int(shared), "shared_expert_ffn_size": shared_ffn, "shared_expert_gate": shared and
         f"blk.{moe_layers[0]}.ffn_gate_inp_shexp.weight" in g.tensors,
         "dense_layers": dense, "dense_ffn_size": ffn if dense else 0,
-        "batch_slots": batch_slots,
+        "batch_slots": batch_slots, **_common_fields(g, arch),
+    }
+
+
+def _common_fields(g: GGUFFile, arch: str) -> dict:
+    return {
         "weights": {"file": "weights.cbw", "dtype": "f32"},
         "tokenizer": {"kind": "none", "bos_id": g.meta.get("tokenizer.ggml.bos_token_id"),
                       "eos_id": g.meta.get("tokenizer.ggml.eos_token_id")},
@@ -163,6 +202,165 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
     }
 
 
+def _moe_fields(g: GGUFFile, m: _Meta, layers: int) -> dict:
+    """Experts in every layer (neither graph has dense layers)."""
+    experts = m.get("expert_count", 0)
+    if not experts:
+        raise ModelError(f"{g.path}: {m.arch}.expert_count is missing or 0: a dense model; Colibri runs "
+                         "mixture-of-experts models only")
+    dense = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in g.tensors]
+    if dense:
+        raise ModelError(f"{g.path}: layer {dense[0]} has no router (tensor 'blk.{dense[0]}.ffn_gate_inp.weight'); "
+                         f"{m.arch} files with dense layers are not supported")
+    return {"experts": experts, "top_k": m.get("expert_used_count", required=True),
+            "expert_ffn_size": m.get("expert_feed_forward_length", required=True)}
+
+
+def _vocab(g: GGUFFile, hidden: int) -> int:
+    embd = _tensor(g, "token_embd.weight")
+    if len(embd.ne) != 2 or embd.ne[0] != hidden:
+        raise ModelError(f"{g.path}: tensor 'token_embd.weight' has ne={list(embd.ne)}; expected [{hidden}, vocab]")
+    return embd.ne[1]
+
+
+def _head_size(g: GGUFFile, m: _Meta, suffix: str = "") -> int:
+    """attention.key_length{suffix}, which must equal value_length and the
+    rotated dimensions (partial rotation comes from rope_freqs, if at all)."""
+    key = m.get(f"attention.key_length{suffix}", required=True)
+    for other in (f"attention.value_length{suffix}", f"rope.dimension_count{suffix}"):
+        value = m.get(other, key)
+        if value != key:
+            raise ModelError(f"{g.path}: {m.arch}.{other} is {value}, {m.arch}.attention.key_length{suffix} {key}; "
+                             "the engine needs them equal")
+    return key
+
+
+def _gemma4_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
+    """llama.cpp's gemma4 graph (llm_build_gemma4_iswa): the sliding layers
+    from attention.sliding_window_pattern with their own head size, KV heads
+    and RoPE base (the *_swa keys); v = k where a layer has no attn_v; the
+    full layers' proportional RoPE as rope_freqs factors (1 for a rotated
+    pair, 1e30 for one passed through); norms stored as the multipliers."""
+    path = g.path
+    layers = m.get("block_count", required=True)
+    hidden = m.get("embedding_length", required=True)
+    for key, what in (("attention.shared_kv_layers", "KV sharing (the E2B/E4B layout)"),
+                      ("embedding_length_per_layer_input", "per-layer embeddings (the E2B/E4B layout)")):
+        if m.get(key, 0):
+            raise ModelError(f"{path}: {m.arch}.{key} is {m.get(key)}: {what} is not implemented")
+    sliding = m.per_layer("attention.sliding_window_pattern", layers, required=True)
+    heads = m.per_layer("attention.head_count", layers, required=True)
+    kv = m.per_layer("attention.head_count_kv", layers, default=heads)
+    if len(set(heads)) != 1:
+        raise ModelError(f"{path}: {m.arch}.attention.head_count differs between layers ({heads}); the engine "
+                         "needs one query head count")
+    kinds = ["sliding" if s else "full" for s in sliding]
+    shape = {}
+    for i, kind in enumerate(kinds):
+        has_v = f"blk.{i}.attn_v.weight" in g.tensors
+        if kind == "sliding" and not has_v:
+            raise ModelError(f"{path}: sliding layer {i} has no 'blk.{i}.attn_v.weight'; the engine shares k and v "
+                             "on full layers only")
+        shape.setdefault(kind, set()).add((kv[i], not has_v))
+    for kind, found in shape.items():
+        if len(found) > 1:
+            raise ModelError(f"{path}: {kind} layers differ in KV heads or in having attn_v ({sorted(found)}); the "
+                             "engine needs one shape per layer type")
+    if "full" not in shape:
+        raise ModelError(f"{path}: {m.arch}.attention.sliding_window_pattern has no full-attention layer")
+    full_kv, k_eq_v = next(iter(shape["full"]))
+    head_dim = _head_size(g, m)
+    theta = float(m.get("rope.freq_base", 10000.0))
+    fields = {
+        "layers": layers, "hidden_size": hidden, "heads": heads[0], "kv_heads": full_kv, "head_dim": head_dim,
+        "vocab_size": _vocab(g, hidden), "norm_eps": float(m.get("attention.layer_norm_rms_epsilon", required=True)),
+        "rope": {"theta": theta, "partial_rotary_factor": _proportional_rope(g, head_dim)},
+        "context_length": ctx, "tie_word_embeddings": "output.weight" not in g.tensors,
+        **_moe_fields(g, m, layers), "router": "softmax_topk_renorm", "block": "gemma4", "ffn_act": "gelu_tanh",
+        "dense_ffn_size": m.get("feed_forward_length", required=True), "layer_types": kinds,
+        "embed_scale": float(np.float32(math.sqrt(hidden))),
+        "logit_softcap": m.get("final_logit_softcapping", None),
+        "attention": {"qk_norm": "per_head", "v_norm": True, "k_eq_v": k_eq_v, "scale": 1.0},
+    }
+    if "sliding" in shape:
+        fields["attention"]["sliding"] = {
+            "window": min(m.get("attention.sliding_window", required=True), ctx),
+            "head_dim": _head_size(g, m, "_swa"), "kv_heads": next(iter(shape["sliding"]))[0],
+            "rope_theta": float(m.get("rope.freq_base_swa", theta))}
+    return fields
+
+
+def _proportional_rope(g: GGUFFile, head_dim: int) -> float:
+    """The fraction of the full layers' pairs that rotate, from rope_freqs
+    (llama.cpp divides each pair's frequency by its factor: 1 rotates as
+    default RoPE, 1e30 not at all); other factors are not implemented."""
+    t = g.tensors.get("rope_freqs.weight")
+    if t is None:
+        return 1.0
+    if t.type_name != "F32" or t.ne != (head_dim // 2,):
+        raise ModelError(f"{g.path}: tensor 'rope_freqs.weight' is {t.type_name} ne={list(t.ne)}; expected F32 "
+                         f"[{head_dim // 2}] (one factor per rotated pair)")
+    factors = np.frombuffer(g.raw(t), dtype="<f4")
+    rotated = int(np.argmax(factors != 1.0)) if (factors != 1.0).any() else len(factors)
+    if rotated == 0 or not (factors[rotated:] >= NO_ROTATION_FACTOR).all():
+        raise ModelError(f"{g.path}: tensor 'rope_freqs.weight' holds factors {factors[:8].tolist()}...; only "
+                         "proportional RoPE (factors 1, then >= 1e29 for pairs that do not rotate) is implemented")
+    return rotated / len(factors)
+
+
+def _gpt_oss_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
+    """llama.cpp's openai-moe graph: sliding layers alternating from layer 0
+    (its fixed SWA pattern of 2), q/k/v/o biases, sinks, a biased router
+    softmaxed over its top-k, biased experts with the clamped SwiGLU
+    (alpha 1.702, limit 7, fixed in its graph), and ggml's YaRN."""
+    path = g.path
+    layers = m.get("block_count", required=True)
+    hidden = m.get("embedding_length", required=True)
+    heads = m.get("attention.head_count", required=True)
+    kv_heads = m.get("attention.head_count_kv", heads)
+    head_dim = _head_size(g, m)
+    theta = float(m.get("rope.freq_base", 10000.0))
+    fields = {
+        "layers": layers, "hidden_size": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+        "vocab_size": _vocab(g, hidden), "norm_eps": float(m.get("attention.layer_norm_rms_epsilon", required=True)),
+        "rope": {"theta": theta, "scaling": _yarn(g, m)}, "context_length": ctx,
+        "tie_word_embeddings": "output.weight" not in g.tensors, **_moe_fields(g, m, layers),
+        "router": "topk_softmax", "router_bias": True, "expert_bias": True, "ffn_act": "swiglu_oai",
+        "swiglu": {"alpha": 1.702, "limit": 7.0},
+        "layer_types": ["sliding" if i % 2 == 0 else "full" for i in range(layers)],
+        "attention": {"qkv_bias": True, "o_bias": True, "sinks": True,
+                      "sliding": {"window": min(m.get("attention.sliding_window", required=True), ctx),
+                                  "head_dim": head_dim, "kv_heads": kv_heads, "rope_theta": theta}},
+    }
+    return fields
+
+
+def _yarn(g: GGUFFile, m: _Meta) -> dict | None:
+    """ggml's YaRN as the engine's rope.scaling: ggml floors and ceils the
+    correction dimensions (transformers' truncate) and scales cos and sin by
+    1 + 0.1 ln(factor); the llama.cpp knobs that would change that are
+    refused."""
+    kind = m.get("rope.scaling.type", "none")
+    if kind in ("none", None):
+        return None
+    if kind != "yarn":
+        raise ModelError(f"{g.path}: {m.arch}.rope.scaling.type is '{kind}'; only yarn is implemented for {m.arch}")
+    for key, default in (("rope.scaling.attn_factor", 1.0), ("rope.scaling.yarn_ext_factor", 1.0),
+                         ("rope.scaling.yarn_log_multiplier", 0.0)):
+        value = m.get(key, default)
+        if value != default:
+            raise ModelError(f"{g.path}: {m.arch}.{key} is {value}; only {default} is implemented")
+    factor = float(m.get("rope.scaling.factor", required=True))
+    return {"type": "yarn", "factor": factor,
+            "original_max_position_embeddings": int(m.get("rope.scaling.original_context_length", required=True)),
+            "beta_fast": float(m.get("rope.scaling.yarn_beta_fast", 32.0)),
+            "beta_slow": float(m.get("rope.scaling.yarn_beta_slow", 1.0)), "truncate": True,
+            "attention_factor": 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0}
+
+
+ARCH_CONFIGS = {"gemma4": _gemma4_config, "gpt-oss": _gpt_oss_config}
+
+
 class _Source:
     """Where each engine tensor's bytes are in the GGUF file."""
 
@@ -170,43 +368,61 @@ class _Source:
         self.g, self.cfg = g, cfg
         self.used: set[str] = set()
         self.arch = cfg["source"]["architecture"]
+        self.names = ARCH_LAYER_NAMES.get(self.arch, LAYER_NAMES)
+        if self.arch == "gemma4" and "rope_freqs.weight" in g.tensors:
+            self.used.add("rope_freqs.weight")  # read into rope.partial_rotary_factor
 
-    def locate(self, name: str) -> tuple[GGUFTensor, int | None]:
-        """The GGUF tensor holding engine tensor name, and the expert index
-        into a merged 3-D one (None for a whole tensor)."""
+    def locate(self, name: str) -> tuple[GGUFTensor | None, int | None, int | None]:
+        """The GGUF tensor holding engine tensor name (None for one worked
+        out from the metadata: YaRN's frequencies), the expert index into a
+        merged 3-D one (None for a whole tensor), and which half of its rows
+        (0 or 1) for a fused gate_up (None for all)."""
+        if name == "rope_freqs":
+            return None, None, None
         if name in GLOBAL_NAMES:
-            return self._take(GLOBAL_NAMES[name]), None
+            return self._take(GLOBAL_NAMES[name]), None, None
         _, layer, rest = name.split(".", 2)
         if rest.startswith("expert."):
             _, e, role = rest.split(".")
+            if role.endswith("_bias"):
+                return self._take(f"blk.{layer}.ffn_{role[:-5]}_exps.bias"), int(e), None
+            fused = f"blk.{layer}.ffn_gate_up_exps.weight"
+            if role in ("gate", "up") and fused in self.g.tensors:  # Gemma 4: gate rows, then up rows
+                return self._take(fused), int(e), 0 if role == "gate" else 1
             merged = f"blk.{layer}.ffn_{role}_exps.weight"
             if merged in self.g.tensors:
-                return self._take(merged), int(e)
-            return self._take(f"blk.{layer}.ffn_{role}.{e}.weight"), None  # older files: one tensor per expert
-        return self._take(f"blk.{layer}.{LAYER_NAMES[rest]}"), None
+                return self._take(merged), int(e), None
+            return self._take(f"blk.{layer}.ffn_{role}.{e}.weight"), None, None  # older files: one per expert
+        return self._take(f"blk.{layer}.{self.names[rest]}"), None, None
 
     def _take(self, gguf_name: str) -> GGUFTensor:
         t = _tensor(self.g, gguf_name)
         self.used.add(gguf_name)
         return t
 
-    def check(self, name: str, shape: tuple[int, ...]) -> tuple[GGUFTensor, int | None, str]:
+    def check(self, name: str, shape: tuple[int, ...]) -> tuple[GGUFTensor | None, int | None, int | None, str]:
         """The source, checked against the engine's shape; and the .cbw
         dtype that keeps its bytes."""
-        t, expert = self.locate(name)
+        t, expert, half = self.locate(name)
+        if t is None:
+            return None, None, None, "f32"
         got = t.shape[1:] if expert is not None else t.shape
         if expert is not None and t.shape[0] != self.cfg["experts"]:
             raise ModelError(f"{self.g.path}: tensor '{t.name}' holds {t.shape[0]} experts (ne={list(t.ne)}); "
                              f"{self.arch}.expert_count says {self.cfg['experts']}")
+        if half is not None:
+            got = (got[0] / 2, *got[1:])
         if len(shape) == 1 and len(got) == 2 and 1 in got:  # a [n, 1] vector
             got = (got[0] * got[1],)
         if tuple(got) != tuple(shape):
-            raise ModelError(f"{self.g.path}: tensor '{t.name}' has shape {list(got)} (GGUF ne={list(t.ne)}) where "
-                             f"the metadata implies {list(shape)} for the engine's '{name}'")
+            got = [int(n) if n == int(n) else n for n in got]
+            raise ModelError(f"{self.g.path}: tensor '{t.name}' has shape {list(got)} (GGUF ne={list(t.ne)})"
+                             f"{' per half' if half is not None else ''} where the metadata implies {list(shape)} "
+                             f"for the engine's '{name}'")
         if t.type_name not in TYPES:
             raise ModelError(f"{self.g.path}: tensor '{t.name}' has type {t.type_name}, which Colibri's engine does "
                              f"not run; supported: {_supported_list()}")
-        return t, expert, TYPES[t.type_name]
+        return t, expert, half, TYPES[t.type_name]
 
     def unused(self) -> list[str]:
         return sorted(set(self.g.tensors) - self.used)
@@ -222,7 +438,9 @@ def plan_tensors(g: GGUFFile, cfg: dict) -> dict:
     types: dict[str, str] = {}
     weight: Counter = Counter()
     for name, shape in expected_shapes(cfg):
-        t, expert, dtype = source.check(name, shape)
+        t, expert, _, dtype = source.check(name, shape)
+        if t is None:  # worked out from the metadata, f32
+            continue
         if len(shape) == 1 or name.endswith("ffn_router"):
             if dtype not in ("f32", "f16", "bf16"):
                 raise ModelError(f"{g.path}: tensor '{t.name}' is {t.type_name}; the engine keeps vectors and "
@@ -250,12 +468,17 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
     return rows.reshape(n_head, n // n_head // 2, 2, width).swapaxes(1, 2).reshape(n, width)
 
 
-def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor, expert, target: str) -> Stored:
+def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None, expert, half,
+                  target: str) -> Stored:
+    if t is None:  # YaRN's frequencies, as ggml works them out
+        return Stored("f32", tuple(shape), rope_freqs(cfg).astype("<f4").tobytes())
     raw = np.frombuffer(g.raw(t), dtype=np.uint8)
     src = TYPES[t.type_name]
     if expert is not None:
         per = t.nbytes // t.shape[0]
         raw = raw[expert * per:(expert + 1) * per]
+    if half is not None:  # rows of a fused gate_up: whole rows, so whole blocks
+        raw = raw[half * raw.size // 2:(half + 1) * raw.size // 2]
     if target == "f32" and src != "f32":  # an F16/BF16 vector or router, widened exactly
         data = quant.dequantize(raw, src, tuple(shape)).astype("<f4").tobytes()
         return Stored("f32", tuple(shape), data)
@@ -305,10 +528,11 @@ def convert_gguf(path: Path, out: Path, name: str | None = None, context_length:
                                    hidden=not progress, show_percent=True) as bar:
                 def tensors():
                     for (tname, shape), ent in zip(shapes, entries):
-                        t, expert, _ = source.check(tname, shape)
-                        yield tname, _tensor_bytes(g, cfg, tname, shape, t, expert, DTYPE_NAMES[ent.dtype])
-                        per = t.nbytes // t.shape[0] if expert is not None else t.nbytes
-                        g.release(t.offset + (expert or 0) * per, per)
+                        t, expert, half, _ = source.check(tname, shape)
+                        yield tname, _tensor_bytes(g, cfg, tname, shape, t, expert, half, DTYPE_NAMES[ent.dtype])
+                        if t is not None and half != 0:  # a fused gate_up's pages, once its up half is out
+                            per = t.nbytes // t.shape[0] if expert is not None else t.nbytes
+                            g.release(t.offset + (expert or 0) * per, per)
                         bar.update(ent.nbytes)
                 sha = write_weights(cfg, tmp / "weights.cbw", tensors())
             cfg["weights"]["sha256"] = sha
