@@ -1,4 +1,4 @@
-"""gpt-oss (unquantised experts; MXFP4 is not read yet) against
+"""gpt-oss (unquantised experts; MXFP4 ones: test_gpt_oss_mxfp4.py) against
 transformers 5.23: the shared tiny_moe reference (both config spellings) and
 random checkpoints of shapes of our own (sliding windows shorter than the
 prompt, GQA ratios, expert counts, YaRN factors): logits within 1e-4 of the

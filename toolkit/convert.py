@@ -13,13 +13,13 @@ import click
 import numpy as np
 
 from . import config as config_mod
-from . import kquant
+from . import kquant, quant
 from .archs import BY_MODEL_TYPE
 from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
 from .errors import ConfigError, ModelError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .safetensors_io import Checkpoint
-from .weights import expected_shapes, rope_freqs, write_weights
+from .weights import Stored, expected_shapes, rope_freqs, write_weights
 
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # derived buffers some checkpoints carry
 # Gemma4ForConditionalGeneration: the text model sits under this prefix; the
@@ -87,9 +87,16 @@ class TensorSource:
     def gpt_oss_expert(self, layer: int, expert: int, role: str, shape):
         """gpt-oss's fused experts, stored transposed: gate_up_proj [E, H, 2I]
         with gate and up interleaved (columns 0::2 and 1::2), down_proj
-        [E, I, H]; their biases [E, 2I] (interleaved too) and [E, H]."""
+        [E, I, H]; their biases [E, 2I] (interleaved too) and [E, H]. The
+        real checkpoints' MXFP4 experts (gate_up_proj_blocks [E, 2I, H/32,
+        16] and _scales [E, 2I, H/32], rows interleaved the same way;
+        down_proj_blocks [E, H, I/32, 16]) move into GGML's MXFP4 blocks
+        as they are (quant.mxfp4_from_oai)."""
         base = f"{self.prefix}layers.{layer}.mlp.experts."
         part = slice(0, None, 2) if role.startswith("gate") else slice(1, None, 2)
+        fused = base + ("down_proj" if role == "down" else "gate_up_proj")
+        if role in ("gate", "up", "down") and fused + "_blocks" in self.ckpt:
+            return self._mxfp4_expert(fused, expert, part if role != "down" else slice(None), shape)
         if role in ("gate", "up"):
             array = self._take(base + "gate_up_proj", None, expert)[:, part].T
         elif role == "down":
@@ -102,6 +109,18 @@ class TensorSource:
             raise ModelError(f"tensor '{base}{role}' of expert {expert} has shape {list(array.shape)} once split, "
                              f"expected {list(shape)}")
         return np.ascontiguousarray(array)
+
+    def _mxfp4_expert(self, fused: str, expert: int, rows: slice, shape) -> Stored:
+        blocks = self.ckpt.read_raw(fused + "_blocks", expert)
+        scales = self.ckpt.read_raw(fused + "_scales", expert)
+        self.used.update((fused + "_blocks", fused + "_scales"))
+        blocks, scales = blocks[rows], scales[rows]
+        want = (shape[0], shape[1] // 32)
+        if blocks.shape != (*want, 16) or scales.shape != want:
+            raise ModelError(f"tensors '{fused}_blocks' / '_scales' of expert {expert} have shapes "
+                             f"{list(blocks.shape)} / {list(scales.shape)} once split, expected {[*want, 16]} / "
+                             f"{list(want)}")
+        return Stored("mxfp4", tuple(shape), quant.mxfp4_from_oai(blocks, scales).tobytes())
 
     def get(self, name: str, shape):
         if name == "rope_freqs":  # worked out from the config, as transformers does
@@ -196,6 +215,18 @@ def model_config(hf_dir: Path, dtype: str, name: str, context_length: int | None
     return cfg, raw
 
 
+def _mxfp4_experts(cfg: dict, ckpt: Checkpoint) -> bool:
+    """A gpt-oss checkpoint whose experts are MXFP4 (*_blocks / *_scales)."""
+    if cfg["architecture"] != "gpt_oss":
+        return False
+    prefix = MULTIMODAL_TEXT_PREFIX if MULTIMODAL_TEXT_PREFIX + "embed_tokens.weight" in ckpt else "model."
+    found = [f"{prefix}layers.{layer}.mlp.experts.{p}_blocks" in ckpt for layer in range(cfg["layers"])
+             for p in ("gate_up_proj", "down_proj")]
+    if any(found) and not all(found):
+        raise ModelError("the checkpoint's gpt-oss experts are MXFP4 (*_blocks) in some layers and not in others")
+    return all(found)
+
+
 def _first_id(value):
     return value[0] if isinstance(value, list) and value else value
 
@@ -242,7 +273,14 @@ def convert(hf_dir: Path, out: Path, dtype: str = "f32", name: str | None = None
             cfg["weights"].update(kquant.plan(cfg, mix, expected_shapes(cfg)))
             cfg["source"]["quantization"] = mix
             cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
-        source = TensorSource(Checkpoint(hf_dir), cfg)
+        ckpt = Checkpoint(hf_dir)
+        if _mxfp4_experts(cfg, ckpt):  # kept as MXFP4 whatever --dtype says, recorded per tensor
+            types = cfg["weights"].setdefault("tensor_dtypes", {})
+            types.update({f"blk.{layer}.expert.*.{role}": "mxfp4" for layer in range(cfg["layers"])
+                          for role in ("gate", "up", "down")})
+            cfg["source"]["experts"] = "mxfp4"
+            cfg = config_mod.validate(cfg, source=f"model-config.json converted from {hf_dir}")
+        source = TensorSource(ckpt, cfg)
         shapes = expected_shapes(cfg)
         with click.progressbar(shapes, label=f"converting to {dtype}", file=sys.stderr,
                                show_pos=True, hidden=not progress) as bar:

@@ -33,6 +33,21 @@ IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # E2M1, doubled
 
 
+def mxfp4_from_oai(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """gpt-oss's MXFP4 (*_blocks [rows, G, 16], *_scales [rows, G], both
+    uint8) -> GGML's MXFP4 blocks [rows, G * 17], losslessly. Both hold 32
+    E2M1 codes a block and one E8M0 exponent, and the same 4-bit code table:
+    OpenAI's byte j holds elements 2j (low nibble) and 2j + 1, GGML's
+    elements j (low) and j + 16; its value 2^(s - 127) * [0, .5, 1, 1.5, 2,
+    3, 4, 6][code] is GGML's 2^(e - 128) * [0, 1, 2, 3, 4, 6, 8, 12][code],
+    so e = s."""
+    rows, groups, _ = blocks.shape
+    codes = np.empty((rows, groups, 32), np.uint8)
+    codes[..., 0::2], codes[..., 1::2] = blocks & 0xF, blocks >> 4
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    return np.concatenate([scales[..., None], qs], axis=-1).reshape(rows, groups * GGML_BLOCKS["mxfp4"][1])
+
+
 def base_dtype(dtype: str) -> str:
     return X4.get(dtype, dtype)
 

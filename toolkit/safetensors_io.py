@@ -13,7 +13,10 @@ import numpy as np
 
 from .errors import ModelError
 
-_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "U8": np.dtype("u1")}
+# U8 tensors are packed blocks (gpt-oss's MXFP4 *_blocks / *_scales), read as
+# bytes by read_raw, never as numbers.
+_PACKED = ("U8",)
 _MAX_HEADER = 100 << 20
 
 
@@ -38,7 +41,8 @@ class SafetensorsFile:
         for name, info in header.items():
             begin, end = info["data_offsets"]
             if info["dtype"] not in _DTYPES:
-                raise ModelError(f"{path}: tensor '{name}' has dtype {info['dtype']}; expected F32, F16 or BF16")
+                raise ModelError(f"{path}: tensor '{name}' has dtype {info['dtype']}; expected F32, F16 or BF16 "
+                                 "(or U8 for MXFP4 blocks and scales)")
             expected = int(np.prod(info["shape"], dtype=np.int64)) * _DTYPES[info["dtype"]].itemsize
             if end - begin != expected:
                 raise ModelError(f"{path}: tensor '{name}' holds {end - begin} bytes, its shape "
@@ -52,16 +56,31 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.tensors[name]["shape"])
 
-    def read(self, name: str, index: int | None = None) -> np.ndarray:
-        """The tensor as float32 (a copy of just this tensor, or of its
-        index-th slice along the first axis: one expert of a fused tensor)."""
+    def _raw(self, name: str, index: int | None) -> tuple[np.ndarray, list[int]]:
         info = self.tensors[name]
         begin, end = info["data_offsets"]
         shape = list(info["shape"])
         if index is not None:
             step = (end - begin) // shape[0]
             begin, end, shape = begin + index * step, begin + (index + 1) * step, shape[1:]
-        raw = self._map[self.data_start + begin:self.data_start + end].view(_DTYPES[info["dtype"]])
+        return self._map[self.data_start + begin:self.data_start + end].view(_DTYPES[info["dtype"]]), shape
+
+    def read_raw(self, name: str, index: int | None = None) -> np.ndarray:
+        """A U8 tensor's bytes (or its index-th slice along the first axis)."""
+        if self.tensors[name]["dtype"] not in _PACKED:
+            raise ModelError(f"{self.path}: tensor '{name}' is {self.tensors[name]['dtype']}; expected U8 (packed "
+                             "blocks)")
+        raw, shape = self._raw(name, index)
+        return np.array(raw).reshape(shape)
+
+    def read(self, name: str, index: int | None = None) -> np.ndarray:
+        """The tensor as float32 (a copy of just this tensor, or of its
+        index-th slice along the first axis: one expert of a fused tensor)."""
+        info = self.tensors[name]
+        if info["dtype"] in _PACKED:
+            raise ModelError(f"{self.path}: tensor '{name}' is {info['dtype']} (packed blocks) where the engine "
+                             "expects a float tensor")
+        raw, shape = self._raw(name, index)
         if info["dtype"] == "BF16":
             out = (raw.astype(np.uint32) << 16).view(np.float32)
         else:
@@ -100,6 +119,11 @@ class Checkpoint:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.where[name].shape(name)
+
+    def read_raw(self, name: str, index: int | None = None) -> np.ndarray:
+        if name not in self.where:
+            raise ModelError(f"tensor '{name}' is missing from the checkpoint")
+        return self.where[name].read_raw(name, index)
 
     def read(self, name: str, shape: tuple[int, ...] | None = None, index: int | None = None) -> np.ndarray:
         if name not in self.where:

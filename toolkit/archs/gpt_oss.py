@@ -2,8 +2,8 @@
 full layers alternating (same head shape), YaRN RoPE, a biased router whose
 top-k logits are softmaxed, experts with biases and a clamped SwiGLU
 (ARCHITECTURES.md §6; transformers 5.23 is the truth). The real
-checkpoints' MXFP4 experts (*_blocks / *_scales) are not read yet: only
-unquantised ones."""
+checkpoints' MXFP4 experts (*_blocks / *_scales, quantization_config
+quant_method mxfp4) are kept as GGML MXFP4 blocks (convert.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     n_layers = hf.get("num_hidden_layers", required=True)
     hf.require("attention_bias", [True], "q/k/v/o biases")
     hf.get("hidden_act")  # gpt-oss's experts use their own clamped SwiGLU whatever it says
+    quantization = hf.get("quantization_config")
+    if quantization is not None and quantization.get("quant_method") != "mxfp4":
+        raise ConfigError(f"{hf.source}: quantization_config.quant_method is {quantization.get('quant_method')!r}; "
+                          "only gpt-oss's 'mxfp4' experts are read")
     head_dim = hf.get("head_dim", default=None) or hidden // heads
     kv_heads = hf.get("num_key_value_heads", default=heads)
     types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
