@@ -22,10 +22,29 @@ REGEXES = {
     # llama.cpp writes the case-insensitive group out by hand:
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])" + _LLAMA3_TAIL: "llama3",
 }
+# gpt-oss (tiktoken's o200k_base split, as its tokenizer.json writes it)
+_O200K_WORD = r"[^\r\n\p{L}\p{N}]?%s%s(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_U, _W = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+O200K_REGEX = "|".join([_O200K_WORD % (_U + "*", _W + "+"), _O200K_WORD % (_U + "+", _W + "*"), r"\p{N}{1,3}",
+                        r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"])
+REGEXES[O200K_REGEX] = "o200k"
+# DeepSeek-V3's Sequence of Split rules, in order; its tokenizer.json writes
+# \r and \n inside the last one as the characters themselves.
+DEEPSEEK_V3_SPLITS = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+                      " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
+
+
+def _same_rule(a: str, b: str) -> bool:
+    """Equal, reading an escaped \\r or \\n as the character."""
+    return a.replace("\\r", "\r").replace("\\n", "\n") == b.replace("\\r", "\r").replace("\\n", "\n")
+
+
 # GGUF tokenizer.ggml.pre -> (pre-tokenizer, ignore_merges, NFC as the original tokenizer.json)
 GGUF_PRE = {"gpt-2": ("gpt2", False, False), "default": ("gpt2", False, False), "mpt": ("gpt2", False, True),
             "gpt-neox": ("gpt2", False, True), "olmo": ("gpt2", False, True), "llama-bpe": ("llama3", True, False),
-            "llama3": ("llama3", True, False), "qwen2": ("qwen2", False, True)}
+            "llama3": ("llama3", True, False), "qwen2": ("qwen2", False, True),
+            "gpt-4o": ("o200k", False, False), "deepseek-v3": ("deepseek_v3", False, False)}
 GGUF_TYPES = {1: ATTR_NORMAL, 2: ATTR_SPECIAL, 3: ATTR_SPECIAL, 4: ATTR_USER, 5: ATTR_UNUSED, 6: ATTR_BYTE}
 
 
@@ -107,6 +126,11 @@ def _hf_pretok(j: dict, where: str) -> str:
                              "BPE tokenizer.json files are supported (SentencePiece: give tokenizer.model or a GGUF)")
     if any(lv.get("add_prefix_space") for lv in levels):
         raise TokenizerError(f"{where}: ByteLevel add_prefix_space=true is not supported")
+    patterns = [(s.get("pattern") or {}).get("Regex") for s in splits]
+    if len(splits) == len(DEEPSEEK_V3_SPLITS) and all(s.get("behavior") == "Isolated" and not s.get("invert")
+                                                      for s in splits) \
+            and all(p is not None and _same_rule(p, q) for p, q in zip(patterns, DEEPSEEK_V3_SPLITS)):
+        return "deepseek_v3"
     if splits:
         if len(splits) > 1 or splits[0].get("behavior") != "Isolated" or splits[0].get("invert"):
             raise TokenizerError(f"{where}: unsupported Split pre-tokenizer {json.dumps(splits)[:160]}")
@@ -117,7 +141,7 @@ def _hf_pretok(j: dict, where: str) -> str:
         return "none"
     if regex not in REGEXES:
         raise TokenizerError(f"{where}: unsupported pre-tokenizer regex {regex!r}",
-                             hint="the engine implements the GPT-2, Llama 3 and Qwen2 split rules")
+                             hint="the engine implements the GPT-2, Llama 3, Qwen2, o200k (gpt-oss) and DeepSeek-V3 split rules")
     return REGEXES[regex]
 
 

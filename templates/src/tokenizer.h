@@ -29,7 +29,10 @@
 #define CB_TOK_MAX_NFC (1u << 18)  /* longest text chunk, in code points, that needs NFC */
 #define CB_CHAT_MAX_STRINGS 16
 
-enum cb_pretok { CB_PRETOK_NONE = 0, CB_PRETOK_GPT2 = 1, CB_PRETOK_LLAMA3 = 2, CB_PRETOK_QWEN2 = 3 };
+enum cb_pretok {
+    CB_PRETOK_NONE = 0, CB_PRETOK_GPT2 = 1, CB_PRETOK_LLAMA3 = 2, CB_PRETOK_QWEN2 = 3,
+    CB_PRETOK_O200K = 4, CB_PRETOK_DEEPSEEK_V3 = 5
+};
 enum cb_tok_flag {
     CB_TOKF_IGNORE_MERGES = 1,  /* a pre-token that is itself a token is not merged (Llama 3) */
     CB_TOKF_DUMMY_PREFIX = 2,   /* spm: U+2581 before each text chunk */

@@ -1,6 +1,6 @@
 /* Code point classes for the pre-tokenizers: \p{L}, \p{N} and \s (the
- * White_Space property), as ranges generated from the Unicode database by
- * scripts/gen_unicode_tables.py. */
+ * White_Space property), Lu|Lt, Ll, \p{M}, \p{P}, \p{S}, as ranges generated
+ * from the Unicode database by scripts/gen_unicode_tables.py. */
 #ifndef CB_UNICODE_TABLES_H
 #define CB_UNICODE_TABLES_H
 
@@ -8,7 +8,12 @@
 
 /* NFC_INERT: a starter that is its own NFC and never the second half of a
  * composition, so NFC leaves any run of them unchanged. */
-enum { CB_UNI_LETTER = 1, CB_UNI_NUMBER = 2, CB_UNI_SPACE = 4, CB_UNI_NFC_INERT = 8 };
+enum {
+    CB_UNI_LETTER = 1, CB_UNI_NUMBER = 2, CB_UNI_SPACE = 4, CB_UNI_NFC_INERT = 8,
+    CB_UNI_UPPER = 16, /* Lu, Lt (with LETTER) */
+    CB_UNI_LOWER = 32, /* Ll (with LETTER); a letter with neither is Lm or Lo */
+    CB_UNI_MARK = 64, CB_UNI_PUNCT = 128, CB_UNI_SYMBOL = 256
+};
 
 typedef struct {
     uint32_t first, last, cls;
@@ -34,7 +39,7 @@ extern const uint32_t cb_uni_decomp_pool[];
 extern const cb_uni_comp cb_uni_comp_table[];
 extern const int cb_uni_n_comp;
 
-extern const uint8_t cb_uni_ascii[128];
+extern const uint16_t cb_uni_ascii[128];
 extern const cb_uni_range cb_uni_ranges[];
 extern const int cb_uni_n_ranges;
 
