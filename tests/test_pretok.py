@@ -208,3 +208,13 @@ def test_other_split_sequences_are_refused(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(j))
     with pytest.raises(TokenizerError, match="unsupported Split pre-tokenizer"):
         convert_tokenizer(tmp_path / "tokenizer.json", tmp_path / "out", chat_template="none")
+
+
+def test_long_s_is_a_contraction_letter_as_oniguruma_folds_it(driver):
+    """(?i:'s) matches 'ſ (U+017F) in Oniguruma: Llama 3's rule and o200k's agree."""
+    from colibri_build.tokenizer_sources import REGEXES
+    llama3 = next(r for r, k in REGEXES.items() if k == "llama3")
+    texts = [s.encode() for s in ("'ſx", "it'ſ", "IT'ſ'S", "'ſ", "x'ſſ", "'S'ſ")]
+    for kind, rule in (("llama3", llama3), ("o200k", O200K_REGEX)):
+        RULES.setdefault(kind, [rule])
+        _compare(driver, kind, texts, _hf_split(kind))
