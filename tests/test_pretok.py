@@ -256,3 +256,22 @@ def test_gguf_vocabulary_with_llama_cpp_pre_name(tmp_path, kind, pre):
         if got != want:
             mismatches.append((text, got[:16], want[:16]))
     assert not mismatches, f"{len(mismatches)}/1500 differ; first: {mismatches[0]}"
+
+
+# The pre_tokenizer sections as the models' tokenizer.json files write them (JSON text).
+GPT_OSS_JSON = r'''{"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex":
+"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+"behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+"use_regex": false}]}'''
+DEEPSEEK_V3_JSON = r'''{"type": "Sequence", "pretokenizers": [
+{"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": false},
+{"type": "Split", "pattern": {"Regex": "[一-龥぀-ゟ゠-ヿ]+"}, "behavior": "Isolated", "invert": false},
+{"type": "Split", "pattern": {"Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"},
+"behavior": "Isolated", "invert": false},
+{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}'''
+
+
+@pytest.mark.parametrize("kind,section", [("o200k", GPT_OSS_JSON), ("deepseek_v3", DEEPSEEK_V3_JSON)])
+def test_the_models_own_pre_tokenizer_sections_are_recognised(kind, section):
+    from colibri_build.tokenizer_sources import _hf_pretok
+    assert _hf_pretok({"pre_tokenizer": json.loads(section)}, "tokenizer.json") == kind
