@@ -51,25 +51,9 @@ class HFConfig:
                                    f"{unknown[0]} to colibri-build convert")
 
 
-def rope_theta(hf: HFConfig) -> float:
-    """rope_theta (transformers 4) or rope_parameters.rope_theta (5); only the
-    default RoPE is implemented."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling")
-    kind = (params.get("rope_type") or params.get("type") or "default") if params else "default"
-    if scaling:
-        kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ConfigError(f"{hf.source}: RoPE scaling type '{kind}' is not implemented by Colibri's engine "
-                          "(only the default RoPE)")
-    theta = params.get("rope_theta") if params else None
-    if theta is None:
-        theta = hf.get("rope_theta", default=10000.0)
-    return float(theta)
-
-
 def base_fields(hf: HFConfig, context_length: int | None) -> dict:
     """The fields every supported architecture has."""
+    from .rope import rope_fields  # rope.py reads configs through HFConfig, defined here
     hidden = hf.get("hidden_size", required=True)
     heads = hf.get("num_attention_heads", required=True)
     hf.require("hidden_act", ["silu"], "SwiGLU experts with SiLU")
@@ -92,7 +76,7 @@ def base_fields(hf: HFConfig, context_length: int | None) -> dict:
         "head_dim": hf.get("head_dim", default=None) or hidden // heads,
         "vocab_size": hf.get("vocab_size", required=True),
         "norm_eps": hf.get("rms_norm_eps", required=True),
-        "rope": {"theta": rope_theta(hf)},
+        "rope": rope_fields(hf),
         "context_length": ctx,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
     }
