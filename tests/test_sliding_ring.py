@@ -1,7 +1,8 @@
 """Sliding-window layers keep a ring of window + max_batch - 1 positions per
-slot, not the whole context. Against transformers 5.23 on random Gemma 4
-and gpt-oss checkpoints whose windows (5, 3) and rings (68, 66 positions in
-the Python engine, max_batch 64) are far shorter than a 250-token text:
+slot, not the whole context. Against transformers 5.23 on random Gemma 4,
+gpt-oss, Mixtral, Qwen3-MoE and Qwen2-MoE checkpoints whose windows (3-6)
+and rings (window + 63 positions in the Python engine, max_batch 64) are
+far shorter than a 250-token text:
 logits within 1e-4 of the largest at every position, prefilled in chunks and
 decoded a token at a time, with the ring wrapped three times; greedy tokens
 equal transformers' over 200 steps. The cache is the ring's size, and a token
@@ -9,6 +10,8 @@ whose window the ring no longer holds is refused, not computed from
 overwritten keys."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -36,7 +39,28 @@ def _gpt_oss(folder):
     return make_gpt_oss(folder, seed=72, **fields), fields["sliding_window"], VOCAB
 
 
-MODELS = {"gemma4": _gemma4, "gpt_oss": _gpt_oss}
+def _hf(arch, window, **fields):
+    """Mistral-style windows: Mixtral's sliding_window on every layer,
+    Qwen3-MoE's and Qwen2-MoE's behind use_sliding_window (Qwen2-MoE's on
+    the even layers below max_window_layers)."""
+    def make(folder):
+        from hf_models import make_checkpoint
+        base = dict(vocab_size=160, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, sliding_window=window, rope_theta=1e4)
+        return make_checkpoint(arch, folder, seed=73, **base, **fields), window, 160
+    return make
+
+
+MODELS = {
+    "gemma4": _gemma4, "gpt_oss": _gpt_oss,
+    "mixtral": _hf("mixtral", 5, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": _hf("qwen3_moe", 4, use_sliding_window=True, intermediate_size=64, moe_intermediate_size=32,
+                     head_dim=16, num_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": _hf("qwen2_moe", 6, use_sliding_window=True, max_window_layers=2, intermediate_size=64,
+                     moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                     num_experts_per_tok=2),
+}
 
 
 def relative_error(a, b):
@@ -52,6 +76,8 @@ def test_ring_matches_transformers_past_the_ring(tmp_path, arch):
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].float().numpy()
     out = convert(tmp_path / "hf", tmp_path / "out", progress=False)
+    cfg = json.loads((out / "model-config.json").read_text())
+    assert cfg["attention"]["sliding"]["window"] == window and "sliding" in cfg["layer_types"]
     engine = Engine(out)
     rows = window + MAX_BATCH - 1
     assert LENGTH > 3 * rows  # the ring wraps three times and more
