@@ -84,6 +84,25 @@ def test_scaled_rope_matches_transformers(tmp_path, arch, kind):
     assert engine.generate_ids(PROMPT, max_tokens=10, stop_at_end=False) == greedy
 
 
+@pytest.mark.parametrize("kind", ["linear", "llama3"])
+def test_gpt_oss_takes_other_scalings(tmp_path, kind):
+    """gpt-oss's sliding and full layers share one RoPE: linear and llama3
+    as well as its own YaRN (test_gpt_oss.py)."""
+    import torch
+    from test_gpt_oss import SHAPES, make_gpt_oss
+    torch.set_num_threads(1)
+    fields = {**SHAPES[0][1], "rope_scaling": dict(SCALINGS[kind])}
+    model = make_gpt_oss(tmp_path / "hf", seed=61, **fields)
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT])).logits[0].float().numpy()
+    greedy = reference_greedy(model, PROMPT, 10)
+    engine = Engine(convert(tmp_path / "hf", tmp_path / "out", progress=False))
+    err = relative_error(engine.forward(PROMPT), ref)
+    print(f"gpt_oss {kind}: max relative logit error {err:.2e}")
+    assert err < 1e-4
+    assert engine.generate_ids(PROMPT, max_tokens=10, stop_at_end=False) == greedy
+
+
 def _config(arch: str, **rope) -> dict:
     return {"model_type": arch, "hidden_act": "silu", **COMMON, **ARCHS[arch], **rope}
 
@@ -128,6 +147,14 @@ def test_refusals_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match=r"partial_rotary_factor 0.5 is not implemented"):
         _fields(tmp_path / "p", _config("qwen3_moe", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                       "partial_rotary_factor": 0.5}))
+    gemma = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe" / "gemma4" / "config.json"
+    if gemma.is_file():  # Gemma 4's RoPE per layer type: scaled types refused, naming the layer type
+        cfg = json.loads(gemma.read_text())
+        cfg["rope_parameters"]["full_attention"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                                    "original_max_position_embeddings": 64}
+        with pytest.raises(ConfigError, match=r"rope_parameters.full_attention: rope_type 'yarn' with factor 4.0 "
+                                              r"is not implemented .* not yet per layer type"):
+            _fields(tmp_path / "g", cfg)
     with pytest.raises(ConfigError, match=r"gives each layer type its own RoPE"):
         _fields(tmp_path / "n", _config("mixtral", layer_types=["full_attention"] * 2, rope_parameters={
             "full_attention": {"rope_type": "default", "rope_theta": 1e4},
