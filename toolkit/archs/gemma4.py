@@ -69,6 +69,8 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
         if k_eq_v and global_kv is not None:
             full["num_key_value_heads"] = global_kv
         per_layer = {str(i): full for i, t in enumerate(types) if t == "full_attention"}
+    if isinstance(per_layer, dict):  # transformers 5.23 saves the keys zero-padded ("05" of 30 layers)
+        per_layer = {str(int(k)): v for k, v in per_layer.items()}
     shapes = {}
     for i, kind in enumerate(types):
         o = per_layer.get(str(i), per_layer.get(i, {})) if isinstance(per_layer, dict) else {}
