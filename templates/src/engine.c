@@ -524,7 +524,8 @@ static int claim_ring_rows(cb_engine *e, const cb_batch_item *items, int n, char
                  "(window %u), is not in the slot's cache: never written, or past the ring of the last %u positions "
                  "written; go on from where the slot is, or start the sequence again", i, items[i].slot,
                  items[i].pos, gap, e->swa_window, e->swa_rows);
-        for (int j = n - 1; j >= 0; j--) e->ring_pos[(size_t)items[j].slot * rows + items[j].pos % rows] = e->ring_undo[j];
+        for (int j = n - 1; j >= 0; j--)
+            e->ring_pos[(size_t)items[j].slot * rows + items[j].pos % rows] = e->ring_undo[j];
         return -1;
     }
     return 0;

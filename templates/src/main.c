@@ -240,7 +240,8 @@ static void print_memory(const cb_memory_budget *m) {
     char full[32], sliding[32];
     if (m->kv_window)
         fprintf(stderr, "colibri-server: memory: KV cache per slot %s: full-attention layers %s, sliding-window layers "
-                "%s (a ring of %u positions for a window of %u)\n", slot, size_text(m->kv_full_per_slot, full, sizeof full),
+                "%s (a ring of %u positions for a window of %u)\n", slot,
+                size_text(m->kv_full_per_slot, full, sizeof full),
                 size_text(m->kv_sliding_per_slot, sliding, sizeof sliding), m->kv_sliding_rows, m->kv_window);
     else
         fprintf(stderr, "colibri-server: memory: KV cache per slot %s: full-attention layers %s, no sliding-window "

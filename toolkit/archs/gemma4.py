@@ -38,7 +38,8 @@ def _rope(hf: HFConfig, kind: str) -> dict:
     allowed = ("default",) if kind == "sliding_attention" else ("default", "proportional")
     if rope_type not in allowed or params.get("factor", 1.0) != 1.0:
         raise ConfigError(f"{hf.source}: rope_parameters.{kind}: rope_type {rope_type!r} with factor "
-                          f"{params.get('factor', 1.0)} is not implemented (expected {' or '.join(allowed)}, factor 1): "
+                          f"{params.get('factor', 1.0)} is not implemented (expected {' or '.join(allowed)}, "
+                          "factor 1): "
                           "scaled RoPE (linear, llama3, yarn) is implemented for the architectures whose layers share "
                           "one RoPE, not yet per layer type as Gemma 4 gives it")
     partial = params.get("partial_rotary_factor", 1.0) if rope_type == "proportional" else 1.0

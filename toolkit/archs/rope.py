@@ -80,9 +80,10 @@ def rope_fields(hf: HFConfig, default_theta: float = 10000.0) -> dict:
     if kind not in SUPPORTED:
         raise ConfigError(f"{hf.source}: {where} is {kind!r}, not a RoPE type Colibri implements; supported: "
                           f"{', '.join(SUPPORTED)}")
+    top_theta = hf.get("rope_theta", default=default_theta)  # read either way: the dict's wins, as in transformers
     theta = params.pop("rope_theta", None)
     if theta is None:
-        theta = hf.get("rope_theta", default=default_theta)
+        theta = top_theta
     partial = params.pop("partial_rotary_factor", None)
     top_partial = hf.get("partial_rotary_factor")
     for value in (partial, top_partial):
@@ -116,7 +117,8 @@ def rope_fields(hf: HFConfig, default_theta: float = 10000.0) -> dict:
     if kind == "llama3":
         for key in ("low_freq_factor", "high_freq_factor"):
             if not isinstance(params.get(key), (int, float)):
-                raise ConfigError(f"{hf.source}: {field}.{key} is {params.get(key)!r}; RoPE type 'llama3' needs a number")
+                raise ConfigError(f"{hf.source}: {field}.{key} is {params.get(key)!r}; RoPE type 'llama3' needs "
+                                  "a number")
             scaling[key] = float(params[key])
         if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
             raise ConfigError(f"{hf.source}: {field}.high_freq_factor ({scaling['high_freq_factor']}) must be above "
