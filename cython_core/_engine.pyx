@@ -40,6 +40,8 @@ cdef extern from "engine.h" nogil:
     int cb_engine_n_slots(const cb_engine *e)
     ctypedef struct cb_memory_budget:
         size_t dense, experts, least_weights, working_set, kv_per_slot, arena, needs, least
+        size_t kv_full_per_slot, kv_sliding_per_slot
+        unsigned kv_sliding_rows, kv_window
         int slots
     void cb_engine_memory(const cb_engine *e, cb_memory_budget *m)
     const char *cb_engine_model_name(const cb_engine *e)
@@ -342,6 +344,8 @@ cdef class Engine:
             cb_engine_memory(self._live(), &m)
         return {"dense_bytes": m.dense, "experts_bytes": m.experts, "least_weights_bytes": m.least_weights,
                 "expert_working_set_bytes": m.working_set, "kv_cache_bytes_per_slot": m.kv_per_slot,
+                "kv_cache_full_bytes_per_slot": m.kv_full_per_slot,
+                "kv_cache_sliding_bytes_per_slot": m.kv_sliding_per_slot, "kv_sliding_rows": m.kv_sliding_rows,
                 "arena_bytes": m.arena, "slots": m.slots, "needs_bytes": m.needs, "least_bytes": m.least}
 
     @property

@@ -131,8 +131,9 @@ def test_errors_are_clear_and_leave_nothing_behind(tmp_path):
     with pytest.raises(ConfigError,
                        match="architecture 'llama4' is not supported; supported: gemma4, gemma4_text, gpt_oss, mixtral"):
         convert(src, out, progress=False)
-    (src / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
-    with pytest.raises(ConfigError, match="RoPE scaling type 'yarn' is not implemented"):
+    (src / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "ntk-by-parts", "factor": 4.0}}))
+    with pytest.raises(ConfigError, match="rope_scaling.rope_type is 'ntk-by-parts', not a RoPE type Colibri "
+                                          "implements; supported: default, linear, llama3, yarn"):
         convert(src, out, progress=False)
     (src / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": 30.0}))
     with pytest.raises(ConfigError, match="field 'attn_logit_softcapping'"):

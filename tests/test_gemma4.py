@@ -72,6 +72,27 @@ def test_config_has_the_gemma4_layout(tmp_path):
     assert "blk.1.attn_v" not in read_header(out / "weights.cbw")["tensors"]
 
 
+def test_per_layer_config_keys_as_transformers_saves_them(tmp_path):
+    """transformers 5.23 saves per_layer_config with zero-padded keys ("05"
+    of 12 layers): the full layers still get their own head size and KV
+    heads (read as the default shape before)."""
+    from colibri_build.convert import model_config
+    types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(12)]
+    cfg = {"model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 12,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+           "num_global_key_value_heads": 1, "attention_k_eq_v": True, "sliding_window": 8, "layer_types": types,
+           "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 16, "intermediate_size": 32,
+           "max_position_embeddings": 256, "hidden_activation": "gelu_pytorch_tanh", "enable_moe_block": True,
+           "rms_norm_eps": 1e-6, "per_layer_config": {f"{i:02d}": {"head_dim": 32, "num_key_value_heads": 1}
+                                                      for i, t in enumerate(types) if t == "full_attention"},
+           "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                               "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    fields = model_config(tmp_path, "f32", "m", None, 1)[0]
+    assert (fields["head_dim"], fields["kv_heads"]) == (32, 1)
+    assert (fields["attention"]["sliding"]["head_dim"], fields["attention"]["sliding"]["kv_heads"]) == (16, 2)
+
+
 @needs_testdata
 def test_unsupported_gemma4_variants_are_refused(tmp_path):
     from colibri_build.errors import ConfigError

@@ -103,6 +103,8 @@ def test_start_line_and_help(small_dist, small_model, start_server):
     assert line["dense"] == text(want["dense_bytes"]) and line["experts"] == text(want["experts_bytes"])
     assert line["arena"] == text(want["arena_bytes"]) and line["per_slot"] == text(want["kv_cache_bytes_per_slot"])
     assert int(line["slots"]) == want["slots"] == server.get("/health").json()["slots"]
+    split = f"memory: KV cache per slot {line['per_slot']}: full-attention layers {line['per_slot']}, no sliding-window"
+    assert split in server.startup, server.startup
 
     done = subprocess.run([exe, "--help", "--model", small_model, "--threads", "2"], capture_output=True, text=True)
     assert done.returncode == 0 and "usage:" in done.stdout

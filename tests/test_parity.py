@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -182,7 +183,8 @@ def test_windowed_models_built_server_gives_transformers_tokens_and_batches_bit_
     through a built colibri-server (specialised: per-layer shapes come from
     the weights' layer table): transformers' greedy ids; then prompts longer
     than the window sent at once get the answers (tokens, top logprobs,
-    experts) each got alone."""
+    experts) each got alone, prompts that wrap the sliding layers' ring
+    (window + 63 positions) among them."""
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import RunningServer, build_server
@@ -199,7 +201,11 @@ def test_windowed_models_built_server_gives_transformers_tokens_and_batches_bit_
                 "experts": body["expert_activations"]}
     try:
         assert ask(ids)["tokens"] == np.load(ref / "ref" / "greedy_ids.npy").tolist()
-        prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(8)]
+        ring = re.search(r"sliding-window layers \S+ \S+ \(a ring of (\d+) positions for a window of (\d+)\)",
+                         server.startup)
+        assert ring and int(ring[1]) == int(ring[2]) + 63, server.startup
+        prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(6)]
+        prompts += [[(5 * j + i) % 250 + 1 for j in range(n)] for i, n in enumerate((150, 200))]
         alone = [ask(p) for p in prompts]
         with ThreadPoolExecutor(len(prompts)) as pool:
             together = list(pool.map(ask, prompts))

@@ -85,7 +85,9 @@ def memory_budget(cfg: config_mod.ModelConfig, max_memory: int = 0) -> dict:
     Refuses a max_memory that one slot does not fit in."""
     threads = os.cpu_count() or 1
     m = memory_mod.budget(cfg.folder, threads, cfg["batch_slots"], cfg["max_batch_tokens"], cfg=cfg.data)
-    m["arena_bytes_per_thread"] = memory_mod.arena_bytes_per_thread({"context_len": cfg["context_length"]})
+    sliding = cfg["attention"]["sliding"] or {}
+    m["arena_bytes_per_thread"] = memory_mod.arena_bytes_per_thread({"context_len": cfg["context_length"]},
+                                                                    max(cfg["head_dim"], sliding.get("head_dim", 0)))
     m["max_memory_bytes"] = max_memory or None
     if max_memory:
         if m["least_bytes"] > max_memory:

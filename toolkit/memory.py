@@ -56,14 +56,37 @@ def weight_bytes(model: Path, cfg: dict | None = None) -> dict:
             "working_set": working_set, "least": least}
 
 
-def kv_bytes_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None) -> int:
-    """One slot's KV cache: K and V for every layer, position and KV head
-    (layers: the header's per-layer KV heads and head sizes, else all as d)."""
+def ring_rows(d: dict, layers: list[dict] | None, max_batch: int) -> tuple[int, int]:
+    """The sliding layers' window and the positions their cache keeps per
+    slot (size_rings in engine.c): a ring of window + max_batch - 1 (a
+    prefill chunk writes its keys before its first query reads), at most the
+    context; (0, 0) without sliding layers."""
+    window = max((ld.get("window", 0) for ld in layers or []), default=0)
+    return (window, min(d["context_len"], window + max_batch - 1)) if window else (0, 0)
+
+
+def kv_split_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None,
+                      max_batch: int = GENERIC_MAX_BATCH) -> tuple[int, int]:
+    """One slot's KV cache, K and V for every layer and KV head: the
+    full-attention layers' part (every position of the context) and the
+    sliding-window layers' (their ring). layers: the header's per-layer
+    shapes, else all as d."""
     layers = layers or [{"kv_heads": d["n_kv_heads"], "head_dim": d["head_dim"]}] * d["n_layers"]
-    return sum(2 * d["context_len"] * ld["kv_heads"] * ld["head_dim"] * (2 if kv == "f16" else 4) for ld in layers)
+    _, rows = ring_rows(d, layers, max_batch)
+    size = 2 if kv == "f16" else 4
+    full = sum(2 * d["context_len"] * ld["kv_heads"] * ld["head_dim"] * size for ld in layers if not ld.get("window"))
+    sliding = sum(2 * rows * ld["kv_heads"] * ld["head_dim"] * size for ld in layers if ld.get("window"))
+    return full, sliding
 
 
-def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: list[dict] | None = None) -> int:
+def kv_bytes_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None,
+                      max_batch: int = GENERIC_MAX_BATCH) -> int:
+    """One slot's KV cache (kv_split_per_slot, both parts)."""
+    return sum(kv_split_per_slot(d, kv, layers, max_batch))
+
+
+def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: list[dict] | None = None,
+                slots: int = 1) -> int:
     """The engine's arena less the KV cache (kv_total bytes, every slot's):
     carve() in engine.c, buffer by buffer in its order, each start 64-byte
     aligned (so the padding after the K cache counts), then the experts'
@@ -81,14 +104,18 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
     q_dim = max(d["n_heads"] * ld["head_dim"] for ld in layers)
     kv_dim = max(ld["kv_heads"] * ld["head_dim"] for ld in layers)
     E, k = d["n_experts"], d["top_k"]
+    widest_head = max(ld["head_dim"] for ld in layers)
+    window, rows = ring_rows(d, layers, max_batch)
+    ring = rows < ctx if window else False  # the ring reuses rows: positions tracked per slot
     # One RoPE table per distinct (head_dim, theta, pairs) (rope_twin in engine.c).
     rope = sum(ctx * hd // 2 for hd, _, _ in {(ld["head_dim"], ld["rope_theta"], ld["rope_pairs"]) for ld in layers})
     ffn_max = max(d["expert_ffn"], d["shared_ffn"], d["dense_ffn"])
     xq_stride = (max(H, q_dim, ffn_max) + _QK - 1) // _QK
     for count, size in [
-        (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, max(ld["head_dim"] for ld in layers)), _F32),
+        (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, widest_head), _F32),
         (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
-        (B * q_dim, _F32), (B * H, _F32), (threads * _ATTN_BLOCK * ctx, _F32), (B + 1, _I32),
+        (B * q_dim, _F32), (B * H, _F32), (threads * _ATTN_BLOCK * ctx, _F32), (threads * widest_head, _F32),
+        (B + 1, _I32),
         (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),
         (B * (k + 1), _F32), (E + 1, _FFN_UNIT), (B * (k + 1) * ffn_max, _F32), (B * (k + 1) * ffn_max, _F32),
         (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
@@ -99,14 +126,17 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         take(count * size)
     take(kv_total // 2)  # the K cache
     take(kv_total // 2)  # the V cache
+    for count in ((slots * rows, B, slots, slots) if ring else (0, 0, 0, 0)):  # ring_pos, ring_undo, slot_lo/hi
+        take(count * _I32)
     take(_LAYER_WEIGHTS * L)
     used += _FFN_WEIGHTS * L * E + 64
     return used - kv_total
 
 
-def arena_bytes_per_thread(d: dict) -> int:
-    """What each compute thread adds to the arena: its attention scores."""
-    return _ATTN_BLOCK * d["context_len"] * _F32
+def arena_bytes_per_thread(d: dict, widest_head: int = 0) -> int:
+    """What each compute thread adds to the arena: its attention scores, and
+    a head's floats for a wrapped ring's second part."""
+    return _ATTN_BLOCK * d["context_len"] * _F32 + widest_head * _F32
 
 
 def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "f32", cfg: dict | None = None) -> dict:
@@ -114,14 +144,18 @@ def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "f32
     threads, slots, batch and KV cache type."""
     w = weight_bytes(model, cfg)
     d, layers = w["dims"], w["layers"]
-    per_slot = kv_bytes_per_slot(d, kv, layers)
-    arena = arena_bytes(d, threads, max_batch, per_slot * slots, layers)
+    full, sliding = kv_split_per_slot(d, kv, layers, max_batch)
+    per_slot = full + sliding
+    arena = arena_bytes(d, threads, max_batch, per_slot * slots, layers, slots)
     return {
         "dense_bytes": w["dense"],
         "experts_bytes": w["experts"],
         "least_weights_bytes": w["least"],
         "expert_working_set_bytes": w["working_set"],
         "kv_cache_bytes_per_slot": per_slot,
+        "kv_cache_full_bytes_per_slot": full,
+        "kv_cache_sliding_bytes_per_slot": sliding,
+        "kv_sliding_rows": ring_rows(d, layers, max_batch)[1],
         "kv_cache": kv,
         "slots": slots,
         "threads": threads,

@@ -87,18 +87,21 @@ def context(inputs: RenderInputs) -> dict:
         "cpu_check_c_flags": _cpu_check_c_flags(inputs, fallbacks),
         "version": __version__,
         "c_float": _c_float,
-        # K and V elements one token caches over all layers (layers differ in
-        # KV heads and head size: Gemma 4).
-        "kv_elements_per_token": _kv_elements_per_token(cfg) if cfg else 0,
+        # K and V elements one slot caches over all layers (layers differ in
+        # KV heads and head size: Gemma 4; sliding layers keep a ring).
+        "kv_elements_per_slot": _kv_elements_per_slot(cfg) if cfg else 0,
     }
 
 
-def _kv_elements_per_token(cfg: dict) -> int:
+def _kv_elements_per_slot(cfg: dict) -> int:
     """As weights.layer_descs shapes the layers (not imported: no numpy in
-    the wheel build)."""
-    sliding = cfg["attention"].get("sliding")
-    return sum(2 * (sliding["kv_heads"] * sliding["head_dim"] if kind == "sliding" else
-                    cfg["kv_heads"] * cfg["head_dim"]) for kind in cfg["layer_types"])
+    the wheel build) and engine.c sizes the caches: the context for a full
+    layer, a ring of window + max_batch_tokens - 1 (at most the context) for
+    a sliding one."""
+    sliding, ctx = cfg["attention"].get("sliding"), cfg["context_length"]
+    ring = min(ctx, sliding["window"] + cfg["max_batch_tokens"] - 1) if sliding else ctx
+    return sum(2 * (ring * sliding["kv_heads"] * sliding["head_dim"] if kind == "sliding" else
+                    ctx * cfg["kv_heads"] * cfg["head_dim"]) for kind in cfg["layer_types"])
 
 
 RENDER_RECORD = "colibri-render.json"  # also marks a folder as a render (render_into)

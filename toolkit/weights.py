@@ -95,14 +95,32 @@ def dims_from_config(cfg: dict) -> dict:
 
 
 def rope_freqs(cfg: dict) -> np.ndarray | None:
-    """YaRN's inverse frequencies [head_dim/2] as transformers 5.23 works them
-    out (_compute_yarn_parameters, in float32 like torch), or None without
-    rope.scaling. The engine reads them from the 'rope_freqs' tensor."""
+    """The scaled RoPE's inverse frequencies [head_dim/2] as transformers 5.23
+    works them out (modeling_rope_utils.py: _compute_linear_scaling_,
+    _compute_llama3_, _compute_yarn_parameters; in float32 like torch), or
+    None without rope.scaling. The engine reads them from the 'rope_freqs'
+    tensor, for every layer."""
     sc = cfg["rope"]["scaling"]
     if not sc:
         return None
     import math
     d, base, factor = cfg["head_dim"], cfg["rope"]["theta"], sc["factor"]
+    f32 = np.float32
+    exponents = np.arange(0, d, 2, dtype=np.float32) / f32(d)
+    inv_freq = f32(1.0) / (f32(base) ** exponents)
+    if sc["type"] == "linear":
+        return (inv_freq / f32(factor)).astype(np.float32)
+    if sc["type"] == "llama3":
+        orig = sc["original_max_position_embeddings"]
+        low, high = sc["low_freq_factor"], sc["high_freq_factor"]
+        low_wavelen, high_wavelen = orig / low, orig / high
+        # torch's scalar / tensor is reciprocal(tensor) * scalar, in float32
+        wavelen = (f32(1.0) / inv_freq) * f32(2 * math.pi)
+        scaled = np.where(wavelen > low_wavelen, inv_freq / f32(factor), inv_freq).astype(np.float32)
+        smooth = (((f32(1.0) / wavelen) * f32(orig)) - f32(low)) / f32(high - low)
+        smoothed = (f32(1) - smooth) * scaled / f32(factor) + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
     orig = sc["original_max_position_embeddings"]
 
     def correction_dim(rotations):
@@ -113,11 +131,11 @@ def rope_freqs(cfg: dict) -> np.ndarray | None:
     low, high = max(low, 0), min(high, d - 1)
     if low == high:
         high += 0.001
-    pos = np.float32(base) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
-    extrapolation = np.float32(1.0) / pos
-    interpolation = np.float32(1.0) / (np.float32(factor) * pos)
-    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
-    extra = np.float32(1) - ramp.astype(np.float32)
+    pos = f32(base) ** exponents
+    extrapolation = f32(1.0) / pos
+    interpolation = f32(1.0) / (f32(factor) * pos)
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - f32(low)) / f32(high - low), 0, 1)
+    extra = f32(1) - ramp.astype(np.float32)
     return (interpolation * (1 - extra) + extrapolation * extra).astype(np.float32)
 
 

@@ -41,30 +41,43 @@ static float attn_scale(const cb_dims *d, int hd) {
 }
 
 /* softmax(q k^T * scale) v over positions start..pos of one item and head
- * (start past 0 only in a sliding-window layer). */
-static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores) {
+ * (start past 0 only in a sliding-window layer, whose ring may hold them in
+ * two runs of rows: the older at the ring's end, then the newer from row 0;
+ * scores go in position order either way, V's two runs mixed apart and
+ * added). part: a worker's [head_dim] floats. */
+static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores, float *part) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_desc *ld = &e->w.layer_desc[layer];
     /* HF repeat_kv: contiguous groups */
     const int hd = (int)ld->head_dim, kvh = h / (int)(d->n_heads / ld->n_kv_heads);
     const int q_dim = (int)d->n_heads * hd;
     const int start = ld->window && it->pos + 1 > (int)ld->window ? it->pos + 1 - (int)ld->window : 0;
-    const int n = it->pos + 1 - start;
+    const int n = it->pos + 1 - start, rows = (int)kv_rows(e, layer);
+    const int r0 = start % rows, n1 = r0 + n <= rows ? n : rows - r0; /* n1 keys before the wrap */
     const float scale = attn_scale(d, hd);
     const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
     float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
-    const size_t skip = (size_t)start * hd * kv_element(e);
-    const void *k = (const uint8_t *)cache_head(e, e->k_cache, it->slot, layer, kvh) + skip;
-    const void *v = (const uint8_t *)cache_head(e, e->v_cache, it->slot, layer, kvh) + skip;
-    if (e->kv_f16) cb_attn_scores_f16(q, k, hd, n, hd, scale, scores);
-    else cb_attn_scores(q, k, hd, n, hd, scale, scores);
+    const size_t row = (size_t)hd * kv_element(e);
+    const uint8_t *k = cache_head(e, e->k_cache, it->slot, layer, kvh);
+    const uint8_t *v = cache_head(e, e->v_cache, it->slot, layer, kvh);
+    if (e->kv_f16) cb_attn_scores_f16(q, (const cb_half *)(k + r0 * row), hd, n1, hd, scale, scores);
+    else cb_attn_scores(q, (const float *)(k + r0 * row), hd, n1, hd, scale, scores);
+    if (n1 < n) {
+        if (e->kv_f16) cb_attn_scores_f16(q, (const cb_half *)k, hd, n - n1, hd, scale, scores + n1);
+        else cb_attn_scores(q, (const float *)k, hd, n - n1, hd, scale, scores + n1);
+    }
     const float *sinks = e->w.layers[layer].sinks;
     /* gpt-oss: one more column in the softmax, not mixed (a worker's scores
      * hold CB_ATTN_BLOCK * context floats: room for it). */
     if (sinks) scores[n] = sinks[h];
     cb_softmax(scores, sinks ? n + 1 : n);
-    if (e->kv_f16) cb_attn_mix_f16(out, scores, v, hd, n, hd);
-    else cb_attn_mix(out, scores, v, hd, n, hd);
+    if (e->kv_f16) cb_attn_mix_f16(out, scores, (const cb_half *)(v + r0 * row), hd, n1, hd);
+    else cb_attn_mix(out, scores, (const float *)(v + r0 * row), hd, n1, hd);
+    if (n1 < n) {
+        if (e->kv_f16) cb_attn_mix_f16(part, scores + n1, (const cb_half *)v, hd, n - n1, hd);
+        else cb_attn_mix(part, scores + n1, (const float *)v, hd, n - n1, hd);
+        cb_axpy(out, 1.0f, part, hd);
+    }
 }
 
 /* Heads taken four at a time where each KV head serves a multiple of four
@@ -99,6 +112,7 @@ static void attend_task(void *p, int task, int worker) {
     const size_t ctx = d->context_len;
     const float scale = attn_scale(d, hd);
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * ctx;
+    float *part = e->mix_part + (size_t)worker * e->widest_head;
     int begin, end;
     cb_split(t->n_runs * per_run, task, t->n_tasks, &begin, &end);
     for (int job = begin; job < end; job++) {
@@ -143,7 +157,7 @@ static void attend_task(void *p, int task, int worker) {
 #else
         (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
 #endif
-        for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores);
+        for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part);
     }
 }
 
@@ -191,8 +205,8 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
     const float *cos_p = e->layer_cos[t->layer] + off, *sin_p = e->layer_sin[t->layer] + off;
     cb_rope_neox(q, (int)d->n_heads, hd, cos_p, sin_p);
     cb_rope_neox(k, nkv, hd, cos_p, sin_p);
+    const size_t at = (size_t)(it->pos % (int)kv_rows(e, t->layer)) * hd; /* a sliding layer's ring row */
     for (int h = 0; h < nkv; h++) {
-        const size_t at = (size_t)it->pos * hd;
         uint8_t *kc = cache_head(e, e->k_cache, it->slot, t->layer, h);
         uint8_t *vc = cache_head(e, e->v_cache, it->slot, t->layer, h);
         if (e->kv_f16) {

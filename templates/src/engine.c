@@ -5,6 +5,7 @@
  *   logits = output(RMSNorm(x))
  * (Gemma 4: embeddings scaled, post-norms in the layer, logits soft-capped). */
 #include <float.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +151,7 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(attn, B * q_dim);
     TAKE(proj, B * H);
     TAKE(scores, (size_t)n_threads * CB_ATTN_BLOCK * ctx);
+    TAKE(mix_part, (size_t)n_threads * widest_head);
     TAKE(attn_runs, B + 1);
     TAKE(router_logits, B * E);
     TAKE(routing, B * d->n_layers * k);
@@ -180,6 +182,10 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(kv_layer_at, d->n_layers);
     TAKE(k_cache, cb_engine_kv_bytes(e) / 2);
     TAKE(v_cache, cb_engine_kv_bytes(e) / 2);
+    TAKE(ring_pos, e->swa_ring ? (size_t)e->n_slots * e->swa_rows : 0);
+    TAKE(ring_undo, e->swa_ring ? B : 0);
+    TAKE(slot_lo, e->swa_ring ? (size_t)e->n_slots : 0);
+    TAKE(slot_hi, e->swa_ring ? (size_t)e->n_slots : 0);
 #undef TAKE
     e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
 }
@@ -244,17 +250,36 @@ static int open_embedded(cb_engine *e, cb_model_config *cfg, cb_embedded *m, cha
 }
 
 /* Where each layer's K (or V) cache lies in a slot's: layers differ in KV
- * heads and head size (Gemma 4). Sliding-window layers keep the whole
- * context too (positions index the cache directly; the window only limits
- * what a query reads), so one layout serves every layer. */
+ * heads and head size (Gemma 4), and a sliding-window layer keeps only its
+ * ring of swa_rows positions (kv_rows). */
 static size_t kv_slot_bytes(const cb_engine *e, size_t *layer_at) {
     const cb_dims *d = CB_DIMS(e);
     size_t at = 0;
     for (uint32_t l = 0; l < d->n_layers; l++) {
         if (layer_at) layer_at[l] = at;
-        at += (size_t)d->context_len * e->w.layer_desc[l].n_kv_heads * e->w.layer_desc[l].head_dim * kv_element(e);
+        at += (size_t)kv_rows(e, (int)l) * e->w.layer_desc[l].n_kv_heads * e->w.layer_desc[l].head_dim * kv_element(e);
     }
     return at;
+}
+
+/* The sliding layers' window (one for all of them) and their ring: the
+ * window and a prefill chunk's max_batch - 1 more, at most the context.
+ * 0, or -1 with the message. */
+static int size_rings(cb_engine *e, const char *path, char *err, size_t err_len) {
+    const cb_dims *d = CB_DIMS(e);
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        const uint32_t w = e->w.layer_desc[l].window;
+        if (w && e->swa_window && w != e->swa_window) {
+            snprintf(err, err_len, "%s: sliding layers with different windows (%u and %u); one window is supported",
+                     path, e->swa_window, w);
+            return -1;
+        }
+        if (w) e->swa_window = w;
+    }
+    const uint64_t ring = (uint64_t)e->swa_window + (uint64_t)e->max_batch - 1;
+    e->swa_rows = e->swa_window ? (uint32_t)(ring < d->context_len ? ring : d->context_len) : 0;
+    e->swa_ring = e->swa_window && e->swa_rows < d->context_len;
+    return 0;
 }
 
 cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enum cb_kv_type kv, char *err,
@@ -308,13 +333,15 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
 #endif
     e->max_batch = CB_MAX_BATCH;
     e->kv_f16 = kv == CB_KV_F16;
+    if (size_rings(e, path, err, err_len) != 0) goto fail;
     /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
     double kv_bytes = 0;
     for (uint32_t l = 0; l < d->n_layers; l++) {
         const cb_layer_desc *ld = &e->w.layer_desc[l];
-        kv_bytes += 2.0 * e->n_slots * d->context_len * ld->n_kv_heads * ld->head_dim * (e->kv_f16 ? 2.0 : 4.0);
+        kv_bytes += 2.0 * e->n_slots * kv_rows(e, (int)l) * ld->n_kv_heads * ld->head_dim * (e->kv_f16 ? 2.0 : 4.0);
         e->q_max = max_int(e->q_max, (int)(d->n_heads * ld->head_dim));
         e->kv_max = max_int(e->kv_max, (int)(ld->n_kv_heads * ld->head_dim));
+        e->widest_head = max_int(e->widest_head, (int)ld->head_dim);
     }
     if (kv_bytes > 0x1p50) {
         snprintf(err, err_len, "%s: the KV cache of %d slots of %u tokens would take %.3g GiB", path, e->n_slots,
@@ -351,6 +378,8 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         goto fail;
     }
     kv_slot_bytes(e, e->kv_layer_at);
+    if (e->swa_ring)
+        for (size_t i = 0; i < (size_t)e->n_slots * e->swa_rows; i++) e->ring_pos[i] = -1;
     for (uint32_t i = 0; i < d->hidden; i++) e->ones[i] = 1.0f;
     for (uint32_t l = 0; l < d->n_layers; l++)
         for (uint32_t i = 0; i < e->w.layer_desc[l].head_dim; i++) e->ones[i] = 1.0f;
@@ -404,6 +433,14 @@ void cb_engine_memory(const cb_engine *e, cb_memory_budget *m) {
     m->working_set = b.working_set;
     m->slots = e->n_slots;
     m->kv_per_slot = cb_engine_kv_bytes(e) / (size_t)e->n_slots;
+    m->kv_sliding_per_slot = 0;
+    for (uint32_t l = 0; l < CB_DIMS(e)->n_layers; l++)
+        if (e->w.layer_desc[l].window)
+            m->kv_sliding_per_slot += 2 * (size_t)e->swa_rows * e->w.layer_desc[l].n_kv_heads *
+                                      e->w.layer_desc[l].head_dim * kv_element(e);
+    m->kv_full_per_slot = m->kv_per_slot - m->kv_sliding_per_slot;
+    m->kv_sliding_rows = e->swa_rows;
+    m->kv_window = e->swa_window;
     m->arena = e->arena.cap - cb_engine_kv_bytes(e);
     m->needs = m->dense + m->experts + (size_t)m->slots * m->kv_per_slot + m->arena;
     m->least = m->least_weights + m->kv_per_slot + m->arena;
@@ -433,6 +470,63 @@ static int check_batch(const cb_engine *e, const cb_batch_item *items, int n, ch
             snprintf(err, err_len, "item %d: token %d; expected 0..%u", i, it->token, d->vocab - 1);
             return -1;
         }
+    }
+    return 0;
+}
+
+/* Whether every position before pos that the sliding layers' window reads
+ * is in slot's ring (ring_pos); the first one that is not, or -1. */
+static int ring_gap(const cb_engine *e, int slot, int pos) {
+    const int rows = (int)e->swa_rows, first = pos + 1 > (int)e->swa_window ? pos + 1 - (int)e->swa_window : 0;
+    const int32_t *held = e->ring_pos + (size_t)slot * rows;
+    for (int q = first; q < pos; q++)
+        if (held[q % rows] != q) return q;
+    return -1;
+}
+
+int cb_engine_slot_holds(const cb_engine *e, int slot, int pos) {
+    if (slot < 0 || slot >= e->n_slots || pos < 0 || (uint32_t)pos >= CB_DIMS(e)->context_len) return 0;
+    return !e->swa_ring || ring_gap(e, slot, pos) < 0;
+}
+
+/* Where sliding layers reuse ring rows: records the batch's positions in
+ * ring_pos, then checks that every position an item's window reads is held
+ * once this batch's keys are written. A slot's items span under max_batch
+ * positions, so with the window they fit the ring and never take each
+ * other's rows. On a refusal ring_pos is put back as it was. */
+static int claim_ring_rows(cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
+    if (!e->swa_ring) return 0;
+    const int rows = (int)e->swa_rows;
+    for (int i = 0; i < n; i++) e->slot_lo[items[i].slot] = INT32_MAX, e->slot_hi[items[i].slot] = -1;
+    for (int i = 0; i < n; i++) {
+        const cb_batch_item *it = &items[i];
+        if (it->pos < e->slot_lo[it->slot]) e->slot_lo[it->slot] = it->pos;
+        if (it->pos > e->slot_hi[it->slot]) e->slot_hi[it->slot] = it->pos;
+    }
+    for (int i = 0; i < n; i++) {
+        const int s = items[i].slot;
+        if (e->slot_hi[s] - e->slot_lo[s] >= e->max_batch) {
+            snprintf(err, err_len, "items of slot %d at positions %d and %d: one batch's positions of a slot must lie "
+                     "within %d of each other (the sliding layers keep a ring of %u positions)", s, e->slot_lo[s],
+                     e->slot_hi[s], e->max_batch, e->swa_rows);
+            return -1;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        int32_t *row = e->ring_pos + (size_t)items[i].slot * rows + items[i].pos % rows;
+        e->ring_undo[i] = *row;
+        *row = items[i].pos;
+    }
+    for (int i = 0; i < n; i++) {
+        const int gap = ring_gap(e, items[i].slot, items[i].pos);
+        if (gap < 0) continue;
+        snprintf(err, err_len, "item %d (slot %d, position %d): position %d, which its sliding-window layers read "
+                 "(window %u), is not in the slot's cache: never written, or past the ring of the last %u positions "
+                 "written; go on from where the slot is, or start the sequence again", i, items[i].slot,
+                 items[i].pos, gap, e->swa_window, e->swa_rows);
+        for (int j = n - 1; j >= 0; j--)
+            e->ring_pos[(size_t)items[j].slot * rows + items[j].pos % rows] = e->ring_undo[j];
+        return -1;
     }
     return 0;
 }
@@ -469,7 +563,7 @@ static int report_faults(const cb_engine *e, const cb_batch_item *items, int n, 
 }
 
 int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
-    if (check_batch(e, items, n, err, err_len) != 0) return -1;
+    if (check_batch(e, items, n, err, err_len) != 0 || claim_ring_rows(e, items, n, err, err_len) != 0) return -1;
     for (int i = 0; i < n; i++) e->item_fault[i] = -1;
     const cb_dims *d = CB_DIMS(e);
     const int H = (int)d->hidden;

@@ -42,6 +42,11 @@ const cb_dims *cb_engine_dims(const cb_engine *e);
  * as positions fill). */
 size_t cb_engine_kv_bytes(const cb_engine *e);
 int cb_engine_n_slots(const cb_engine *e);
+/* 1 when a token at pos in slot finds every earlier position it reads in
+ * the cache: always, but where sliding-window layers keep a ring of the
+ * last positions written, which a slot taken back to an earlier position
+ * may have overwritten (cb_engine_forward refuses such a token). */
+int cb_engine_slot_holds(const cb_engine *e, int slot, int pos);
 
 /* The RAM a running engine needs, in bytes (toolkit/memory.py computes the
  * same from the weights file, for build-info.json). Weights are mapped from
@@ -54,7 +59,10 @@ typedef struct {
     size_t least_weights; /* what one token keeps resident: dense less the embedding rows it does not read,
                             and the working set */
     size_t working_set;  /* top_k expert blocks of each MoE layer: one token's share at batch 1 */
-    size_t kv_per_slot;  /* the KV cache of one slot (the whole context) */
+    size_t kv_per_slot;  /* the KV cache of one slot: kv_full_per_slot + kv_sliding_per_slot */
+    size_t kv_full_per_slot;    /* its full-attention layers' part (the whole context) */
+    size_t kv_sliding_per_slot; /* its sliding-window layers' part (a ring: kv_sliding_rows positions) */
+    unsigned kv_sliding_rows, kv_window; /* positions a sliding layer keeps, and its window; 0 if none */
     size_t arena;        /* activations, logits, scratch, RoPE tables: the arena less the KV cache */
     int slots;
     size_t needs;        /* dense + experts + slots x kv_per_slot + arena */
@@ -72,7 +80,8 @@ const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e);
 /* Runs the batch. Returns
  *   0  every item's numbers stayed finite;
  *  -1  nothing ran: a message in err (bad slot, position past the context,
- *      batch too large, token out of the vocabulary);
+ *      batch too large, token out of the vocabulary, a position a sliding
+ *      layer reads no longer cached: cb_engine_slot_holds);
  *  >0  the batch ran, but that many items met a NaN or inf (a broken weight,
  *      an overflow): err describes the first; cb_engine_item_fault() tells
  *      which. Items never mix, so the others' results are exact (the same

@@ -27,8 +27,10 @@ struct cb_engine {
     float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2, d and nkv the widest layer's */
     float *attn;               /* attention output before wo [B][nh*d] */
     int q_max, kv_max;         /* the widest layer's nh*d and nkv*d */
+    int widest_head;           /* the largest head_dim of any layer */
     float *proj;               /* wo output / MoE output [B][H] */
     float *scores;             /* per worker [n_threads][CB_ATTN_BLOCK][context] */
+    float *mix_part;           /* per worker [n_threads][widest head]: a wrapped ring's second segment */
     int32_t *attn_runs;        /* a layer's runs of items attending together [B+1] */
     float *router_logits;      /* [B][E] */
     int32_t *routing;          /* chosen experts [B][L][top_k] */
@@ -65,18 +67,33 @@ struct cb_engine {
     int kv_f16;                /* the cache holds float16 (cb_half), else float */
     size_t *kv_layer_at;       /* where each layer's cache starts in a slot's, in bytes [L] */
     size_t kv_slot_bytes;      /* one slot's K (or V) cache over all layers */
-    uint8_t *k_cache, *v_cache; /* [slots] of: per layer [nkv][context][d] elements (the layer's nkv, d) */
+    uint8_t *k_cache, *v_cache; /* [slots] of: per layer [nkv][rows][d] elements (the layer's nkv, d; kv_rows) */
+    /* Sliding-window layers keep a ring of swa_rows positions, position p in
+     * row p % swa_rows: the window, and max_batch - 1 more, since a prefill
+     * chunk writes all its keys before its first query reads the keys up to
+     * window - 1 before it. At most the context (then no row is reused). */
+    uint32_t swa_window;       /* the sliding layers' window; 0: none */
+    uint32_t swa_rows;
+    int swa_ring;              /* swa_rows < context: rows are reused, ring_pos tracks them */
+    int32_t *ring_pos;         /* [slots][swa_rows]: the position a ring row holds, -1: none */
+    int32_t *ring_undo;        /* [B]: the ring_pos entries a refused batch puts back */
+    int32_t *slot_lo, *slot_hi; /* [slots]: a batch's lowest and highest position per slot */
 };
 
 static inline size_t kv_element(const cb_engine *e) { return e->kv_f16 ? sizeof(cb_half) : sizeof(float); }
 
-/* The cache of one KV head: [context][head_dim] elements (float or
- * cb_half), each head's positions contiguous, so attending streams them from
- * memory in order. */
+/* Positions a layer's cache holds per KV head: the context, or a sliding
+ * layer's ring. */
+static inline uint32_t kv_rows(const cb_engine *e, int layer) {
+    return e->w.layer_desc[layer].window ? e->swa_rows : CB_DIMS(e)->context_len;
+}
+
+/* The cache of one KV head: [rows][head_dim] elements (float or cb_half),
+ * each head's positions contiguous (a ring's wrap aside), so attending
+ * streams them from memory in order. */
 static inline void *cache_head(const cb_engine *e, uint8_t *cache, int slot, int layer, int kv_head) {
-    const cb_dims *d = CB_DIMS(e);
     return cache + (size_t)slot * e->kv_slot_bytes + e->kv_layer_at[layer] +
-           (size_t)kv_head * d->context_len * e->w.layer_desc[layer].head_dim * kv_element(e);
+           (size_t)kv_head * kv_rows(e, layer) * e->w.layer_desc[layer].head_dim * kv_element(e);
 }
 
 /* One FFN run over some of the batch's tokens: pairs [begin, begin+count)

@@ -237,6 +237,15 @@ static void print_memory(const cb_memory_budget *m) {
             size_text(m->experts, exp, sizeof exp), size_text((size_t)m->slots * m->kv_per_slot, kv, sizeof kv),
             m->slots, size_text(m->kv_per_slot, slot, sizeof slot), size_text(m->arena, arena, sizeof arena),
             size_text(m->least, least, sizeof least));
+    char full[32], sliding[32];
+    if (m->kv_window)
+        fprintf(stderr, "colibri-server: memory: KV cache per slot %s: full-attention layers %s, sliding-window layers "
+                "%s (a ring of %u positions for a window of %u)\n", slot,
+                size_text(m->kv_full_per_slot, full, sizeof full),
+                size_text(m->kv_sliding_per_slot, sliding, sizeof sliding), m->kv_sliding_rows, m->kv_window);
+    else
+        fprintf(stderr, "colibri-server: memory: KV cache per slot %s: full-attention layers %s, no sliding-window "
+                "layers\n", slot, size_text(m->kv_full_per_slot, full, sizeof full));
 }
 
 /* Why a server under --max-memory may run slower than it could. */
@@ -393,8 +402,7 @@ int main(int argc, char **argv) {
             char slot[32];
             printf("memory: the KV cache takes %s a slot (%u tokens, f32; half with --kv-cache f16); give --model DIR "
                    "with --help for the whole budget (weights, KV cache, arena)\n",
-                   size_text(CB_KV_ELEMENTS_PER_TOKEN * d->context_len * sizeof(float),
-                             slot, sizeof slot), d->context_len);
+                   size_text(CB_KV_ELEMENTS_PER_SLOT * sizeof(float), slot, sizeof slot), d->context_len);
 #else
             printf("memory: give --model DIR with --help for the model's budget (weights, KV cache, arena)\n");
 #endif

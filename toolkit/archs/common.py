@@ -51,51 +51,65 @@ class HFConfig:
                                    f"{unknown[0]} to colibri-build convert")
 
 
-def rope_theta(hf: HFConfig) -> float:
-    """rope_theta (transformers 4) or rope_parameters.rope_theta (5); only the
-    default RoPE is implemented."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling")
-    kind = (params.get("rope_type") or params.get("type") or "default") if params else "default"
-    if scaling:
-        kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ConfigError(f"{hf.source}: RoPE scaling type '{kind}' is not implemented by Colibri's engine "
-                          "(only the default RoPE)")
-    theta = params.get("rope_theta") if params else None
-    if theta is None:
-        theta = hf.get("rope_theta", default=10000.0)
-    return float(theta)
-
-
 def base_fields(hf: HFConfig, context_length: int | None) -> dict:
     """The fields every supported architecture has."""
+    from .rope import rope_fields  # rope.py reads configs through HFConfig, defined here
     hidden = hf.get("hidden_size", required=True)
     heads = hf.get("num_attention_heads", required=True)
     hf.require("hidden_act", ["silu"], "SwiGLU experts with SiLU")
     max_pos = hf.get("max_position_embeddings", default=4096)
     ctx = min(max_pos, context_length or 4096)
-    window = hf.get("sliding_window")
-    if hf.get("use_sliding_window", default=False):
-        raise ConfigError(f"{hf.source}: use_sliding_window is true; sliding-window attention is not implemented")
-    if window and hf.data.get("model_type") == "mixtral" and window < ctx:
-        raise ConfigError(f"{hf.source}: sliding_window {window} is shorter than the context ({ctx}); "
-                          "sliding-window attention is not implemented (pass --context-length <= the window)")
-    layer_types = hf.get("layer_types")
-    if layer_types and any(t != "full_attention" for t in layer_types):
-        raise ConfigError(f"{hf.source}: layer_types {sorted(set(layer_types))}: only full attention is implemented")
-    return {
-        "layers": hf.get("num_hidden_layers", required=True),
+    n_layers = hf.get("num_hidden_layers", required=True)
+    kv_heads = hf.get("num_key_value_heads", default=heads)
+    head_dim = hf.get("head_dim", default=None) or hidden // heads
+    rope = rope_fields(hf)
+    fields = {
+        "layers": n_layers,
         "hidden_size": hidden,
         "heads": heads,
-        "kv_heads": hf.get("num_key_value_heads", default=heads),
-        "head_dim": hf.get("head_dim", default=None) or hidden // heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
         "vocab_size": hf.get("vocab_size", required=True),
         "norm_eps": hf.get("rms_norm_eps", required=True),
-        "rope": {"theta": rope_theta(hf)},
+        "rope": rope,
         "context_length": ctx,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
+        "attention": {},
     }
+    types, window = sliding_layers(hf, n_layers)
+    if window and window < ctx and "sliding" in types:  # a window as long as the context limits nothing
+        fields["layer_types"] = types
+        fields["attention"]["sliding"] = {"window": window, "head_dim": head_dim, "kv_heads": kv_heads,
+                                          "rope_theta": rope["theta"]}
+    return fields
+
+
+def sliding_layers(hf: HFConfig, n_layers: int) -> tuple[list[str], int | None]:
+    """Each layer's attention ("full" or "sliding") and the window, as
+    transformers masks them (kv > q - sliding_window: the window counts the
+    query itself): Mixtral, every layer when sliding_window is set;
+    Qwen3-MoE, every layer with use_sliding_window; Qwen2-MoE, the layers
+    layer_types names (by default the even ones below max_window_layers)
+    with use_sliding_window; OLMoE none."""
+    model_type = hf.data.get("model_type")
+    window = hf.get("sliding_window")
+    use = bool(hf.get("use_sliding_window", default=model_type == "mixtral"))
+    given = hf.get("layer_types")
+    if given is not None and (len(given) != n_layers or set(given) - {"full_attention", "sliding_attention"}):
+        raise ConfigError(f"{hf.source}: layer_types {given} is not {n_layers} of full_attention / sliding_attention")
+    if model_type == "olmoe" and use:
+        raise ConfigError(f"{hf.source}: use_sliding_window is true; OLMoE has no sliding-window attention")
+    if model_type == "qwen2_moe":
+        below = hf.get("max_window_layers", default=28)
+        if given is None:
+            given = ["sliding_attention" if (i + 1) % 2 and i < below and use else "full_attention"
+                     for i in range(n_layers)]
+        if not (use and window):  # transformers' Qwen2-MoE: sliding_window 0 without use_sliding_window
+            return ["full"] * n_layers, None
+    elif model_type in ("mixtral", "qwen3_moe"):
+        given = ["sliding_attention" if use and window else "full_attention"] * n_layers
+    types = ["sliding" if t == "sliding_attention" else "full" for t in given or ["full_attention"] * n_layers]
+    return types, window if use else None
 
 
 def softmax_router(hf: HFConfig) -> str:

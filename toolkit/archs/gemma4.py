@@ -38,7 +38,10 @@ def _rope(hf: HFConfig, kind: str) -> dict:
     allowed = ("default",) if kind == "sliding_attention" else ("default", "proportional")
     if rope_type not in allowed or params.get("factor", 1.0) != 1.0:
         raise ConfigError(f"{hf.source}: rope_parameters.{kind}: rope_type {rope_type!r} with factor "
-                          f"{params.get('factor', 1.0)} is not implemented (expected {' or '.join(allowed)}, factor 1)")
+                          f"{params.get('factor', 1.0)} is not implemented (expected {' or '.join(allowed)}, "
+                          "factor 1): "
+                          "scaled RoPE (linear, llama3, yarn) is implemented for the architectures whose layers share "
+                          "one RoPE, not yet per layer type as Gemma 4 gives it")
     partial = params.get("partial_rotary_factor", 1.0) if rope_type == "proportional" else 1.0
     return {"theta": float(params.get("rope_theta", 10000.0)), "partial": float(partial)}
 
@@ -67,6 +70,8 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
         if k_eq_v and global_kv is not None:
             full["num_key_value_heads"] = global_kv
         per_layer = {str(i): full for i, t in enumerate(types) if t == "full_attention"}
+    if isinstance(per_layer, dict):  # transformers 5.23 saves the keys zero-padded ("05" of 30 layers)
+        per_layer = {str(int(k)): v for k, v in per_layer.items()}
     shapes = {}
     for i, kind in enumerate(types):
         o = per_layer.get(str(i), per_layer.get(i, {})) if isinstance(per_layer, dict) else {}

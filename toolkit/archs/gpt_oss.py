@@ -1,5 +1,5 @@
 """gpt-oss (GptOssForCausalLM): attention sinks, q/k/v/o biases, sliding and
-full layers alternating (same head shape), YaRN RoPE, a biased router whose
+full layers alternating (same head shape), YaRN RoPE (or any type of rope.py), a biased router whose
 top-k logits are softmaxed, experts with biases and a clamped SwiGLU
 (ARCHITECTURES.md §6; transformers 5.23 is the truth). The real
 checkpoints' MXFP4 experts (*_blocks / *_scales, quantization_config
@@ -7,35 +7,11 @@ quant_method mxfp4) are kept as GGML MXFP4 blocks (convert.py)."""
 
 from __future__ import annotations
 
-import math
-
 from ..errors import ConfigError
 from .common import HFConfig
+from .rope import rope_fields
 
 ARCHITECTURE = "gpt_oss"
-
-
-def _yarn(hf: HFConfig) -> tuple[float, dict | None]:
-    """rope_theta and the yarn scaling, in either spelling (rope_theta +
-    rope_scaling, or transformers 5's rope_parameters)."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or params
-    theta = float(params.get("rope_theta") or hf.get("rope_theta", default=150000.0))
-    kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind == "default":
-        return theta, None
-    if kind != "yarn":
-        raise ConfigError(f"{hf.source}: RoPE scaling '{kind}' is not implemented for gpt_oss (only yarn)")
-    for key in ("mscale", "mscale_all_dim"):
-        if scaling.get(key):
-            raise ConfigError(f"{hf.source}: rope scaling {key} is not implemented")
-    factor = float(scaling["factor"])
-    attention = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
-    return theta, {"type": "yarn", "factor": factor,
-                   "original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
-                   "beta_fast": float(scaling.get("beta_fast") or 32),
-                   "beta_slow": float(scaling.get("beta_slow") or 1),
-                   "truncate": bool(scaling.get("truncate", True)), "attention_factor": float(attention)}
 
 
 def model_fields(hf: HFConfig, context_length: int | None) -> dict:
@@ -53,13 +29,13 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
     if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
         raise ConfigError(f"{hf.source}: layer_types {types} is not {n_layers} of sliding_attention / full_attention")
-    theta, scaling = _yarn(hf)
+    rope = rope_fields(hf, default_theta=150000.0)
     max_pos = hf.get("max_position_embeddings", default=131072)
     ctx = min(max_pos, context_length or 4096)
     fields = {
         "layers": n_layers, "hidden_size": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
         "vocab_size": hf.get("vocab_size", required=True), "norm_eps": hf.get("rms_norm_eps", required=True),
-        "rope": {"theta": theta, "scaling": scaling}, "context_length": ctx,
+        "rope": rope, "context_length": ctx,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
         "experts": hf.get("num_local_experts", required=True), "top_k": hf.get("num_experts_per_tok", required=True),
         "expert_ffn_size": hf.get("intermediate_size", required=True), "router": "topk_softmax",
@@ -72,5 +48,5 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     if "sliding_attention" in types:
         window = hf.get("sliding_window", required=True)
         fields["attention"]["sliding"] = {"window": min(window, ctx), "head_dim": head_dim, "kv_heads": kv_heads,
-                                          "rope_theta": theta}
+                                          "rope_theta": rope["theta"]}
     return fields

@@ -12,6 +12,6 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
         experts=hf.get("num_experts", required=True), top_k=hf.get("num_experts_per_tok", required=True),
         expert_ffn_size=hf.get("intermediate_size", required=True),
         router=softmax_router(hf),
-        attention={"qk_norm": "whole", "clip_qkv": hf.get("clip_qkv")},
+        attention={**fields["attention"], "qk_norm": "whole", "clip_qkv": hf.get("clip_qkv")},
     )
     return fields

@@ -11,7 +11,7 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     fields.update(
         qwen_moe_fields(hf, fields["layers"]),
         # Released configs predate the qkv_bias field and always have the biases.
-        attention={"qkv_bias": bool(hf.get("qkv_bias", default=True))},
+        attention={**fields["attention"], "qkv_bias": bool(hf.get("qkv_bias", default=True))},
         shared_experts=1 if shared else 0, shared_expert_ffn_size=shared, shared_expert_gate=bool(shared),
     )
     return fields
