@@ -26,6 +26,9 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->metrics_public = opt->metrics_public;
     a->step_tokens = opt->step_tokens;
     a->verbose = opt->verbose;
+    a->cors_origins = opt->n_cors_origins > 0 ? opt->cors_origins : NULL;
+    a->n_cors_origins = opt->n_cors_origins;
+    cb_reasoning_init(a);
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
@@ -188,6 +191,26 @@ static void handle_health(cb_app *a, cb_conn *c, const char *body, size_t len) {
     cb_respond_json(a, c, a->draining ? 503 : 200, &w);
 }
 
+/* The model object: OpenAI's fields, and the context length (prompt and
+ * completion together) under the names vLLM (max_model_len) and others
+ * (context_length) give it. */
+static void write_model(cb_app *a, cb_jw *w) {
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "id");
+    cb_jw_str(w, cb_engine_model_name(a->engine));
+    cb_jw_key(w, "object");
+    cb_jw_str(w, "model");
+    cb_jw_key(w, "created");
+    cb_jw_int(w, 0);
+    cb_jw_key(w, "owned_by");
+    cb_jw_str(w, "colibri");
+    cb_jw_key(w, "context_length");
+    cb_jw_int(w, a->dims->context_len);
+    cb_jw_key(w, "max_model_len");
+    cb_jw_int(w, a->dims->context_len);
+    cb_jw_end_object(w);
+}
+
 static void handle_models(cb_app *a, cb_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
     cb_jw w;
@@ -197,19 +220,40 @@ static void handle_models(cb_app *a, cb_conn *c, const char *body, size_t len) {
     cb_jw_str(&w, "list");
     cb_jw_key(&w, "data");
     cb_jw_begin_array(&w);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "id");
-    cb_jw_str(&w, cb_engine_model_name(a->engine));
-    cb_jw_key(&w, "object");
-    cb_jw_str(&w, "model");
-    cb_jw_key(&w, "created");
-    cb_jw_int(&w, 0);
-    cb_jw_key(&w, "owned_by");
-    cb_jw_str(&w, "colibri");
-    cb_jw_end_object(&w);
+    write_model(a, &w);
     cb_jw_end_array(&w);
     cb_jw_end_object(&w);
     cb_respond_json(a, c, 200, &w);
+}
+
+static int hex_digit(char ch) {
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* GET /v1/models/{id}: the model object, or OpenAI's 404 (model_not_found).
+ * The id is percent-decoded, so "org%2Fname" and "org/name" both match. */
+static void handle_model(cb_app *a, cb_conn *c, const cb_http_request *req) {
+    static const char prefix[] = "/v1/models/";
+    char id[256], message[400];
+    size_t n = 0, i = sizeof prefix - 1;
+    for (; i < req->path_len && req->path[i] != '?' && n + 1 < sizeof id; i++) {
+        const char *p = req->path + i;
+        int hi, lo;
+        if (*p == '%' && i + 2 < req->path_len && (hi = hex_digit(p[1])) >= 0 && (lo = hex_digit(p[2])) >= 0)
+            id[n++] = (char)(hi * 16 + lo), i += 2;
+        else id[n++] = *p;
+    }
+    id[n] = 0;
+    const char *name = cb_engine_model_name(a->engine);
+    if (strlen(name) == n && !memcmp(name, id, n)) {
+        cb_jw w;
+        cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
+        write_model(a, &w);
+        cb_respond_json(a, c, 200, &w);
+        return;
+    }
+    snprintf(message, sizeof message, "The model '%.200s' does not exist; this server serves '%.100s'", id, name);
+    cb_respond_error_ex(a, c, 404, "invalid_request_error", "model", "model_not_found", message);
 }
 
 static void handle_metrics(cb_app *a, cb_conn *c, const char *body, size_t len) {
@@ -238,6 +282,7 @@ static void admit(cb_app *a, int s, cb_request *q) {
     st->stopped = 0;
     st->held_len = st->text_len = st->stream_text_len = 0;
     cb_detok_init(&st->detok);
+    cb_reasoning_slot(a, st);
     cb_rng_seed(&st->rng, q->sampling.seed);
     memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
     a->metrics.prompt_tokens += (uint64_t)q->n_prompt;
@@ -287,7 +332,7 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
     int status = cb_request_read(a, q, ep, body, len, err, sizeof err);
     if (status) {
         pool_put(a, q);
-        cb_respond_error(a, c, status, "invalid_request_error", err);
+        cb_respond_error_ex(a, c, status, "invalid_request_error", a->err_param, a->err_code, err);
         log_request(a, NULL, NULL, ep, status, "invalid");
         return;
     }
@@ -529,9 +574,28 @@ static void respond_not_allowed(cb_app *a, cb_conn *c, const cb_http_request *re
     cb_conn_respond(c, 405, "application/json", body, w.len, allow);
 }
 
+/* /v1/models/{id}, which the exact paths of routes[] do not hold. */
+static int is_model_path(const cb_http_request *req) {
+    static const char prefix[] = "/v1/models/";
+    return req->path_len > sizeof prefix - 1 && !memcmp(req->path, prefix, sizeof prefix - 1) &&
+           req->path[sizeof prefix - 1] != '?';
+}
+
+static int known_path(const cb_http_request *req) {
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        if (cb_http_path_is(req, routes[i].path)) return 1;
+    return is_model_path(req);
+}
+
 void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const char *body, size_t len) {
     cb_app *a = app;
     int path_known = 0;
+    if (a->cors_origins) { /* --cors-origin: every answer to this request carries the Access-Control lines */
+        char lines[512];
+        cb_cors_headers(a, req, lines, sizeof lines);
+        cb_conn_set_headers(c, lines);
+        if (cb_http_method_is(req, "OPTIONS") && known_path(req) && cb_cors_preflight(a, c, req)) return;
+    }
     /* HEAD is GET without the body: the netloop drops the body and keeps
      * its Content-Length. */
     const int head = cb_http_method_is(req, "HEAD");
@@ -548,6 +612,20 @@ void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const 
             return;
         }
         routes[i].fn(a, c, body, len);
+        return;
+    }
+    if (!path_known && is_model_path(req)) {
+        if (!cb_http_method_is(req, "GET") && !head) {
+            static const char body405[] = "{\"error\":{\"message\":\"method not allowed for this endpoint\","
+                                          "\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
+            cb_metrics_status(&a->metrics, 405);
+            cb_conn_respond(c, 405, "application/json", body405, sizeof body405 - 1, "Allow: GET, HEAD\r\n");
+        } else if (!authorized(a, req, AUTH_API)) {
+            cb_respond_error(a, c, 401, "invalid_request_error",
+                             "missing or incorrect API key: send 'Authorization: Bearer <key>'");
+        } else {
+            handle_model(a, c, req);
+        }
         return;
     }
     if (path_known) respond_not_allowed(a, c, req);
@@ -587,8 +665,11 @@ void cb_app_cancel_all(cb_app *a) {
         cb_slot *st = &a->slots[s];
         if (!st->req) continue;
         cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
-        if (c && st->req->stream) cb_conn_close(c); /* a stream cannot change its status any more */
-        else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
+        /* A stream cannot change its status any more: an error event, then [DONE]. */
+        if (c && st->req->stream) {
+            if (cb_stream_error(a, c, "the server shut down before the answer was complete") != CB_CONN_OK)
+                cb_conn_close(c);
+        } else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
         release_slot(a, s, 503, "shutdown");
     }
 }
@@ -655,6 +736,32 @@ static void finish(cb_app *a, int s) {
     release_slot(a, s, c ? 200 : 499, st->finish_reason);
 }
 
+/* Sends (a stream: an event, for token's logprobs too when `always`) or
+ * keeps held[0..n), without the newlines that open a thinking part; 0, or
+ * -1 when the client was given up and the slot freed. */
+static int release_text(cb_app *a, int s, size_t n, int token, int always) {
+    cb_slot *st = &a->slots[s];
+    const cb_request *q = st->req;
+    const size_t skip = cb_reasoning_skip(st, st->held, n);
+    if (q->stream) {
+        cb_conn *c = cb_netloop_conn(a->loop, q->conn);
+        st->stream_text_len += n - skip;
+        if (c && (n > skip || always) && cb_stream_delta(a, c, st, st->held + skip, n - skip, token) != CB_CONN_OK) {
+            /* The client reads slower than we write: give up on it. */
+            cb_conn_close(c);
+            release_slot(a, s, 499, "slow-client");
+            return -1;
+        }
+    } else {
+        size_t room = st->text_cap - st->text_len, take = n - skip < room ? n - skip : room;
+        memcpy(st->text + st->text_len, st->held + skip, take);
+        st->text_len += take;
+    }
+    memmove(st->held, st->held + n, st->held_len - n);
+    st->held_len -= n;
+    return 0;
+}
+
 /* A new token for slot s: sample, record, release its text. */
 static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     cb_slot *st = &a->slots[s];
@@ -676,7 +783,16 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     st->last_token_ns = now;
 
     const int end = !q->ignore_eos && cb_is_end_token(tok, token);
-    if (!end) {
+    int released = 0;
+    if (!end && cb_reasoning_marker(a, st, token)) {
+        /* A thinking block opens or closes: what is held belongs before it. */
+        int got = cb_detok_flush(&st->detok, st->held + st->held_len, CB_TOKEN_BYTES);
+        if (got > 0) st->held_len += (size_t)got;
+        const size_t before = releasable(st, 1);
+        released = before > 0;
+        if (release_text(a, s, before, i, 0) != 0) return;
+        cb_reasoning_switch(a, st, token);
+    } else if (!end) {
         int got = cb_detok_step(tok, &st->detok, token, st->held + st->held_len, CB_TOKEN_BYTES);
         if (got > 0) st->held_len += (size_t)got;
     }
@@ -688,24 +804,8 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     }
     size_t n = releasable(st, st->finish_reason != NULL);
     if (st->stopped) st->finish_reason = "stop";
-
-    if (q->stream) {
-        cb_conn *c = cb_netloop_conn(a->loop, q->conn);
-        st->stream_text_len += n;
-        /* An event per token when logprobs are wanted, else per text. */
-        if (c && (n > 0 || q->logprobs) && cb_stream_delta(a, c, st, st->held, n, i) != CB_CONN_OK) {
-            /* The client reads slower than we write: give up on it. */
-            cb_conn_close(c);
-            release_slot(a, s, 499, "slow-client");
-            return;
-        }
-    } else {
-        size_t room = st->text_cap - st->text_len, take = n < room ? n : room;
-        memcpy(st->text + st->text_len, st->held, take);
-        st->text_len += take;
-    }
-    memmove(st->held, st->held + n, st->held_len - n);
-    st->held_len -= n;
+    /* An event per token when logprobs are wanted, else per text. */
+    if (release_text(a, s, n, i, q->logprobs && !released) != 0) return;
     if (st->finish_reason) finish(a, s);
 }
 

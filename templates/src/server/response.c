@@ -24,6 +24,20 @@ void cb_respond_error(cb_app *a, cb_conn *c, int status, const char *type, const
     cb_conn_respond_error(c, status, type, message);
 }
 
+void cb_respond_error_ex(cb_app *a, cb_conn *c, int status, const char *type, const char *param, const char *code,
+                         const char *message) {
+    char body[2048];
+    cb_jw w;
+    cb_jw_init(&w, body, sizeof body);
+    cb_jw_openai_error_ex(&w, message, type, param, code);
+    if (w.overflow) {
+        cb_respond_error(a, c, status, type, message); /* cut to fit there */
+        return;
+    }
+    cb_metrics_status(&a->metrics, status);
+    cb_conn_respond(c, status, "application/json", body, w.len, NULL);
+}
+
 /* ---- pieces ---- */
 
 static void write_head(cb_app *a, cb_jw *w, const cb_request *q, int chunk) {
@@ -222,6 +236,21 @@ static void write_legacy_logprobs(cb_app *a, cb_jw *w, const cb_slot *st, int fr
 
 /* ---- non-streaming ---- */
 
+/* "content", and "reasoning_content" where the template marks thinking
+ * text: what a thinking block held (null without one), the rest after it. */
+static void write_message_text(cb_jw *w, const cb_slot *st) {
+    size_t from = 0;
+    if (st->think_state != CB_THINK_NONE) {
+        const size_t end = st->think_state == CB_THINK_REASONING ? st->text_len : st->reasoning_end;
+        cb_jw_key(w, "reasoning_content");
+        if (st->had_reasoning) cb_jw_str_n(w, st->text, end);
+        else cb_jw_null(w);
+        if (st->had_reasoning) from = end;
+    }
+    cb_jw_key(w, "content");
+    cb_jw_str_n(w, st->text + from, st->text_len - from);
+}
+
 void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) {
     const cb_request *q = st->req;
     cb_jw w;
@@ -238,8 +267,7 @@ void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) {
         cb_jw_begin_object(&w);
         cb_jw_key(&w, "role");
         cb_jw_str(&w, "assistant");
-        cb_jw_key(&w, "content");
-        cb_jw_str_n(&w, st->text, st->text_len);
+        write_message_text(&w, st);
         cb_jw_end_object(&w);
         write_chat_logprobs(a, &w, st, 0, st->n_generated);
     } else {
@@ -294,7 +322,8 @@ int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, 
             cb_jw_key(&w, "role");
             cb_jw_str(&w, "assistant");
         }
-        cb_jw_key(&w, "content");
+        /* Text of a thinking block goes out as reasoning_content. */
+        cb_jw_key(&w, token >= 0 && st->think_state == CB_THINK_REASONING ? "reasoning_content" : "content");
         cb_jw_str_n(&w, text, len);
         cb_jw_end_object(&w);
         if (token >= 0) write_chat_logprobs(a, &w, st, token, token + 1);
@@ -363,6 +392,8 @@ int cb_stream_error(cb_app *a, cb_conn *c, const char *message) {
     begin_event(a, &w);
     cb_jw_openai_error(&w, message, "server_error");
     int r = send_event(a, c, &w);
+    /* [DONE] as after any stream, so a client that reads to it stops there. */
+    if (r == CB_CONN_OK) r = cb_conn_stream_write(c, "data: [DONE]\n\n", 14);
     if (r == CB_CONN_OK) r = cb_conn_stream_end(c);
     return r;
 }
