@@ -232,6 +232,9 @@ def test_cors_any_origin_with_a_key_and_none_without_the_flag(server_exe, tiny_m
 
 def test_a_bad_cors_origin_is_refused_at_start(server_exe, tiny_model):
     import subprocess
+    usage = subprocess.run([str(server_exe), "--help"], capture_output=True, text=True, timeout=30)
+    assert usage.returncode == 0 and "--cors-origin ORIGIN" in usage.stdout
+    assert "answered 204; repeat for several origins, at most 16 (default: no CORS)" in usage.stdout
     for value in ("", "https://a.example, https://b.example"):
         done = subprocess.run([str(server_exe), "--model", str(tiny_model), "--cors-origin", value],
                               capture_output=True, text=True, timeout=30)

@@ -59,7 +59,8 @@ static void usage(FILE *out) {
             "                            whole file); exit 0 and 'ok' when all agree (without --model: the\n"
             "                            model this executable carries, against the sha256 it records)\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
-            CB_MAX_SLOTS, CB_MAX_SLOTS, CB_MAX_CORS_ORIGINS, CB_DEFAULT_MAX_MEMORY ? CB_DEFAULT_MAX_MEMORY_TEXT " (set at build)" : "none",
+            CB_MAX_SLOTS, CB_MAX_SLOTS, CB_DEFAULT_MAX_MEMORY ? CB_DEFAULT_MAX_MEMORY_TEXT " (set at build)" : "none",
+            CB_MAX_CORS_ORIGINS,
             CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
             CB_KERNELS_NAME, CB_TOOLKIT_VERSION);
 }

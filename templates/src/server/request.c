@@ -323,8 +323,7 @@ static int read_prompt(reader *r, cb_request *q, int ctx) {
     if (v < 0) return fail(r, "'prompt' is required");
     if ((status = single_prompt(r, v, &v))) return status;
     if (t[v].type == CB_JSON_STRING) {
-        int status = no_tokenizer(r, "a text 'prompt'");
-        if (status) return status;
+        if ((status = no_tokenizer(r, "a text 'prompt'"))) return status;
         int n = cb_json_unescape(r->body, &t[v], r->a->scratch, r->a->scratch_cap);
         if (n < 0) return fail(r, "'prompt' holds an invalid string");
         /* Into a->ids, which holds any prompt the body can make: a failure
