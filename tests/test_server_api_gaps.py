@@ -120,17 +120,77 @@ def test_bad_logit_bias_is_a_400_naming_the_key(server, bias, fragment):
 
 # ---- 2. prompt lists ----
 
-def test_prompt_as_a_list(server, client, tiny_config):
-    one = completion(server, {"prompt": "Hello", "max_tokens": 6, "colibri_trace": True})
-    for prompt in (["Hello"], [one["colibri_trace"]["prompt_tokens"]]):
-        same = completion(server, {"prompt": prompt, "max_tokens": 6, "colibri_trace": True})
-        assert same["choices"] == one["choices"] and same["colibri_trace"] == one["colibri_trace"]
-    done = client.completions.create(model=tiny_config["name"], prompt=["Hello"], max_tokens=6)
-    assert done.choices[0].text == one["choices"][0]["text"] and done.choices[0].index == 0
-    err = error_of(server.post("/v1/completions", {"prompt": ["Hello", "Bye", "x"], "max_tokens": 2}))
-    assert err["param"] == "prompt" and "'prompt' holds 3 prompts" in err["message"]
-    with pytest.raises(openai.BadRequestError, match="holds 2 prompts"):
-        client.completions.create(model=tiny_config["name"], prompt=[[1, 2], [3, 4]], max_tokens=2)
+PROMPTS = ["Hello", "Once upon a time", "x"]
+
+
+def test_prompt_list_gives_one_choice_per_prompt(server, client, tiny_config):
+    """Each prompt of a list runs in its own slot (all started together) and
+    its choice is the answer it gets alone. Before: a list of strings was a
+    400 ("must be a string or an array of token ids")."""
+    body = {"max_tokens": 6, "temperature": 0.9, "seed": 4, "logit_bias": {"101": 2}}
+    alone = [completion(server, {**body, "prompt": p, "colibri_trace": True}) for p in PROMPTS]
+    listed = completion(server, {**body, "prompt": PROMPTS})
+    assert [c["index"] for c in listed["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in listed["choices"]] == [a["choices"][0]["text"] for a in alone]
+    assert [c["finish_reason"] for c in listed["choices"]] == [a["choices"][0]["finish_reason"] for a in alone]
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert listed["usage"][key] == sum(a["usage"][key] for a in alone)
+    ids = [a["colibri_trace"]["prompt_tokens"] for a in alone]
+    assert [c["text"] for c in completion(server, {**body, "prompt": ids})["choices"]] == \
+        [c["text"] for c in listed["choices"]]
+    # Streamed: each chunk names its choice; one [DONE] after the last; usage over all.
+    with requests.post(server.url + "/v1/completions", json={**body, "prompt": PROMPTS, "stream": True,
+                                                             "stream_options": {"include_usage": True}},
+                       stream=True, timeout=60) as reply:
+        events = sse_events(reply)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [e for e in events[:-1] if e["choices"]]
+    for i, a in enumerate(alone):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert "".join(c["text"] for c in mine) == a["choices"][0]["text"]
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == [a["choices"][0]["finish_reason"]]
+    assert events[-2]["choices"] == [] and events[-2]["usage"] == listed["usage"]
+    # The openai client, and a list of one prompt.
+    done = client.completions.create(model=tiny_config["name"], prompt=PROMPTS, max_tokens=6, temperature=0.9,
+                                     seed=4, logit_bias={"101": 2})
+    assert [c.text for c in done.choices] == [c["text"] for c in listed["choices"]]
+    one = completion(server, {**body, "prompt": ["Hello"]})
+    assert one["choices"] == [alone[0]["choices"][0]]
+
+
+def test_a_prompt_list_waits_for_enough_slots(server):
+    """With all but one slot busy, a list of three waits in the queue until
+    three are free, then runs whole: the same choices as on an idle server."""
+    slots = server.get("/health").json()["slots"]
+    body = {"prompt": PROMPTS, "max_tokens": 5}
+    idle = completion(server, body)["choices"]
+    long = {"prompt": [1, 2, 3], "max_tokens": 240, "ignore_eos": True}
+    busy = [threading.Thread(target=completion, args=(server, long)) for _ in range(slots - 1)]
+    for t in busy:
+        t.start()
+    try:
+        while server.get("/health").json()["busy_slots"] < slots - 1:
+            assert any(t.is_alive() for t in busy), "the long requests ended before they were all running"
+        assert completion(server, body)["choices"] == idle
+    finally:
+        for t in busy:
+            t.join()
+
+
+def test_prompt_lists_that_cannot_run(server):
+    slots = server.get("/health").json()["slots"]
+    err = error_of(server.post("/v1/completions", {"prompt": ["a"] * (slots + 1), "max_tokens": 2}))
+    assert err["param"] == "prompt"
+    assert f"'prompt' holds {slots + 1} prompts; this server runs at most {slots} (its slots)" in err["message"]
+    err = error_of(server.post("/v1/completions", {"prompt": ["a", [1, 2]], "max_tokens": 2}))
+    assert "'prompt[1]': a list of prompts holds all strings or all arrays of token ids" in err["message"]
+    err = error_of(server.post("/v1/completions", {"prompt": ["a", [], "b"][::2] + [[]], "max_tokens": 2}))
+    assert err["param"] == "prompt"
+    # A prompt of the list too long: the whole request is refused, naming the context.
+    err = error_of(server.post("/v1/completions", {"prompt": ["a", "b" * 300], "max_tokens": 2}))
+    assert err["code"] == "context_length_exceeded"
+    # The refused lists gave their queue places back: a list still runs.
+    assert len(completion(server, {"prompt": ["a", "b"], "max_tokens": 2})["choices"]) == 2
 
 
 # ---- 3. /v1/models/{id} ----

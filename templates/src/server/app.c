@@ -33,6 +33,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
     a->batch_slot = alloc_zeroed(B, sizeof *a->batch_slot, &ok);
+    a->list = alloc_zeroed((size_t)a->n_slots, sizeof *a->list, &ok);
     a->toks = alloc_zeroed(CB_MAX_JSON_TOKENS, sizeof *a->toks, &ok);
     a->scratch_cap = 1u << 20;
     a->scratch = alloc_zeroed(a->scratch_cap, 1, &ok);
@@ -96,6 +97,7 @@ void cb_app_destroy(cb_app *a) {
     free(a->slots);
     free(a->batch);
     free(a->batch_slot);
+    free(a->list);
     free(a->toks);
     free(a->scratch);
     free(a->messages);
@@ -279,7 +281,7 @@ static void admit(cb_app *a, int s, cb_request *q) {
     st->n_fed = st->n_generated = st->prompt_steps = 0;
     st->max_tokens = q->max_tokens > ctx - q->n_prompt ? ctx - q->n_prompt : q->max_tokens;
     st->finish_reason = NULL;
-    st->stopped = 0;
+    st->stopped = st->held_done = 0;
     st->held_len = st->text_len = st->stream_text_len = 0;
     cb_detok_init(&st->detok);
     cb_reasoning_slot(a, st);
@@ -288,9 +290,10 @@ static void admit(cb_app *a, int s, cb_request *q) {
     a->metrics.prompt_tokens += (uint64_t)q->n_prompt;
     if (!q->stream) return;
     cb_conn *c = cb_netloop_conn(a->loop, q->conn);
-    if (c && cb_conn_stream_begin(c, 200, "text/event-stream") == CB_CONN_OK &&
+    /* A list's later prompts join the stream its first one began. */
+    if (c && (q->choice > 0 || cb_conn_stream_begin(c, 200, "text/event-stream") == CB_CONN_OK) &&
         cb_stream_delta(a, c, st, "", 0, -1) == CB_CONN_OK) {
-        cb_metrics_status(&a->metrics, 200);
+        if (q->choice == 0) cb_metrics_status(&a->metrics, 200);
         return;
     }
     if (c) cb_conn_close(c);
@@ -303,14 +306,52 @@ static int free_slot(const cb_app *a) {
     return -1;
 }
 
+static int free_slots(const cb_app *a) { return a->n_slots - cb_app_busy(a); }
+
 static void admit_queued(cb_app *a) {
     int s;
     while (a->queue_len > 0 && (s = free_slot(a)) >= 0) {
         cb_request *q = queue_at(a, 0);
+        /* A list of prompts starts whole (its prompts follow it in the
+         * queue): slots held by its finished prompts then never wait for
+         * the others to get one. */
+        if (q->choice == 0 && q->n_choices > free_slots(a)) break;
         a->queue_head = (a->queue_head + 1) % a->queue_cap;
         a->queue_len--;
         admit(a, s, q);
     }
+}
+
+static void respond_busy(cb_app *a, cb_conn *c, cb_endpoint ep) {
+    static const char busy[] = "{\"error\":{\"message\":\"all slots are busy and the queue is full; "
+                               "retry shortly\",\"type\":\"rate_limit_error\",\"param\":null,\"code\":null}}";
+    cb_metrics_status(&a->metrics, 429);
+    cb_conn_respond(c, 429, "application/json", busy, sizeof busy - 1, "Retry-After: 1\r\n");
+    log_request(a, NULL, NULL, ep, 429, "queue-full");
+}
+
+/* A list of prompts (q read with prompt 0): a request per prompt, queued
+ * together in order (admit_queued starts them together). The others take
+ * q's settings; a prompt that fails takes the whole list back. */
+static void queue_list(cb_app *a, cb_conn *c, cb_request *q, const char *body) {
+    const int n = q->n_choices;
+    char err[512];
+    if (a->n_pool_free < n - 1 || a->queue_cap - a->queue_len < n) {
+        pool_put(a, q);
+        respond_busy(a, c, q->endpoint);
+        return;
+    }
+    int status = 0, pushed = 1;
+    a->queue[(a->queue_head + a->queue_len++) % a->queue_cap] = (int)(q - a->pool);
+    for (int i = 1; i < n && !status; i++, pushed++) {
+        cb_request *m = &a->pool[a->pool_free[--a->n_pool_free]];
+        a->queue[(a->queue_head + a->queue_len++) % a->queue_cap] = (int)(m - a->pool);
+        status = cb_request_next_prompt(a, m, q, body, i, err, sizeof err);
+    }
+    if (!status) return;
+    while (pushed-- > 0) pool_put(a, &a->pool[a->queue[(a->queue_head + --a->queue_len) % a->queue_cap]]);
+    cb_respond_error_ex(a, c, status, "invalid_request_error", a->err_param, a->err_code, err);
+    log_request(a, NULL, NULL, q->endpoint, status, "invalid");
 }
 
 static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *body, size_t len) {
@@ -320,11 +361,7 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
         return;
     }
     if (a->n_pool_free == 0) {
-        static const char busy[] = "{\"error\":{\"message\":\"all slots are busy and the queue is full; "
-                                   "retry shortly\",\"type\":\"rate_limit_error\",\"param\":null,\"code\":null}}";
-        cb_metrics_status(&a->metrics, 429);
-        cb_conn_respond(c, 429, "application/json", busy, sizeof busy - 1, "Retry-After: 1\r\n");
-        log_request(a, NULL, NULL, ep, 429, "queue-full");
+        respond_busy(a, c, ep);
         return;
     }
     cb_request *q = &a->pool[a->pool_free[--a->n_pool_free]];
@@ -340,6 +377,10 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
     q->request_no = ++a->requests;
     q->arrived_ns = cb_now_ns();
     q->created = (int64_t)time(NULL);
+    if (q->n_choices > 1) {
+        queue_list(a, c, q, body);
+        return;
+    }
     int s = free_slot(a);
     if (s >= 0 && a->queue_len == 0) {
         admit(a, s, q);
@@ -640,10 +681,9 @@ void cb_app_on_close(void *app, cb_conn_id id) {
     for (int i = 0; i < a->queue_len; i++) {
         cb_request *q = queue_at(a, i);
         if (q->conn != id) continue;
-        queue_remove(a, i);
+        queue_remove(a, i--); /* a list of prompts has several */
         log_request(a, q, NULL, q->endpoint, 499, "closed-in-queue");
         pool_put(a, q);
-        break;
     }
 }
 
@@ -666,8 +706,8 @@ void cb_app_cancel_all(cb_app *a) {
         if (!st->req) continue;
         cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
         /* A stream cannot change its status any more: an error event, then [DONE]. */
-        if (c && st->req->stream) {
-            if (cb_stream_error(a, c, "the server shut down before the answer was complete") != CB_CONN_OK)
+        if (c && st->req->stream) { /* (a list's other prompts find the stream ended: ERR_STATE) */
+            if (cb_stream_error(a, c, "the server shut down before the answer was complete") == CB_CONN_ERR_FULL)
                 cb_conn_close(c);
         } else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
         release_slot(a, s, 503, "shutdown");
@@ -725,8 +765,56 @@ static size_t releasable(cb_slot *st, int final) {
 
 /* ---- finishing ---- */
 
+/* A prompt of a list finished. Its counts go to the prompts still running
+ * (the last to finish holds them all, for usage). Streamed: its last chunk,
+ * and from the last prompt the usage and [DONE]. Plain: its slot is held
+ * until the last one finishes, which answers for all. */
+static void finish_list_prompt(cb_app *a, int s) {
+    cb_slot *st = &a->slots[s];
+    const cb_request *q = st->req;
+    const size_t LE = (size_t)a->dims->n_layers * a->dims->n_experts;
+    cb_conn *c = cb_netloop_conn(a->loop, q->conn);
+    int running = 0;
+    for (int t = 0; t < a->n_slots; t++) {
+        cb_slot *o = &a->slots[t];
+        if (t == s || !o->req || o->req->conn != q->conn || o->req->request_no != q->request_no || o->held_done)
+            continue;
+        running++;
+        o->req->group_prompt += q->n_prompt, o->req->group_completion += st->n_generated;
+        if (!q->stream)
+            for (size_t i = 0; i < LE; i++) o->expert_counts[i] += st->expert_counts[i];
+    }
+    if (q->stream) {
+        int r = !c ? CB_CONN_OK : running ? cb_stream_finish_choice(a, c, st) : cb_stream_finish(a, c, st);
+        if (c && r != CB_CONN_OK) cb_conn_close(c);
+        release_slot(a, s, c ? 200 : 499, st->finish_reason);
+        return;
+    }
+    st->held_done = 1;
+    if (running) return;
+    for (int k = 0; k < q->n_choices; k++) {
+        a->list[k] = NULL;
+        for (int t = 0; t < a->n_slots; t++) {
+            const cb_request *o = a->slots[t].req;
+            if (o && o->conn == q->conn && o->request_no == q->request_no && o->choice == k) a->list[k] = &a->slots[t];
+        }
+        if (!a->list[k]) c = NULL; /* one failed and was answered (non-finite): nothing more to say */
+    }
+    if (c) cb_respond_final_list(a, c, a->list, q->n_choices, st);
+    for (int t = 0; t < a->n_slots; t++) {
+        const cb_request *o = a->slots[t].req;
+        if (t != s && o && o->conn == q->conn && o->request_no == q->request_no)
+            release_slot(a, t, c ? 200 : 499, a->slots[t].finish_reason);
+    }
+    release_slot(a, s, c ? 200 : 499, st->finish_reason);
+}
+
 static void finish(cb_app *a, int s) {
     cb_slot *st = &a->slots[s];
+    if (st->req->n_choices > 1) {
+        finish_list_prompt(a, s);
+        return;
+    }
     cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
     if (c && st->req->stream) {
         if (cb_stream_finish(a, c, st) != CB_CONN_OK) cb_conn_close(c);
@@ -746,10 +834,12 @@ static int release_text(cb_app *a, int s, size_t n, int token, int always) {
     if (q->stream) {
         cb_conn *c = cb_netloop_conn(a->loop, q->conn);
         st->stream_text_len += n - skip;
-        if (c && (n > skip || always) && cb_stream_delta(a, c, st, st->held + skip, n - skip, token) != CB_CONN_OK) {
-            /* The client reads slower than we write: give up on it. */
-            cb_conn_close(c);
-            release_slot(a, s, 499, "slow-client");
+        int r = CB_CONN_OK;
+        if (c && (n > skip || always) && (r = cb_stream_delta(a, c, st, st->held + skip, n - skip, token)) != CB_CONN_OK) {
+            /* The client reads slower than we write: give up on it. (Not
+             * streaming any more: another prompt of its list ended it.) */
+            if (r != CB_CONN_ERR_STATE) cb_conn_close(c);
+            release_slot(a, s, 499, r != CB_CONN_ERR_STATE ? "slow-client" : "closed");
             return -1;
         }
     } else {
@@ -848,7 +938,7 @@ int cb_app_step(cb_app *a) {
         }
         for (int s = 0; s < a->n_slots && n < limit; s++) {
             cb_slot *st = &a->slots[s];
-            if (!st->req) continue;
+            if (!st->req || st->held_done) continue;
             const int n_prompt = st->req->n_prompt, prefilling = st->n_fed < n_prompt;
             if (pass == 0 && !prefilling) {
                 a->batch[n] = (cb_batch_item){st->next_token, s, st->n_fed, 1};

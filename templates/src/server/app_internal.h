@@ -45,6 +45,8 @@ typedef struct {
     int32_t bias_id[CB_MAX_LOGIT_BIAS];
     float bias[CB_MAX_LOGIT_BIAS];
     int reasoning;               /* the output starts inside the template's thinking block */
+    int choice, n_choices;       /* a list of prompts: this one's index, and how many (1: no list) */
+    int group_prompt, group_completion; /* tokens of the list's prompts that finished before this one */
 } cb_request;
 
 /* One generation slot: a KV cache in the engine and this state. */
@@ -75,6 +77,7 @@ typedef struct {
     size_t stream_text_len;      /* text released so far by a stream */
     /* Thinking text (reasoning.c): where the generated text is, and where
      * the answer's reasoning ends and its content starts in text[]. */
+    int held_done;               /* finished, kept until the other prompts of its list finish */
     int think_state;             /* CB_THINK_* */
     int think_fresh;             /* at the start of a region: its opening newlines are dropped */
     int had_reasoning;           /* a thinking block was entered */
@@ -121,6 +124,7 @@ struct cb_app {
     /* A refused request's error "param" and "code" beside its message (NULL: null). */
     const char *err_param, *err_code;
     int32_t think_open, think_close; /* the template's thinking markers as tokens; -1: none */
+    const cb_slot **list;        /* [n_slots]: the slots of a finished list of prompts, in order */
     const char *const *cors_origins; /* --cors-origin values ("*": any); NULL: no CORS */
     int n_cors_origins;
 };
@@ -134,6 +138,10 @@ int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, 
 int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request *q, char *err, size_t err_len);
 int cb_request_read(cb_app *a, cb_request *r, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len);
+/* Prompt `choice` of a list (after cb_request_read() read the body and
+ * prompt 0 into first): q gets first's settings and that prompt. */
+int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, const char *body, int choice,
+                           char *err, size_t err_len);
 
 /* reasoning.c: thinking text as reasoning_content, where the chat template
  * marks it (Qwen3's <think>...</think>). */
@@ -165,6 +173,12 @@ void cb_respond_json(cb_app *a, cb_conn *c, int status, cb_jw *w);
 void cb_respond_error(cb_app *a, cb_conn *c, int status, const char *type, const char *message);
 /* The whole answer of a finished non-streaming request. */
 void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st);
+/* The same for a list of prompts: a choice per slot of sts, in order; usage
+ * and expert activations of last, which finished last and holds the
+ * others' counts. */
+void cb_respond_final_list(cb_app *a, cb_conn *c, const cb_slot *const *sts, int n, const cb_slot *last);
+/* A list's prompt finished while others run: its last chunk, no [DONE]. */
+int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st);
 /* Stream pieces; each returns CB_CONN_OK or the netloop error. */
 int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token);
 int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st);

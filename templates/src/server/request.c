@@ -265,20 +265,26 @@ static int read_logit_bias(reader *r, cb_request *q) {
     return 0;
 }
 
-/* 'prompt' as a list: a list of token ids is one prompt; a list of one
- * string or of one list of ids is that prompt. Several prompts in one
- * request are refused (one request is one slot here): the index of the one
- * prompt through *one, or 400. */
-static int single_prompt(reader *r, int v, int *one) {
+/* 'prompt' as a list: a list of token ids is one prompt; a list of strings
+ * or of lists of ids holds several, one choice each (each in its own slot,
+ * all at once, so at most the slot count). q->choice picks one: its index
+ * through *one, and the count in q->n_choices; or 400. */
+static int pick_prompt(reader *r, cb_request *q, int v, int *one) {
     const cb_json_tok *t = r->t;
     *one = v;
+    q->n_choices = 1;
     if (t[v].type != CB_JSON_ARRAY || t[v].size == 0) return 0;
-    const int first = v + 1;
-    if (t[first].type != CB_JSON_STRING && t[first].type != CB_JSON_ARRAY) return 0; /* token ids */
-    if (t[v].size > 1)
-        return fail_code(r, "prompt", NULL, "'prompt' holds %d prompts; this server answers one prompt a request: "
-                         "send %d requests (they run concurrently, one slot each)", t[v].size, t[v].size);
-    *one = first;
+    if (t[v + 1].type != CB_JSON_STRING && t[v + 1].type != CB_JSON_ARRAY) return 0; /* token ids */
+    const int n = t[v].size;
+    if (n > r->a->n_slots)
+        return fail_code(r, "prompt", NULL, "'prompt' holds %d prompts; this server runs at most %d (its slots) in "
+                         "one request: send the rest in another", n, r->a->n_slots);
+    for (int i = 0, e = v + 1; i < n; i++, e = t[e].next)
+        if (t[e].type != t[v + 1].type)
+            return fail_code(r, "prompt", NULL, "'prompt[%d]': a list of prompts holds all strings or all arrays "
+                             "of token ids", i);
+    q->n_choices = n;
+    *one = cb_json_array_at(t, v, q->choice);
     return 0;
 }
 
@@ -321,7 +327,7 @@ static int read_prompt(reader *r, cb_request *q, int ctx) {
     const cb_tokenizer *tok = cb_engine_tokenizer(r->a->engine);
     int v = cb_json_find(r->body, t, 0, "prompt"), status;
     if (v < 0) return fail(r, "'prompt' is required");
-    if ((status = single_prompt(r, v, &v))) return status;
+    if ((status = pick_prompt(r, q, v, &v))) return status;
     if (t[v].type == CB_JSON_STRING) {
         if ((status = no_tokenizer(r, "a text 'prompt'"))) return status;
         int n = cb_json_unescape(r->body, &t[v], r->a->scratch, r->a->scratch_cap);
@@ -372,10 +378,26 @@ int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request
     return chat_request(&rd, q, n_messages, 1);
 }
 
+int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, const char *body, int choice,
+                           char *err, size_t err_len) {
+    reader rd = {a, body, a->toks, err, err_len};
+    int32_t *prompt = q->prompt;
+    *q = *first; /* every setting; its own prompt and bias */
+    q->prompt = prompt;
+    q->sampling.bias_ids = q->bias_id, q->sampling.bias = q->bias;
+    q->choice = choice;
+    const int ctx = (int)a->dims->context_len;
+    int status = read_prompt(&rd, q, ctx);
+    if (!status) status = check_context(&rd, q, first->max_tokens < ctx ? first->max_tokens : 0, ctx);
+    return status;
+}
+
 int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len) {
     reader rd = {a, body, a->toks, err, err_len}, *r = &rd;
     a->err_param = a->err_code = NULL;
+    q->choice = 0, q->n_choices = 1;
+    q->group_prompt = q->group_completion = 0;
     int parsed = cb_request_parse_object(a, body, len, err, err_len);
     if (parsed) return parsed;
     const int ctx = (int)a->dims->context_len;
