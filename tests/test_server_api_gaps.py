@@ -17,7 +17,7 @@ import requests
 
 from colibri_build import Engine, Tokenizer
 from conftest import RunningServer, build_server, run_cli, sse_events, stop_checked
-from tokenizer_cases import TESTDATA, TOKENIZERS
+from tokenizer_cases import TOKENIZERS
 
 pytestmark = pytest.mark.slow
 
@@ -303,23 +303,14 @@ def test_a_bad_cors_origin_is_refused_at_start(server_exe, tiny_model):
 
 # ---- 6. reasoning_content ----
 
-QWEN_TEMPLATE = TESTDATA / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"
+@pytest.fixture(scope="module")
+def qwen_model(qwen_tiny_model):
+    return qwen_tiny_model
 
 
 @pytest.fixture(scope="module")
-def qwen_model(tmp_path_factory):
-    if not TOKENIZERS.exists():
-        pytest.skip("testdata is missing")
-    folder = tmp_path_factory.mktemp("qwen") / "qwen-tiny"
-    run_cli("synth", "--preset", "tiny", "--seed", "3", "--tokenizer", TOKENIZERS / "qwen3", "--chat-template",
-            QWEN_TEMPLATE, folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def qwen(qwen_model, tmp_path_factory):
-    dist = build_server(tmp_path_factory.mktemp("qwen-build"), qwen_model, "native")
-    srv = RunningServer(dist / "colibri-server", qwen_model, "--threads", "2")
+def qwen(qwen_model, qwen_tiny_dist):
+    srv = RunningServer(qwen_tiny_dist / "colibri-server", qwen_model, "--threads", "2")
     yield srv
     stop_checked(srv)
 
