@@ -57,6 +57,25 @@ def build_server(workdir: Path, model: Path, target: str, tag: str = "", sanitiz
 
 
 @pytest.fixture(scope="session")
+def qwen_tiny_model(workdir) -> Path:
+    """The tiny model with the real Qwen3 tokenizer and chat template
+    (../shared/testdata), shared by the server tests that need them."""
+    from tokenizer_cases import TESTDATA, TOKENIZERS
+    if not TOKENIZERS.exists():
+        pytest.skip("testdata is missing")
+    folder = workdir / "models" / "qwen-tiny"
+    if not (folder / "model-config.json").exists():
+        run_cli("synth", "--preset", "tiny", "--seed", "3", "--tokenizer", TOKENIZERS / "qwen3", "--chat-template",
+                TESTDATA / "chat_templates" / "Qwen-Qwen3-0.6B.jinja", folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_dist(workdir, qwen_tiny_model) -> Path:
+    return build_server(workdir, qwen_tiny_model, "native", tag="-qwen")
+
+
+@pytest.fixture(scope="session")
 def native_server_dist(workdir, tiny_model) -> Path:
     return build_server(workdir, tiny_model, "native")
 

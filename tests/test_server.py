@@ -105,7 +105,7 @@ def test_openai_client(server, tiny_config):
     (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), 400, "messages[0].role"),
     (json.dumps({**HELLO, "max_tokens": "many"}).encode(), 400, "'max_tokens'"),
     (json.dumps({**HELLO, "messages": [{"role": "user", "content": "x" * 5000}]}).encode(), 400,
-     "context_length"),
+     "maximum context length"),
 ])
 def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment):
     reply = requests.post(server.url + "/v1/chat/completions", data=body,

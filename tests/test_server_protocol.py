@@ -351,10 +351,12 @@ def test_a_role_error_does_not_blame_the_context(server):
 
 def test_a_long_prompt_says_how_long_it_is(server):
     message = error_of(server.post("/v1/completions", {"prompt": "y" * 300}), 400)
-    assert message == "the prompt is 301 tokens (context_length 256, so at most 255 prompt tokens)"
+    assert message == ("This model's maximum context length is 256 tokens. However, your prompt resulted in 301 "
+                       "tokens, which leaves no room for the completion (at most 255 prompt tokens). Please reduce "
+                       "the length of the prompt.")
     body = {"messages": [{"role": "user", "content": "x" * 300}], "max_tokens": 2}
     message = error_of(server.post("/v1/chat/completions", body), 400)
-    assert message.startswith("the prompt is 30") and "(context_length 256, so at most 255" in message
+    assert "However, your messages resulted in 30" in message and "(at most 255 prompt tokens)" in message
 
 
 @pytest.fixture(scope="module")
@@ -401,7 +403,7 @@ def test_health_says_503_while_the_server_stops(server_exe, tiny_model):
     the stream is still running (within --grace-ms) when it answers."""
     srv = RunningServer(server_exe, tiny_model, "--threads", "1", "--grace-ms", "30000")
     try:
-        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 250, "ignore_eos": True,
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 240, "ignore_eos": True,
                 "stream": True}
         with requests.post(srv.url + "/v1/chat/completions", json=body, stream=True, timeout=30) as stream:
             lines = stream.iter_lines()

@@ -8,7 +8,6 @@ import pytest
 
 from colibri_build import Engine, Tokenizer
 from colibri_build.chat_template import render
-from conftest import build_server, run_cli
 from tokenizer_cases import TESTDATA, TOKENIZERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TOKENIZERS.exists(), reason="testdata is missing")]
@@ -18,18 +17,14 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 
 @pytest.fixture(scope="module")
-def qwen_model(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen") / "qwen-tiny"
-    run_cli("synth", "--preset", "tiny", "--seed", "3", "--tokenizer", TOKENIZERS / "qwen3", "--chat-template",
-            TEMPLATE, folder)
-    return folder
+def qwen_model(qwen_tiny_model):
+    return qwen_tiny_model
 
 
 @pytest.fixture(scope="module")
-def server(qwen_model, tmp_path_factory):
+def server(qwen_model, qwen_tiny_dist):
     from conftest import RunningServer
-    dist = build_server(tmp_path_factory.mktemp("qwen-build"), qwen_model, "native")
-    srv = RunningServer(dist / "colibri-server", qwen_model, "--threads", "2")
+    srv = RunningServer(qwen_tiny_dist / "colibri-server", qwen_model, "--threads", "2")
     yield srv
     srv.stop()
 

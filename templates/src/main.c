@@ -15,6 +15,8 @@
 #include "server/netloop.h"
 #include "sha256.h"
 
+#define CB_MAX_CORS_ORIGINS 16
+
 static volatile sig_atomic_t stop_requested;
 static void request_stop(void) { stop_requested = 1; }
 
@@ -47,6 +49,9 @@ static void usage(FILE *out) {
             "  --metrics-key KEY         /metrics also takes this key, e.g. for a scraper (also\n"
             "                            $COLIBRI_METRICS_KEY); with --api-key, /metrics needs one of the two\n"
             "  --metrics-public          /metrics needs no key even with --api-key\n"
+            "  --cors-origin ORIGIN      let web pages of ORIGIN (https://app.example:8443; * for any) call the API\n"
+            "                            from a browser: Access-Control-Allow-Origin on answers, preflight OPTIONS\n"
+            "                            answered 204; repeat for several origins, at most %d (default: no CORS)\n"
             "  --verbose                 log connection events, and a line per generation request as it ends (id,\n"
             "                            status, tokens in/out, queue/prompt/decode ms)\n"
             "  --verify                  check the model folder and exit: what start-up checks, then the weights\n"
@@ -55,6 +60,7 @@ static void usage(FILE *out) {
             "                            model this executable carries, against the sha256 it records)\n"
             "built for %s, target %s, kernels %s, colibri %s\n",
             CB_MAX_SLOTS, CB_MAX_SLOTS, CB_DEFAULT_MAX_MEMORY ? CB_DEFAULT_MAX_MEMORY_TEXT " (set at build)" : "none",
+            CB_MAX_CORS_ORIGINS,
             CB_SPECIALISED ? "model " CB_MODEL_NAME : "any model", CB_TARGET_NAME,
             CB_KERNELS_NAME, CB_TOOLKIT_VERSION);
 }
@@ -323,6 +329,8 @@ int main(int argc, char **argv) {
     size_t max_memory = CB_DEFAULT_MAX_MEMORY;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
     enum cb_kv_type kv = CB_KV_F32;
+    const char *cors[CB_MAX_CORS_ORIGINS];
+    int n_cors = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -365,6 +373,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(arg, "--api-key")) api_key_flag = value;
         else if (!strcmp(arg, "--api-key-file")) api_key_file = value;
         else if (!strcmp(arg, "--metrics-key")) metrics_key = metrics_key_flag = value;
+        else if (!strcmp(arg, "--cors-origin")) {
+            /* An origin is scheme://host[:port], sent back verbatim in a header line. */
+            int ok = *value && n_cors < CB_MAX_CORS_ORIGINS;
+            for (const char *p = value; ok && *p; p++) ok = *p > ' ' && *p < 127 && *p != ',';
+            if (!ok) {
+                fprintf(stderr, "colibri-server: --cors-origin: got '%s', expected one origin like "
+                        "https://app.example.com (or *), at most %d of them\n", value, CB_MAX_CORS_ORIGINS);
+                bad = 1;
+            } else cors[n_cors++] = value;
+        }
         else if (!strcmp(arg, "--port")) bad = parse_int(arg, value, 0, 65535, &port);
         else if (!strcmp(arg, "--threads")) bad = parse_int(arg, value, 0, 1024, &threads);
         else if (!strcmp(arg, "--slots")) bad = parse_int(arg, value, 1, CB_MAX_SLOTS, &slots);
@@ -463,7 +481,7 @@ int main(int argc, char **argv) {
     cb_engine_memory(engine, &budget);
     const int n_slots = cb_engine_n_slots(engine);
     cb_app_options opt = {queue >= 0 ? queue : 2 * n_slots, api_key, step_tokens >= 0 ? step_tokens : n_slots,
-                          metrics_key, metrics_public, verbose};
+                          metrics_key, metrics_public, verbose, cors, n_cors};
     cb_app *app = cb_app_create(engine, &opt);
     if (!app) {
         fprintf(stderr, "colibri-server: out of memory for request buffers\n");

@@ -26,10 +26,14 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->metrics_public = opt->metrics_public;
     a->step_tokens = opt->step_tokens;
     a->verbose = opt->verbose;
+    a->cors_origins = opt->n_cors_origins > 0 ? opt->cors_origins : NULL;
+    a->n_cors_origins = opt->n_cors_origins;
+    cb_reasoning_init(a);
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
     a->batch_slot = alloc_zeroed(B, sizeof *a->batch_slot, &ok);
+    a->list = alloc_zeroed((size_t)a->n_slots, sizeof *a->list, &ok);
     a->toks = alloc_zeroed(CB_MAX_JSON_TOKENS, sizeof *a->toks, &ok);
     a->scratch_cap = 1u << 20;
     a->scratch = alloc_zeroed(a->scratch_cap, 1, &ok);
@@ -93,6 +97,7 @@ void cb_app_destroy(cb_app *a) {
     free(a->slots);
     free(a->batch);
     free(a->batch_slot);
+    free(a->list);
     free(a->toks);
     free(a->scratch);
     free(a->messages);
@@ -188,6 +193,26 @@ static void handle_health(cb_app *a, cb_conn *c, const char *body, size_t len) {
     cb_respond_json(a, c, a->draining ? 503 : 200, &w);
 }
 
+/* The model object: OpenAI's fields, and the context length (prompt and
+ * completion together) under the names vLLM (max_model_len) and others
+ * (context_length) give it. */
+static void write_model(cb_app *a, cb_jw *w) {
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "id");
+    cb_jw_str(w, cb_engine_model_name(a->engine));
+    cb_jw_key(w, "object");
+    cb_jw_str(w, "model");
+    cb_jw_key(w, "created");
+    cb_jw_int(w, 0);
+    cb_jw_key(w, "owned_by");
+    cb_jw_str(w, "colibri");
+    cb_jw_key(w, "context_length");
+    cb_jw_int(w, a->dims->context_len);
+    cb_jw_key(w, "max_model_len");
+    cb_jw_int(w, a->dims->context_len);
+    cb_jw_end_object(w);
+}
+
 static void handle_models(cb_app *a, cb_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
     cb_jw w;
@@ -197,19 +222,40 @@ static void handle_models(cb_app *a, cb_conn *c, const char *body, size_t len) {
     cb_jw_str(&w, "list");
     cb_jw_key(&w, "data");
     cb_jw_begin_array(&w);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "id");
-    cb_jw_str(&w, cb_engine_model_name(a->engine));
-    cb_jw_key(&w, "object");
-    cb_jw_str(&w, "model");
-    cb_jw_key(&w, "created");
-    cb_jw_int(&w, 0);
-    cb_jw_key(&w, "owned_by");
-    cb_jw_str(&w, "colibri");
-    cb_jw_end_object(&w);
+    write_model(a, &w);
     cb_jw_end_array(&w);
     cb_jw_end_object(&w);
     cb_respond_json(a, c, 200, &w);
+}
+
+static int hex_digit(char ch) {
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* GET /v1/models/{id}: the model object, or OpenAI's 404 (model_not_found).
+ * The id is percent-decoded, so "org%2Fname" and "org/name" both match. */
+static void handle_model(cb_app *a, cb_conn *c, const cb_http_request *req) {
+    static const char prefix[] = "/v1/models/";
+    char id[256], message[400];
+    size_t n = 0, i = sizeof prefix - 1;
+    for (; i < req->path_len && req->path[i] != '?' && n + 1 < sizeof id; i++) {
+        const char *p = req->path + i;
+        int hi, lo;
+        if (*p == '%' && i + 2 < req->path_len && (hi = hex_digit(p[1])) >= 0 && (lo = hex_digit(p[2])) >= 0)
+            id[n++] = (char)(hi * 16 + lo), i += 2;
+        else id[n++] = *p;
+    }
+    id[n] = 0;
+    const char *name = cb_engine_model_name(a->engine);
+    if (strlen(name) == n && !memcmp(name, id, n)) {
+        cb_jw w;
+        cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
+        write_model(a, &w);
+        cb_respond_json(a, c, 200, &w);
+        return;
+    }
+    snprintf(message, sizeof message, "The model '%.200s' does not exist; this server serves '%.100s'", id, name);
+    cb_respond_error_ex(a, c, 404, "invalid_request_error", "model", "model_not_found", message);
 }
 
 static void handle_metrics(cb_app *a, cb_conn *c, const char *body, size_t len) {
@@ -235,17 +281,19 @@ static void admit(cb_app *a, int s, cb_request *q) {
     st->n_fed = st->n_generated = st->prompt_steps = 0;
     st->max_tokens = q->max_tokens > ctx - q->n_prompt ? ctx - q->n_prompt : q->max_tokens;
     st->finish_reason = NULL;
-    st->stopped = 0;
+    st->stopped = st->held_done = 0;
     st->held_len = st->text_len = st->stream_text_len = 0;
     cb_detok_init(&st->detok);
+    cb_reasoning_slot(a, st);
     cb_rng_seed(&st->rng, q->sampling.seed);
     memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
     a->metrics.prompt_tokens += (uint64_t)q->n_prompt;
     if (!q->stream) return;
     cb_conn *c = cb_netloop_conn(a->loop, q->conn);
-    if (c && cb_conn_stream_begin(c, 200, "text/event-stream") == CB_CONN_OK &&
+    /* A list's later prompts join the stream its first one began. */
+    if (c && (q->choice > 0 || cb_conn_stream_begin(c, 200, "text/event-stream") == CB_CONN_OK) &&
         cb_stream_delta(a, c, st, "", 0, -1) == CB_CONN_OK) {
-        cb_metrics_status(&a->metrics, 200);
+        if (q->choice == 0) cb_metrics_status(&a->metrics, 200);
         return;
     }
     if (c) cb_conn_close(c);
@@ -258,14 +306,52 @@ static int free_slot(const cb_app *a) {
     return -1;
 }
 
+static int free_slots(const cb_app *a) { return a->n_slots - cb_app_busy(a); }
+
 static void admit_queued(cb_app *a) {
     int s;
     while (a->queue_len > 0 && (s = free_slot(a)) >= 0) {
         cb_request *q = queue_at(a, 0);
+        /* A list of prompts starts whole (its prompts follow it in the
+         * queue): slots held by its finished prompts then never wait for
+         * the others to get one. */
+        if (q->choice == 0 && q->n_choices > free_slots(a)) break;
         a->queue_head = (a->queue_head + 1) % a->queue_cap;
         a->queue_len--;
         admit(a, s, q);
     }
+}
+
+static void respond_busy(cb_app *a, cb_conn *c, cb_endpoint ep) {
+    static const char busy[] = "{\"error\":{\"message\":\"all slots are busy and the queue is full; "
+                               "retry shortly\",\"type\":\"rate_limit_error\",\"param\":null,\"code\":null}}";
+    cb_metrics_status(&a->metrics, 429);
+    cb_conn_respond(c, 429, "application/json", busy, sizeof busy - 1, "Retry-After: 1\r\n");
+    log_request(a, NULL, NULL, ep, 429, "queue-full");
+}
+
+/* A list of prompts (q read with prompt 0): a request per prompt, queued
+ * together in order (admit_queued starts them together). The others take
+ * q's settings; a prompt that fails takes the whole list back. */
+static void queue_list(cb_app *a, cb_conn *c, cb_request *q, const char *body) {
+    const int n = q->n_choices;
+    char err[512];
+    if (a->n_pool_free < n - 1 || a->queue_cap - a->queue_len < n) {
+        pool_put(a, q);
+        respond_busy(a, c, q->endpoint);
+        return;
+    }
+    int status = 0, pushed = 1;
+    a->queue[(a->queue_head + a->queue_len++) % a->queue_cap] = (int)(q - a->pool);
+    for (int i = 1; i < n && !status; i++, pushed++) {
+        cb_request *m = &a->pool[a->pool_free[--a->n_pool_free]];
+        a->queue[(a->queue_head + a->queue_len++) % a->queue_cap] = (int)(m - a->pool);
+        status = cb_request_next_prompt(a, m, q, body, i, err, sizeof err);
+    }
+    if (!status) return;
+    while (pushed-- > 0) pool_put(a, &a->pool[a->queue[(a->queue_head + --a->queue_len) % a->queue_cap]]);
+    cb_respond_error_ex(a, c, status, "invalid_request_error", a->err_param, a->err_code, err);
+    log_request(a, NULL, NULL, q->endpoint, status, "invalid");
 }
 
 static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *body, size_t len) {
@@ -275,11 +361,7 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
         return;
     }
     if (a->n_pool_free == 0) {
-        static const char busy[] = "{\"error\":{\"message\":\"all slots are busy and the queue is full; "
-                                   "retry shortly\",\"type\":\"rate_limit_error\",\"param\":null,\"code\":null}}";
-        cb_metrics_status(&a->metrics, 429);
-        cb_conn_respond(c, 429, "application/json", busy, sizeof busy - 1, "Retry-After: 1\r\n");
-        log_request(a, NULL, NULL, ep, 429, "queue-full");
+        respond_busy(a, c, ep);
         return;
     }
     cb_request *q = &a->pool[a->pool_free[--a->n_pool_free]];
@@ -287,7 +369,7 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
     int status = cb_request_read(a, q, ep, body, len, err, sizeof err);
     if (status) {
         pool_put(a, q);
-        cb_respond_error(a, c, status, "invalid_request_error", err);
+        cb_respond_error_ex(a, c, status, "invalid_request_error", a->err_param, a->err_code, err);
         log_request(a, NULL, NULL, ep, status, "invalid");
         return;
     }
@@ -295,6 +377,10 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
     q->request_no = ++a->requests;
     q->arrived_ns = cb_now_ns();
     q->created = (int64_t)time(NULL);
+    if (q->n_choices > 1) {
+        queue_list(a, c, q, body);
+        return;
+    }
     int s = free_slot(a);
     if (s >= 0 && a->queue_len == 0) {
         admit(a, s, q);
@@ -529,9 +615,28 @@ static void respond_not_allowed(cb_app *a, cb_conn *c, const cb_http_request *re
     cb_conn_respond(c, 405, "application/json", body, w.len, allow);
 }
 
+/* /v1/models/{id}, which the exact paths of routes[] do not hold. */
+static int is_model_path(const cb_http_request *req) {
+    static const char prefix[] = "/v1/models/";
+    return req->path_len > sizeof prefix - 1 && !memcmp(req->path, prefix, sizeof prefix - 1) &&
+           req->path[sizeof prefix - 1] != '?';
+}
+
+static int known_path(const cb_http_request *req) {
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        if (cb_http_path_is(req, routes[i].path)) return 1;
+    return is_model_path(req);
+}
+
 void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const char *body, size_t len) {
     cb_app *a = app;
     int path_known = 0;
+    if (a->cors_origins) { /* --cors-origin: every answer to this request carries the Access-Control lines */
+        char lines[512];
+        cb_cors_headers(a, req, lines, sizeof lines);
+        cb_conn_set_headers(c, lines);
+        if (cb_http_method_is(req, "OPTIONS") && known_path(req) && cb_cors_preflight(a, c, req)) return;
+    }
     /* HEAD is GET without the body: the netloop drops the body and keeps
      * its Content-Length. */
     const int head = cb_http_method_is(req, "HEAD");
@@ -550,6 +655,20 @@ void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const 
         routes[i].fn(a, c, body, len);
         return;
     }
+    if (!path_known && is_model_path(req)) {
+        if (!cb_http_method_is(req, "GET") && !head) {
+            static const char body405[] = "{\"error\":{\"message\":\"method not allowed for this endpoint\","
+                                          "\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
+            cb_metrics_status(&a->metrics, 405);
+            cb_conn_respond(c, 405, "application/json", body405, sizeof body405 - 1, "Allow: GET, HEAD\r\n");
+        } else if (!authorized(a, req, AUTH_API)) {
+            cb_respond_error(a, c, 401, "invalid_request_error",
+                             "missing or incorrect API key: send 'Authorization: Bearer <key>'");
+        } else {
+            handle_model(a, c, req);
+        }
+        return;
+    }
     if (path_known) respond_not_allowed(a, c, req);
     else cb_respond_error(a, c, 404, NULL, "no such endpoint");
 }
@@ -562,10 +681,9 @@ void cb_app_on_close(void *app, cb_conn_id id) {
     for (int i = 0; i < a->queue_len; i++) {
         cb_request *q = queue_at(a, i);
         if (q->conn != id) continue;
-        queue_remove(a, i);
+        queue_remove(a, i--); /* a list of prompts has several */
         log_request(a, q, NULL, q->endpoint, 499, "closed-in-queue");
         pool_put(a, q);
-        break;
     }
 }
 
@@ -587,8 +705,11 @@ void cb_app_cancel_all(cb_app *a) {
         cb_slot *st = &a->slots[s];
         if (!st->req) continue;
         cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
-        if (c && st->req->stream) cb_conn_close(c); /* a stream cannot change its status any more */
-        else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
+        /* A stream cannot change its status any more: an error event, then [DONE]. */
+        if (c && st->req->stream) { /* (a list's other prompts find the stream ended: ERR_STATE) */
+            if (cb_stream_error(a, c, "the server shut down before the answer was complete") == CB_CONN_ERR_FULL)
+                cb_conn_close(c);
+        } else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
         release_slot(a, s, 503, "shutdown");
     }
 }
@@ -644,8 +765,56 @@ static size_t releasable(cb_slot *st, int final) {
 
 /* ---- finishing ---- */
 
+/* A prompt of a list finished. Its counts go to the prompts still running
+ * (the last to finish holds them all, for usage). Streamed: its last chunk,
+ * and from the last prompt the usage and [DONE]. Plain: its slot is held
+ * until the last one finishes, which answers for all. */
+static void finish_list_prompt(cb_app *a, int s) {
+    cb_slot *st = &a->slots[s];
+    const cb_request *q = st->req;
+    const size_t LE = (size_t)a->dims->n_layers * a->dims->n_experts;
+    cb_conn *c = cb_netloop_conn(a->loop, q->conn);
+    int running = 0;
+    for (int t = 0; t < a->n_slots; t++) {
+        cb_slot *o = &a->slots[t];
+        if (t == s || !o->req || o->req->conn != q->conn || o->req->request_no != q->request_no || o->held_done)
+            continue;
+        running++;
+        o->req->group_prompt += q->n_prompt, o->req->group_completion += st->n_generated;
+        if (!q->stream)
+            for (size_t i = 0; i < LE; i++) o->expert_counts[i] += st->expert_counts[i];
+    }
+    if (q->stream) {
+        int r = !c ? CB_CONN_OK : running ? cb_stream_finish_choice(a, c, st) : cb_stream_finish(a, c, st);
+        if (c && r != CB_CONN_OK) cb_conn_close(c);
+        release_slot(a, s, c ? 200 : 499, st->finish_reason);
+        return;
+    }
+    st->held_done = 1;
+    if (running) return;
+    for (int k = 0; k < q->n_choices; k++) {
+        a->list[k] = NULL;
+        for (int t = 0; t < a->n_slots; t++) {
+            const cb_request *o = a->slots[t].req;
+            if (o && o->conn == q->conn && o->request_no == q->request_no && o->choice == k) a->list[k] = &a->slots[t];
+        }
+        if (!a->list[k]) c = NULL; /* one failed and was answered (non-finite): nothing more to say */
+    }
+    if (c) cb_respond_final_list(a, c, a->list, q->n_choices, st);
+    for (int t = 0; t < a->n_slots; t++) {
+        const cb_request *o = a->slots[t].req;
+        if (t != s && o && o->conn == q->conn && o->request_no == q->request_no)
+            release_slot(a, t, c ? 200 : 499, a->slots[t].finish_reason);
+    }
+    release_slot(a, s, c ? 200 : 499, st->finish_reason);
+}
+
 static void finish(cb_app *a, int s) {
     cb_slot *st = &a->slots[s];
+    if (st->req->n_choices > 1) {
+        finish_list_prompt(a, s);
+        return;
+    }
     cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
     if (c && st->req->stream) {
         if (cb_stream_finish(a, c, st) != CB_CONN_OK) cb_conn_close(c);
@@ -653,6 +822,34 @@ static void finish(cb_app *a, int s) {
         cb_respond_final(a, c, st);
     }
     release_slot(a, s, c ? 200 : 499, st->finish_reason);
+}
+
+/* Sends (a stream: an event, for token's logprobs too when `always`) or
+ * keeps held[0..n), without the newlines that open a thinking part; 0, or
+ * -1 when the client was given up and the slot freed. */
+static int release_text(cb_app *a, int s, size_t n, int token, int always) {
+    cb_slot *st = &a->slots[s];
+    const cb_request *q = st->req;
+    const size_t skip = cb_reasoning_skip(st, st->held, n);
+    if (q->stream) {
+        cb_conn *c = cb_netloop_conn(a->loop, q->conn);
+        st->stream_text_len += n - skip;
+        int r = CB_CONN_OK;
+        if (c && (n > skip || always) && (r = cb_stream_delta(a, c, st, st->held + skip, n - skip, token)) != CB_CONN_OK) {
+            /* The client reads slower than we write: give up on it. (Not
+             * streaming any more: another prompt of its list ended it.) */
+            if (r != CB_CONN_ERR_STATE) cb_conn_close(c);
+            release_slot(a, s, 499, r != CB_CONN_ERR_STATE ? "slow-client" : "closed");
+            return -1;
+        }
+    } else {
+        size_t room = st->text_cap - st->text_len, take = n - skip < room ? n - skip : room;
+        memcpy(st->text + st->text_len, st->held + skip, take);
+        st->text_len += take;
+    }
+    memmove(st->held, st->held + n, st->held_len - n);
+    st->held_len -= n;
+    return 0;
 }
 
 /* A new token for slot s: sample, record, release its text. */
@@ -676,7 +873,16 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     st->last_token_ns = now;
 
     const int end = !q->ignore_eos && cb_is_end_token(tok, token);
-    if (!end) {
+    int released = 0;
+    if (!end && cb_reasoning_marker(a, st, token)) {
+        /* A thinking block opens or closes: what is held belongs before it. */
+        int got = cb_detok_flush(&st->detok, st->held + st->held_len, CB_TOKEN_BYTES);
+        if (got > 0) st->held_len += (size_t)got;
+        const size_t before = releasable(st, 1);
+        released = before > 0;
+        if (release_text(a, s, before, i, 0) != 0) return;
+        cb_reasoning_switch(a, st, token);
+    } else if (!end) {
         int got = cb_detok_step(tok, &st->detok, token, st->held + st->held_len, CB_TOKEN_BYTES);
         if (got > 0) st->held_len += (size_t)got;
     }
@@ -688,24 +894,8 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     }
     size_t n = releasable(st, st->finish_reason != NULL);
     if (st->stopped) st->finish_reason = "stop";
-
-    if (q->stream) {
-        cb_conn *c = cb_netloop_conn(a->loop, q->conn);
-        st->stream_text_len += n;
-        /* An event per token when logprobs are wanted, else per text. */
-        if (c && (n > 0 || q->logprobs) && cb_stream_delta(a, c, st, st->held, n, i) != CB_CONN_OK) {
-            /* The client reads slower than we write: give up on it. */
-            cb_conn_close(c);
-            release_slot(a, s, 499, "slow-client");
-            return;
-        }
-    } else {
-        size_t room = st->text_cap - st->text_len, take = n < room ? n : room;
-        memcpy(st->text + st->text_len, st->held, take);
-        st->text_len += take;
-    }
-    memmove(st->held, st->held + n, st->held_len - n);
-    st->held_len -= n;
+    /* An event per token when logprobs are wanted, else per text. */
+    if (release_text(a, s, n, i, q->logprobs && !released) != 0) return;
     if (st->finish_reason) finish(a, s);
 }
 
@@ -748,7 +938,7 @@ int cb_app_step(cb_app *a) {
         }
         for (int s = 0; s < a->n_slots && n < limit; s++) {
             cb_slot *st = &a->slots[s];
-            if (!st->req) continue;
+            if (!st->req || st->held_done) continue;
             const int n_prompt = st->req->n_prompt, prefilling = st->n_fed < n_prompt;
             if (pass == 0 && !prefilling) {
                 a->batch[n] = (cb_batch_item){st->next_token, s, st->n_fed, 1};

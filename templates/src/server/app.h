@@ -17,6 +17,8 @@ typedef struct {
     const char *metrics_key; /* this key also opens /metrics (for scrapers); NULL: none */
     int metrics_public;  /* /metrics needs no key, even with api_key set */
     int verbose;         /* one line on stderr per generation request as it ends */
+    const char *const *cors_origins; /* --cors-origin values ("*": any origin) */
+    int n_cors_origins;  /* 0: no CORS headers, OPTIONS is 405 */
 } cb_app_options;
 
 /* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */

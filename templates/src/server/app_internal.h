@@ -20,6 +20,7 @@
 #define CB_MAX_TOP_LOGPROBS 20   /* OpenAI's limit for chat */
 #define CB_TOKEN_BYTES 256       /* longest text of one token */
 #define CB_DEFAULT_SEED 0        /* seed of a request that sends none */
+#define CB_MAX_LOGIT_BIAS 300    /* logit_bias entries per request (OpenAI's limit) */
 
 typedef enum { CB_EP_CHAT, CB_EP_COMPLETION } cb_endpoint;
 
@@ -40,6 +41,12 @@ typedef struct {
     char stop_text[CB_STOP_BYTES];
     int n_prompt;
     int32_t *prompt;             /* [context] */
+    int n_bias;                  /* logit_bias, pointed to by sampling */
+    int32_t bias_id[CB_MAX_LOGIT_BIAS];
+    float bias[CB_MAX_LOGIT_BIAS];
+    int reasoning;               /* the output starts inside the template's thinking block */
+    int choice, n_choices;       /* a list of prompts: this one's index, and how many (1: no list) */
+    int group_prompt, group_completion; /* tokens of the list's prompts that finished before this one */
 } cb_request;
 
 /* One generation slot: a KV cache in the engine and this state. */
@@ -68,6 +75,13 @@ typedef struct {
     char *text;                  /* [text_cap] */
     size_t text_len, text_cap;
     size_t stream_text_len;      /* text released so far by a stream */
+    /* Thinking text (reasoning.c): where the generated text is, and where
+     * the answer's reasoning ends and its content starts in text[]. */
+    int held_done;               /* finished, kept until the other prompts of its list finish */
+    int think_state;             /* CB_THINK_* */
+    int think_fresh;             /* at the start of a region: its opening newlines are dropped */
+    int had_reasoning;           /* a thinking block was entered */
+    size_t reasoning_end;        /* text[0..reasoning_end): reasoning, once its block closed */
 } cb_slot;
 
 struct cb_app {
@@ -107,6 +121,12 @@ struct cb_app {
     int draining;                /* shutting down: no new requests */
     int verbose;                 /* a line on stderr per generation request (log_request) */
     uint64_t requests;
+    /* A refused request's error "param" and "code" beside its message (NULL: null). */
+    const char *err_param, *err_code;
+    int32_t think_open, think_close; /* the template's thinking markers as tokens; -1: none */
+    const cb_slot **list;        /* [n_slots]: the slots of a finished list of prompts, in order */
+    const char *const *cors_origins; /* --cors-origin values ("*": any); NULL: no CORS */
+    int n_cors_origins;
 };
 
 /* request.c: reads body into r. Returns 0, or an HTTP status with a message
@@ -118,12 +138,47 @@ int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, 
 int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request *q, char *err, size_t err_len);
 int cb_request_read(cb_app *a, cb_request *r, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len);
+/* Prompt `choice` of a list (after cb_request_read() read the body and
+ * prompt 0 into first): q gets first's settings and that prompt. */
+int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, const char *body, int choice,
+                           char *err, size_t err_len);
+
+/* reasoning.c: thinking text as reasoning_content, where the chat template
+ * marks it (Qwen3's <think>...</think>). */
+enum { CB_THINK_NONE, CB_THINK_START, CB_THINK_REASONING, CB_THINK_CONTENT };
+void cb_reasoning_init(cb_app *a);
+/* The request's starting point: inside a thinking block when its prompt's
+ * last marker opens one (q->reasoning); a slot's state from it. */
+void cb_reasoning_request(const cb_app *a, cb_request *q);
+void cb_reasoning_slot(const cb_app *a, cb_slot *st);
+/* Whether a generated token is a marker that switches the slot's state (its
+ * text then goes nowhere); the caller releases the held text first, then
+ * calls cb_reasoning_switch(). A first token that opens no block settles
+ * the answer as content. */
+int cb_reasoning_marker(const cb_app *a, cb_slot *st, int32_t token);
+void cb_reasoning_switch(cb_app *a, cb_slot *st, int32_t token);
+/* Bytes at the start of text[0..n) to drop: the newlines that open a region. */
+size_t cb_reasoning_skip(cb_slot *st, const char *text, size_t n);
+
+/* cors.c: the Access-Control-* lines of an answer to this request ("" when
+ * none), and the preflight answer. */
+void cb_cors_headers(const cb_app *a, const cb_http_request *req, char *out, size_t cap);
+int cb_cors_preflight(cb_app *a, cb_conn *c, const cb_http_request *req);
 
 /* response.c */
+/* An OpenAI-shaped error with its param and code (NULL: null). */
+void cb_respond_error_ex(cb_app *a, cb_conn *c, int status, const char *type, const char *param, const char *code,
+                         const char *message);
 void cb_respond_json(cb_app *a, cb_conn *c, int status, cb_jw *w);
 void cb_respond_error(cb_app *a, cb_conn *c, int status, const char *type, const char *message);
 /* The whole answer of a finished non-streaming request. */
 void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st);
+/* The same for a list of prompts: a choice per slot of sts, in order; usage
+ * and expert activations of last, which finished last and holds the
+ * others' counts. */
+void cb_respond_final_list(cb_app *a, cb_conn *c, const cb_slot *const *sts, int n, const cb_slot *last);
+/* A list's prompt finished while others run: its last chunk, no [DONE]. */
+int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st);
 /* Stream pieces; each returns CB_CONN_OK or the netloop error. */
 int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token);
 int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st);

@@ -814,6 +814,12 @@ void cb_jw_raw(cb_jw *w, const char *json, size_t n)
 
 void cb_jw_openai_error(cb_jw *w, const char *message, const char *type)
 {
+    cb_jw_openai_error_ex(w, message, type, NULL, NULL);
+}
+
+void cb_jw_openai_error_ex(cb_jw *w, const char *message, const char *type, const char *param,
+                           const char *code)
+{
     cb_jw_begin_object(w);
     cb_jw_key(w, "error");
     cb_jw_begin_object(w);
@@ -822,9 +828,11 @@ void cb_jw_openai_error(cb_jw *w, const char *message, const char *type)
     cb_jw_key(w, "type");
     cb_jw_str(w, type);
     cb_jw_key(w, "param");
-    cb_jw_null(w);
+    if (param) cb_jw_str(w, param);
+    else cb_jw_null(w);
     cb_jw_key(w, "code");
-    cb_jw_null(w);
+    if (code) cb_jw_str(w, code);
+    else cb_jw_null(w);
     cb_jw_end_object(w);
     cb_jw_end_object(w);
 }

@@ -127,5 +127,8 @@ void cb_jw_null(cb_jw *w);
 void cb_jw_raw(cb_jw *w, const char *json, size_t n);
 /* OpenAI's error object as a value: {"error": {"message", "type", "param": null, "code": null}}. */
 void cb_jw_openai_error(cb_jw *w, const char *message, const char *type);
+/* The same with "param" and "code" (NULL: null). */
+void cb_jw_openai_error_ex(cb_jw *w, const char *message, const char *type, const char *param,
+                           const char *code);
 
 #endif

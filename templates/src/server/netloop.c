@@ -69,6 +69,8 @@ struct cb_conn {
                                    a clock, not ms, so the order is exact */
     uint64_t opened_ms;
 
+    char app_headers[CB_CONN_HEADER_BYTES]; /* cb_conn_set_headers(): lines for this request's answers */
+
     uint8_t minor_version;
     uint8_t keep_alive;
     uint8_t close_after_send;
@@ -387,10 +389,14 @@ static int queue_response(cb_conn *c, int status, const char *content_type,
         out_str(&o, content_type);
         out_str(&o, "\r\n");
     }
-    out_str(&o, "Content-Length: ");
-    out_uint(&o, len, 10);
-    out_str(&o, c->keep_alive ? "\r\nConnection: keep-alive\r\n" : "\r\nConnection: close\r\n");
+    if (status != 204) { /* RFC 9110 8.6: no Content-Length in a 204 */
+        out_str(&o, "Content-Length: ");
+        out_uint(&o, len, 10);
+        out_str(&o, "\r\n");
+    }
+    out_str(&o, c->keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
     out_extra_headers(&o, extra_headers);
+    out_extra_headers(&o, c->app_headers);
     out_str(&o, "\r\n");
     if (!c->head_only)
         out_put(&o, body, len);
@@ -441,6 +447,7 @@ int cb_conn_stream_begin(cb_conn *c, int status, const char *content_type)
         out_str(&o, "\r\n");
     }
     out_str(&o, "Cache-Control: no-cache\r\n");
+    out_extra_headers(&o, c->app_headers);
     if (c->chunked)
         out_str(&o, "Transfer-Encoding: chunked\r\n");
     out_str(&o, c->keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n");
@@ -509,6 +516,15 @@ int cb_conn_stream_end(cb_conn *c)
     c->close_after_send = !c->keep_alive;
     kick(c);
     return CB_CONN_OK;
+}
+
+void cb_conn_set_headers(cb_conn *c, const char *lines)
+{
+    size_t n = strlen(lines);
+    if (n >= sizeof c->app_headers)
+        n = 0;
+    memcpy(c->app_headers, lines, n);
+    c->app_headers[n] = '\0';
 }
 
 void cb_conn_close(cb_conn *c)
@@ -651,6 +667,7 @@ static void dispatch(cb_netloop *loop, cb_conn *c)
     uint32_t gen = c->gen;
     c->state = ST_WAIT_APP;
     c->consumed = c->large >= 0 ? c->head_len : c->head_len + c->body_len;
+    c->app_headers[0] = '\0';
     loop->cfg.on_request(loop->cfg.app, c, &c->req, c->body, c->body_len);
     if (c->state == ST_FREE || c->gen != gen) /* closed by the application */
         return;
@@ -674,6 +691,7 @@ static void finish_exchange(cb_netloop *loop, cb_conn *c)
     c->consumed = 0;
     c->scanned = 0;
     c->head_only = 0;
+    c->app_headers[0] = '\0';
     c->state = ST_READ_HEAD;
     c->idle = c->rlen == 0;
     c->quiet_since = ++loop->quiet_seq;
@@ -906,6 +924,7 @@ static void accept_clients(cb_netloop *loop)
         c->interest = CB_POLL_READ;
         c->rlen = c->scanned = c->consumed = 0;
         c->wpos = c->wlen = 0;
+        c->app_headers[0] = '\0';
         c->large = -1;
         c->body = NULL;
         c->body_have = 0;

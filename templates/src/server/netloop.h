@@ -142,6 +142,13 @@ int cb_conn_stream_end(cb_conn *c);
 /* Largest piece cb_conn_stream_write() would take now. */
 size_t cb_conn_write_space(const cb_conn *c);
 
+/* Header lines (e.g. "Access-Control-Allow-Origin: *\r\n") added to every
+ * answer to the request being handled, streams included; copied (at most
+ * CB_CONN_HEADER_BYTES - 1 bytes, else none). Cleared when the next
+ * request arrives. */
+#define CB_CONN_HEADER_BYTES 512
+void cb_conn_set_headers(cb_conn *c, const char *lines);
+
 /* Drops the connection now, unsent bytes included. on_close is not called. */
 void cb_conn_close(cb_conn *c);
 

@@ -24,6 +24,17 @@ static int fail(reader *r, const char *fmt, ...) {
     return 400;
 }
 
+/* fail() with the error's "param" and "code" (OpenAI's, e.g.
+ * context_length_exceeded, which clients test for). */
+static int fail_code(reader *r, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, r->err_len, fmt, ap);
+    va_end(ap);
+    r->a->err_param = param, r->a->err_code = code;
+    return 400;
+}
+
 /* The value of a top-level field, or -1 when absent or null. */
 static int field(reader *r, const char *name) {
     int v = cb_json_find(r->body, r->t, 0, name);
@@ -64,9 +75,7 @@ static int refuse_unsupported(reader *r, cb_endpoint ep) {
 #define ADD(name) used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "", name)
     for (size_t i = 0; i < sizeof never / sizeof *never; i++)
         if (field(r, never[i]) >= 0) ADD(never[i]);
-    int v = field(r, "logit_bias");
-    if (v >= 0 && !(r->t[v].type == CB_JSON_OBJECT && r->t[v].size == 0)) ADD("logit_bias");
-    v = field(r, "response_format");
+    int v = field(r, "response_format");
     if (v >= 0) {
         int type = cb_json_find(r->body, r->t, v, "type");
         if (type < 0 || !cb_json_str_eq(r->body, &r->t[type], "text")) ADD("response_format");
@@ -192,10 +201,91 @@ static int chat_request(reader *r, cb_chat_request *q, int n_messages, int allow
     return 0;
 }
 
-/* A prompt of n tokens must leave room for one generated token. */
+/* A prompt of n tokens must leave room for one generated token. Worded as
+ * OpenAI words it ("maximum context length", code context_length_exceeded),
+ * which clients (LangChain, LiteLLM) recognise to trim the history. */
 static int check_prompt_length(reader *r, int n, int ctx) {
     if (n <= ctx - 1) return 0;
-    return fail(r, "the prompt is %d tokens (context_length %d, so at most %d prompt tokens)", n, ctx, ctx - 1);
+    const int chat = cb_json_find(r->body, r->t, 0, "messages") >= 0;
+    return fail_code(r, chat ? "messages" : "prompt", "context_length_exceeded",
+                     "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens, "
+                     "which leaves no room for the completion (at most %d prompt tokens). Please reduce the length "
+                     "of the %s.", ctx, chat ? "messages" : "prompt", n, ctx - 1, chat ? "messages" : "prompt");
+}
+
+/* The prompt and an explicit max_tokens must fit the context together (as
+ * OpenAI and vLLM refuse it; without max_tokens the answer may run to the
+ * end of the context). */
+static int check_context(reader *r, const cb_request *q, int64_t asked, int ctx) {
+    if (asked <= 0 || q->n_prompt + asked <= ctx) return 0;
+    const int chat = q->endpoint == CB_EP_CHAT;
+    return fail_code(r, chat ? "messages" : "prompt", "context_length_exceeded",
+                     "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
+                     "the %s, %lld in the completion). Please reduce the length of the %s or completion.",
+                     ctx, (long long)(q->n_prompt + asked), q->n_prompt, chat ? "messages" : "prompt",
+                     (long long)asked, chat ? "messages" : "prompt");
+}
+
+/* logit_bias: {"<token id>": a number from -100 to 100}, added to that
+ * token's logit before penalties and sampling (greedy too), as OpenAI
+ * defines it. Entries of one id add up. */
+static int read_logit_bias(reader *r, cb_request *q) {
+    const cb_json_tok *t = r->t;
+    const int v = field(r, "logit_bias");
+    const int64_t vocab = (int64_t)r->a->dims->vocab;
+    q->n_bias = 0;
+    q->sampling.n_bias = 0;
+    if (v < 0) return 0;
+    if (t[v].type != CB_JSON_OBJECT)
+        return fail_code(r, "logit_bias", NULL, "'logit_bias' must be an object of token ids (as strings) to "
+                         "numbers from -100 to 100, like {\"1234\": -100}");
+    if (t[v].size > CB_MAX_LOGIT_BIAS)
+        return fail_code(r, "logit_bias", NULL, "'logit_bias' has %d entries; at most %d are allowed", t[v].size,
+                         CB_MAX_LOGIT_BIAS);
+    for (int k = 0, i = v + 1; k < t[v].size; k++, i = t[i + 1].next) {
+        const int klen = t[i].end - t[i].start < 40 ? t[i].end - t[i].start : 40;
+        const char *key = r->body + t[i].start;
+        int64_t id = 0;
+        int digits = t[i].end - t[i].start;
+        for (int j = 0; j < digits && id < vocab; j++) {
+            if (key[j] < '0' || key[j] > '9' || (j == 0 && key[j] == '0' && digits > 1)) { id = -1; break; }
+            id = id * 10 + (key[j] - '0');
+        }
+        if (digits == 0 || (t[i].flags & CB_JSON_F_ESCAPED) || id < 0 || id >= vocab)
+            return fail_code(r, "logit_bias", NULL, "'logit_bias' key \"%.*s\" must be a token id from 0 to %lld",
+                             klen, key, (long long)vocab - 1);
+        double bias;
+        if (cb_json_get_double(r->body, &t[i + 1], &bias) != 0 || !(bias >= -100 && bias <= 100))
+            return fail_code(r, "logit_bias", NULL, "'logit_bias[\"%.*s\"]' must be a number from -100 to 100",
+                             klen, key);
+        q->bias_id[q->n_bias] = (int32_t)id;
+        q->bias[q->n_bias++] = (float)bias;
+    }
+    q->sampling.bias_ids = q->bias_id, q->sampling.bias = q->bias, q->sampling.n_bias = q->n_bias;
+    return 0;
+}
+
+/* 'prompt' as a list: a list of token ids is one prompt; a list of strings
+ * or of lists of ids holds several, one choice each (each in its own slot,
+ * all at once, so at most the slot count). q->choice picks one: its index
+ * through *one, and the count in q->n_choices; or 400. */
+static int pick_prompt(reader *r, cb_request *q, int v, int *one) {
+    const cb_json_tok *t = r->t;
+    *one = v;
+    q->n_choices = 1;
+    if (t[v].type != CB_JSON_ARRAY || t[v].size == 0) return 0;
+    if (t[v + 1].type != CB_JSON_STRING && t[v + 1].type != CB_JSON_ARRAY) return 0; /* token ids */
+    const int n = t[v].size;
+    if (n > r->a->n_slots)
+        return fail_code(r, "prompt", NULL, "'prompt' holds %d prompts; this server runs at most %d (its slots) in "
+                         "one request: send the rest in another", n, r->a->n_slots);
+    for (int i = 0, e = v + 1; i < n; i++, e = t[e].next)
+        if (t[e].type != t[v + 1].type)
+            return fail_code(r, "prompt", NULL, "'prompt[%d]': a list of prompts holds all strings or all arrays "
+                             "of token ids", i);
+    q->n_choices = n;
+    *one = cb_json_array_at(t, v, q->choice);
+    return 0;
 }
 
 /* The text side of a request on a model converted without a tokenizer. */
@@ -235,11 +325,11 @@ static int read_messages(reader *r, cb_request *q, int ctx) {
 static int read_prompt(reader *r, cb_request *q, int ctx) {
     const cb_json_tok *t = r->t;
     const cb_tokenizer *tok = cb_engine_tokenizer(r->a->engine);
-    int v = cb_json_find(r->body, t, 0, "prompt");
+    int v = cb_json_find(r->body, t, 0, "prompt"), status;
     if (v < 0) return fail(r, "'prompt' is required");
+    if ((status = pick_prompt(r, q, v, &v))) return status;
     if (t[v].type == CB_JSON_STRING) {
-        int status = no_tokenizer(r, "a text 'prompt'");
-        if (status) return status;
+        if ((status = no_tokenizer(r, "a text 'prompt'"))) return status;
         int n = cb_json_unescape(r->body, &t[v], r->a->scratch, r->a->scratch_cap);
         if (n < 0) return fail(r, "'prompt' holds an invalid string");
         /* Into a->ids, which holds any prompt the body can make: a failure
@@ -248,18 +338,20 @@ static int read_prompt(reader *r, cb_request *q, int ctx) {
         int got = cb_tokenize_ex(tok, r->a->scratch, (size_t)n, 1, r->a->ids, (int)r->a->scratch_cap, err,
                                  sizeof err);
         if (got < 0) return fail(r, "'prompt': %s", err);
-        if ((status = check_prompt_length(r, got + 1, ctx))) return status;
-        /* BOS, then the text, as a plain completion would start. */
-        q->prompt[0] = (int32_t)tok->info.bos_id;
-        memcpy(q->prompt + 1, r->a->ids, (size_t)got * sizeof *q->prompt);
-        q->n_prompt = got + 1;
+        /* BOS, then the text, where the tokenizer adds one to plain text
+         * (its add_bos; the synthetic byte tokenizer always does); Qwen's
+         * adds none. */
+        const int bos = tok->info.bos_id != CB_NO_TOKEN && (tok->kind == CB_TOKENIZER_BYTES || tok->add_bos);
+        if ((status = check_prompt_length(r, got + bos, ctx))) return status;
+        if (bos) q->prompt[0] = (int32_t)tok->info.bos_id;
+        memcpy(q->prompt + bos, r->a->ids, (size_t)got * sizeof *q->prompt);
+        q->n_prompt = got + bos;
         return 0;
     }
     if (t[v].type != CB_JSON_ARRAY) return fail(r, "'prompt' must be a string or an array of token ids");
     const int n = t[v].size;
     if (n == 0) return fail(r, "'prompt' must not be empty");
-    int status = check_prompt_length(r, n, ctx);
-    if (status) return status;
+    if ((status = check_prompt_length(r, n, ctx))) return status;
     for (int i = 0, e = v + 1; i < n; i++, e = t[e].next) {
         int64_t id;
         if (cb_json_get_int64(r->body, &t[e], &id) != 0 || id < 0 || id >= (int64_t)r->a->dims->vocab)
@@ -286,9 +378,26 @@ int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request
     return chat_request(&rd, q, n_messages, 1);
 }
 
+int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, const char *body, int choice,
+                           char *err, size_t err_len) {
+    reader rd = {a, body, a->toks, err, err_len};
+    int32_t *prompt = q->prompt;
+    *q = *first; /* every setting; its own prompt and bias */
+    q->prompt = prompt;
+    q->sampling.bias_ids = q->bias_id, q->sampling.bias = q->bias;
+    q->choice = choice;
+    const int ctx = (int)a->dims->context_len;
+    int status = read_prompt(&rd, q, ctx);
+    if (!status) status = check_context(&rd, q, first->max_tokens < ctx ? first->max_tokens : 0, ctx);
+    return status;
+}
+
 int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len) {
     reader rd = {a, body, a->toks, err, err_len}, *r = &rd;
+    a->err_param = a->err_code = NULL;
+    q->choice = 0, q->n_choices = 1;
+    q->group_prompt = q->group_completion = 0;
     int parsed = cb_request_parse_object(a, body, len, err, err_len);
     if (parsed) return parsed;
     const int ctx = (int)a->dims->context_len;
@@ -301,12 +410,13 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     q->max_tokens = ctx;
     if ((status = refuse_unsupported(r, ep))) return status;
 
-    int64_t x;
+    int64_t x, asked = 0;
     const char *len_fields[] = {"max_tokens", "max_completion_tokens"};
     for (int f = 0; f < 2; f++) {
         x = 0;
         if ((status = read_int(r, len_fields[f], 1, INT32_MAX, &x))) return status;
         if (x > 0 && x < q->max_tokens) q->max_tokens = (int)x;
+        if (x > 0 && (asked == 0 || x < asked)) asked = x;
     }
     cb_sampling *s = &q->sampling;
     if ((status = read_number(r, "temperature", 0, 2, &s->temperature))) return status;
@@ -348,5 +458,9 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     int model = field(r, "model");
     if (model >= 0 && a->toks[model].type != CB_JSON_STRING) return fail(r, "'model' must be a string");
     if ((status = read_stop(r, q))) return status;
-    return ep == CB_EP_CHAT ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);
+    if ((status = read_logit_bias(r, q))) return status;
+    status = ep == CB_EP_CHAT ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);
+    if (!status) status = check_context(r, q, asked, ctx);
+    if (!status && ep == CB_EP_CHAT) cb_reasoning_request(a, q);
+    return status;
 }

@@ -24,6 +24,20 @@ void cb_respond_error(cb_app *a, cb_conn *c, int status, const char *type, const
     cb_conn_respond_error(c, status, type, message);
 }
 
+void cb_respond_error_ex(cb_app *a, cb_conn *c, int status, const char *type, const char *param, const char *code,
+                         const char *message) {
+    char body[2048];
+    cb_jw w;
+    cb_jw_init(&w, body, sizeof body);
+    cb_jw_openai_error_ex(&w, message, type, param, code);
+    if (w.overflow) {
+        cb_respond_error(a, c, status, type, message); /* cut to fit there */
+        return;
+    }
+    cb_metrics_status(&a->metrics, status);
+    cb_conn_respond(c, status, "application/json", body, w.len, NULL);
+}
+
 /* ---- pieces ---- */
 
 static void write_head(cb_app *a, cb_jw *w, const cb_request *q, int chunk) {
@@ -45,12 +59,15 @@ static void write_head(cb_app *a, cb_jw *w, const cb_request *q, int chunk) {
 static void write_usage(cb_jw *w, const cb_slot *st) {
     cb_jw_key(w, "usage");
     cb_jw_begin_object(w);
+    /* A list of prompts: over all of them (the others' counts are in req). */
+    const int prompt = st->req->n_prompt + st->req->group_prompt;
+    const int completion = st->n_generated + st->req->group_completion;
     cb_jw_key(w, "prompt_tokens");
-    cb_jw_int(w, st->req->n_prompt);
+    cb_jw_int(w, prompt);
     cb_jw_key(w, "completion_tokens");
-    cb_jw_int(w, st->n_generated);
+    cb_jw_int(w, completion);
     cb_jw_key(w, "total_tokens");
-    cb_jw_int(w, st->req->n_prompt + st->n_generated);
+    cb_jw_int(w, prompt + completion);
     cb_jw_end_object(w);
     /* Measured in the server, so a client's own overhead is not in them:
      * queue wait, prompt (admission to the first token), and generation
@@ -222,7 +239,48 @@ static void write_legacy_logprobs(cb_app *a, cb_jw *w, const cb_slot *st, int fr
 
 /* ---- non-streaming ---- */
 
-void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) {
+/* "content", and "reasoning_content" where the template marks thinking
+ * text: what a thinking block held (null without one), the rest after it. */
+static void write_message_text(cb_jw *w, const cb_slot *st) {
+    size_t from = 0;
+    if (st->think_state != CB_THINK_NONE) {
+        const size_t end = st->think_state == CB_THINK_REASONING ? st->text_len : st->reasoning_end;
+        cb_jw_key(w, "reasoning_content");
+        if (st->had_reasoning) cb_jw_str_n(w, st->text, end);
+        else cb_jw_null(w);
+        if (st->had_reasoning) from = end;
+    }
+    cb_jw_key(w, "content");
+    cb_jw_str_n(w, st->text + from, st->text_len - from);
+}
+
+/* One choice of a plain answer. */
+static void write_choice(cb_app *a, cb_jw *w, const cb_slot *st) {
+    const cb_request *q = st->req;
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "index");
+    cb_jw_int(w, q->choice);
+    if (q->endpoint == CB_EP_CHAT) {
+        cb_jw_key(w, "message");
+        cb_jw_begin_object(w);
+        cb_jw_key(w, "role");
+        cb_jw_str(w, "assistant");
+        write_message_text(w, st);
+        cb_jw_end_object(w);
+        write_chat_logprobs(a, w, st, 0, st->n_generated);
+    } else {
+        cb_jw_key(w, "text");
+        cb_jw_str_n(w, st->text, st->text_len);
+        write_legacy_logprobs(a, w, st, 0, st->n_generated, 0);
+    }
+    cb_jw_key(w, "finish_reason");
+    cb_jw_str(w, st->finish_reason);
+    cb_jw_end_object(w);
+}
+
+void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) { cb_respond_final_list(a, c, &st, 1, st); }
+
+void cb_respond_final_list(cb_app *a, cb_conn *c, const cb_slot *const *sts, int n, const cb_slot *st) {
     const cb_request *q = st->req;
     cb_jw w;
     cb_jw_init(&w, a->response, CB_RESPONSE_BYTES);
@@ -230,30 +288,11 @@ void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) {
     write_head(a, &w, q, 0);
     cb_jw_key(&w, "choices");
     cb_jw_begin_array(&w);
-    cb_jw_begin_object(&w);
-    cb_jw_key(&w, "index");
-    cb_jw_int(&w, 0);
-    if (q->endpoint == CB_EP_CHAT) {
-        cb_jw_key(&w, "message");
-        cb_jw_begin_object(&w);
-        cb_jw_key(&w, "role");
-        cb_jw_str(&w, "assistant");
-        cb_jw_key(&w, "content");
-        cb_jw_str_n(&w, st->text, st->text_len);
-        cb_jw_end_object(&w);
-        write_chat_logprobs(a, &w, st, 0, st->n_generated);
-    } else {
-        cb_jw_key(&w, "text");
-        cb_jw_str_n(&w, st->text, st->text_len);
-        write_legacy_logprobs(a, &w, st, 0, st->n_generated, 0);
-    }
-    cb_jw_key(&w, "finish_reason");
-    cb_jw_str(&w, st->finish_reason);
-    cb_jw_end_object(&w);
+    for (int i = 0; i < n; i++) write_choice(a, &w, sts[i]);
     cb_jw_end_array(&w);
     write_usage(&w, st);
     write_expert_activations(a, &w, st);
-    if (q->trace) write_trace(a, &w, st);
+    if (q->trace) write_trace(a, &w, sts[0]);
     cb_jw_end_object(&w);
     cb_respond_json(a, c, 200, &w);
 }
@@ -280,7 +319,7 @@ static void begin_choice_chunk(cb_app *a, cb_jw *w, const cb_request *q) {
     cb_jw_begin_array(w);
     cb_jw_begin_object(w);
     cb_jw_key(w, "index");
-    cb_jw_int(w, 0);
+    cb_jw_int(w, q->choice);
 }
 
 int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token) {
@@ -294,7 +333,8 @@ int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, 
             cb_jw_key(&w, "role");
             cb_jw_str(&w, "assistant");
         }
-        cb_jw_key(&w, "content");
+        /* Text of a thinking block goes out as reasoning_content. */
+        cb_jw_key(&w, token >= 0 && st->think_state == CB_THINK_REASONING ? "reasoning_content" : "content");
         cb_jw_str_n(&w, text, len);
         cb_jw_end_object(&w);
         if (token >= 0) write_chat_logprobs(a, &w, st, token, token + 1);
@@ -319,7 +359,7 @@ int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, 
     return send_event(a, c, &w);
 }
 
-int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
+int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st) {
     const cb_request *q = st->req;
     cb_jw w;
     begin_choice_chunk(a, &w, q);
@@ -340,7 +380,13 @@ int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
     write_expert_activations(a, &w, st);
     if (q->trace) write_trace(a, &w, st);
     cb_jw_end_object(&w);
-    int r = send_event(a, c, &w);
+    return send_event(a, c, &w);
+}
+
+int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
+    const cb_request *q = st->req;
+    cb_jw w;
+    int r = cb_stream_finish_choice(a, c, st);
     if (r == CB_CONN_OK && q->include_usage) {
         /* OpenAI's last chunk: no choices, the usage. */
         begin_event(a, &w);
@@ -363,6 +409,8 @@ int cb_stream_error(cb_app *a, cb_conn *c, const char *message) {
     begin_event(a, &w);
     cb_jw_openai_error(&w, message, "server_error");
     int r = send_event(a, c, &w);
+    /* [DONE] as after any stream, so a client that reads to it stops there. */
+    if (r == CB_CONN_OK) r = cb_conn_stream_write(c, "data: [DONE]\n\n", 14);
     if (r == CB_CONN_OK) r = cb_conn_stream_end(c);
     return r;
 }

@@ -156,6 +156,7 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
     float *w = s->work;
     int32_t *idx = s->idx;
     memcpy(w, logits, sizeof(float) * V);
+    for (int i = 0; i < p->n_bias; i++) w[p->bias_ids[i]] += p->bias[i]; /* ids checked by the request reader */
     apply_penalties(s, p, history, n_history);
     /* Greedy also where 1/T overflows (T under ~3e-39): its weights would be
      * exp(0 * inf), NaN, and a positive T that small is greedy anyway. */

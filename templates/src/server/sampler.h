@@ -29,6 +29,9 @@ typedef struct {
                                 generated so far */
     int top_k;               /* 0: off */
     uint64_t seed;
+    int n_bias;              /* logit_bias: bias[i] added to the logit of bias_ids[i] first */
+    const int32_t *bias_ids;
+    const float *bias;
 } cb_sampling;
 
 /* Scratch shared by every slot (sampling runs on the loop thread, one slot
