@@ -88,7 +88,7 @@ def context(inputs: RenderInputs) -> dict:
         "version": __version__,
         "c_float": _c_float,
         # K and V elements one token caches over all layers (layers differ in
-        # KV heads and head size: Gemma 4).
+        # KV heads and head size: Gemma 4; MLA caches its latent and rope key).
         "kv_elements_per_token": _kv_elements_per_token(cfg) if cfg else 0,
     }
 
@@ -97,6 +97,8 @@ def _kv_elements_per_token(cfg: dict) -> int:
     """As weights.layer_descs shapes the layers (not imported: no numpy in
     the wheel build)."""
     sliding = cfg["attention"].get("sliding")
+    if cfg.get("mla"):  # the latent and the rope key, one K row a layer, no V
+        return cfg["layers"] * (cfg["mla"]["kv_lora_rank"] + cfg["head_dim"])
     return sum(2 * (sliding["kv_heads"] * sliding["head_dim"] if kind == "sliding" else
                     cfg["kv_heads"] * cfg["head_dim"]) for kind in cfg["layer_types"])
 
