@@ -243,3 +243,18 @@ def test_built_server_gives_transformers_tokens_and_prints_the_latent_cache(tmp_
         server.stop()
     for i, (a, b) in enumerate(zip(alone, together)):
         assert a == b, f"prompt {i} differs when batched"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_synth_deepseek_model_loads_and_caches_the_latent(tmp_path, dtype):
+    """synth --arch deepseek_v3 (the bench-deepseek layout on the small
+    preset: d 32, nope 32, rope 32, latent 128, q LoRA 192): it verifies,
+    loads, and its cache per token is layers x (latent + rope key)."""
+    from colibri_build.synth import synth
+    from colibri_build.verify import verify
+    model = synth("deepseek_v3", "small", tmp_path / "m", dtype=dtype)
+    verify(model)
+    engine = Engine(model, threads=2)
+    assert engine.memory["kv_cache_bytes_per_slot"] == 4 * 1024 * (128 + 32) * 4
+    ids = engine.generate_ids([1, 2, 3, 4, 5], max_tokens=4, stop_at_end=False)
+    assert len(ids) == 4 and (engine.last_routing[:, 0] == -1).all() and (engine.last_routing[:, 1:] >= 0).all()
