@@ -3,7 +3,8 @@
  * cb_dims and the per-layer descriptors):
  *   x = embed[token]; per layer: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x));
  *   logits = output(RMSNorm(x))
- * (Gemma 4: embeddings scaled, post-norms in the layer, logits soft-capped). */
+ * (Gemma 4: embeddings scaled, post-norms in the layer, logits soft-capped;
+ * DeepSeek-V3: its latent attention in mla.c). */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>

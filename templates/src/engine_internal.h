@@ -24,7 +24,7 @@ struct cb_engine {
     float *xn;                 /* normalised input [B][H] */
     float *xr;                 /* Gemma 4: the router's input, then the experts' normed sum [B][H] */
     float *ones;               /* 1.0 [max(H, d)]: the weight of a weightless RMSNorm */
-    float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2, d and nkv the widest layer's */
+    float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2, d and nkv the widest layer's (MLA: cb_engine_open) */
     float *attn;               /* attention output before wo [B][nh*d] */
     int q_max, kv_max;         /* the widest layer's nh*d and nkv*d */
     float *proj;               /* wo output / MoE output [B][H] */
