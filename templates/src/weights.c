@@ -31,6 +31,8 @@ static int check_mla_router(const cb_dims *d, const char *path, char *err, size_
         why = "MLA needs qk_nope_head_dim and v_head_dim, and kv_heads 1 (one latent for every head)";
     else if (!d->kv_lora_rank && (d->q_lora_rank || d->qk_nope_dim || d->v_head_dim))
         why = "q_lora_rank, qk_nope_head_dim or v_head_dim set without MLA";
+    else if (sigmoid && d->n_experts > 1024)
+        why = "a sigmoid router takes at most 1024 experts";
     else if (sigmoid && (!d->n_group || d->n_experts % d->n_group || !d->topk_group || d->topk_group > d->n_group ||
                          d->top_k > d->topk_group * (d->n_experts / d->n_group)))
         why = "the router's groups do not divide the experts, or keep fewer experts than top_k";
