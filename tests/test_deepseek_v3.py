@@ -215,6 +215,11 @@ def test_kv_cache_holds_the_latent_and_rope_key_only(tmp_path, kv_cache):
     err = relative_error(engine.forward(ids), np.load(TINY / "ref" / "logits.npy"))
     print(f"kv cache {kv_cache}: max relative logit error {err:.2e}")
     assert err < (1e-4 if kv_cache == "f32" else 1e-2)
+    if kv_cache == "f32":  # inspect names what the heads and the cache are made of
+        from conftest import run_cli
+        shown = run_cli("inspect", model).stdout
+        assert "mla: q LoRA 24, latent 16, nope 16, rope 8, v 16; KV cache 24 elements a token and layer" in shown
+        assert "router: sigmoid_topk_renorm, 4 groups (keeps 2), routed scaling 2.5" in shown
 
 
 @needs_testdata
