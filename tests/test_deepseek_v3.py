@@ -268,3 +268,24 @@ def test_synth_deepseek_model_loads_and_caches_the_latent(tmp_path, dtype):
     assert engine.memory["kv_cache_bytes_per_slot"] == 4 * 1024 * (128 + 32) * 4
     ids = engine.generate_ids([1, 2, 3, 4, 5], max_tokens=4, stop_at_end=False)
     assert len(ids) == 4 and (engine.last_routing[:, 0] == -1).all() and (engine.last_routing[:, 1:] >= 0).all()
+
+
+@needs_testdata
+@pytest.mark.parametrize("change, words", [
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, "FP8 weights"),
+    ({"scoring_func": "softmax"}, "'scoring_func' is 'softmax'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "RoPE scaling 'llama3' is not implemented"),
+    ({"n_group": 3}, "router_groups"),
+])
+def test_configs_the_engine_cannot_run_are_refused_by_name(tmp_path, change, words):
+    import json
+
+    from colibri_build.errors import ConfigError
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    cfg = json.loads((TINY / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, **change}))
+    shutil.copy(TINY / "model.safetensors", hf / "model.safetensors")
+    with pytest.raises(ConfigError, match=words):
+        convert(hf, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

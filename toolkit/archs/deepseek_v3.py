@@ -61,6 +61,10 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     hf.get("qk_head_dim"), hf.get("head_dim")  # derived: nope + rope, and rope
     for name in ("ep_size", "aux_loss_alpha", "seq_aux"):  # training only
         hf.get(name)
+    quant = hf.get("quantization_config")
+    if quant:
+        raise ConfigError(f"{hf.source}: quantization_config {quant.get('quant_method', quant)!r}: DeepSeek-V3's FP8 "
+                          "weights (weight_scale_inv blocks) are not read; convert a bf16 copy of the checkpoint")
     rope = hf.get("qk_rope_head_dim", required=True)
     nope = hf.get("qk_nope_head_dim", required=True)
     if rope % 2:
