@@ -27,6 +27,8 @@ static int check_mla_router(const cb_dims *d, const char *path, char *err, size_
     if (d->kv_lora_rank > 65536 || d->q_lora_rank > 65536 || d->qk_nope_dim > 65536 || d->v_head_dim > 65536 ||
         d->reserved)
         why = "an MLA rank or head size is over 65536, or the reserved field is set";
+    else if ((uint64_t)d->n_heads * (d->kv_lora_rank + d->head_dim + d->qk_nope_dim + d->v_head_dim) > CB_MAX_SIZE)
+        why = "heads times the MLA head widths is too large";
     else if (d->kv_lora_rank && (!d->qk_nope_dim || !d->v_head_dim || d->n_kv_heads != 1))
         why = "MLA needs qk_nope_head_dim and v_head_dim, and kv_heads 1 (one latent for every head)";
     else if (!d->kv_lora_rank && (d->q_lora_rank || d->qk_nope_dim || d->v_head_dim))
