@@ -325,7 +325,8 @@ FIELD = {name: 24 + 4 * i for i, name in enumerate(
      "n_shared_experts", "shared_ffn", "context_len", "router", "weight_dtype", "qk_norm", "qkv_bias", "shared_gate",
      "dense_ffn", "tied_embeddings", "norm_eps", "rope_theta", "clip_qkv", "block", "ffn_act", "v_norm",
      "attn_scale", "embed_scale", "logit_softcap", "o_bias", "attn_sinks", "router_bias", "expert_bias",
-     "rope_attn_factor", "swiglu_alpha", "swiglu_limit", "tok_kind", "bos_id", "eos_id", "role_system", "role_user",
+     "rope_attn_factor", "swiglu_alpha", "swiglu_limit", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim",
+     "n_group", "topk_group", "routed_scaling", "dims_reserved", "tok_kind", "bos_id", "eos_id", "role_system", "role_user",
      "role_assistant", "end_of_turn"])}
 
 
@@ -358,13 +359,17 @@ def lies(raw: bytearray):
     yield "heads not a multiple", ("<I", FIELD["n_kv_heads"], 3), "multiple of kv_heads"
     yield "NaN rope theta", ("<f", FIELD["rope_theta"], float("nan")), "rope.theta"
     yield "negative norm eps", ("<f", FIELD["norm_eps"], -1.0), "norm_eps"
-    yield "an earlier format", ("<I", 8, 1), "weights format version 1, this engine reads version 2 (re-convert"
+    yield "an earlier format", ("<I", 8, 1), "weights format version 1, this engine reads version 3 (re-convert"
     yield "unknown block", ("<I", FIELD["block"], 7), "block 7"
     yield "negative softcap", ("<f", FIELD["logit_softcap"], -1.0), "logit_softcap"
     yield "odd layer head_dim", ("<I", layer_desc_at(raw, 0) + 4, 7), "layer 0: head_dim"
     yield "layer kv heads", ("<I", layer_desc_at(raw, 1) + 8, 3), "layer 1: kv_heads does not divide heads"
     yield "layer rope pairs", ("<I", layer_desc_at(raw, 1) + 12, 999), "layer 1: rope_pairs"
     yield "layer window", ("<I", layer_desc_at(raw, 0), 1 << 30), "layer 0: the sliding window"
+    yield "MLA over several KV heads", ("<I", FIELD["kv_lora_rank"], 16), "MLA needs qk_nope_head_dim"
+    yield "MLA parts without MLA", ("<I", FIELD["v_head_dim"], 16), "v_head_dim set without MLA"
+    yield "groups, softmax router", ("<I", FIELD["n_group"], 4), "expert groups or a routed scaling without a sigmoid"
+    yield "NaN routed scaling", ("<f", FIELD["routed_scaling"], float("nan")), "expert groups or a routed scaling"
 
 
 def test_each_lie_in_the_header_is_refused_by_name(tiny_model, tmp_path):

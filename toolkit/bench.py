@@ -29,7 +29,8 @@ from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype, w
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
 LLAMA_CPP = {"bench-olmoe": {"decode": 63, "prefill": 156, "ttft_ms": 139},
              "bench-mixtral": {"decode": 49, "prefill": 111, "ttft_ms": 194}}
-ARCH_OF = {"bench-olmoe": "olmoe", "bench-mixtral": "mixtral", "small": "mixtral", "tiny": "mixtral"}
+ARCH_OF = {"bench-olmoe": "olmoe", "bench-mixtral": "mixtral", "bench-deepseek": "deepseek_v3", "small": "mixtral",
+           "tiny": "mixtral"}
 MEMBW_KERNELS = ("sum4", "sum8pf", "2stream", "f16dot")
 
 

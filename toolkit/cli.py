@@ -185,11 +185,13 @@ def release(model, out, target_names, build_dir, strict, force, no_run, verbose)
 
 
 @main.command()
-@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4"]), default="mixtral",
+@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "deepseek_v3"]),
+              default="mixtral",
               show_default=True, help="architecture of the model")
 @click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0"]), default="f32",
               show_default=True, help="weight type of the matrices")
-@click.option("--preset", type=click.Choice(["tiny", "small", "bench-mixtral", "bench-olmoe"]), default="tiny",
+@click.option("--preset", type=click.Choice(["tiny", "small", "bench-mixtral", "bench-olmoe", "bench-deepseek"]),
+              default="tiny",
               show_default=True, help="dimensions (bench-*: the speed benchmark's models, GBs)")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--name", default=None, help="model name (default: the folder's name)")

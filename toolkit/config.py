@@ -113,6 +113,9 @@ def fill_defaults(data: dict) -> dict:
     data.setdefault("router_bias", False)
     data.setdefault("expert_bias", False)
     data.setdefault("swiglu", None)
+    data.setdefault("mla", None)
+    data.setdefault("router_groups", None)
+    data.setdefault("routed_scaling_factor", None)
     data.setdefault("layer_types", ["full"] * data["layers"])
     data.setdefault("block", "pre_norm")
     data.setdefault("ffn_act", "silu")
@@ -144,6 +147,8 @@ def _check_relations(d: dict) -> list[str]:
                   "heads * head_dim": d["heads"] * d.get("head_dim", d["hidden_size"] // d["heads"]),
                   "shared_expert_ffn_size": d.get("shared_expert_ffn_size", 0),
                   "dense_ffn_size": d.get("dense_ffn_size", 0)}
+        if d.get("mla"):  # its own widths (_check_mla_router)
+            del widths["heads * head_dim"]
         for field, value in widths.items():
             if value % 32:
                 problems.append(f"field '{field}': got {value}, expected a multiple of 32 for "
@@ -191,6 +196,7 @@ def _check_layers(d: dict) -> list[str]:
         if d["weights"]["dtype"] in ("q8_0", "q4_0") and (d["heads"] * sliding["head_dim"]) % 32:
             problems.append(f"field 'attention.sliding.head_dim': heads * {sliding['head_dim']} is not a multiple "
                             f"of 32, needed for weights.dtype {d['weights']['dtype']}")
+    problems += _check_mla_router(d)
     if d.get("ffn_act") == "swiglu_oai" and not d.get("swiglu"):
         problems.append("field 'swiglu': missing, expected alpha and limit for ffn_act swiglu_oai")
     if d.get("block") == "gemma4":
@@ -199,6 +205,43 @@ def _check_layers(d: dict) -> list[str]:
         if d.get("dense_layers") or d.get("shared_experts"):
             problems.append("fields 'dense_layers' / 'shared_experts': block gemma4 has an MLP beside the experts "
                             "on every layer, and no other dense layer or shared expert")
+    return problems
+
+
+def _check_mla_router(d: dict) -> list[str]:
+    """DeepSeek-V3's MLA and grouped sigmoid router (the engine's checks in
+    weights.c, said in the config's words)."""
+    problems = []
+    mla, groups = d.get("mla"), d.get("router_groups")
+    sigmoid = d["router"].startswith("sigmoid")
+    if mla:
+        if d["kv_heads"] != 1:
+            problems.append(f"field 'kv_heads': got {d['kv_heads']}, expected 1 with mla (one latent for every head)")
+        if "head_dim" not in d:
+            problems.append("field 'head_dim': missing, expected the rope part of q and k (qk_rope_head_dim) with mla")
+        if d.get("layer_types") and "sliding" in d["layer_types"]:
+            problems.append("field 'layer_types': mla layers have no sliding window")
+        if d["weights"]["dtype"] not in ("f32", "f16", "bf16"):
+            widths = {"mla.kv_lora_rank": mla["kv_lora_rank"], "mla.q_lora_rank": mla["q_lora_rank"],
+                      "mla.qk_nope_head_dim": mla["qk_nope_head_dim"],
+                      "mla.qk_nope_head_dim + head_dim": mla["qk_nope_head_dim"] + d.get("head_dim", 0),
+                      "heads * mla.v_head_dim": d["heads"] * mla["v_head_dim"]}
+            problems += [f"field '{f}': got {v}, expected a multiple of 32 for weights.dtype {d['weights']['dtype']}"
+                         for f, v in widths.items() if v % 32]
+            if mla["v_head_dim"] % 4:
+                problems.append(f"field 'mla.v_head_dim': got {mla['v_head_dim']}, expected a multiple of 4 for "
+                                f"weights.dtype {d['weights']['dtype']}")
+    if sigmoid and not groups:
+        problems.append(f"field 'router_groups': missing, expected groups and topk_groups for router {d['router']}")
+    if groups:
+        if not sigmoid:
+            problems.append(f"field 'router_groups': only the sigmoid routers have groups, not {d['router']}")
+        elif d["experts"] % groups["groups"] or groups["topk_groups"] > groups["groups"] or \
+                d["top_k"] > groups["topk_groups"] * (d["experts"] // groups["groups"]):
+            problems.append(f"field 'router_groups': {groups['groups']} groups (keeping {groups['topk_groups']}) "
+                            f"must divide the {d['experts']} experts and keep at least top_k ({d['top_k']})")
+    if d.get("routed_scaling_factor") and not sigmoid:
+        problems.append(f"field 'routed_scaling_factor': only the sigmoid routers scale, not {d['router']}")
     return problems
 
 

@@ -35,11 +35,23 @@ GEMMA4_LAYER = {
     "ffn_router_scale": "router.scale", "ffn_expert_scale": "router.per_expert_scale",
     "layer_scalar": "layer_scalar",
 }
+# DeepSeek-V3's per-layer tensors read as they are (the rest: DeepseekSource).
+DEEPSEEK_LAYER = {
+    "attn_q_a": "self_attn.q_a_proj.weight", "attn_q_a_norm": "self_attn.q_a_layernorm.weight",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm.weight", "ffn_router": "mlp.gate.weight",
+    "ffn_router_bias": "mlp.gate.e_score_correction_bias", "shexp.gate": "mlp.shared_experts.gate_proj.weight",
+    "shexp.up": "mlp.shared_experts.up_proj.weight", "shexp.down": "mlp.shared_experts.down_proj.weight",
+}
 # gpt-oss's per-layer tensors beyond the shared attention names.
 GPT_OSS_LAYER = {
     "attn_o_bias": "self_attn.o_proj.bias", "attn_sinks": "self_attn.sinks", "ffn_router": "mlp.router.weight",
     "ffn_router_bias": "mlp.router.bias",
 }
+
+
+# DeepSeek-V3's tensors the converter reshapes: engine name -> the checkpoint's projection.
+DEEPSEEK_SPLIT = {"attn_q": "q_proj", "attn_q_b": "q_b_proj", "attn_kv_a": "kv_a_proj_with_mqa",
+                  "attn_k_b": "kv_b_proj", "attn_v_b": "kv_b_proj"}
 
 
 class TensorSource:
@@ -52,6 +64,7 @@ class TensorSource:
         self.gemma = bool(cfg) and cfg.get("block") == "gemma4"
         self.cfg = cfg
         self.gpt_oss = bool(cfg) and cfg.get("architecture") == "gpt_oss"
+        self.deepseek = bool(cfg) and cfg.get("architecture") == "deepseek_v3"
         # "model." normally; the multimodal wrapper's text model otherwise.
         self.prefix = MULTIMODAL_TEXT_PREFIX if MULTIMODAL_TEXT_PREFIX + "embed_tokens.weight" in ckpt else "model."
 
@@ -122,6 +135,36 @@ class TensorSource:
                              f"{list(want)}")
         return Stored("mxfp4", tuple(shape), quant.mxfp4_from_oai(blocks, scales).tobytes())
 
+    def _rope_rows(self, array, rope: int):
+        """The rope part's rows (the last rope of each block of array's rows)
+        from DeepSeek's interleaved pairs (2i, 2i+1) to halves (i, i + rope/2):
+        the engine's NeoX rotation of them is DeepSeek's rotation, for q and
+        k alike, so q . k is unchanged (transformers does the same reordering
+        on the activations)."""
+        if not self.cfg["source"].get("rope_interleave", True):
+            return array
+        order = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
+        out = array.copy()
+        out[..., -rope:, :] = array[..., -rope:, :][..., order, :]
+        return out
+
+    def deepseek_tensor(self, base: str, rest: str, shape):
+        """MLA's tensors: q (or q_b) and kv_a with their rope rows reordered,
+        kv_b [nh * (nope + v), kv_lora] split into each head's W_UK^T and W_UV."""
+        if rest in DEEPSEEK_LAYER:
+            return self._take(f"{base}.{DEEPSEEK_LAYER[rest]}", shape)
+        m, nh, rope = self.cfg["mla"], self.cfg["heads"], self.cfg["head_dim"]
+        nope, v, r = m["qk_nope_head_dim"], m["v_head_dim"], m["kv_lora_rank"]
+        if rest in ("attn_q", "attn_q_b"):
+            q = self._take(f"{base}.self_attn.{DEEPSEEK_SPLIT[rest]}.weight", shape)
+            return self._rope_rows(q.reshape(nh, nope + rope, -1), rope).reshape(shape)
+        if rest == "attn_kv_a":
+            return self._rope_rows(self._take(f"{base}.self_attn.kv_a_proj_with_mqa.weight", shape), rope)
+        kv_b = self._take(f"{base}.self_attn.kv_b_proj.weight", (nh * (nope + v), r)).reshape(nh, nope + v, r)
+        if rest == "attn_k_b":  # [nh, kv_lora, nope]: q_nope -> latent space per head
+            return np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)).reshape(shape)
+        return np.ascontiguousarray(kv_b[:, nope:, :]).reshape(shape)
+
     def get(self, name: str, shape):
         if name == "rope_freqs":  # worked out from the config, as transformers does
             return rope_freqs(self.cfg)
@@ -136,6 +179,8 @@ class TensorSource:
         base = f"{self.prefix}layers.{layer}"
         if self.gemma and rest in GEMMA4_LAYER:
             return self._take(f"{base}.{GEMMA4_LAYER[rest]}", shape)
+        if self.deepseek and (rest in DEEPSEEK_LAYER or rest in DEEPSEEK_SPLIT):
+            return self.deepseek_tensor(base, rest, shape)
         if self.gpt_oss:
             if rest.startswith("expert."):
                 _, expert, role = rest.split(".")
@@ -163,6 +208,11 @@ class TensorSource:
                 return True
             if self.prefix == MULTIMODAL_TEXT_PREFIX and name.startswith(MULTIMODAL_OTHER):
                 return True
+            if self.deepseek and name.startswith(f"{self.prefix}layers."):
+                # DeepSeek-V3's multi-token-prediction layers follow the model's (transformers skips them too)
+                index = name[len(self.prefix) + 7:].split(".", 1)[0]
+                if index.isdigit() and int(index) >= cfg["layers"]:
+                    return True
             # Qwen2-MoE with shared_expert_intermediate_size 0 still saves the
             # gate of its empty shared expert: it scales a zero vector.
             return not cfg["shared_experts"] and name.endswith("mlp.shared_expert_gate.weight")
@@ -205,13 +255,14 @@ def model_config(hf_dir: Path, dtype: str, name: str, context_length: int | None
         hf = HFConfig(text, f"{path} (text_config)")
     module = BY_MODEL_TYPE[model_type]
     fields = module.model_fields(hf, context_length)
+    source = fields.pop("source", {})  # what convert needs to know of the checkpoint beyond the engine's fields
     hf.check_all_used(allow_fields)
     architecture = getattr(module, "ARCHITECTURE", model_type)
     cfg = {"format_version": 1, "name": name, "architecture": architecture, **fields,
            "batch_slots": batch_slots, "weights": {"file": "weights.cbw", "dtype": dtype},
            "tokenizer": {"kind": "none", "bos_id": hf.data.get("bos_token_id", raw.get("bos_token_id")),
                          "eos_id": _first_id(hf.data.get("eos_token_id", raw.get("eos_token_id")))},
-           "source": {"format": "huggingface", "model_type": model_type}}
+           "source": {"format": "huggingface", "model_type": model_type, **source}}
     return cfg, raw
 
 

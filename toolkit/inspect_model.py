@@ -120,6 +120,13 @@ def text(got: dict) -> str:
     lines.append(f"architecture: {arch}")
     lines.append(f"dims: {d['n_layers']} layers, hidden {d['hidden']}, {d['n_heads']} heads / {d['n_kv_heads']} KV "
                  f"(head_dim {d['head_dim']}), vocab {d['vocab']}, context {d['context_len']}")
+    if d.get("kv_lora_rank"):  # DeepSeek-V3: what its heads and cache are made of
+        lines.append(f"mla: q LoRA {d['q_lora_rank'] or 'none'}, latent {d['kv_lora_rank']}, nope {d['qk_nope_dim']}, "
+                     f"rope {d['head_dim']}, v {d['v_head_dim']}; KV cache {d['kv_lora_rank'] + d['head_dim']} "
+                     f"elements a token and layer")
+    if d.get("n_group"):
+        lines.append(f"router: {cfg['router'] if cfg else d['router']}, {d['n_group']} groups (keeps "
+                     f"{d['topk_group']}), routed scaling {d['routed_scaling'] or 1:g}")
     shared = f", {d['n_shared_experts']} shared (ffn {d['shared_ffn']})" if d["n_shared_experts"] else ""
     dense = f"; dense layers {cfg['dense_layers']} (ffn {cfg['dense_ffn_size']})" if cfg and cfg["dense_layers"] else ""
     lines.append(f"experts: {d['n_experts']}, top-{d['top_k']}, expert ffn {d['expert_ffn']}{shared}{dense}")

@@ -22,7 +22,7 @@ _F32 = _I32 = _ATOMIC_INT = 4
 _BLOCK_Q8_0 = 34        # cb_block_q8_0: fp16 scale + 32 int8
 _FFN_UNIT = 16          # cb_ffn_unit: a pointer and two ints
 _FFN_WEIGHTS = 112      # cb_ffn_weights: 3 cb_tensor (24 each), 3 bias pointers, a pointer, a size_t
-_LAYER_WEIGHTS = 520    # cb_layer_weights
+_LAYER_WEIGHTS = 656    # cb_layer_weights
 _POINTER = _SIZE_T = 8
 _ATTN_BLOCK = 4         # CB_ATTN_BLOCK (kernels.h): queries a worker scores at once
 _QK = 32                # CB_QK
@@ -70,7 +70,10 @@ def kv_split_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None
     """One slot's KV cache, K and V for every layer and KV head: the
     full-attention layers' part (every position of the context) and the
     sliding-window layers' (their ring). layers: the header's per-layer
-    shapes, else all as d."""
+    shapes, else all as d. MLA (kv_lora_rank): each layer's latent and rope
+    key only, every position."""
+    if d.get("kv_lora_rank"):
+        return d["n_layers"] * d["context_len"] * (d["kv_lora_rank"] + d["head_dim"]) * (2 if kv == "f16" else 4), 0
     layers = layers or [{"kv_heads": d["n_kv_heads"], "head_dim": d["head_dim"]}] * d["n_layers"]
     _, rows = ring_rows(d, layers, max_batch)
     size = 2 if kv == "f16" else 4
@@ -103,6 +106,12 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
                          "rope_pairs": d["head_dim"] // 2}] * L
     q_dim = max(d["n_heads"] * ld["head_dim"] for ld in layers)
     kv_dim = max(ld["kv_heads"] * ld["head_dim"] for ld in layers)
+    mla_q = 0
+    if d.get("kv_lora_rank"):  # cb_engine_open's MLA widths
+        nh, r, rope = d["n_heads"], d["kv_lora_rank"], d["head_dim"]
+        q_dim = max(nh * (d["qk_nope_dim"] + rope), nh * r, nh * d["v_head_dim"])
+        kv_dim = max(r + rope, d["q_lora_rank"])
+        mla_q = B * nh * (r + rope)
     E, k = d["n_experts"], d["top_k"]
     widest_head = max(ld["head_dim"] for ld in layers)
     window, rows = ring_rows(d, layers, max_batch)
@@ -110,7 +119,7 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
     # One RoPE table per distinct (head_dim, theta, pairs) (rope_twin in engine.c).
     rope = sum(ctx * hd // 2 for hd, _, _ in {(ld["head_dim"], ld["rope_theta"], ld["rope_pairs"]) for ld in layers})
     ffn_max = max(d["expert_ffn"], d["shared_ffn"], d["dense_ffn"])
-    xq_stride = (max(H, q_dim, ffn_max) + _QK - 1) // _QK
+    xq_stride = (max(H, q_dim, ffn_max, kv_dim) + _QK - 1) // _QK
     for count, size in [
         (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, widest_head), _F32),
         (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
@@ -124,8 +133,14 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         (L, _POINTER), (L, _SIZE_T),
     ]:
         take(count * size)
-    take(kv_total // 2)  # the K cache
-    take(kv_total // 2)  # the V cache
+    if d.get("kv_lora_rank"):
+        take(kv_total)  # the K cache: MLA's latents and rope keys
+        take(0)  # no V cache
+        take(mla_q * _F32)
+    else:
+        take(kv_total // 2)  # the K cache
+        take(kv_total // 2)  # the V cache
+        take(0)  # no MLA queries
     for count in ((slots * rows, B, slots, slots) if ring else (0, 0, 0, 0)):  # ring_pos, ring_undo, slot_lo/hi
         take(count * _I32)
     take(_LAYER_WEIGHTS * L)

@@ -88,7 +88,8 @@ def context(inputs: RenderInputs) -> dict:
         "version": __version__,
         "c_float": _c_float,
         # K and V elements one slot caches over all layers (layers differ in
-        # KV heads and head size: Gemma 4; sliding layers keep a ring).
+        # KV heads and head size: Gemma 4; sliding layers keep a ring; MLA
+        # caches its latent and rope key).
         "kv_elements_per_slot": _kv_elements_per_slot(cfg) if cfg else 0,
     }
 
@@ -97,8 +98,10 @@ def _kv_elements_per_slot(cfg: dict) -> int:
     """As weights.layer_descs shapes the layers (not imported: no numpy in
     the wheel build) and engine.c sizes the caches: the context for a full
     layer, a ring of window + max_batch_tokens - 1 (at most the context) for
-    a sliding one."""
+    a sliding one; MLA: the latent and the rope key, one K row a layer, no V."""
     sliding, ctx = cfg["attention"].get("sliding"), cfg["context_length"]
+    if cfg.get("mla"):
+        return cfg["layers"] * ctx * (cfg["mla"]["kv_lora_rank"] + cfg["head_dim"])
     ring = min(ctx, sliding["window"] + cfg["max_batch_tokens"] - 1) if sliding else ctx
     return sum(2 * (ring * sliding["kv_heads"] * sliding["head_dim"] if kind == "sliding" else
                     ctx * cfg["kv_heads"] * cfg["head_dim"]) for kind in cfg["layer_types"])

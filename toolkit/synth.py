@@ -14,7 +14,7 @@ from .errors import ConfigError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .weights import expected_shapes, rope_freqs, write_weights
 
-ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4")
+ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "deepseek_v3")
 
 # What each architecture adds to the shared shape, as model-config fields.
 ARCH_FEATURES = {
@@ -25,6 +25,8 @@ ARCH_FEATURES = {
     "olmoe": {"router": "softmax_topk", "attention": {"qk_norm": "whole"}},
     "gemma4": {"router": "softmax_topk_renorm", "block": "gemma4", "ffn_act": "gelu_tanh", "logit_softcap": 30.0,
                "tie_word_embeddings": True},
+    "deepseek_v3": {"router": "sigmoid_topk_renorm", "router_bias": True, "routed_scaling_factor": 2.5,
+                    "shared_experts": 1},
 }
 
 
@@ -45,6 +47,24 @@ def gemma4_features(dims: dict) -> dict:
                                   "kv_heads": dims["kv_heads"], "rope_theta": 10000.0}},
     }
 
+def deepseek_features(dims: dict) -> dict:
+    """DeepSeek-V3's layout on a preset's shape, in its proportions (head
+    size d = hidden / heads; V3: d 56, nope 128, rope 64): MLA with nope d,
+    rope d/2 (d under 64: d), v d, a latent of 4d and a q LoRA of 6d; the first layer dense
+    with an MLP of 4 experts' size; one shared expert; the experts in 8
+    groups (4 kept), or 4 (2 kept) for fewer than 16."""
+    d = dims["hidden_size"] // dims["heads"]
+    rope = d // 2 if d >= 64 else d  # a q8_0 model's rope part must be whole blocks of 32
+    E = dims["experts"]
+    groups = 8 if E % 8 == 0 and E >= 16 else 4 if E % 4 == 0 else 1
+    return {
+        "kv_heads": 1, "head_dim": rope, "dense_layers": [0], "dense_ffn_size": 4 * dims["expert_ffn_size"],
+        "router_groups": {"groups": groups, "topk_groups": max(1, groups // 2)},
+        "attention": {"scale": (d + rope) ** -0.5},
+        "mla": {"q_lora_rank": 6 * d, "kv_lora_rank": 4 * d, "qk_nope_head_dim": d, "v_head_dim": d},
+    }
+
+
 # Byte tokenizer layout: ids 0..255 are bytes, then these specials.
 BYTE_SPECIALS = {"bos_id": 256, "eos_id": 257}
 BYTE_CHAT_ROLES = {"system": 258, "user": 259, "assistant": 260, "end_of_turn": 261}
@@ -61,6 +81,10 @@ PRESETS = {
                           expert_ffn_size=3584, vocab_size=32000, context_length=1024),
     "bench-olmoe": dict(layers=16, hidden_size=1024, heads=16, kv_heads=16, experts=64, top_k=8,
                         expert_ffn_size=512, vocab_size=32000, context_length=1024),
+    # DeepSeek-V3's layout (synth --arch deepseek_v3): MLA, 64 experts top-8
+    # in 8 groups, a shared expert, the first layer dense.
+    "bench-deepseek": dict(layers=16, hidden_size=1024, heads=16, kv_heads=16, experts=64, top_k=8,
+                           expert_ffn_size=512, vocab_size=32000, context_length=1024),
 }
 
 INIT_STD = 0.02  # transformers' initializer_range for these families
@@ -77,8 +101,12 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
         features.update(gemma4_features(dims))
         dims.pop("head_dim", None)
         dims.pop("kv_heads")
-    if features.get("shared_experts"):
-        features["shared_expert_ffn_size"] = 2 * dims["expert_ffn_size"]
+    if arch == "deepseek_v3":
+        features.update(deepseek_features(dims))
+        dims.pop("head_dim", None)
+        dims.pop("kv_heads")
+    if features.get("shared_experts"):  # DeepSeek-V3's is one expert's size
+        features["shared_expert_ffn_size"] = (1 if arch == "deepseek_v3" else 2) * dims["expert_ffn_size"]
     if tokenizer is not None:  # a real vocabulary: the embedding has one row per token
         dims["vocab_size"] = max(tokenizer["tokens"], overrides.get("vocab_size") or 0)
     cfg = {

@@ -22,17 +22,18 @@ from . import quant
 from .errors import ModelError
 
 MAGIC = b"COLIBRI\0"
-VERSION = 2  # 2: per-layer descriptors after the tensor table, Gemma 4's header fields
+VERSION = 3  # 2: per-layer descriptors after the tensor table, Gemma 4's header fields; 3: DeepSeek-V3's
 PAGE = 4096
 HUGE_PAGE = 2 << 20  # CB_HUGE_ALIGNMENT
 TENSOR_ALIGN = 64
 NAME_BYTES = 48
 
-ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4, "gemma4": 5, "gpt_oss": 6}
+ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4, "gemma4": 5, "gpt_oss": 6, "deepseek_v3": 7}
 BLOCK_IDS = {"pre_norm": 0, "gemma4": 1}
 FFN_ACT_IDS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}
-ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2, "topk_softmax": 3}
+ROUTER_IDS = {"softmax_topk_renorm": 1, "softmax_topk": 2, "topk_softmax": 3, "sigmoid_topk_renorm": 4,
+              "sigmoid_topk": 5}
 # 8..18: GGML's other block types, bit for bit as GGUF files hold them (dims.h).
 DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_0x4": 6, "q8_0x4": 7,
              "q4_1": 8, "q5_0": 9, "q5_1": 10, "q2_k": 11, "q3_k": 12, "q4_k": 13, "q5_k": 14, "q6_k": 15,
@@ -43,7 +44,7 @@ DTYPE_NAMES = {v: k for k, v in DTYPE_IDS.items()}
 TOKENIZER_IDS = {"none": 0, "bytes": 1, "bpe": 2, "spm": 3}  # enum cb_tokenizer_kind
 
 # cb_weights_header in weights.h: magic, version, alignment, n_tensors,
-# header_bytes, then cb_dims (20 u32 + 3 f32, 3 u32 + 3 f32, 4 u32 + 3 f32), cb_tok_info
+# header_bytes, then cb_dims (20 u32 + 3 f32, 3 u32 + 3 f32, 4 u32 + 3 f32, 6 u32 + 1 f32 + 1 u32), cb_tok_info
 # (8 u32), name. The file's tables: the header, the tensor table, then one
 # cb_layer_desc per layer (LAYER_DESC).
 DIMS_FIELDS = ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts",
@@ -54,14 +55,18 @@ DIMS_FIELDS2 = ("block", "ffn_act", "v_norm")
 DIMS_FLOATS2 = ("attn_scale", "embed_scale", "logit_softcap")
 DIMS_FIELDS3 = ("o_bias", "attn_sinks", "router_bias", "expert_bias")
 DIMS_FLOATS3 = ("rope_attn_factor", "swiglu_alpha", "swiglu_limit")
-DIMS_ALL = DIMS_FIELDS + DIMS_FLOATS + DIMS_FIELDS2 + DIMS_FLOATS2 + DIMS_FIELDS3 + DIMS_FLOATS3
-DIMS_FLOAT_FIELDS = set(DIMS_FLOATS + DIMS_FLOATS2 + DIMS_FLOATS3)
+DIMS_FIELDS4 = ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "n_group", "topk_group")
+DIMS_FLOATS4 = ("routed_scaling",)
+DIMS_FIELDS5 = ("reserved",)
+DIMS_ALL = (DIMS_FIELDS + DIMS_FLOATS + DIMS_FIELDS2 + DIMS_FLOATS2 + DIMS_FIELDS3 + DIMS_FLOATS3 + DIMS_FIELDS4 +
+            DIMS_FLOATS4 + DIMS_FIELDS5)
+DIMS_FLOAT_FIELDS = set(DIMS_FLOATS + DIMS_FLOATS2 + DIMS_FLOATS3 + DIMS_FLOATS4)
 HEADER = struct.Struct("<8sIIII" + "".join("f" if f in DIMS_FLOAT_FIELDS else "I" for f in DIMS_ALL) + "8I" + "64s")
 TENSOR_ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QQQ")
 # cb_layer_desc: window, head_dim, kv_heads, rope_pairs, k_eq_v, rope_theta, 2 reserved.
 LAYER_DESC = struct.Struct("<5If2I")
 LAYER_FIELDS = ("window", "head_dim", "kv_heads", "rope_pairs", "k_eq_v", "rope_theta")
-assert HEADER.size == 264 and TENSOR_ENTRY.size == 104 and LAYER_DESC.size == 32
+assert HEADER.size == 296 and TENSOR_ENTRY.size == 104 and LAYER_DESC.size == 32
 
 
 def _round_up(n: int, align: int) -> int:
@@ -91,6 +96,11 @@ def dims_from_config(cfg: dict) -> dict:
         "rope_attn_factor": float(np.float32((cfg["rope"]["scaling"] or {}).get("attention_factor", 0.0))),
         "swiglu_alpha": float(np.float32((cfg["swiglu"] or {}).get("alpha", 0.0))),
         "swiglu_limit": float(np.float32((cfg["swiglu"] or {}).get("limit", 0.0))),
+        "q_lora_rank": (cfg["mla"] or {}).get("q_lora_rank", 0), "kv_lora_rank": (cfg["mla"] or {}).get("kv_lora_rank", 0),
+        "qk_nope_dim": (cfg["mla"] or {}).get("qk_nope_head_dim", 0), "v_head_dim": (cfg["mla"] or {}).get("v_head_dim", 0),
+        "n_group": (cfg["router_groups"] or {}).get("groups", 0),
+        "topk_group": (cfg["router_groups"] or {}).get("topk_groups", 0),
+        "routed_scaling": float(np.float32(cfg["routed_scaling_factor"] or 0.0)), "reserved": 0,
     }
 
 
@@ -144,6 +154,10 @@ def layer_descs(cfg: dict) -> list[dict]:
     from attention.sliding, the full layers' from the top-level fields."""
     out = []
     sliding = cfg["attention"]["sliding"]
+    if cfg["mla"]:  # one rope key and latent for every head; head_dim is the rope part
+        d = cfg["head_dim"]
+        return [dict(window=0, head_dim=d, kv_heads=1, rope_pairs=d // 2, k_eq_v=0,
+                     rope_theta=float(np.float32(cfg["rope"]["theta"])))] * cfg["layers"]
     for kind in cfg["layer_types"]:
         if kind == "sliding":
             d = sliding["head_dim"]
@@ -180,10 +194,13 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     for layer, desc in enumerate(layer_descs(cfg)):
         p = f"blk.{layer}."
         d, nkv = desc["head_dim"], desc["kv_heads"]
-        out += [(p + "attn_norm", (H,)), (p + "attn_q", (nh * d, H)), (p + "attn_k", (nkv * d, H))]
-        if not desc["k_eq_v"]:
-            out.append((p + "attn_v", (nkv * d, H)))
-        out.append((p + "attn_o", (H, nh * d)))
+        if cfg["mla"]:
+            out += mla_shapes(cfg, p)
+        else:
+            out += [(p + "attn_norm", (H,)), (p + "attn_q", (nh * d, H)), (p + "attn_k", (nkv * d, H))]
+            if not desc["k_eq_v"]:
+                out.append((p + "attn_v", (nkv * d, H)))
+            out.append((p + "attn_o", (H, nh * d)))
         if att["qkv_bias"]:
             out += [(p + "attn_q_bias", (nh * d,)), (p + "attn_k_bias", (nkv * d,)), (p + "attn_v_bias", (nkv * d,))]
         if att["o_bias"]:
@@ -228,6 +245,22 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
             if cfg["expert_bias"]:
                 out += [(p + "gate_bias", (I,)), (p + "up_bias", (I,)), (p + "down_bias", (H,))]
     return out
+
+
+def mla_shapes(cfg: dict, p: str) -> list[tuple[str, tuple[int, ...]]]:
+    """A DeepSeek-V3 layer's attention tensors (weights.h cb_layer_weights):
+    q (or its LoRA pair), kv_a, and kv_b split per head into W_UK^T (attn_k_b
+    [nh * kv_lora, nope]) and W_UV (attn_v_b [nh * v, kv_lora]), the
+    absorbed forms the engine multiplies."""
+    H, nh, m = cfg["hidden_size"], cfg["heads"], cfg["mla"]
+    rope, r, nope, v, ql = cfg["head_dim"], m["kv_lora_rank"], m["qk_nope_head_dim"], m["v_head_dim"], m["q_lora_rank"]
+    out = [(p + "attn_norm", (H,))]
+    if ql:
+        out += [(p + "attn_q_a", (ql, H)), (p + "attn_q_a_norm", (ql,)), (p + "attn_q_b", (nh * (nope + rope), ql))]
+    else:
+        out.append((p + "attn_q", (nh * (nope + rope), H)))
+    return out + [(p + "attn_kv_a", (r + rope, H)), (p + "attn_kv_a_norm", (r,)), (p + "attn_k_b", (nh * r, nope)),
+                  (p + "attn_v_b", (nh * v, r)), (p + "attn_o", (H, nh * v))]
 
 
 def matrix_type(cfg: dict, name: str) -> str:
@@ -492,6 +525,9 @@ CONFIG_FIELD = {
     "embed_scale": "embed_scale", "logit_softcap": "logit_softcap", "o_bias": "attention.o_bias",
     "attn_sinks": "attention.sinks", "router_bias": "router_bias", "expert_bias": "expert_bias",
     "rope_attn_factor": "rope.scaling.attention_factor", "swiglu_alpha": "swiglu.alpha", "swiglu_limit": "swiglu.limit",
+    "q_lora_rank": "mla.q_lora_rank", "kv_lora_rank": "mla.kv_lora_rank", "qk_nope_dim": "mla.qk_nope_head_dim",
+    "v_head_dim": "mla.v_head_dim", "n_group": "router_groups.groups", "topk_group": "router_groups.topk_groups",
+    "routed_scaling": "routed_scaling_factor", "reserved": "(reserved)",
 }
 _ID_NAMES = {"arch": {v: k for k, v in ARCH_IDS.items()}, "router": {v: k for k, v in ROUTER_IDS.items()},
              "block": {v: k for k, v in BLOCK_IDS.items()}, "ffn_act": {v: k for k, v in FFN_ACT_IDS.items()},

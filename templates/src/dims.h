@@ -9,7 +9,7 @@
 
 enum cb_arch {
     CB_ARCH_MIXTRAL = 1, CB_ARCH_QWEN2_MOE = 2, CB_ARCH_QWEN3_MOE = 3, CB_ARCH_OLMOE = 4, CB_ARCH_GEMMA4 = 5,
-    CB_ARCH_GPT_OSS = 6
+    CB_ARCH_GPT_OSS = 6, CB_ARCH_DEEPSEEK_V3 = 7
 };
 
 /* How a decoder layer wires its norms and FFNs. */
@@ -30,6 +30,11 @@ enum cb_router {
     CB_ROUTER_SOFTMAX_TOPK_RENORM = 1, /* softmax over all, top-k, renormalise (Mixtral, norm_topk_prob) */
     CB_ROUTER_SOFTMAX_TOPK = 2,        /* softmax over all, top-k, as is (OLMoE, Qwen2-MoE) */
     CB_ROUTER_TOPK_SOFTMAX = 3,        /* top-k of the logits, softmax over those k (gpt-oss) */
+    /* DeepSeek-V3: s = sigmoid(logits); experts chosen by s + correction bias
+     * (router_bias) within the topk_group best of n_group groups; weights s of
+     * the chosen, renormalised (or not), times routed_scaling. */
+    CB_ROUTER_SIGMOID_TOPK_RENORM = 4,
+    CB_ROUTER_SIGMOID_TOPK = 5,
 };
 
 /* RMSNorm on q and k before RoPE. */
@@ -96,6 +101,17 @@ typedef struct {
     uint32_t expert_bias;   /* each expert's gate, up and down have biases (gpt-oss) */
     float rope_attn_factor; /* cos and sin times it (YaRN's attention factor); 0: 1 */
     float swiglu_alpha, swiglu_limit; /* CB_ACT_SWIGLU_OAI's constants */
+    /* DeepSeek-V3's multi-head latent attention (kv_lora_rank 0: not MLA).
+     * head_dim is the RoPE part of q and k (qk_rope_head_dim); the cache
+     * holds per token the normalised latent [kv_lora_rank] and the rope key
+     * [head_dim], shared by every head. */
+    uint32_t q_lora_rank;   /* q = q_b(RMSNorm(q_a x)); 0: one q projection */
+    uint32_t kv_lora_rank;
+    uint32_t qk_nope_dim;   /* q/k head part without RoPE */
+    uint32_t v_head_dim;
+    uint32_t n_group, topk_group; /* CB_ROUTER_SIGMOID_*: expert groups, and how many are kept */
+    float routed_scaling;   /* chosen experts' weights times it; 0: 1 */
+    uint32_t reserved;
 } cb_dims;
 
 /* What differs from layer to layer (Gemma 4's sliding and full layers): a

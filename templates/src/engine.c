@@ -3,7 +3,8 @@
  * cb_dims and the per-layer descriptors):
  *   x = embed[token]; per layer: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x));
  *   logits = output(RMSNorm(x))
- * (Gemma 4: embeddings scaled, post-norms in the layer, logits soft-capped). */
+ * (Gemma 4: embeddings scaled, post-norms in the layer, logits soft-capped;
+ * DeepSeek-V3: its latent attention in mla.c). */
 #include <float.h>
 #include <stdint.h>
 #include <math.h>
@@ -180,8 +181,9 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(layer_cos, d->n_layers);
     TAKE(layer_sin, d->n_layers);
     TAKE(kv_layer_at, d->n_layers);
-    TAKE(k_cache, cb_engine_kv_bytes(e) / 2);
-    TAKE(v_cache, cb_engine_kv_bytes(e) / 2);
+    TAKE(k_cache, (size_t)e->n_slots * e->kv_slot_bytes);
+    TAKE(v_cache, (size_t)e->n_slots * e->v_slot_bytes);
+    TAKE(mla_q, d->kv_lora_rank ? B * d->n_heads * (d->kv_lora_rank + d->head_dim) : 0);
     TAKE(ring_pos, e->swa_ring ? (size_t)e->n_slots * e->swa_rows : 0);
     TAKE(ring_undo, e->swa_ring ? B : 0);
     TAKE(slot_lo, e->swa_ring ? (size_t)e->n_slots : 0);
@@ -251,13 +253,14 @@ static int open_embedded(cb_engine *e, cb_model_config *cfg, cb_embedded *m, cha
 
 /* Where each layer's K (or V) cache lies in a slot's: layers differ in KV
  * heads and head size (Gemma 4), and a sliding-window layer keeps only its
- * ring of swa_rows positions (kv_rows). */
+ * ring of swa_rows positions (kv_rows). MLA layers cache the latent and the
+ * rope key in K, and nothing in V. */
 static size_t kv_slot_bytes(const cb_engine *e, size_t *layer_at) {
     const cb_dims *d = CB_DIMS(e);
     size_t at = 0;
     for (uint32_t l = 0; l < d->n_layers; l++) {
         if (layer_at) layer_at[l] = at;
-        at += (size_t)kv_rows(e, (int)l) * e->w.layer_desc[l].n_kv_heads * e->w.layer_desc[l].head_dim * kv_element(e);
+        at += (size_t)kv_rows(e, (int)l) * cb_layer_k_width(e, (int)l) * kv_element(e);
     }
     return at;
 }
@@ -318,7 +321,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     }
 #endif
     const cb_dims *d = CB_DIMS(e);
-    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_GPT_OSS || d->n_kv_heads == 0 ||
+    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_DEEPSEEK_V3 || d->n_kv_heads == 0 ||
         d->n_heads % d->n_kv_heads || d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2 ||
         d->weight_dtype >= CB_DTYPE_COUNT || d->weight_dtype == CB_Q4_0X4 || d->weight_dtype == CB_Q8_0X4 ||
         d->weight_dtype == 5 || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {
@@ -338,10 +341,19 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     double kv_bytes = 0;
     for (uint32_t l = 0; l < d->n_layers; l++) {
         const cb_layer_desc *ld = &e->w.layer_desc[l];
-        kv_bytes += 2.0 * e->n_slots * kv_rows(e, (int)l) * ld->n_kv_heads * ld->head_dim * (e->kv_f16 ? 2.0 : 4.0);
+        kv_bytes += (d->kv_lora_rank ? 1.0 : 2.0) * e->n_slots * kv_rows(e, (int)l) *
+                    (double)cb_layer_k_width(e, (int)l) * (e->kv_f16 ? 2.0 : 4.0);
         e->q_max = max_int(e->q_max, (int)(d->n_heads * ld->head_dim));
         e->kv_max = max_int(e->kv_max, (int)(ld->n_kv_heads * ld->head_dim));
         e->widest_head = max_int(e->widest_head, (int)ld->head_dim);
+    }
+    if (d->kv_lora_rank) {
+        /* q: the projection [nh*(nope+rope)], then the heads' v [nh*v]; attn:
+         * the heads' latents [nh*kv_lora]; k: the latent and rope key; v: q's
+         * LoRA rank. */
+        const int nh = (int)d->n_heads, r = (int)d->kv_lora_rank;
+        e->q_max = max_int(max_int(nh * (int)(d->qk_nope_dim + d->head_dim), nh * r), nh * (int)d->v_head_dim);
+        e->kv_max = max_int(r + (int)d->head_dim, (int)d->q_lora_rank);
     }
     if (kv_bytes > 0x1p50) {
         snprintf(err, err_len, "%s: the KV cache of %d slots of %u tokens would take %.3g GiB", path, e->n_slots,
@@ -349,10 +361,13 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         goto fail;
     }
     e->ffn_max = max_int((int)d->expert_ffn, max_int((int)d->shared_ffn, (int)d->dense_ffn));
-    const int widest = max_int(max_int((int)d->hidden, e->q_max), e->ffn_max);
+    const int widest = max_int(max_int(max_int((int)d->hidden, e->q_max), e->ffn_max), e->kv_max);
     e->xq_stride = (widest + CB_QK - 1) / CB_QK;
     int q_widths_ok = 1;
     for (uint32_t l = 0; l < d->n_layers; l++) q_widths_ok &= (d->n_heads * e->w.layer_desc[l].head_dim) % CB_QK == 0;
+    if (d->kv_lora_rank) /* the widths MLA's matrices read, a head's q_nope and latent included */
+        q_widths_ok = d->q_lora_rank % CB_QK == 0 && d->kv_lora_rank % CB_QK == 0 && d->qk_nope_dim % CB_QK == 0 &&
+                      (d->qk_nope_dim + d->head_dim) % CB_QK == 0 && (d->n_heads * d->v_head_dim) % CB_QK == 0;
     if (d->weight_dtype >= CB_Q8_0 &&
         (d->hidden % CB_QK || !q_widths_ok || d->expert_ffn % CB_QK || d->shared_ffn % CB_QK ||
          d->dense_ffn % CB_QK)) {
@@ -361,6 +376,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         goto fail;
     }
     e->kv_slot_bytes = kv_slot_bytes(e, NULL);
+    e->v_slot_bytes = d->kv_lora_rank ? 0 : e->kv_slot_bytes;
     carve(e, n_threads);
     size_t expert_bytes = sizeof(cb_ffn_weights) * d->n_layers * d->n_experts;
     e->arena.used += expert_bytes + 64;
@@ -420,7 +436,7 @@ void cb_engine_close(cb_engine *e) {
 
 const cb_dims *cb_engine_dims(const cb_engine *e) { return CB_DIMS(e); }
 size_t cb_engine_kv_bytes(const cb_engine *e) {
-    return 2 * (size_t)e->n_slots * e->kv_slot_bytes;
+    return (size_t)e->n_slots * (e->kv_slot_bytes + e->v_slot_bytes);
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
 
@@ -579,7 +595,8 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err
      * items whose logits are wanted (a prompt's last token), not for every
      * prompt token (its routing, reported per token, is still worked out). */
     for (int l = 0; l < (int)d->n_layers; l++) {
-        cb_attention_layer(e, l, items, n);
+        if (d->kv_lora_rank) cb_mla_layer(e, l, items, n);
+        else cb_attention_layer(e, l, items, n);
         cb_ffn_layer(e, l, n, l == (int)d->n_layers - 1 ? items : NULL);
         find_faults(e, n, l);
     }

@@ -24,7 +24,7 @@ struct cb_engine {
     float *xn;                 /* normalised input [B][H] */
     float *xr;                 /* Gemma 4: the router's input, then the experts' normed sum [B][H] */
     float *ones;               /* 1.0 [max(H, d)]: the weight of a weightless RMSNorm */
-    float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2, d and nkv the widest layer's */
+    float *q, *k, *v;          /* [B][nh*d], [B][nkv*d] x2, d and nkv the widest layer's (MLA: cb_engine_open) */
     float *attn;               /* attention output before wo [B][nh*d] */
     int q_max, kv_max;         /* the widest layer's nh*d and nkv*d */
     int widest_head;           /* the largest head_dim of any layer */
@@ -66,8 +66,12 @@ struct cb_engine {
     const float **layer_cos, **layer_sin; /* each layer's table [L] */
     int kv_f16;                /* the cache holds float16 (cb_half), else float */
     size_t *kv_layer_at;       /* where each layer's cache starts in a slot's, in bytes [L] */
-    size_t kv_slot_bytes;      /* one slot's K (or V) cache over all layers */
-    uint8_t *k_cache, *v_cache; /* [slots] of: per layer [nkv][rows][d] elements (the layer's nkv, d; kv_rows) */
+    size_t kv_slot_bytes;      /* one slot's K cache over all layers (V's the same, MLA's none) */
+    size_t v_slot_bytes;       /* one slot's V cache: kv_slot_bytes, or 0 (MLA) */
+    /* [slots] of: per layer [nkv][rows][d] elements (the layer's nkv, d;
+     * kv_rows); MLA (kv_lora_rank > 0): K only, per layer [context][kv_lora + rope]. */
+    uint8_t *k_cache, *v_cache;
+    float *mla_q;              /* MLA: each head's query in latent space, then its rope part [B][nh*(kv_lora+rope)] */
     /* Sliding-window layers keep a ring of swa_rows positions, position p in
      * row p % swa_rows: the window, and max_batch - 1 more, since a prefill
      * chunk writes all its keys before its first query reads the keys up to
@@ -130,6 +134,14 @@ void cb_for_tokens(cb_engine *e, int n, cb_token_fn fn, void *ctx);
 void cb_rmsnorm_tokens(cb_engine *e, int n, const float *weight);
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
+/* DeepSeek-V3's multi-head latent attention over the compressed cache (mla.c). */
+void cb_mla_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
+/* Elements one token caches in a layer: MLA's latent and rope key, else K (the same again for V). */
+static inline size_t cb_layer_k_width(const cb_engine *e, int layer) {
+    const cb_dims *d = CB_DIMS(e);
+    const cb_layer_desc *ld = &e->w.layer_desc[layer];
+    return d->kv_lora_rank ? (size_t)d->kv_lora_rank + d->head_dim : (size_t)ld->n_kv_heads * ld->head_dim;
+}
 /* The FFN half of a layer: MoE (routed + optional shared expert) or dense.
  * Routing is worked out for every item; the FFN itself for every item, or
  * with outputs_of given only for those whose want_logits is set (the last

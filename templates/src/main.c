@@ -519,6 +519,10 @@ int main(int argc, char **argv) {
             (double)cb_engine_kv_bytes(engine) / (1 << 20), api_key ? ", API key required" : "");
     if (!model) fprintf(stderr, "colibri-server: serving the model %s carries\n", cb_self_exe_path());
     print_memory(&budget);
+    if (d->kv_lora_rank) /* MLA: what makes its cache small, as a figure to check */
+        fprintf(stderr, "colibri-server: KV cache: %zu bytes a token a slot (MLA: the latent of %u and the rope key "
+                "of %u per layer, %u layers, %s)\n", budget.kv_per_slot / d->context_len, d->kv_lora_rank,
+                d->head_dim, d->n_layers, kv == CB_KV_F16 ? "f16" : "f32");
     print_memory_limit(&budget, max_memory);
     fprintf(stderr, "colibri-server: listening on http://%s:%d\n", host, cb_netloop_port(loop));
 

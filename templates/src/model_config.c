@@ -19,10 +19,11 @@ typedef struct {
 } reader;
 
 /* Names of enum values, indexed by value (NULL: not a value). */
-static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss"};
+static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss", "deepseek_v3"};
 static const char *const BLOCKS[] = {"pre_norm", "gemma4"};
 static const char *const FFN_ACTS[] = {"silu", "gelu_tanh", "swiglu_oai"};
-static const char *const ROUTERS[] = {NULL, "softmax_topk_renorm", "softmax_topk", "topk_softmax"};
+static const char *const ROUTERS[] = {NULL, "softmax_topk_renorm", "softmax_topk", "topk_softmax",
+                                      "sigmoid_topk_renorm", "sigmoid_topk"};
 /* Indexed by enum cb_dtype; the x4 layouts are per tensor, never a model's. */
 static const char *const DTYPES[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", NULL,     NULL,     NULL,    "q4_1", "q5_0",
                                      "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"};
@@ -272,6 +273,17 @@ int cb_model_config_parse(cb_model_config *c, const char *text, size_t len, cons
         if (swiglu >= 0 && r.toks[swiglu].type != CB_JSON_OBJECT) swiglu = -1;
         d->swiglu_alpha = number(&r, swiglu, "alpha", "swiglu.alpha", 0, 0);
         d->swiglu_limit = number(&r, swiglu, "limit", "swiglu.limit", 0, 0);
+        int mla = member(&r, root, "mla", "mla", 0); /* DeepSeek-V3: an object, or null: none */
+        if (mla >= 0 && r.toks[mla].type != CB_JSON_OBJECT) mla = -1;
+        d->q_lora_rank = integer(&r, mla, "q_lora_rank", "mla.q_lora_rank", 0, 0, 0);
+        d->kv_lora_rank = integer(&r, mla, "kv_lora_rank", "mla.kv_lora_rank", mla >= 0, 0, 1);
+        d->qk_nope_dim = integer(&r, mla, "qk_nope_head_dim", "mla.qk_nope_head_dim", mla >= 0, 0, 1);
+        d->v_head_dim = integer(&r, mla, "v_head_dim", "mla.v_head_dim", mla >= 0, 0, 1);
+        int groups = member(&r, root, "router_groups", "router_groups", 0);
+        if (groups >= 0 && r.toks[groups].type != CB_JSON_OBJECT) groups = -1;
+        d->n_group = integer(&r, groups, "groups", "router_groups.groups", groups >= 0, 0, 1);
+        d->topk_group = integer(&r, groups, "topk_groups", "router_groups.topk_groups", groups >= 0, 0, 1);
+        d->routed_scaling = number(&r, root, "routed_scaling_factor", "routed_scaling_factor", 0, 1);
         const int w = object(&r, root, "weights", "weights", 1);
         if (w >= 0) {
             string(&r, w, "file", "weights.file", 1, c->weights_file, sizeof c->weights_file);
@@ -353,6 +365,12 @@ int cb_model_config_check(const cb_model_config *c, const cb_weights_header *h, 
         {"attention.sinks", cfg->attn_sinks, hdr->attn_sinks, NULL, 0},
         {"router_bias", cfg->router_bias, hdr->router_bias, NULL, 0},
         {"expert_bias", cfg->expert_bias, hdr->expert_bias, NULL, 0},
+        {"mla.q_lora_rank", cfg->q_lora_rank, hdr->q_lora_rank, NULL, 0},
+        {"mla.kv_lora_rank", cfg->kv_lora_rank, hdr->kv_lora_rank, NULL, 0},
+        {"mla.qk_nope_head_dim", cfg->qk_nope_dim, hdr->qk_nope_dim, NULL, 0},
+        {"mla.v_head_dim", cfg->v_head_dim, hdr->v_head_dim, NULL, 0},
+        {"router_groups.groups", cfg->n_group, hdr->n_group, NULL, 0},
+        {"router_groups.topk_groups", cfg->topk_group, hdr->topk_group, NULL, 0},
         {"tokenizer.kind", c->tok_kind, h->tok.kind, TOKENIZERS, COUNT(TOKENIZERS)},
         {"tokenizer.bos_id", c->bos_id, h->tok.bos_id, NULL, 0},
         {"tokenizer.eos_id", c->eos_id, h->tok.eos_id, NULL, 0},
@@ -377,6 +395,7 @@ int cb_model_config_check(const cb_model_config *c, const cb_weights_header *h, 
         {"rope.scaling.attention_factor", cfg->rope_attn_factor, hdr->rope_attn_factor},
         {"swiglu.alpha", cfg->swiglu_alpha, hdr->swiglu_alpha},
         {"swiglu.limit", cfg->swiglu_limit, hdr->swiglu_limit},
+        {"routed_scaling_factor", cfg->routed_scaling, hdr->routed_scaling},
     };
     for (int i = 0; i < COUNT(floats) && !field; i++) {
         if (floats[i].cfg == floats[i].hdr) continue;

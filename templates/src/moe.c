@@ -219,8 +219,14 @@ static void route_token(cb_engine *e, void *p, int i) {
     const int layer = *(const int *)p, E = (int)d->n_experts, k = (int)d->top_k;
     int32_t *ids = e->routing + ((size_t)i * d->n_layers + layer) * k;
     float *w = e->route_w + (size_t)i * k;
-    const float *bias = e->w.layers[layer].router_bias; /* gpt-oss */
-    if (bias) cb_axpy(e->router_logits + (size_t)i * E, 1.0f, bias, E);
+    const float *bias = e->w.layers[layer].router_bias;
+    if (d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK) {
+        /* DeepSeek-V3: the bias corrects the choice only */
+        cb_route_grouped(e->router_logits + (size_t)i * E, E, k, d->router == CB_ROUTER_SIGMOID_TOPK_RENORM, bias,
+                         (int)d->n_group, (int)d->topk_group, d->routed_scaling, ids, w);
+        return;
+    }
+    if (bias) cb_axpy(e->router_logits + (size_t)i * E, 1.0f, bias, E); /* gpt-oss */
     cb_route(e->router_logits + (size_t)i * E, E, k, (int)d->router, ids, w);
     const float *scale = e->w.layers[layer].expert_scale; /* Gemma 4: after renormalising */
     if (scale)

@@ -19,6 +19,34 @@ static const char *dtype_name(uint32_t dtype) {
  * (every product of them below stays far under 2^63) and consistent with one
  * another; the rest (which tensors, their shapes) cb_weights_bind checks. */
 #define CB_MAX_SIZE (1u << 24) /* any width, vocabulary or context */
+
+/* DeepSeek-V3's fields: MLA's ranks and head parts, the grouped router. */
+static int check_mla_router(const cb_dims *d, const char *path, char *err, size_t err_len) {
+    const int sigmoid = d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK;
+    const char *why = NULL;
+    if (d->kv_lora_rank > 65536 || d->q_lora_rank > 65536 || d->qk_nope_dim > 65536 || d->v_head_dim > 65536 ||
+        d->reserved)
+        why = "an MLA rank or head size is over 65536, or the reserved field is set";
+    else if ((uint64_t)d->n_heads * (d->kv_lora_rank + d->head_dim + d->qk_nope_dim + d->v_head_dim) > CB_MAX_SIZE)
+        why = "heads times the MLA head widths is too large";
+    else if (d->kv_lora_rank && (!d->qk_nope_dim || !d->v_head_dim || d->n_kv_heads != 1))
+        why = "MLA needs qk_nope_head_dim and v_head_dim, and kv_heads 1 (one latent for every head)";
+    else if (!d->kv_lora_rank && (d->q_lora_rank || d->qk_nope_dim || d->v_head_dim))
+        why = "q_lora_rank, qk_nope_head_dim or v_head_dim set without MLA";
+    else if (sigmoid && d->n_experts > 1024)
+        why = "a sigmoid router takes at most 1024 experts";
+    else if (sigmoid && (!d->n_group || d->n_experts % d->n_group || !d->topk_group || d->topk_group > d->n_group ||
+                         d->top_k > d->topk_group * (d->n_experts / d->n_group)))
+        why = "the router's groups do not divide the experts, or keep fewer experts than top_k";
+    else if (!sigmoid && (d->n_group > 1 || d->topk_group > 1 || d->routed_scaling != 0.0f))
+        why = "expert groups or a routed scaling without a sigmoid router";
+    else if (!(d->routed_scaling >= 0.0f && d->routed_scaling < 1e30f))
+        why = "routed_scaling_factor is out of range";
+    if (!why) return 0;
+    snprintf(err, err_len, "%s: header: %s (q_lora %u, kv_lora %u, nope %u, v %u, groups %u/%u, router %u)", path, why,
+             d->q_lora_rank, d->kv_lora_rank, d->qk_nope_dim, d->v_head_dim, d->topk_group, d->n_group, d->router);
+    return -1;
+}
 static int check_dims(const cb_weights_header *h, const char *path, char *err, size_t err_len) {
     const cb_dims *d = &h->dims;
     const struct {
@@ -57,7 +85,7 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
         return -1;
     }
     if (d->block > CB_BLOCK_GEMMA4 || d->ffn_act > CB_ACT_SWIGLU_OAI || d->v_norm > 1 || d->o_bias > 1 ||
-        d->attn_sinks > 1 || d->router_bias > 1 || d->expert_bias > 1 || d->router > CB_ROUTER_TOPK_SOFTMAX) {
+        d->attn_sinks > 1 || d->router_bias > 1 || d->expert_bias > 1 || d->router > CB_ROUTER_SIGMOID_TOPK) {
         snprintf(err, err_len, "%s: header: block %u, ffn_act %u, router %u or a flag (v_norm %u, o_bias %u, "
                  "attn_sinks %u, router_bias %u, expert_bias %u) unknown", path, d->block, d->ffn_act, d->router,
                  d->v_norm, d->o_bias, d->attn_sinks, d->router_bias, d->expert_bias);
@@ -74,6 +102,7 @@ static int check_dims(const cb_weights_header *h, const char *path, char *err, s
                  (double)d->swiglu_alpha, (double)d->swiglu_limit);
         return -1;
     }
+    if (check_mla_router(d, path, err, err_len) != 0) return -1;
     if (h->tok.kind > CB_TOKENIZER_SPM) {
         snprintf(err, err_len, "%s: header: tokenizer kind %u unknown", path, h->tok.kind);
         return -1;
@@ -109,6 +138,8 @@ static int check_layers(const cb_weights_header *h, const cb_layer_desc *desc, c
         else if (L->k_eq_v > 1 || L->reserved[0] || L->reserved[1]) why = "k_eq_v or a reserved field is not 0/1";
         else if (L->window > d->context_len) why = "the sliding window is longer than the context";
         else if (!(L->rope_theta >= 1.0f && L->rope_theta < 1e30f)) why = "rope_theta is out of range";
+        else if (d->kv_lora_rank && (L->head_dim != d->head_dim || L->n_kv_heads != 1 || L->window || L->k_eq_v))
+            why = "an MLA layer has the model's rope head size, one KV head, no window and no k_eq_v";
         if (why) {
             snprintf(err, err_len, "%s: header: layer %u: %s (window %u, head_dim %u, kv_heads %u, rope_pairs %u)",
                      path, l, why, L->window, L->head_dim, L->n_kv_heads, L->rope_pairs);
@@ -374,6 +405,36 @@ static void bind_expert_bias(binder *b, const char *prefix, uint64_t H, uint64_t
     f->down_bias = bind_vector(b, name, H, 0);
 }
 
+/* A layer's MLA projections (toolkit/weights.py expected_shapes). wk_b and
+ * wv_b are multiplied a head's rows at a time: in the x4 layouts a head
+ * starts on a whole group. */
+static void bind_mla(binder *b, const cb_dims *d, uint32_t l, cb_layer_weights *L) {
+    char name[CB_TENSOR_NAME_BYTES];
+    const uint32_t dt = CB_ANY_MATRIX;
+    const uint64_t H = d->hidden, nh = d->n_heads, qk = d->qk_nope_dim + d->head_dim, r = d->kv_lora_rank;
+#define NAME(fmt) (snprintf(name, sizeof name, "blk.%u." fmt, l), name)
+    if (d->q_lora_rank) {
+        bind(b, NAME("attn_q_a"), d->q_lora_rank, H, dt, 0, &L->wq_a);
+        L->q_a_norm = bind_vector(b, NAME("attn_q_a_norm"), d->q_lora_rank, 0);
+        bind(b, NAME("attn_q_b"), nh * qk, d->q_lora_rank, dt, 0, &L->wq_b);
+    } else {
+        bind(b, NAME("attn_q"), nh * qk, H, dt, 0, &L->wq);
+    }
+    bind(b, NAME("attn_kv_a"), r + d->head_dim, H, dt, 0, &L->wkv_a);
+    L->kv_a_norm = bind_vector(b, NAME("attn_kv_a_norm"), r, 0);
+    bind(b, NAME("attn_k_b"), nh * r, d->qk_nope_dim, dt, 0, &L->wk_b);
+    bind(b, NAME("attn_v_b"), nh * d->v_head_dim, r, dt, 0, &L->wv_b);
+    bind(b, NAME("attn_o"), H, nh * d->v_head_dim, dt, 0, &L->wo);
+#undef NAME
+    const int x4 = L->wk_b.dtype == CB_Q8_0X4 || L->wk_b.dtype == CB_Q4_0X4 || L->wv_b.dtype == CB_Q8_0X4 ||
+                   L->wv_b.dtype == CB_Q4_0X4;
+    if (!b->failed && x4 && (r % 4 || d->v_head_dim % 4)) {
+        snprintf(b->err, b->err_len, "layer %u: kv_lora_rank %u or v_head_dim %u is not a multiple of 4, which "
+                 "attn_k_b / attn_v_b in groups of four rows need", l, d->kv_lora_rank, d->v_head_dim);
+        b->failed = 1;
+    }
+}
+
 int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *experts,
                     char *err, size_t err_len) {
     const cb_dims *d = &w->header->dims;
@@ -412,10 +473,14 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blk.%u." fmt, l, ##__VA_ARGS__), name)
         L->attn_norm = bind_vector(&b, NAME("attn_norm"), H, 0);
         L->ffn_norm = bind_vector(&b, NAME("ffn_norm"), H, 0);
-        bind(&b, NAME("attn_q"), q_dim, H, dt, 0, &L->wq);
-        bind(&b, NAME("attn_k"), kv_dim, H, dt, 0, &L->wk);
-        if (!L->desc->k_eq_v) bind(&b, NAME("attn_v"), kv_dim, H, dt, 0, &L->wv);
-        bind(&b, NAME("attn_o"), H, q_dim, dt, 0, &L->wo);
+        if (d->kv_lora_rank) {
+            bind_mla(&b, d, l, L);
+        } else {
+            bind(&b, NAME("attn_q"), q_dim, H, dt, 0, &L->wq);
+            bind(&b, NAME("attn_k"), kv_dim, H, dt, 0, &L->wk);
+            if (!L->desc->k_eq_v) bind(&b, NAME("attn_v"), kv_dim, H, dt, 0, &L->wv);
+            bind(&b, NAME("attn_o"), H, q_dim, dt, 0, &L->wo);
+        }
         if (d->qkv_bias) {
             L->bq = bind_vector(&b, NAME("attn_q_bias"), q_dim, 0);
             L->bk = bind_vector(&b, NAME("attn_k_bias"), kv_dim, 0);
@@ -531,6 +596,13 @@ int cb_dims_check(const cb_dims *built, const cb_dims *model, char *err, size_t 
     FIELD(rope_attn_factor, "rope.scaling.attention_factor")
     FIELD(swiglu_alpha, "swiglu.alpha")
     FIELD(swiglu_limit, "swiglu.limit")
+    FIELD(q_lora_rank, "mla.q_lora_rank")
+    FIELD(kv_lora_rank, "mla.kv_lora_rank")
+    FIELD(qk_nope_dim, "mla.qk_nope_head_dim")
+    FIELD(v_head_dim, "mla.v_head_dim")
+    FIELD(n_group, "router_groups.groups")
+    FIELD(topk_group, "router_groups.topk_groups")
+    FIELD(routed_scaling, "routed_scaling_factor")
 #undef FIELD
     return 0;
 }

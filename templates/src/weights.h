@@ -16,7 +16,7 @@
 #include "platform/platform.h"
 
 #define CB_WEIGHTS_MAGIC "COLIBRI"
-#define CB_WEIGHTS_VERSION 2 /* 2: per-layer descriptors, Gemma 4's and gpt-oss's fields */
+#define CB_WEIGHTS_VERSION 3 /* 2: per-layer descriptors, Gemma 4's and gpt-oss's fields; 3: DeepSeek-V3's */
 #define CB_TENSOR_NAME_BYTES 48
 #define CB_HUGE_ALIGNMENT (2u << 20) /* expert blocks on 2 MiB pages (header alignment) */
 
@@ -52,9 +52,9 @@ typedef struct {
     uint64_t nbytes;
 } cb_tensor_entry;
 
-_Static_assert(sizeof(cb_dims) == 144, "cb_dims must match toolkit/weights.py");
+_Static_assert(sizeof(cb_dims) == 176, "cb_dims must match toolkit/weights.py");
 _Static_assert(sizeof(cb_layer_desc) == 32, "cb_layer_desc must match toolkit/weights.py");
-_Static_assert(sizeof(cb_weights_header) == 264, "header must match toolkit/weights.py");
+_Static_assert(sizeof(cb_weights_header) == 296, "header must match toolkit/weights.py");
 _Static_assert(sizeof(cb_tensor_entry) == 104, "tensor entry must match toolkit/weights.py");
 
 /* A 2-D weight matrix [rows, cols] (row-major, y = W x) or a vector, in any
@@ -108,7 +108,14 @@ typedef struct {
     /* gpt-oss, NULL otherwise: */
     const float *bo;                     /* [H] output projection bias */
     const float *sinks;                  /* [nh] per-head sink logits */
-    const float *router_bias;            /* [E] */
+    const float *router_bias;            /* [E] (DeepSeek-V3: the selection's correction bias) */
+    /* DeepSeek-V3's MLA (kv_lora_rank > 0), with wq (no q LoRA) and wo: */
+    cb_tensor wq_a, wq_b;                /* [q_lora, H], [nh*(nope+rope), q_lora]; wq_a.data NULL: wq */
+    const float *q_a_norm;               /* [q_lora] */
+    cb_tensor wkv_a;                     /* [kv_lora + rope, H]: the latent, then the rope key */
+    const float *kv_a_norm;              /* [kv_lora] */
+    cb_tensor wk_b;                      /* [nh*kv_lora, nope]: per head W_UK^T, q_nope -> latent space */
+    cb_tensor wv_b;                      /* [nh*v, kv_lora]: per head W_UV, latent -> v */
 } cb_layer_weights;
 
 typedef struct {

@@ -1,0 +1,98 @@
+"""DeepSeek-V3 (DeepseekV3ForCausalLM; V3.1, R1 and Kimi K2 share the
+layout): multi-head latent attention with q LoRA (or one q projection, as
+V2-Lite), YaRN with mscale, interleaved RoPE on the rope part, the first
+layers dense, a sigmoid router with a correction bias and group-limited
+top-k, routed scaling, shared experts (ARCHITECTURES.md section 7;
+transformers 5.23 is the truth). FP8 checkpoints are not read."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigError
+from .common import HFConfig
+
+ARCHITECTURE = "deepseek_v3"
+
+
+def _mscale(scale: float, m: float = 1.0) -> float:
+    """transformers' yarn_get_mscale / get_mscale."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def _rope(hf: HFConfig, qk_head_dim: int) -> tuple[float, dict | None, float]:
+    """rope_theta, the yarn scaling (None: default RoPE) and the q.k scale,
+    in either spelling (rope_theta + rope_scaling, or rope_parameters)."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or params
+    theta = float(params.get("rope_theta") or hf.get("rope_theta", default=10000.0))
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    scale = qk_head_dim ** -0.5
+    if kind == "default":
+        return theta, None, scale
+    if kind != "yarn":
+        raise ConfigError(f"{hf.source}: RoPE scaling '{kind}' is not implemented for deepseek_v3 (only yarn)")
+    orig = int(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor")
+    factor = float(factor) if factor is not None else hf.get("max_position_embeddings", required=True) / orig
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    attention = scaling.get("attention_factor")
+    if attention is None:  # cos and sin times it (_compute_yarn_parameters)
+        attention = _mscale(factor, mscale) / _mscale(factor, mscale_all) if mscale and mscale_all else _mscale(factor)
+    if mscale_all:  # DeepseekV3Attention.scaling (yarn_apply_mscale)
+        scale = scale * _mscale(factor, mscale_all) ** 2
+    return theta, {"type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
+                   "beta_fast": float(scaling.get("beta_fast") or 32), "beta_slow": float(scaling.get("beta_slow") or 1),
+                   "truncate": bool(scaling.get("truncate", True)), "attention_factor": float(attention)}, scale
+
+
+def model_fields(hf: HFConfig, context_length: int | None) -> dict:
+    hidden = hf.get("hidden_size", required=True)
+    heads = hf.get("num_attention_heads", required=True)
+    n_layers = hf.get("num_hidden_layers", required=True)
+    hf.require("hidden_act", ["silu"], "SwiGLU experts with SiLU")
+    hf.require("attention_bias", [False, None], "MLA projections without biases")
+    hf.require("scoring_func", [None, "sigmoid"], "the sigmoid router")
+    hf.require("topk_method", [None, "noaux_tc"], "group-limited top-k on the bias-corrected scores")
+    hf.require("moe_layer_freq", [None, 1], "every layer after first_k_dense_replace has experts")
+    hf.require("pretraining_tp", [None, 1], "no tensor-parallel slicing of the projections")
+    hf.get("num_key_value_heads")  # MLA: every head reads the one latent
+    hf.get("num_nextn_predict_layers")  # the multi-token-prediction layer (model.layers.L) is not run
+    hf.get("qk_head_dim"), hf.get("head_dim")  # derived: nope + rope, and rope
+    for name in ("ep_size", "aux_loss_alpha", "seq_aux"):  # training only
+        hf.get(name)
+    quant = hf.get("quantization_config")
+    if quant:
+        raise ConfigError(f"{hf.source}: quantization_config {quant.get('quant_method', quant)!r}: DeepSeek-V3's FP8 "
+                          "weights (weight_scale_inv blocks) are not read; convert a bf16 copy of the checkpoint")
+    rope = hf.get("qk_rope_head_dim", required=True)
+    nope = hf.get("qk_nope_head_dim", required=True)
+    if rope % 2:
+        raise ConfigError(f"{hf.source}: qk_rope_head_dim {rope} is odd; RoPE rotates pairs")
+    theta, scaling, scale = _rope(hf, nope + rope)
+    max_pos = hf.get("max_position_embeddings", default=4096)
+    ctx = min(max_pos, context_length or 4096)
+    experts = hf.get("n_routed_experts", "num_local_experts", required=True)
+    dense = min(hf.get("first_k_dense_replace", default=0) or 0, n_layers)
+    shared = hf.get("n_shared_experts", default=0) or 0
+    expert_ffn = hf.get("moe_intermediate_size", required=True)
+    groups = hf.get("n_group", default=1) or 1
+    dense_size = hf.get("intermediate_size", default=0)
+    return {
+        "layers": n_layers, "hidden_size": hidden, "heads": heads, "kv_heads": 1, "head_dim": rope,
+        "vocab_size": hf.get("vocab_size", required=True), "norm_eps": hf.get("rms_norm_eps", required=True),
+        "rope": {"theta": theta, "scaling": scaling}, "context_length": ctx,
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
+        "experts": experts, "top_k": hf.get("num_experts_per_tok", required=True), "expert_ffn_size": expert_ffn,
+        "router": "sigmoid_topk_renorm" if hf.get("norm_topk_prob", default=False) else "sigmoid_topk",
+        "router_bias": True, "router_groups": {"groups": groups, "topk_groups": hf.get("topk_group", default=1) or 1},
+        "routed_scaling_factor": float(hf.get("routed_scaling_factor", default=1.0)),
+        "shared_experts": 1 if shared else 0, "shared_expert_ffn_size": expert_ffn * shared,
+        "dense_layers": list(range(dense)), "dense_ffn_size": dense_size if dense else 0,
+        "attention": {"scale": scale},
+        "mla": {"q_lora_rank": hf.get("q_lora_rank") or 0, "kv_lora_rank": hf.get("kv_lora_rank", required=True),
+                "qk_nope_head_dim": nope, "v_head_dim": hf.get("v_head_dim", required=True)},
+        # DeepSeek rotates pairs (2i, 2i+1): convert reorders the rope rows of q
+        # and kv_a so that the engine's NeoX rotation is that rotation.
+        "source": {"rope_interleave": bool(hf.get("rope_interleave", default=True))},
+    }
