@@ -7,43 +7,28 @@ transformers 5.23 is the truth). FP8 checkpoints are not read."""
 
 from __future__ import annotations
 
-import math
-
 from ..errors import ConfigError
 from .common import HFConfig
+from .rope import rope_fields, yarn_mscale
 
 ARCHITECTURE = "deepseek_v3"
 
 
-def _mscale(scale: float, m: float = 1.0) -> float:
-    """transformers' yarn_get_mscale / get_mscale."""
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-
 def _rope(hf: HFConfig, qk_head_dim: int) -> tuple[float, dict | None, float]:
     """rope_theta, the yarn scaling (None: default RoPE) and the q.k scale,
-    in either spelling (rope_theta + rope_scaling, or rope_parameters)."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or params
-    theta = float(params.get("rope_theta") or hf.get("rope_theta", default=10000.0))
-    kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    scale = qk_head_dim ** -0.5
-    if kind == "default":
-        return theta, None, scale
-    if kind != "yarn":
+    in either spelling (rope.rope_fields reads and checks them)."""
+    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in ("default", "yarn"):
         raise ConfigError(f"{hf.source}: RoPE scaling '{kind}' is not implemented for deepseek_v3 (only yarn)")
-    orig = int(scaling["original_max_position_embeddings"])
-    factor = scaling.get("factor")
-    factor = float(factor) if factor is not None else hf.get("max_position_embeddings", required=True) / orig
-    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-    attention = scaling.get("attention_factor")
-    if attention is None:  # cos and sin times it (_compute_yarn_parameters)
-        attention = _mscale(factor, mscale) / _mscale(factor, mscale_all) if mscale and mscale_all else _mscale(factor)
+    rope = rope_fields(hf)
+    scaling, scale = rope["scaling"], qk_head_dim ** -0.5
+    if scaling is None:
+        return rope["theta"], None, scale
+    mscale_all = params.get("mscale_all_dim")
     if mscale_all:  # DeepseekV3Attention.scaling (yarn_apply_mscale)
-        scale = scale * _mscale(factor, mscale_all) ** 2
-    return theta, {"type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
-                   "beta_fast": float(scaling.get("beta_fast") or 32), "beta_slow": float(scaling.get("beta_slow") or 1),
-                   "truncate": bool(scaling.get("truncate", True)), "attention_factor": float(attention)}, scale
+        scale = scale * yarn_mscale(scaling["factor"], mscale_all) ** 2
+    return rope["theta"], scaling, scale
 
 
 def model_fields(hf: HFConfig, context_length: int | None) -> dict:

@@ -36,6 +36,11 @@ REFUSED = {
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """transformers' get_mscale (yarn_get_mscale in DeepSeek-V3's attention)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def _spelled(hf: HFConfig) -> tuple[dict, str]:
     """The RoPE dict and the config field it came from."""
     scaling = hf.get("rope_scaling")
@@ -125,11 +130,9 @@ def rope_fields(hf: HFConfig, default_theta: float = 10000.0) -> dict:
                               f"low_freq_factor ({scaling['low_freq_factor']})")
     if kind == "yarn":
         attention = params.get("attention_factor")
-        if attention is None:  # transformers' get_mscale
-            def mscale(scale, m=1.0):
-                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+        if attention is None:
             m, m_all = params.get("mscale"), params.get("mscale_all_dim")
-            attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+            attention = yarn_mscale(factor, m) / yarn_mscale(factor, m_all) if m and m_all else yarn_mscale(factor)
         scaling.update(beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
                        truncate=bool(params.get("truncate", True)), attention_factor=float(attention))
     return {"theta": float(theta), "scaling": scaling}
