@@ -150,6 +150,28 @@ cb_dot_k_fn cb_dot_k_avx2(uint32_t dtype);
 #if CB_KERNELS_NEON
 cb_dot_k_fn cb_dot_k_neon(uint32_t dtype);
 #endif
+/* A family's kernels by dtype: each of kquants.c, kquants_avx2.c and
+ * kquants_neon.c defines static dot_<type> functions under the same names
+ * and dispatches through these (one table for all of them). */
+#define CB_DOT_BLOCK_DISPATCH(dtype)                                                                                   \
+    switch (dtype) {                                                                                                   \
+    case CB_Q4_1: return dot_q4_1;                                                                                     \
+    case CB_Q5_0: return dot_q5_0;                                                                                     \
+    case CB_Q5_1: return dot_q5_1;                                                                                     \
+    case CB_Q2_K: return dot_q2_k;                                                                                     \
+    case CB_Q3_K: return dot_q3_k;                                                                                     \
+    case CB_IQ4_NL: return dot_iq4_nl;                                                                                 \
+    case CB_IQ4_XS: return dot_iq4_xs;                                                                                 \
+    case CB_MXFP4: return dot_mxfp4;                                                                                   \
+    }                                                                                                                  \
+    return NULL
+#define CB_DOT_K_DISPATCH(dtype)                                                                                       \
+    switch (dtype) {                                                                                                   \
+    case CB_Q4_K: return dot_q4_k;                                                                                     \
+    case CB_Q5_K: return dot_q5_k;                                                                                     \
+    case CB_Q6_K: return dot_q6_k;                                                                                     \
+    }                                                                                                                  \
+    return NULL
 /* s + dx * (d * sum - dmin * mins), the one float step of a super-block,
  * shared by every family so their bits agree (fused where the target has
  * FMA, as scalar.c's madd). */

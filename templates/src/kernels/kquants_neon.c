@@ -178,17 +178,7 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
 }
 
 cb_dot_block_fn cb_dot_block_neon(uint32_t dtype) {
-    switch (dtype) {
-    case CB_Q4_1: return dot_q4_1;
-    case CB_Q5_0: return dot_q5_0;
-    case CB_Q5_1: return dot_q5_1;
-    case CB_Q2_K: return dot_q2_k;
-    case CB_Q3_K: return dot_q3_k;
-    case CB_IQ4_NL: return dot_iq4_nl;
-    case CB_IQ4_XS: return dot_iq4_xs;
-    case CB_MXFP4: return dot_mxfp4;
-    }
-    return NULL;
+    CB_DOT_BLOCK_DISPATCH(dtype);
 }
 
 /* ---- q8_k activations: a super-block's products summed in int32 lanes,
@@ -267,10 +257,5 @@ static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
 }
 
 cb_dot_k_fn cb_dot_k_neon(uint32_t dtype) {
-    switch (dtype) {
-    case CB_Q4_K: return dot_q4_k;
-    case CB_Q5_K: return dot_q5_k;
-    case CB_Q6_K: return dot_q6_k;
-    }
-    return NULL;
+    CB_DOT_K_DISPATCH(dtype);
 }
