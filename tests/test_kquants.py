@@ -313,3 +313,29 @@ def test_a_k_quant_row_that_is_not_whole_blocks_is_refused(tmp_path):
                                           r"whole blocks of 256"):
         Engine(model)
     assert json.loads((model / "model-config.json").read_text())["weights"]["dtype"] == "q8_0"
+
+
+def test_bench_k_quant_models_follow_the_mixture_plan(tmp_path):
+    """colibri-build bench's q4_k_m / q6_k models: synth's config with
+    convert's mixture plan, every tensor stored in the type the plan gives
+    it (so bench's layout check accepts the folder), K matrices as random
+    valid blocks the engine runs to finite logits."""
+    import json
+
+    from colibri_build import Engine, bench, kquant
+    from colibri_build.synth import make_config
+    from colibri_build.weights import DTYPE_NAMES, expected_shapes, read_header, tensor_dtype
+
+    for mix, want in (("q4_k_m", {"q4_k", "q6_k"}), ("q6_k", {"q6_k"})):
+        folder = bench.ensure_model(tmp_path, "small", mix)
+        cfg = json.loads((folder / "model-config.json").read_text())
+        plain = make_config("mixtral", "small", "x", 0, {}, "f32")
+        assert {k: cfg["weights"][k] for k in ("dtype", "tensor_dtypes")} == kquant.plan(plain, mix, expected_shapes(plain))
+        header = read_header(folder / "weights.cbw")
+        stored = {name: DTYPE_NAMES[t.dtype] for name, t in header["tensors"].items()}
+        assert all(stored[name] == tensor_dtype(cfg, name, t.shape) for name, t in header["tensors"].items())
+        assert want <= set(stored.values()) and bench.current_layout(folder)
+        engine = Engine(folder)
+        logits = engine.forward([1, 2, 3, 4])
+        engine.close()
+        assert np.isfinite(logits).all() and logits.std() > 0
