@@ -248,6 +248,17 @@ static float dot_q5_k(const void *w, const cb_block_q8_k *x, int n) { return dot
 /* Q6_K: group c (n = c / 4, k = c % 4) is ql[64n + 32(k & 1)..] (low nibbles
  * for k < 2, high ones after) with qh[32n..] >> 2k as bits 4..5, unsigned
  * 0..63; the 32 subtracted comes off as 32 * scale * (sum of 16 x). */
+/* Shuffles putting word 2k of a lane's scales in every word of the low
+ * lane and word 2k + 1 in every word of the high one (a table: built from
+ * k in the loop, gcc assembled them word by word). */
+static const uint8_t q6_pick[4][32] __attribute__((aligned(32))) = {
+#define PICK(k) {4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1,  \
+                 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3,  \
+                 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3}
+    PICK(0), PICK(1), PICK(2), PICK(3)
+#undef PICK
+};
+
 static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
     const cb_block_q6_k *b = w;
     const __m256i low4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
@@ -271,9 +282,7 @@ static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4)),
             };
             for (int k = 0; k < 4; k++) {
-                const short lo = (short)(0x0100 + 0x0404 * k), hi = (short)(0x0302 + 0x0404 * k);
-                const __m256i sc = _mm256_shuffle_epi8(
-                    sc_half[half], _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
+                const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(q6_pick[k]));
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs(u[k], load32(x->qs + 128 * half + 32 * k)), sc));
             }
         }
