@@ -177,7 +177,8 @@ static int check_typed(int f, int *cases, double *worst) {
 
 /* GGML's other block types (ids 8..18): each family's kernels against the
  * scalar ones on the same random blocks (every bit pattern is a valid block;
- * scales set to finite values), within 1e-5 of sum |w x|; and the scalar
+ * scales set to finite values), within 1e-5 of sum |w x| (bit for bit for
+ * the types on q8_k activations); and the scalar
  * ones against a double-precision sum over the dequantized weights and
  * activations (the integer parts exact, so float rounding only). */
 static const struct {
