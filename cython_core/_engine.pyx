@@ -494,6 +494,8 @@ cdef class Engine:
 cdef extern from "kernels/kernels.h" nogil:
     ctypedef struct cb_block_q8_0:
         pass
+    ctypedef struct cb_block_q8_k:
+        pass
     ctypedef struct cb_tensor:
         const void *data
         uint32_t dtype, rows, cols
@@ -501,6 +503,8 @@ cdef extern from "kernels/kernels.h" nogil:
         const float *x
         const cb_block_q8_0 *q
         int x_stride, q_stride
+        const cb_block_q8_k *k
+        int k_stride
     ctypedef enum cb_store:
         CB_SET
     void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *inp, int n_tok,
@@ -527,6 +531,10 @@ cdef extern from "kernels/kernels.h" nogil:
     ctypedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n)
     cb_dot_block_fn cb_dot_block_scalar(uint32_t dtype)
     cb_dot_block_fn cb_dot_block(uint32_t dtype)
+    void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n)
+    ctypedef float (*cb_dot_k_fn)(const void *w, const cb_block_q8_k *x, int n)
+    cb_dot_k_fn cb_dot_k_scalar(uint32_t dtype)
+    cb_dot_k_fn cb_dot_k(uint32_t dtype)
 
 cdef extern from "router.h" nogil:
     void cb_topk(const float *values, int n, int k, int32_t *ids)
@@ -583,15 +591,18 @@ def _f32(x):
 
 
 def quantize(x, dtype, bint engine=False):
-    """One row of float32 -> the C quantizer's bytes (q8_0 or q4_0); with
-    engine=True the engine's (SIMD) activation quantizer for q8_0."""
+    """One row of float32 -> the C quantizer's bytes (q8_0, q4_0, or q8_k:
+    the K types' activations, 292 bytes a 256); with engine=True the
+    engine's (SIMD) activation quantizer for q8_0."""
     cdef float[::1] xv = _f32(x).ravel()
     cdef int n = xv.shape[0]
-    if n % 32:
-        raise ValueError("length must be a multiple of 32")
-    out = np.zeros(n // 32 * (34 if dtype == "q8_0" else 18), dtype=np.uint8)
+    if n % (256 if dtype == "q8_k" else 32):
+        raise ValueError("length must be a multiple of 256 for q8_k, else 32")
+    out = np.zeros(n // 256 * 292 if dtype == "q8_k" else n // 32 * (34 if dtype == "q8_0" else 18), dtype=np.uint8)
     cdef unsigned char[::1] ov = out
-    if dtype == "q8_0" and engine:
+    if dtype == "q8_k":
+        cb_quantize_row_q8_k(&xv[0], <cb_block_q8_k *>&ov[0], n)
+    elif dtype == "q8_0" and engine:
         cb_quantize_act_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)
     elif dtype == "q8_0":
         cb_quantize_row_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)
@@ -614,7 +625,8 @@ def dequantize(raw, dtype, int n):
 
 def dot(dtype, w_raw, x, bint scalar=False):
     """One weight row (dtype bytes) . x (float32; quantized to q8_0 first for
-    the block types), with this build's kernel or the scalar reference."""
+    the block types, to q8_k for q4_k, q5_k and q6_k), with this build's
+    kernel or the scalar reference."""
     cdef const float[::1] xv = _f32(x).ravel()
     cdef int n = xv.shape[0]
     data = np.ascontiguousarray(w_raw, dtype=np.uint8)
@@ -635,6 +647,12 @@ def dot(dtype, w_raw, x, bint scalar=False):
         if scalar:
             return cb_dot_q4_0_scalar(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
         return cb_dot_q4_0(<const cb_block_q4_0 *>&wv[0], <const cb_block_q8_0 *>&qv[0], n)
+    cdef cb_dot_k_fn kfn = NULL
+    if dtype in _DTYPE_IDS:
+        kfn = cb_dot_k_scalar(_DTYPE_IDS[dtype]) if scalar else cb_dot_k(_DTYPE_IDS[dtype])
+    if kfn != NULL:
+        qv = quantize(np.asarray(xv), "q8_k")
+        return kfn(&wv[0], <const cb_block_q8_k *>&qv[0], n)
     cdef cb_dot_block_fn fn = NULL
     if dtype in _DTYPE_IDS:  # GGML's other block types (ids 8..18)
         fn = cb_dot_block_scalar(_DTYPE_IDS[dtype]) if scalar else cb_dot_block(_DTYPE_IDS[dtype])
@@ -646,7 +664,7 @@ def dot(dtype, w_raw, x, bint scalar=False):
 def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
     """Y [tokens, rows] = W x for x [tokens, cols] through the engine's matrix
     kernel (rows r0..r1 only; the rest stay 0), activations quantized to q8_0
-    for the block types as the engine does. W may be x4 (q8_0x4, q4_0x4:
+    (and q8_k, for whole 256s) for the block types as the engine does. W may be x4 (q8_0x4, q4_0x4:
     whole groups of four rows)."""
     x2 = np.atleast_2d(_f32(x))
     cdef const float[:, ::1] xv = x2
@@ -665,10 +683,16 @@ def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
     A.x_stride = cols
     A.q = NULL
     A.q_stride = cols // 32
+    A.k = NULL
+    A.k_stride = cols // 256
     cdef const unsigned char[::1] qv
+    cdef const unsigned char[::1] kv
     if dtype not in ("f32", "f16", "bf16"):
         qv = np.concatenate([quantize(row, "q8_0") for row in x2])
         A.q = <const cb_block_q8_0 *>&qv[0]
+    if cols % 256 == 0 and dtype not in ("f32", "f16", "bf16"):
+        kv = np.concatenate([quantize(row, "q8_k") for row in x2])
+        A.k = <const cb_block_q8_k *>&kv[0]
     cb_matmul_tile(&W, r0, rows if r1 < 0 else r1, &A, NULL, n_tok, &ov[0, 0], rows, NULL, CB_SET, NULL)
     return out
 

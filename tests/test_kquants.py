@@ -4,7 +4,8 @@ equals gguf.quants' (llama.cpp's reference reader) bit for bit, the engine's
 C dequantization equals it too, and the engine's dot products and matrix
 kernel (SIMD and scalar reference) equal a float64 product of the
 dequantized weights and the activations within the error of rounding the
-activations to q8_0."""
+activations to q8_0 (to q8_k, per 256, for q4_k, q5_k and q6_k, where the
+SIMD kernels give the scalar reference's bits)."""
 
 import gguf
 import gguf.quants
@@ -19,6 +20,7 @@ TYPES = list(quant.GGML_BLOCKS)
 HALVES = {"q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2),
           "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,), "mxfp4": ()}
 QUANTIZABLE = {"q4_1", "q5_0", "q5_1", "mxfp4"}  # gguf.quants.quantize supports these
+ON_Q8_K = {"q4_k", "q5_k", "q6_k"}  # their kernels take q8_k activations
 
 rng = np.random.default_rng(24)
 
@@ -96,18 +98,52 @@ def q8_activation(x):
     return quant.dequantize(blocks.ravel(), "q8_0", x.shape), blocks[:, :2].copy().view("<f2").astype(np.float64).ravel()
 
 
+def q8_k_activation(x):
+    """x rounded as the engine rounds the K types' activations (q8_k: per 256
+    a float32 step amax / 127, x / step rounded half away from zero), the
+    step of each 32, and the blocks' int8 values and per-16 sums."""
+    v = x.astype(np.float32).reshape(-1, 256)
+    d = (np.abs(v).max(axis=1) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0).astype(np.float32)
+    scaled = (v * inv[:, None]).astype(np.float64)
+    q = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)
+    xq = (q.astype(np.float32) * d[:, None]).reshape(x.shape)
+    return xq, np.repeat(d.astype(np.float64), 8), d, q.astype(np.int8), q.reshape(-1, 16, 16).sum(axis=2)
+
+
+def activation(dtype, x):
+    return q8_k_activation(x)[:2] if dtype in ON_Q8_K else q8_activation(x)
+
+
+def test_q8_k_activation_quantizer():
+    """The C quantizer's q8_k blocks: a float32 step, the 256 values and the
+    per-16 sums exactly as the numpy rounding above (ties, zeros, a block of
+    zeros, values of either sign), 292 bytes a block."""
+    x = (rng.standard_normal(1024) * np.where(np.arange(1024) % 9 == 0, 4.0, 1.0)).astype(np.float32)
+    x[256:512] = 0
+    x[512:768] = np.round(rng.standard_normal(256) * 127) / 127 * 3  # values on the grid and halfway
+    x[520] = -3.0
+    raw = kernels.quantize(x, "q8_k").reshape(4, 292)
+    _, _, d, q, sums = q8_k_activation(x)
+    np.testing.assert_array_equal(raw[:, :4].copy().view("<f4").ravel(), d)
+    np.testing.assert_array_equal(raw[:, 4:260].view(np.int8), q)
+    np.testing.assert_array_equal(raw[:, 260:].copy().view("<i2"), sums)
+    assert d[1] == 0 and not q[1].any()
+
+
 @pytest.mark.parametrize("dtype", TYPES)
 @pytest.mark.parametrize("n", [256, 2048])
 def test_dot_products_within_activation_rounding(dtype, n):
     """Both kernels do the integer products exactly: against the float64
-    product of the dequantized weights and the q8_0-rounded activations they
-    are off by float rounding only (1e-5 of sum |w x|); against the exact
-    activations by at most half a q8_0 step per weight (plus the fp16
-    rounding of the step), sum over blocks of step/2 * sum |w| of the block."""
+    product of the dequantized weights and the q8_0-rounded (q8_k-rounded)
+    activations they are off by float rounding only (1e-5 of sum |w x|);
+    against the exact activations by at most half a step per weight (plus the
+    fp16 rounding of a q8_0 step), sum over blocks of step/2 * sum |w| of the
+    block. On q8_k the SIMD kernel gives the scalar reference's bits."""
     raw = quantized_rows(dtype, 1, n).ravel()
     w = quant.dequantize(raw, dtype, (n,)).astype(np.float64)
     x = (rng.standard_normal(n) * np.where(np.arange(n) % 9 == 0, 4.0, 1.0)).astype(np.float32)
-    xq, step = q8_activation(x)
+    xq, step = activation(dtype, x)
     on_q8 = float(w @ xq.astype(np.float64))
     mag = float(np.abs(w) @ np.abs(xq.astype(np.float64)))
     rounding = float((np.abs(w).reshape(-1, 32).sum(axis=1) * step * (0.5 + 127 * 2.0 ** -11)).sum())
@@ -117,6 +153,8 @@ def test_dot_products_within_activation_rounding(dtype, n):
         assert abs(got - on_q8) <= 1e-5 * mag + 1e-30, (scalar, got, on_q8)
         assert abs(got - exact) <= rounding + 1e-5 * mag, (scalar, got, exact)
     assert abs(kernels.dot(dtype, raw, x) - kernels.dot(dtype, raw, x, scalar=True)) <= 2e-5 * mag + 1e-30
+    if dtype in ON_Q8_K:
+        assert kernels.dot(dtype, raw, x) == kernels.dot(dtype, raw, x, scalar=True)
 
 
 @pytest.mark.parametrize("dtype", TYPES)
@@ -136,7 +174,7 @@ def test_matrix_kernel_equals_the_row_kernel_bit_for_bit(dtype):
     for r0, r1 in [(0, 4), (3, 7), (1, 2)]:
         np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, r0, r1)[:, r0:r1], y[:, r0:r1])
     w = quant.dequantize(raw, dtype, (rows_n, cols)).astype(np.float64)
-    ref = np.stack([w @ q8_activation(xt)[0].astype(np.float64) for xt in x])
+    ref = np.stack([w @ activation(dtype, xt)[0].astype(np.float64) for xt in x])
     np.testing.assert_allclose(y, ref, rtol=0, atol=1e-5 * float(np.abs(w).sum(axis=1).max()) * 4)
 
 
@@ -227,8 +265,11 @@ def test_a_model_mixing_every_type_runs_and_matches_the_reference(tmp_path, arch
     weights, up to the activations' rounding to q8_0 (the q8_0 models'
     bound in test_archs.py), at every position whose experts are the
     reference's: on random weights that rounding flips an occasional near
-    tie between experts (measured on qwen3_moe: 1 choice in 48, where the
-    logits then differ by 0.1), which the routing bound allows."""
+    tie between experts, which the routing bound allows. q4_k/q5_k/q6_k
+    round their input per 256 values (q8_k, as llama.cpp), about 1.3x the
+    q8_0 error here (0.015 against 0.012 at position 0), and that moves the
+    first flip on this prompt from position 8 to 2 (0.906 of all expert
+    choices agree): hence 2 positions, not half the prompt."""
     from colibri_build import Engine
     from colibri_build.weights import load_tensors, read_header
     from reference import forward as reference_forward
@@ -244,7 +285,7 @@ def test_a_model_mixing_every_type_runs_and_matches_the_reference(tmp_path, arch
     # Positions before the first whose experts differ (a flip reaches the
     # later ones through attention).
     same = np.cumprod((engine.last_routing == experts).all(axis=(1, 2))).astype(bool)
-    assert (engine.last_routing == experts).mean() >= 0.9 and same.sum() >= len(prompt) // 2, engine.last_routing
+    assert (engine.last_routing == experts).mean() >= 0.9 and same.sum() >= 2, engine.last_routing
     err = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
     print(f"{arch}: max relative logit error {err[same].max():.2e} where the experts agree "
           f"({same.sum()} of {len(prompt)} positions)")
@@ -272,3 +313,29 @@ def test_a_k_quant_row_that_is_not_whole_blocks_is_refused(tmp_path):
                                           r"whole blocks of 256"):
         Engine(model)
     assert json.loads((model / "model-config.json").read_text())["weights"]["dtype"] == "q8_0"
+
+
+def test_bench_k_quant_models_follow_the_mixture_plan(tmp_path):
+    """colibri-build bench's q4_k_m / q6_k models: synth's config with
+    convert's mixture plan, every tensor stored in the type the plan gives
+    it (so bench's layout check accepts the folder), K matrices as random
+    valid blocks the engine runs to finite logits."""
+    import json
+
+    from colibri_build import Engine, bench, kquant
+    from colibri_build.synth import make_config
+    from colibri_build.weights import DTYPE_NAMES, expected_shapes, read_header, tensor_dtype
+
+    for mix, want in (("q4_k_m", {"q4_k", "q6_k"}), ("q6_k", {"q6_k"})):
+        folder = bench.ensure_model(tmp_path, "small", mix)
+        cfg = json.loads((folder / "model-config.json").read_text())
+        plain = make_config("mixtral", "small", "x", 0, {}, "f32")
+        assert {k: cfg["weights"][k] for k in ("dtype", "tensor_dtypes")} == kquant.plan(plain, mix, expected_shapes(plain))
+        header = read_header(folder / "weights.cbw")
+        stored = {name: DTYPE_NAMES[t.dtype] for name, t in header["tensors"].items()}
+        assert all(stored[name] == tensor_dtype(cfg, name, t.shape) for name, t in header["tensors"].items())
+        assert want <= set(stored.values()) and bench.current_layout(folder)
+        engine = Engine(folder)
+        logits = engine.forward([1, 2, 3, 4])
+        engine.close()
+        assert np.isfinite(logits).all() and logits.std() > 0

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .errors import ModelError
 from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype, warm_page_cache
 
@@ -416,12 +418,61 @@ def current_layout(folder: Path) -> bool:
 
 
 def ensure_model(models_dir: Path, preset: str, dtype: str) -> Path:
+    from . import kquant
     from .synth import synth
     folder = models_dir / f"{preset}-{dtype.replace('_', '')}"
     if not (folder / "model-config.json").is_file() or not current_layout(folder):
-        log(f"synthesising {folder} (seeded random weights; a minute or two)")
-        synth(ARCH_OF[preset], preset, folder, seed=0, dtype=dtype, force=True, progress=True)
+        if dtype in kquant.CHOICES:
+            log(f"writing {folder} (seeded random K-quant blocks, speed only)")
+            synth_random_blocks(ARCH_OF[preset], preset, folder, dtype)
+        else:
+            log(f"synthesising {folder} (seeded random weights; a minute or two)")
+            synth(ARCH_OF[preset], preset, folder, seed=0, dtype=dtype, force=True, progress=True)
     return folder
+
+
+# fp16 scale fields (byte offset, value) of the K blocks written for speed:
+# weights of a few hundredths, like synth.INIT_STD.
+K_SCALE_FIELDS = {"q4_k": ((0, 0.00005), (2, 0.0003)), "q5_k": ((0, 0.00003), (2, 0.0005)), "q6_k": ((208, 0.00001),)}
+
+
+def random_k_blocks(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> bytes:
+    """Random bytes in dtype's blocks (every bit pattern is a valid block)
+    with the scale fields set to small finite values."""
+    from . import quant
+    elems, size = quant.GGML_BLOCKS[dtype]
+    b = rng.integers(0, 256, (int(np.prod(shape)) // elems, size), dtype=np.uint8)
+    for off, value in K_SCALE_FIELDS[dtype]:
+        b[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+    return b.tobytes()
+
+
+def synth_random_blocks(arch: str, preset: str, folder: Path, mix: str) -> None:
+    """A bench model of K-quant mixture mix (synth's config and type plan)
+    whose K-quant matrices are random valid blocks, not quantized weights:
+    the kernels' work and the bytes a token reads do not depend on the
+    values, and quantizing GBs in numpy takes an hour here. The other
+    tensors are synth's kind of random floats."""
+    from .outputs import check_destination, staged_folder, MODEL_FILES_ORDER
+    from .synth import INIT_STD, make_config
+    from .weights import Stored, expected_shapes, tensor_dtype, write_weights
+    cfg = make_config(arch, preset, folder.name, 0, {}, mix)
+    rng = np.random.default_rng(0)
+
+    def tensors():
+        for name, shape in expected_shapes(cfg):
+            dtype = tensor_dtype(cfg, name, shape)
+            if dtype in K_SCALE_FIELDS:
+                yield name, Stored(dtype, shape, random_k_blocks(dtype, shape, rng))
+            elif name.endswith(("norm", "norm_1", "norm_2")):
+                yield name, (1 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+            else:
+                yield name, rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
+
+    exists = check_destination(folder, True, "model")
+    with staged_folder(folder, exists, MODEL_FILES_ORDER) as tmp:
+        cfg["weights"]["sha256"] = write_weights(cfg, tmp / cfg["weights"]["file"], tensors())
+        (tmp / "model-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def machine() -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from . import config as config_mod
+from . import config as config_mod, kquant
 from .errors import ConfigError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .weights import expected_shapes, rope_freqs, write_weights
@@ -118,11 +118,15 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
         "norm_eps": 1e-5,
         "rope": {"theta": 1e6, "partial_rotary_factor": 0.25} if arch == "gemma4" else {"theta": 10000.0},
         "batch_slots": 8,
-        "weights": {"file": "weights.cbw", "dtype": dtype},
+        "weights": {"file": "weights.cbw", "dtype": "f32" if dtype in kquant.CHOICES else dtype},
         "tokenizer": tokenizer or {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
         "seed": seed,
     }
-    return config_mod.validate(cfg, source=f"synth preset '{preset}'")
+    cfg = config_mod.validate(cfg, source=f"synth preset '{preset}'")
+    if dtype in kquant.CHOICES:  # a K-quant mixture: each matrix's type by convert --dtype's rule
+        cfg["weights"].update(kquant.plan(cfg, dtype, expected_shapes(cfg)))
+        cfg = config_mod.validate(cfg, source=f"synth preset '{preset}'")
+    return cfg
 
 
 def random_tensors(cfg: dict, seed: int):

@@ -56,13 +56,16 @@ enum cb_qk_norm {
 /* Ids 8..18 are GGML block types kept bit for bit as a GGUF file holds
  * them (kernels.h has their blocks): 32 weights a block for q4_1, q5_0,
  * q5_1, iq4_nl and mxfp4, 256 (a super-block) for the K types and iq4_xs.
- * Every block type from q8_0 on multiplies q8_0 activations. */
+ * Every block type from q8_0 on multiplies q8_0 activations, except those
+ * cb_wants_q8_k() names: q8_k ones (kernels.h). */
 enum cb_dtype {
     CB_F32 = 0, CB_F16 = 1, CB_BF16 = 2, CB_Q8_0 = 3, CB_Q4_0 = 4, CB_Q4_0X4 = 6, CB_Q8_0X4 = 7,
     CB_Q4_1 = 8, CB_Q5_0 = 9, CB_Q5_1 = 10, CB_Q2_K = 11, CB_Q3_K = 12, CB_Q4_K = 13, CB_Q5_K = 14,
     CB_Q6_K = 15, CB_IQ4_NL = 16, CB_IQ4_XS = 17, CB_MXFP4 = 18,
     CB_DTYPE_COUNT = 19
 };
+/* 1 for the types whose kernels take q8_k activations (kernels.h). */
+static inline int cb_wants_q8_k(uint32_t dtype) { return dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K; }
 
 typedef struct {
     uint32_t arch;          /* enum cb_arch (informational) */

@@ -98,20 +98,27 @@ typedef struct {
     const float *X;
     cb_block_q8_0 *q;
     int x_stride, q_stride, cols;
+    cb_block_q8_k *k;
+    int k_stride;
 } quantize_job;
 
 static void quantize_token(cb_engine *e, void *p, int t) {
     (void)e;
     const quantize_job *j = p;
     cb_quantize_act_q8_0(j->X + (size_t)t * j->x_stride, j->q + (size_t)t * j->q_stride, j->cols);
+    if (j->k) cb_quantize_row_q8_k(j->X + (size_t)t * j->x_stride, j->k + (size_t)t * j->k_stride, j->cols);
 }
 
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride) {
-    cb_act a = {X, NULL, x_stride, q_stride};
+    cb_act a = {X, NULL, x_stride, q_stride, NULL, e->xk_stride};
     if (e->w.block_matrices) { /* once, shared by every row and matrix */
-        quantize_job j = {X, q, x_stride, q_stride, cols};
+        /* q8_k for rows of whole super-blocks: a matrix that takes it has
+         * 256-multiple rows, so a narrower input is not one of its. */
+        cb_block_q8_k *k = e->w.k_matrices && cols % CB_QK_K == 0 ? e->xk : NULL;
+        quantize_job j = {X, q, x_stride, q_stride, cols, k, e->xk_stride};
         cb_for_tokens(e, n, quantize_token, &j);
         a.q = q;
+        a.k = k;
     }
     return a;
 }
@@ -164,6 +171,7 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(hid, B * (k + 1) * I);
     TAKE(up, B * (k + 1) * I);
     TAKE(hq, B * (k + 1) * (size_t)e->xq_stride);
+    TAKE(hk, B * (k + 1) * (size_t)e->xk_stride);
     TAKE(pair_out, B * (k + 1) * H);
     TAKE(item_pairs, B * (k + 1));
     TAKE(item_pair_count, B);
@@ -171,6 +179,7 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(down_task, E + 2);
     TAKE(unit_gate_up_done, E + 1);
     TAKE(xq, B * (size_t)e->xq_stride);
+    TAKE(xk, B * (size_t)e->xk_stride);
     TAKE(shared_scale, B);
     TAKE(logits, B * d->vocab);
     TAKE(logit_items, B);
@@ -363,6 +372,9 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     e->ffn_max = max_int((int)d->expert_ffn, max_int((int)d->shared_ffn, (int)d->dense_ffn));
     const int widest = max_int(max_int(max_int((int)d->hidden, e->q_max), e->ffn_max), e->kv_max);
     e->xq_stride = (widest + CB_QK - 1) / CB_QK;
+    /* Which matrices take q8_k is known once they are bound (after the
+     * arena is carved): any quantized model gets the buffers. */
+    e->xk_stride = d->weight_dtype >= CB_Q8_0 ? (widest + CB_QK_K - 1) / CB_QK_K : 0;
     int q_widths_ok = 1;
     for (uint32_t l = 0; l < d->n_layers; l++) q_widths_ok &= (d->n_heads * e->w.layer_desc[l].head_dim) % CB_QK == 0;
     if (d->kv_lora_rank) /* the widths MLA's matrices read, a head's q_nope and latent included */
@@ -391,6 +403,11 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         char why[512];
         snprintf(why, sizeof why, "%s", err);
         snprintf(err, err_len, "%s: %s", path, why);
+        goto fail;
+    }
+    if (e->w.k_matrices && !e->xk_stride) { /* no q8_k buffers were carved */
+        snprintf(err, err_len, "%s: q4_k/q5_k/q6_k matrices need weights.dtype to be a quantized type, not a float one",
+                 path);
         goto fail;
     }
     kv_slot_bytes(e, e->kv_layer_at);

@@ -44,6 +44,7 @@ struct cb_engine {
     struct cb_ffn_unit *units; /* the FFNs a layer runs, in summing order [E+1] */
     float *hid, *up;           /* silu(gate x) * up x, and up x, per pair [B*(top_k+1)][ffn_max] */
     cb_block_q8_0 *hq;         /* hid quantized [B*(top_k+1)][xq_stride] */
+    cb_block_q8_k *hk;         /* hid as q8_k, for q8_k matrices [B*(top_k+1)][xk_stride] */
     float *pair_out;           /* down(hid) per pair [B*(top_k+1)][H] */
     int32_t *item_pairs;       /* each token's pairs in unit order [B][top_k+1] */
     int32_t *item_pair_count;  /* [B] */
@@ -53,6 +54,8 @@ struct cb_engine {
 
     cb_block_q8_0 *xq;         /* activations quantized for q8_0/q4_0 weights [B][xq_stride] */
     int xq_stride;             /* blocks per row: the widest matrix input / 32 */
+    cb_block_q8_k *xk;         /* the same as q8_k, for q8_k matrices [B][xk_stride] */
+    int xk_stride;             /* the widest matrix input / 256 in a quantized model, else 0 */
     int ffn_max;               /* widest FFN (routed, shared or dense) */
     float *shared_scale;       /* sigmoid gate of the shared expert [B] */
 
@@ -121,7 +124,7 @@ void cb_parallel_matmul(cb_engine *e, const cb_mm_part *parts, int n_parts, cons
 /* Rows per task for a job of total_rows (a multiple of multiple). */
 int cb_task_rows(const cb_engine *e, int total_rows, int multiple);
 /* A's float rows X, quantized into q when the model's matrices want q8_0
- * activations. */
+ * activations, and into e->xk (rows of whole 256s) where some take q8_k. */
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride);
 /* fn(e, ctx, i) for each token i < n: a layer's per-token work (norms,
  * quantizing activations, RoPE, routing), over the thread pool from

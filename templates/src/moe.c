@@ -119,6 +119,9 @@ static void gate_up_task(const ffn_job *j, int task) {
         if (j->xa.q)
             cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
                                  e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
+        if (e->w.k_matrices && I % CB_QK_K == 0) /* chunk is then a multiple of 256 too (run_units) */
+            cb_quantize_row_q8_k(hid + (size_t)t * I_max + r0,
+                                 e->hk + (size_t)(unit->begin + t) * e->xk_stride + r0 / CB_QK_K, r1 - r0);
     }
     atomic_fetch_add_explicit(&e->unit_gate_up_done[u], 1, memory_order_release);
 }
@@ -131,8 +134,11 @@ static void down_task(const ffn_job *j, int task) {
     const cb_ffn_unit *unit = &e->units[u];
     const int r0 = (task - e->down_task[u]) * j->down_chunk, r1 = r0 + j->down_chunk < H ? r0 + j->down_chunk : H;
     cb_wait_count(&e->unit_gate_up_done[u], e->unit_task[u + 1] - e->unit_task[u]);
+    const int I = (int)unit->f->gate.rows;
     const cb_act a = {e->hid + (size_t)unit->begin * e->ffn_max,
-                      j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride};
+                      j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride,
+                      e->w.k_matrices && I % CB_QK_K == 0 ? e->hk + (size_t)unit->begin * e->xk_stride : NULL,
+                      e->xk_stride};
     cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->pair_out + (size_t)unit->begin * H, H, NULL,
                    CB_SET, NULL);
     if (unit->f->down_bias)
@@ -186,7 +192,8 @@ static void run_units(cb_engine *e, int n_units, int n, int to_x) {
     int rows = 0;
     for (int u = 0; u < n_units; u++) rows += (int)e->units[u].f->gate.rows;
     list_item_pairs(e, n_units, n);
-    ffn_job j = {e, n_units, n, to_x, cb_task_rows(e, rows, CB_QK), cb_task_rows(e, n_units * H, 4),
+    /* gate/up chunks hold whole blocks of the hid they quantize */
+    ffn_job j = {e, n_units, n, to_x, cb_task_rows(e, rows, e->w.k_matrices ? CB_QK_K : CB_QK), cb_task_rows(e, n_units * H, 4),
                  cb_task_rows(e, H, 4),
                  cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
     const int gate_up_tasks = number_tasks(e, e->unit_task, 0, n_units, j.chunk, 0);

@@ -314,6 +314,7 @@ typedef struct {
     int failed;
     uint32_t next;  /* where the next lookup starts */
     int block_matrices; /* a bound matrix is block-quantized */
+    int k_matrices;     /* a bound matrix takes q8_k activations */
 } binder;
 
 /* The file lists tensors in about the order they are bound, so each search
@@ -370,6 +371,7 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
     out->data = b->w->file.data + t->offset;
     out->dtype = dtype;
     if (cols && dtype >= CB_Q8_0) b->block_matrices = 1;
+    if (cols && cb_wants_q8_k(dtype)) b->k_matrices = 1;
     out->rows = (uint32_t)(cols ? rows : 1);
     out->cols = (uint32_t)inner;
     return 0;
@@ -550,6 +552,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
         cb_map_advise_willneed(dense, (size_t)(first_expert - dense));
     }
     w->block_matrices = b.block_matrices;
+    w->k_matrices = b.k_matrices;
     return b.failed ? -1 : 0;
 }
 

@@ -177,7 +177,8 @@ static int check_typed(int f, int *cases, double *worst) {
 
 /* GGML's other block types (ids 8..18): each family's kernels against the
  * scalar ones on the same random blocks (every bit pattern is a valid block;
- * scales set to finite values), within 1e-5 of sum |w x|; and the scalar
+ * scales set to finite values), within 1e-5 of sum |w x| (bit for bit for
+ * the types on q8_k activations); and the scalar
  * ones against a double-precision sum over the dequantized weights and
  * activations (the integer parts exact, so float rounding only). */
 static const struct {
@@ -194,19 +195,21 @@ static const struct {
 static const struct {
     const char *name;
     cb_dot_block_fn (*kernel)(uint32_t dtype);
+    cb_dot_k_fn (*k_kernel)(uint32_t dtype); /* the types on q8_k activations */
 } block_families[] = {
 #if CB_KERNELS_AVX2
-    {"avx2", cb_dot_block_avx2},
+    {"avx2", cb_dot_block_avx2, cb_dot_k_avx2},
 #endif
 #if CB_KERNELS_NEON
-    {"neon", cb_dot_block_neon},
+    {"neon", cb_dot_block_neon, cb_dot_k_neon},
 #endif
-    {"scalar", cb_dot_block_scalar},
+    {"scalar", cb_dot_block_scalar, cb_dot_k_scalar},
 };
 #define BLOCK_N_MAX 2048
 static uint8_t block_row[BLOCK_N_MAX]; /* under a byte a weight in every type */
 static float block_w[BLOCK_N_MAX], block_x[BLOCK_N_MAX], block_xf[BLOCK_N_MAX];
 static cb_block_q8_0 block_xq[BLOCK_N_MAX / CB_QK];
+static cb_block_q8_k block_xk[BLOCK_N_MAX / CB_QK_K];
 
 static void random_block_row(int t, int n) {
     const int nb = n / block_types[t].elems, size = block_types[t].bytes;
@@ -229,20 +232,35 @@ static int check_block_types(int f, int *cases, double *worst) {
     for (int t = 0; t < N_BLOCK_TYPES; t++) {
         const cb_dot_block_fn kernel = block_families[f].kernel(block_types[t].dtype);
         const cb_dot_block_fn ref = cb_dot_block_scalar(block_types[t].dtype);
-        if (!kernel) continue;
+        const cb_dot_k_fn k_kernel = block_families[f].k_kernel(block_types[t].dtype);
+        const cb_dot_k_fn k_ref = cb_dot_k_scalar(block_types[t].dtype);
+        if (!kernel && !k_kernel) continue;
         own++;
         for (int n = block_types[t].elems; n <= BLOCK_N_MAX; n += n < 512 ? block_types[t].elems : 512) {
             random_block_row(t, n);
             for (int i = 0; i < n; i++) block_x[i] = uniform() * (i % 9 == 0 ? 4.0f : 1.0f);
-            cb_quantize_row_q8_0(block_x, block_xq, n);
             cb_dequantize_row(block_types[t].dtype, block_row, block_w, n);
-            cb_dequantize_row(CB_Q8_0, block_xq, block_xf, n);
+            float want, got;
+            if (k_kernel) {
+                cb_quantize_row_q8_k(block_x, block_xk, n);
+                for (int i = 0; i < n; i++) block_xf[i] = block_xk[i / CB_QK_K].d * (float)block_xk[i / CB_QK_K].qs[i % CB_QK_K];
+                want = k_ref(block_row, block_xk, n), got = k_kernel(block_row, block_xk, n);
+            } else {
+                cb_quantize_row_q8_0(block_x, block_xq, n);
+                cb_dequantize_row(CB_Q8_0, block_xq, block_xf, n);
+                want = ref(block_row, block_xq, n), got = kernel(block_row, block_xq, n);
+            }
             double exact = 0, mag = 0;
             for (int i = 0; i < n; i++) exact += (double)block_w[i] * block_xf[i], mag += fabs((double)block_w[i] * block_xf[i]);
-            const float want = ref(block_row, block_xq, n), got = kernel(block_row, block_xq, n);
             char what[64];
             snprintf(what, sizeof what, "dot_%s", block_types[t].name);
             if (!close_enough(what, n, got, want, mag, worst)) return -1;
+            /* On q8_k the sums are exact integers and the float steps the
+             * shared cb_kq_step: every family gives the reference's bits. */
+            if (k_kernel && memcmp(&got, &want, sizeof got) != 0) {
+                printf("  %s n=%d: got %.9g, reference %.9g: not bit for bit\n", what, n, got, want);
+                return -1;
+            }
             if (fabs((double)want - exact) > 1e-5 * mag + 1e-30) {
                 printf("  %s n=%d: the scalar reference %.9g, the double sum of the dequantized rows %.9g\n", what, n,
                        want, exact);

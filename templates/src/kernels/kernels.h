@@ -110,7 +110,7 @@ extern const int8_t cb_iq4nl_values[16], cb_mxfp4_values[16];
 /* One row of a GGML block type (ids 8..18) . x quantized to q8_0 (n a
  * multiple of the type's block). Integer products per 16 or 32 weights,
  * scaled in float: the same arithmetic on every target up to the order of
- * float sums. */
+ * float sums. NULL for the types that take q8_k activations (below). */
 typedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n);
 /* The scalar reference of a type, and this build's best kernel for it
  * (a SIMD one where the family has it, else the scalar one); NULL for a
@@ -124,6 +124,65 @@ cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype);
 #if CB_KERNELS_NEON
 cb_dot_block_fn cb_dot_block_neon(uint32_t dtype);
 #endif
+
+/* Activations for the K types (llama.cpp's Q8_K idea): 256 values rounded
+ * to int8 with one float scale, and the sum of each 16. One scale per
+ * super-block lets a kernel sum a whole super-block's products in integers
+ * and scale once; the per-16 sums turn the weights' mins and offsets into
+ * 16 products instead of 256. */
+typedef struct {
+    float d;              /* x = d * q */
+    int8_t qs[CB_QK_K];
+    int16_t bsums[CB_QK_K / 16];
+} cb_block_q8_k;
+_Static_assert(sizeof(cb_block_q8_k) == 292, "q8_k block: float, 256 int8, 16 int16");
+void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n);
+/* cb_wants_q8_k(dtype) (dims.h) names the types that take q8_k activations. */
+/* One row . x quantized to q8_k (n a multiple of 256). Per super-block the
+ * integer sums are exact and the float step is cb_kq_step, in super-block
+ * order: every family gives the scalar reference's bits. */
+typedef float (*cb_dot_k_fn)(const void *w, const cb_block_q8_k *x, int n);
+cb_dot_k_fn cb_dot_k_scalar(uint32_t dtype);
+cb_dot_k_fn cb_dot_k(uint32_t dtype);
+#if CB_KERNELS_AVX2
+cb_dot_k_fn cb_dot_k_avx2(uint32_t dtype);
+#endif
+#if CB_KERNELS_NEON
+cb_dot_k_fn cb_dot_k_neon(uint32_t dtype);
+#endif
+/* A family's kernels by dtype: each of kquants.c, kquants_avx2.c and
+ * kquants_neon.c defines static dot_<type> functions under the same names
+ * and dispatches through these (one table for all of them). */
+#define CB_DOT_BLOCK_DISPATCH(dtype)                                                                                   \
+    switch (dtype) {                                                                                                   \
+    case CB_Q4_1: return dot_q4_1;                                                                                     \
+    case CB_Q5_0: return dot_q5_0;                                                                                     \
+    case CB_Q5_1: return dot_q5_1;                                                                                     \
+    case CB_Q2_K: return dot_q2_k;                                                                                     \
+    case CB_Q3_K: return dot_q3_k;                                                                                     \
+    case CB_IQ4_NL: return dot_iq4_nl;                                                                                 \
+    case CB_IQ4_XS: return dot_iq4_xs;                                                                                 \
+    case CB_MXFP4: return dot_mxfp4;                                                                                   \
+    }                                                                                                                  \
+    return NULL
+#define CB_DOT_K_DISPATCH(dtype)                                                                                       \
+    switch (dtype) {                                                                                                   \
+    case CB_Q4_K: return dot_q4_k;                                                                                     \
+    case CB_Q5_K: return dot_q5_k;                                                                                     \
+    case CB_Q6_K: return dot_q6_k;                                                                                     \
+    }                                                                                                                  \
+    return NULL
+/* s + dx * (d * sum - dmin * mins), the one float step of a super-block,
+ * shared by every family so their bits agree (fused where the target has
+ * FMA, as scalar.c's madd). */
+static inline float cb_kq_step(float s, float dx, float d, int32_t sum, float dmin, int32_t mins) {
+#if defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+    return __builtin_fmaf(-(dx * dmin), (float)mins, __builtin_fmaf(dx * d, (float)sum, s));
+#else
+    const float a = dx * d * (float)sum, b = dx * dmin * (float)mins;
+    return s + a - b;
+#endif
+}
 
 float cb_half_to_float(cb_half h);
 cb_half cb_float_to_half(float f);   /* round to nearest even, like numpy */
@@ -362,6 +421,8 @@ typedef struct {
     const float *x;
     const cb_block_q8_0 *q;
     int x_stride, q_stride;
+    const cb_block_q8_k *k; /* the rows as q8_k, k_stride blocks apart, for cb_wants_q8_k() weights */
+    int k_stride;
 } cb_act;
 
 enum cb_store { CB_SET, CB_ADD, CB_ADD_SCALED };

@@ -1,8 +1,8 @@
 /* GGML's block types beyond q8_0 / q4_0 (dims.h ids 8..18), kept as GGUF
  * files hold them: where each weight's bits lie, dequantization (the
  * toolkit's numpy one, toolkit/quant.py, gives the same bits) and the scalar
- * dot products against q8_0 activations that every SIMD kernel is checked
- * against (kernel_check.c). Layouts are GGML's (ggml-common.h block_*). */
+ * dot products against q8_0 activations (q8_k for q4_k, q5_k and q6_k) that
+ * every SIMD kernel is checked against (kernel_check.c). Layouts are GGML's (ggml-common.h block_*). */
 #include <math.h>
 #include <string.h>
 
@@ -258,39 +258,62 @@ static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
     return s;
 }
 
-static float dot_q45_k(const void *w, const cb_block_q8_0 *x, int n, int q5) {
+/* ---- scalar dot products against q8_k activations: per super-block the
+ * integer sums of scale * q * x and of min * x (from the per-16 sums), then
+ * cb_kq_step. ---- */
+
+void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n) {
+    for (int b = 0; b < n / CB_QK_K; b++, x += CB_QK_K) {
+        float amax = 0;
+        for (int j = 0; j < CB_QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        for (int j = 0; j < CB_QK_K; j++) y[b].qs[j] = (int8_t)roundf(x[j] * id);
+        for (int g = 0; g < CB_QK_K / 16; g++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++) sum += y[b].qs[16 * g + j];
+            y[b].bsums[g] = (int16_t)sum;
+        }
+    }
+}
+
+static float dot_q45_k(const void *w, const cb_block_q8_k *x, int n, int q5) {
     const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
     float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++) {
+    for (int i = 0; i < n / CB_QK_K; i++, x++) {
         const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
         const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-        const float d = cb_half_to_float(k5->d), dmin = cb_half_to_float(k5->dmin);
-        for (int c = 0; c < 8; c++, x++) {
-            int sc, m, sq = 0, sx = 0;
+        int32_t sum = 0, mins = 0;
+        for (int c = 0; c < 8; c++) {
+            int sc, m, sq = 0;
             scale_min_k4(k5->scales, c, &sc, &m);
             for (int j = 0; j < CB_QK; j++) {
                 const int q = ((qs[32 * (c / 2) + j] >> (4 * (c & 1))) & 0xF) | (q5 ? ((k5->qh[j] >> c) & 1) << 4 : 0);
-                sq += q * x->qs[j];
-                sx += x->qs[j];
+                sq += q * x->qs[32 * c + j];
             }
-            s += cb_half_to_float(x->d) * (d * (float)(sc * sq) - dmin * (float)(m * sx));
+            sum += sc * sq;
+            mins += m * (x->bsums[2 * c] + x->bsums[2 * c + 1]);
         }
+        s = cb_kq_step(s, x->d, cb_half_to_float(k5->d), sum, cb_half_to_float(k5->dmin), mins);
     }
     return s;
 }
-static float dot_q4_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 0); }
-static float dot_q5_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 1); }
+static float dot_q4_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 0); }
+static float dot_q5_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 1); }
 
-static float dot_q6_k(const void *w, const cb_block_q8_0 *x, int n) {
+/* q - 32 as q . x - 32 * sum(x): the sums of x per 16 are at hand. */
+static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
     const cb_block_q6_k *b = w;
     float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = cb_half_to_float(b->d);
-        for (int c = 0; c < 8; c++, x++) {
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        int32_t sum = 0, offs = 0;
+        for (int g = 0; g < 16; g++) {
             int sq = 0;
-            for (int j = 0; j < CB_QK; j++) sq += b->scales[2 * c + j / 16] * q6_k(b, 32 * c + j) * x->qs[j];
-            s += cb_half_to_float(x->d) * d * (float)sq;
+            for (int j = 0; j < 16; j++) sq += (q6_k(b, 16 * g + j) + 32) * x->qs[16 * g + j];
+            sum += b->scales[g] * sq;
+            offs += b->scales[g] * x->bsums[g];
         }
+        s = cb_kq_step(s, x->d, cb_half_to_float(b->d), sum - 32 * offs, 0.0f, 0);
     }
     return s;
 }
@@ -311,20 +334,23 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
 }
 
 cb_dot_block_fn cb_dot_block_scalar(uint32_t dtype) {
-    switch (dtype) {
-    case CB_Q4_1: return dot_q4_1;
-    case CB_Q5_0: return dot_q5_0;
-    case CB_Q5_1: return dot_q5_1;
-    case CB_Q2_K: return dot_q2_k;
-    case CB_Q3_K: return dot_q3_k;
-    case CB_Q4_K: return dot_q4_k;
-    case CB_Q5_K: return dot_q5_k;
-    case CB_Q6_K: return dot_q6_k;
-    case CB_IQ4_NL: return dot_iq4_nl;
-    case CB_IQ4_XS: return dot_iq4_xs;
-    case CB_MXFP4: return dot_mxfp4;
-    }
-    return NULL;
+    CB_DOT_BLOCK_DISPATCH(dtype);
+}
+
+cb_dot_k_fn cb_dot_k_scalar(uint32_t dtype) {
+    CB_DOT_K_DISPATCH(dtype);
+}
+
+cb_dot_k_fn cb_dot_k(uint32_t dtype) {
+#if CB_KERNELS_AVX2
+    cb_dot_k_fn f = cb_dot_k_avx2(dtype);
+    if (f) return f;
+#endif
+#if CB_KERNELS_NEON
+    cb_dot_k_fn f = cb_dot_k_neon(dtype);
+    if (f) return f;
+#endif
+    return cb_dot_k_scalar(dtype);
 }
 
 cb_dot_block_fn cb_dot_block(uint32_t dtype) {

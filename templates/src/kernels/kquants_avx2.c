@@ -1,5 +1,5 @@
 /* AVX2 dot products of GGML's other block types (dims.h ids 8..18) against
- * q8_0 activations. Reference: kernels/kquants.c, whose integer sums these
+ * q8_0 activations (q8_k for q4_k, q5_k, q6_k: at the end). Reference: kernels/kquants.c, whose integer sums these
  * compute exactly (maddubs pairs stay within int16: unsigned weights are at
  * most 63, signed ones at most 127 in magnitude, |x| <= 127); only the float
  * scaling and summation order differ (kernel_check.c bounds it). */
@@ -123,94 +123,6 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     return hsum(acc);
 }
 
-/* The 8 activation blocks' fp16 scales of a super-block as floats. */
-static inline __m256 x_scales8(const cb_block_q8_0 *x) {
-    return _mm256_cvtph_ps(_mm_setr_epi16((short)x[0].d, (short)x[1].d, (short)x[2].d, (short)x[3].d, (short)x[4].d,
-                                          (short)x[5].d, (short)x[6].d, (short)x[7].d));
-}
-
-/* Q4_K / Q5_K: 32-weight group c of a super-block is the low (even c) or
- * high nibbles of qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5. Per
- * group c: d * scale_c * dx_c and dmin * min_c * dx_c are worked out for
- * the 8 groups at once, and the integer sums q . x and sum(x) scaled by
- * them into two accumulators each (even and odd groups: independent FMA
- * chains). */
-static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_0 *x, int n, int q5) {
-    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
-    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK_K; i++, x += 8) {
-        const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
-        const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-        /* The 8 scales and 8 mins, unpacked as kquants.c scale_min_k4. */
-        const uint8_t *s = k5->scales;
-        int32_t sc[8], mn[8];
-        for (int j = 0; j < 4; j++) {
-            sc[j] = s[j] & 63, mn[j] = s[j + 4] & 63;
-            sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4), mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-        }
-        const __m256 dx = x_scales8(x);
-        float fq[8], fm[8];
-        _mm256_storeu_ps(fq, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(k5->d)), dx),
-                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)sc))));
-        _mm256_storeu_ps(fm, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(k5->dmin)), dx),
-                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)mn))));
-        const __m256i qh = q5 ? load32(k5->qh) : _mm256_setzero_si256();
-        for (int c = 0; c < 8; c += 2) {
-            const __m256i q = load32(qs + 16 * c);
-            __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-            if (q5) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c)), one), 4));
-                hi = _mm256_or_si256(hi,
-                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c + 1)), one), 4));
-            }
-            const __m256i x0 = load32(x[c].qs), x1 = load32(x[c + 1].qs);
-            const __m256i s0 = _mm256_madd_epi16(pairs(lo, x0), ones16), s1 = _mm256_madd_epi16(pairs(hi, x1), ones16);
-            const __m256i m0 = _mm256_madd_epi16(pairs(one, x0), ones16), m1 = _mm256_madd_epi16(pairs(one, x1), ones16);
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(fq + c), f32(s0), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(fq + c + 1), f32(s1), acc1);
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(fm + c), f32(m0), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(fm + c + 1), f32(m1), acc1);
-        }
-    }
-    return hsum(_mm256_add_ps(acc0, acc1));
-}
-static float dot_q4_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 0); }
-static float dot_q5_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 1); }
-
-/* Q6_K: group c (n = c / 4, k = c % 4) is ql[64n + 32(k & 1)..] (low nibbles
- * for k < 2, high ones after) with qh[32n..] >> 2k as bits 4..5; q - 32 as
- * q . x - 32 sum(x); scales per 16 weights. */
-static float dot_q6_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q6_k *b = w;
-    const __m256i low4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = _cvtsh_ss(b->d);
-        for (int half = 0; half < 2; half++) {
-            const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
-            const __m256i h = load32(b->qh + 32 * half);
-            const __m256i u[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
-                _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4)),
-            };
-            for (int k = 0; k < 4; k++, x++) {
-                const int c = 4 * half + k;
-                const __m256i xq = load32(x->qs);
-                const __m256i p = _mm256_sub_epi16(pairs(u[k], xq), pairs(k32, xq));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x->d)), f32(scaled(p, b->scales[2 * c], b->scales[2 * c + 1])),
-                                      acc);
-            }
-        }
-    }
-    return hsum(acc);
-}
-
 /* Q3_K: group c (n = c / 4, j = c % 4): 2 bits of qs[32n..] >> 2j, the 3rd
  * from hmask[0..31] bit c (clear: 4 less); q - 4 as q . x - 4 sum(x). */
 static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
@@ -270,18 +182,128 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
 }
 
 cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype) {
-    switch (dtype) {
-    case CB_Q4_1: return dot_q4_1;
-    case CB_Q5_0: return dot_q5_0;
-    case CB_Q5_1: return dot_q5_1;
-    case CB_Q2_K: return dot_q2_k;
-    case CB_Q3_K: return dot_q3_k;
-    case CB_Q4_K: return dot_q4_k;
-    case CB_Q5_K: return dot_q5_k;
-    case CB_Q6_K: return dot_q6_k;
-    case CB_IQ4_NL: return dot_iq4_nl;
-    case CB_IQ4_XS: return dot_iq4_xs;
-    case CB_MXFP4: return dot_mxfp4;
+    CB_DOT_BLOCK_DISPATCH(dtype);
+}
+
+/* ---- q8_k activations: a super-block's products summed in int32 lanes,
+ * reduced exactly, then cb_kq_step (the scalar reference's bits). ---- */
+
+/* The int32 sums of a's and b's lanes. */
+static inline void hsum2_i32(__m256i a, __m128i b, int32_t *sa, int32_t *sb) {
+    const __m128i a4 = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    const __m128i h = _mm_hadd_epi32(a4, b); /* a01 a23 b01 b23 */
+    const __m128i t = _mm_hadd_epi32(h, h);
+    *sa = _mm_cvtsi128_si32(t);
+    *sb = _mm_extract_epi32(t, 1);
+}
+
+/* Shuffles putting word c of the scales in every word: loaded, not built
+ * in the loop (gcc built each with a move and a broadcast on the shuffle
+ * port the loop is bound by: hot-row q4_k 5.0 ticks per 32 weights). */
+static const uint8_t q4_pick[8][32] __attribute__((aligned(32))) = {
+#define PICK(c) {2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, \
+                 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, \
+                 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1}
+    PICK(0), PICK(1), PICK(2), PICK(3), PICK(4), PICK(5), PICK(6), PICK(7)
+#undef PICK
+};
+
+/* Q4_K / Q5_K: group c (0..7) is the low (even c) or high nibbles of
+ * qs[32 * (c / 2)..] (plus bit c of qh[0..31] for q5); its 6-bit scale
+ * multiplies the int16 pair sums in madd, and its min meets the group's 32
+ * x through their per-16 sums. */
+static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_k *x, int n, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, x++) {
+        const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
+        const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
+        /* The 12 packed bytes as 8 scales and 8 mins, four to a word (the
+         * layout of kquants.c scale_min_k4). */
+        uint32_t u[3], sc[2], mn[2];
+        memcpy(u, k5->scales, 12);
+        sc[0] = u[0] & 0x3F3F3F3Fu;
+        mn[0] = u[1] & 0x3F3F3F3Fu;
+        sc[1] = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+        mn[1] = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),
+                                          _mm_loadu_si128((const __m128i *)x->bsums + 1)); /* per 32 */
+        const __m256i qh = q5 ? load32(k5->qh) : _mm256_setzero_si256();
+        __m256i acc = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 8; c += 2) {
+            const __m256i q = load32(qs + 16 * c);
+            __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c)), one), 4));
+                hi = _mm256_or_si256(hi,
+                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c + 1)), one), 4));
+            }
+            const __m256i s0 = _mm256_shuffle_epi8(scales, load32(q4_pick[c]));
+            const __m256i s1 = _mm256_shuffle_epi8(scales, load32(q4_pick[c + 1]));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs(lo, load32(x->qs + 32 * c)), s0));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs(hi, load32(x->qs + 32 * c + 32)), s1));
+        }
+        int32_t sum, msum;
+        hsum2_i32(acc, _mm_madd_epi16(bs, mins), &sum, &msum);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(k5->d), sum, _cvtsh_ss(k5->dmin), msum);
     }
-    return NULL;
+    return s;
+}
+static float dot_q4_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 0); }
+static float dot_q5_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 1); }
+
+/* Q6_K: group c (n = c / 4, k = c % 4) is ql[64n + 32(k & 1)..] (low nibbles
+ * for k < 2, high ones after) with qh[32n..] >> 2k as bits 4..5, unsigned
+ * 0..63; the 32 subtracted comes off as 32 * scale * (sum of 16 x). */
+/* Shuffles putting word 2k of a lane's scales in every word of the low
+ * lane and word 2k + 1 in every word of the high one (a table: built from
+ * k in the loop, gcc assembled them word by word). */
+static const uint8_t q6_pick[4][32] __attribute__((aligned(32))) = {
+#define PICK(k) {4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1,  \
+                 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3,  \
+                 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3}
+    PICK(0), PICK(1), PICK(2), PICK(3)
+#undef PICK
+};
+
+static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q6_k *b = w;
+    const __m256i low4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        /* Scales 0..7 in both lanes, then 8..15 in both: group c's two are
+         * words 2k and 2k + 1 (k = c % 4) of one of them. */
+        const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+        __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, load32(x->bsums)), 5));
+        for (int half = 0; half < 2; half++) {
+            const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
+            const __m256i h = load32(b->qh + 32 * half);
+            const __m256i u[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
+                _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4)),
+            };
+            for (int k = 0; k < 4; k++) {
+                const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(q6_pick[k]));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs(u[k], load32(x->qs + 128 * half + 32 * k)), sc));
+            }
+        }
+        int32_t sum, unused;
+        hsum2_i32(acc, _mm_setzero_si128(), &sum, &unused);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, 0.0f, 0);
+    }
+    return s;
+}
+
+cb_dot_k_fn cb_dot_k_avx2(uint32_t dtype) {
+    CB_DOT_K_DISPATCH(dtype);
 }

@@ -1,5 +1,5 @@
 /* NEON dot products of GGML's other block types (dims.h ids 8..18) against
- * q8_0 activations; SDOT where the target has the dot-product extension.
+ * q8_0 activations (q8_k for q4_k, q5_k, q6_k: at the end); SDOT where the target has the dot-product extension.
  * Reference: kernels/kquants.c, whose integer sums these compute exactly
  * (weights unpacked to int8, products summed per 16); only the float
  * scaling and summation order differ (kernel_check.c bounds it). */
@@ -108,69 +108,6 @@ static inline __attribute__((always_inline)) float dot_book(const void *w, const
 static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) { return dot_book(w, x, n, 0); }
 static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) { return dot_book(w, x, n, 1); }
 
-/* Q4_K / Q5_K: group c is the low (even c) or high nibbles of
- * qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5. */
-static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_0 *x, int n, int q5) {
-    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
-    float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++) {
-        const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
-        const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs, *sc6 = k5->scales;
-        const float d = half(k5->d), dmin = half(k5->dmin);
-        uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
-        if (q5) h0 = vld1q_u8(k5->qh), h1 = vld1q_u8(k5->qh + 16);
-        float sum_q = 0, sum_m = 0;
-        for (int c = 0; c < 8; c++, x++) {
-            int sc, m;
-            if (c < 4) sc = sc6[c] & 63, m = sc6[c + 4] & 63;
-            else sc = (sc6[c + 4] & 0xF) | ((sc6[c - 4] >> 6) << 4), m = (sc6[c + 4] >> 4) | ((sc6[c] >> 6) << 4);
-            const uint8x16_t q0 = vld1q_u8(qs + 32 * (c / 2)), q1 = vld1q_u8(qs + 32 * (c / 2) + 16);
-            uint8x16_t u0 = c & 1 ? vshrq_n_u8(q0, 4) : vandq_u8(q0, vdupq_n_u8(0xF));
-            uint8x16_t u1 = c & 1 ? vshrq_n_u8(q1, 4) : vandq_u8(q1, vdupq_n_u8(0xF));
-            if (q5) {
-                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << c));
-                u0 = vorrq_u8(u0, vandq_u8(vtstq_u8(h0, bit), vdupq_n_u8(0x10)));
-                u1 = vorrq_u8(u1, vandq_u8(vtstq_u8(h1, bit), vdupq_n_u8(0x10)));
-            }
-            const int8x16_t x0 = vld1q_s8(x->qs), x1 = vld1q_s8(x->qs + 16);
-            const float dx = half(x->d);
-            sum_q += dx * (float)(sc * (dot16(vreinterpretq_s8_u8(u0), x0) + dot16(vreinterpretq_s8_u8(u1), x1)));
-            sum_m += dx * (float)(m * (sum16(x0) + sum16(x1)));
-        }
-        s += d * sum_q - dmin * sum_m;
-    }
-    return s;
-}
-static float dot_q4_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 0); }
-static float dot_q5_k(const void *w, const cb_block_q8_0 *x, int n) { return dot_q45_k(w, x, n, 1); }
-
-/* Q6_K: group c (n = c / 4, k = c % 4) is ql[64n + 32(k & 1)..] (low nibbles
- * for k < 2, high ones after) with qh[32n..] >> 2k as bits 4..5, 32
- * subtracted; scales per 16 weights. */
-static float dot_q6_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q6_k *b = w;
-    float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        float sum = 0;
-        for (int c = 0; c < 8; c++, x++) {
-            const int hf = c / 4, k = c % 4;
-            int8x16_t q[2];
-            for (int p = 0; p < 2; p++) {
-                const uint8x16_t l = vld1q_u8(b->ql + 64 * hf + 32 * (k & 1) + 16 * p);
-                const uint8x16_t h = vld1q_u8(b->qh + 32 * hf + 16 * p);
-                const uint8x16_t lo = k >= 2 ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(0xF));
-                const uint8x16_t hi = vshlq_n_u8(vandq_u8(vshlq_u8(h, vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3)), 4);
-                q[p] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, hi)), vdupq_n_s8(32));
-            }
-            const int32_t sq = b->scales[2 * c] * dot16(q[0], vld1q_s8(x->qs)) +
-                               b->scales[2 * c + 1] * dot16(q[1], vld1q_s8(x->qs + 16));
-            sum += half(x->d) * (float)sq;
-        }
-        s += half(b->d) * sum;
-    }
-    return s;
-}
-
 /* Q3_K / Q2_K: the 2 low bits of group c (n = c / 4, j = c % 4) are
  * qs[32n..] >> 2j; Q3_K's third is hmask[0..31] bit c (clear: 4 less). */
 static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
@@ -241,18 +178,84 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
 }
 
 cb_dot_block_fn cb_dot_block_neon(uint32_t dtype) {
-    switch (dtype) {
-    case CB_Q4_1: return dot_q4_1;
-    case CB_Q5_0: return dot_q5_0;
-    case CB_Q5_1: return dot_q5_1;
-    case CB_Q2_K: return dot_q2_k;
-    case CB_Q3_K: return dot_q3_k;
-    case CB_Q4_K: return dot_q4_k;
-    case CB_Q5_K: return dot_q5_k;
-    case CB_Q6_K: return dot_q6_k;
-    case CB_IQ4_NL: return dot_iq4_nl;
-    case CB_IQ4_XS: return dot_iq4_xs;
-    case CB_MXFP4: return dot_mxfp4;
+    CB_DOT_BLOCK_DISPATCH(dtype);
+}
+
+/* ---- q8_k activations: a super-block's products summed in int32 lanes,
+ * reduced exactly, then cb_kq_step (the scalar reference's bits). ---- */
+
+/* 16 int8 products as int32 lanes that sum to their dot product. */
+static inline int32x4_t dot16v(int8x16_t w, int8x16_t x) {
+#if CB_KERNELS_DOTPROD
+    return vdotq_s32(vdupq_n_s32(0), w, x);
+#else
+    return vpaddlq_s16(vmlal_s8(vmull_s8(vget_low_s8(w), vget_low_s8(x)), vget_high_s8(w), vget_high_s8(x)));
+#endif
+}
+
+/* Q4_K / Q5_K: group c is the low (even c) or high nibbles of
+ * qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5; mins through the
+ * per-16 sums of x. */
+static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_k *x, int n, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, x++) {
+        const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
+        const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs, *sc6 = k5->scales;
+        uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+        if (q5) h0 = vld1q_u8(k5->qh), h1 = vld1q_u8(k5->qh + 16);
+        int32x4_t acc = vdupq_n_s32(0);
+        int32_t mins = 0;
+        for (int c = 0; c < 8; c++) {
+            int sc, m;
+            if (c < 4) sc = sc6[c] & 63, m = sc6[c + 4] & 63;
+            else sc = (sc6[c + 4] & 0xF) | ((sc6[c - 4] >> 6) << 4), m = (sc6[c + 4] >> 4) | ((sc6[c] >> 6) << 4);
+            const uint8x16_t q0 = vld1q_u8(qs + 32 * (c / 2)), q1 = vld1q_u8(qs + 32 * (c / 2) + 16);
+            uint8x16_t u0 = c & 1 ? vshrq_n_u8(q0, 4) : vandq_u8(q0, vdupq_n_u8(0xF));
+            uint8x16_t u1 = c & 1 ? vshrq_n_u8(q1, 4) : vandq_u8(q1, vdupq_n_u8(0xF));
+            if (q5) {
+                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << c));
+                u0 = vorrq_u8(u0, vandq_u8(vtstq_u8(h0, bit), vdupq_n_u8(0x10)));
+                u1 = vorrq_u8(u1, vandq_u8(vtstq_u8(h1, bit), vdupq_n_u8(0x10)));
+            }
+            const int32x4_t p = vaddq_s32(dot16v(vreinterpretq_s8_u8(u0), vld1q_s8(x->qs + 32 * c)),
+                                          dot16v(vreinterpretq_s8_u8(u1), vld1q_s8(x->qs + 32 * c + 16)));
+            acc = vmlaq_n_s32(acc, p, sc);
+            mins += m * (x->bsums[2 * c] + x->bsums[2 * c + 1]);
+        }
+        s = cb_kq_step(s, x->d, half(k5->d), vaddvq_s32(acc), half(k5->dmin), mins);
     }
-    return NULL;
+    return s;
+}
+static float dot_q4_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 0); }
+static float dot_q5_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 1); }
+
+/* Q6_K: group c (n = c / 4, k = c % 4) is ql[64n + 32(k & 1)..] (low nibbles
+ * for k < 2, high ones after) with qh[32n..] >> 2k as bits 4..5, unsigned
+ * 0..63; the 32 subtracted comes off as 32 * scale * (sum of 16 x). */
+static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q6_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        int32x4_t acc = vdupq_n_s32(0);
+        int32_t offs = 0;
+        for (int g = 0; g < 16; g++) offs += b->scales[g] * x->bsums[g];
+        for (int c = 0; c < 8; c++) {
+            const int hf = c / 4, k = c % 4;
+            for (int p = 0; p < 2; p++) {
+                const uint8x16_t l = vld1q_u8(b->ql + 64 * hf + 32 * (k & 1) + 16 * p);
+                const uint8x16_t h = vld1q_u8(b->qh + 32 * hf + 16 * p);
+                const uint8x16_t lo = k >= 2 ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(0xF));
+                const uint8x16_t hi = vshlq_n_u8(vandq_u8(vshlq_u8(h, vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3)), 4);
+                acc = vmlaq_n_s32(acc, dot16v(vreinterpretq_s8_u8(vorrq_u8(lo, hi)), vld1q_s8(x->qs + 32 * c + 16 * p)),
+                                  b->scales[2 * c + p]);
+            }
+        }
+        s = cb_kq_step(s, x->d, half(b->d), vaddvq_s32(acc) - 32 * offs, 0.0f, 0);
+    }
+    return s;
+}
+
+cb_dot_k_fn cb_dot_k_neon(uint32_t dtype) {
+    CB_DOT_K_DISPATCH(dtype);
 }

@@ -188,6 +188,15 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
     /* GGML's other block types (ids 8..18): a row at a time (one sequential
      * stream, which the hardware prefetcher follows), each token's pass
      * after the first reading it from L1. */
+    const cb_dot_k_fn k_dot = cb_dot_k(W->dtype);
+    if (k_dot) {
+        for (; r < r1; r++) {
+            const void *row = w + (size_t)r * row_bytes;
+            for (int t = 0; t < n_tok; t++)
+                store(Y + (size_t)(out ? out[t] : t) * y_stride + r, mode, scale, t,
+                      k_dot(row, A->k + (size_t)(in ? in[t] : t) * A->k_stride, cols));
+        }
+    }
     const cb_dot_block_fn block_dot = cb_dot_block(W->dtype);
     if (block_dot) {
         for (; r < r1; r++) {
