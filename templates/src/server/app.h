@@ -17,6 +17,7 @@ typedef struct {
     const char *metrics_key; /* this key also opens /metrics (for scrapers); NULL: none */
     int metrics_public;  /* /metrics needs no key, even with api_key set */
     int verbose;         /* one line on stderr per generation request as it ends */
+    int no_prefix_cache; /* never reuse a free slot's KV cache for a request that starts the same way */
 } cb_app_options;
 
 /* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */

@@ -68,6 +68,12 @@ typedef struct {
     char *text;                  /* [text_cap] */
     size_t text_len, text_cap;
     size_t stream_text_len;      /* text released so far by a stream */
+    /* The prefix cache (prefix_cache.c): what the slot's KV cache holds once
+     * its request is done, for the next request that starts the same way. */
+    int32_t *kv_tokens;          /* [context]: the token at each position */
+    int kv_len;                  /* positions 0..kv_len-1 hold their K and V (while free) */
+    uint64_t used_at;            /* admission number of its latest request: least recently used first */
+    int cached;                  /* prompt tokens this request took from the cache */
 } cb_slot;
 
 struct cb_app {
@@ -107,6 +113,8 @@ struct cb_app {
     int draining;                /* shutting down: no new requests */
     int verbose;                 /* a line on stderr per generation request (log_request) */
     uint64_t requests;
+    int prefix_cache;            /* reuse a free slot's cached prefix (off: --no-prefix-cache) */
+    uint64_t admissions;         /* requests given a slot so far (cb_slot.used_at) */
 };
 
 /* request.c: reads body into r. Returns 0, or an HTTP status with a message
@@ -118,6 +126,19 @@ int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, 
 int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request *q, char *err, size_t err_len);
 int cb_request_read(cb_app *a, cb_request *r, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len);
+
+/* prefix_cache.c. The free slot a request q goes to, -1 when none is free;
+ * *reuse: the positions of its KV cache that q takes as they are. */
+int cb_prefix_pick(const cb_app *a, const cb_request *q, int *reuse);
+/* Slot s, given q with reuse positions: what those positions contributed
+ * to the answer (expert counts) is restored as if they had been fed. */
+void cb_prefix_reuse(cb_app *a, int s, int reuse);
+/* Slot s is being freed: remember what its KV cache holds, the tokens fed
+ * so far (before its request goes back to the pool). */
+void cb_prefix_keep(cb_app *a, int s);
+/* Slot s's KV cache holds nothing usable (a step that faulted or failed
+ * wrote garbage into it). */
+void cb_prefix_forget(cb_app *a, int s);
 
 /* response.c */
 void cb_respond_json(cb_app *a, cb_conn *c, int status, cb_jw *w);
