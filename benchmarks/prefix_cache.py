@@ -47,9 +47,11 @@ def long_message(run: int, tokens: int, url: str) -> str:
 
 def turn(url: str, messages: list, max_tokens: int) -> dict:
     """One streamed chat turn: client TTFT, the answer, the server's usage
-    and timings."""
+    and timings. With logprobs every token is an event, so the first event
+    is the first token even when its text is held back (a character not
+    complete yet)."""
     body = {"messages": messages, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "logprobs": True, "stream_options": {"include_usage": True}}
     start, first, text, usage, timings = time.perf_counter(), None, "", {}, {}
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as reply:
         reply.raise_for_status()
@@ -57,9 +59,9 @@ def turn(url: str, messages: list, max_tokens: int) -> dict:
             if not line.startswith(b"data: {"):
                 continue
             event = json.loads(line[6:])
-            if event.get("choices") and event["choices"][0]["delta"].get("content"):
+            if event.get("choices") and event["choices"][0].get("logprobs"):
                 first = first or time.perf_counter()
-                text += event["choices"][0]["delta"]["content"]
+                text += event["choices"][0]["delta"].get("content", "")
             if event.get("usage"):
                 usage, timings = event["usage"], event["timings"]
     return {"ttft_ms": ((first or time.perf_counter()) - start) * 1e3, "text": text, "usage": usage,
