@@ -37,7 +37,11 @@ NGINX_CONF = ROOT / "deploy" / "nginx" / "colibri.conf"
 
 class Instance:
     def __init__(self, exe: str, model: str, threads: int):
-        self.proc = subprocess.Popen([exe, "--model", model, "--port", "0", "--threads", str(threads)],
+        # Every request sends the same prompt: without --no-prefix-cache all of
+        # it but a token would come from the cache, and the figures measured before it
+        # would no longer compare.
+        self.proc = subprocess.Popen([exe, "--model", model, "--port", "0", "--threads", str(threads),
+                                      "--no-prefix-cache"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         assert self.proc.stderr is not None
         for line in self.proc.stderr:

@@ -20,7 +20,9 @@ from colibri_build.bench import Server, chat_request, concurrent, latency, perce
 
 
 def measure(exe: Path, model: Path, threads: int, value: str, rounds: int) -> str:
-    srv = Server(exe, model, threads, ("--step-tokens", value)).start()
+    # The chats share most of their ~20 tokens: --no-prefix-cache keeps every
+    # prompt computed whole, as when the figures in docs/server.md were taken.
+    srv = Server(exe, model, threads, ("--step-tokens", value, "--no-prefix-cache")).start()
     try:
         concurrent(lambda i: chat_request(srv.url, 900 + i), 8)
         results = []

@@ -40,6 +40,8 @@ static void usage(FILE *out) {
             "  --step-tokens N           most tokens a step carries while requests decode, prompt tokens filling\n"
             "                            what decoding leaves; 0: no limit (default: the slot count)\n"
             "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory (default f32)\n"
+            "  --no-prefix-cache         compute every prompt whole: never start a request after the tokens a free\n"
+            "                            slot's KV cache holds from its last request (the answer is the same)\n"
             "  --max-memory SIZE         RAM to fit in (512M, 8G, 8GiB or bytes; K/M/G/T are powers of 1024):\n"
             "                            fewer slots when the KV cache of all would not fit beside what one\n"
             "                            token needs, exit 1 when one slot does not fit (default %s)\n"
@@ -325,7 +327,7 @@ int main(int argc, char **argv) {
     const char *api_key_flag = NULL, *api_key_file = NULL, *metrics_key = getenv("COLIBRI_METRICS_KEY");
     const char *metrics_key_flag = NULL;
     static char api_key_buf[4096];
-    int metrics_public = 0, help = 0;
+    int metrics_public = 0, help = 0, no_prefix_cache = 0;
     size_t max_memory = CB_DEFAULT_MAX_MEMORY;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
     enum cb_kv_type kv = CB_KV_F32;
@@ -347,6 +349,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(arg, "--metrics-public")) {
             metrics_public = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--no-prefix-cache")) {
+            no_prefix_cache = 1;
             continue;
         }
         if (!strcmp(arg, "--verify")) {
@@ -481,7 +487,7 @@ int main(int argc, char **argv) {
     cb_engine_memory(engine, &budget);
     const int n_slots = cb_engine_n_slots(engine);
     cb_app_options opt = {queue >= 0 ? queue : 2 * n_slots, api_key, step_tokens >= 0 ? step_tokens : n_slots,
-                          metrics_key, metrics_public, verbose, cors, n_cors};
+                          metrics_key, metrics_public, verbose, cors, n_cors, no_prefix_cache};
     cb_app *app = cb_app_create(engine, &opt);
     if (!app) {
         fprintf(stderr, "colibri-server: out of memory for request buffers\n");

@@ -29,6 +29,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->cors_origins = opt->n_cors_origins > 0 ? opt->cors_origins : NULL;
     a->n_cors_origins = opt->n_cors_origins;
     cb_reasoning_init(a);
+    a->prefix_cache = !opt->no_prefix_cache;
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
@@ -49,6 +50,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     for (int s = 0; ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
         st->generated = alloc_zeroed(ctx, sizeof(int32_t), &ok);
+        st->kv_tokens = alloc_zeroed(ctx, sizeof(int32_t), &ok);
         st->expert_counts = alloc_zeroed(L * a->dims->n_experts, sizeof(uint32_t), &ok);
         st->trace_logits = alloc_zeroed(ctx, sizeof(float), &ok);
         st->trace_experts = alloc_zeroed(ctx * L * a->dims->top_k, sizeof(int32_t), &ok);
@@ -82,6 +84,7 @@ void cb_app_destroy(cb_app *a) {
     for (int s = 0; a->slots && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
         free(st->generated);
+        free(st->kv_tokens);
         free(st->expert_counts);
         free(st->trace_logits);
         free(st->trace_experts);
@@ -158,6 +161,7 @@ static void release_slot(cb_app *a, int s, int status, const char *outcome) {
     cb_slot *st = &a->slots[s];
     if (!st->req) return;
     log_request(a, st->req, st, st->req->endpoint, status, outcome);
+    cb_prefix_keep(a, s);
     pool_put(a, st->req);
     st->req = NULL;
 }
@@ -273,11 +277,13 @@ static void handle_metrics(cb_app *a, cb_conn *c, const char *body, size_t len) 
 
 /* ---- generation requests ---- */
 
-static void admit(cb_app *a, int s, cb_request *q) {
+/* Slot s takes q, its cache's first reuse positions as they are. */
+static void admit(cb_app *a, int s, cb_request *q, int reuse) {
     cb_slot *st = &a->slots[s];
     const int ctx = (int)a->dims->context_len;
     st->req = q;
     st->admitted_ns = cb_now_ns();
+    st->used_at = ++a->admissions;
     st->n_fed = st->n_generated = st->prompt_steps = 0;
     st->max_tokens = q->max_tokens > ctx - q->n_prompt ? ctx - q->n_prompt : q->max_tokens;
     st->finish_reason = NULL;
@@ -287,7 +293,10 @@ static void admit(cb_app *a, int s, cb_request *q) {
     cb_reasoning_slot(a, st);
     cb_rng_seed(&st->rng, q->sampling.seed);
     memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
+    cb_prefix_reuse(a, s, reuse);
     a->metrics.prompt_tokens += (uint64_t)q->n_prompt;
+    a->metrics.prompt_tokens_cached += (uint64_t)reuse;
+    a->metrics.prefix_cache_hits += reuse > 0;
     if (!q->stream) return;
     cb_conn *c = cb_netloop_conn(a->loop, q->conn);
     /* A list's later prompts join the stream its first one began. */
@@ -300,17 +309,11 @@ static void admit(cb_app *a, int s, cb_request *q) {
     release_slot(a, s, 499, "closed");
 }
 
-static int free_slot(const cb_app *a) {
-    for (int s = 0; s < a->n_slots; s++)
-        if (!a->slots[s].req) return s;
-    return -1;
-}
-
 static int free_slots(const cb_app *a) { return a->n_slots - cb_app_busy(a); }
 
 static void admit_queued(cb_app *a) {
-    int s;
-    while (a->queue_len > 0 && (s = free_slot(a)) >= 0) {
+    int s, reuse;
+    while (a->queue_len > 0 && (s = cb_prefix_pick(a, queue_at(a, 0), &reuse)) >= 0) {
         cb_request *q = queue_at(a, 0);
         /* A list of prompts starts whole (its prompts follow it in the
          * queue): slots held by its finished prompts then never wait for
@@ -318,7 +321,7 @@ static void admit_queued(cb_app *a) {
         if (q->choice == 0 && q->n_choices > free_slots(a)) break;
         a->queue_head = (a->queue_head + 1) % a->queue_cap;
         a->queue_len--;
-        admit(a, s, q);
+        admit(a, s, q, reuse);
     }
 }
 
@@ -381,9 +384,9 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
         queue_list(a, c, q, body);
         return;
     }
-    int s = free_slot(a);
-    if (s >= 0 && a->queue_len == 0) {
-        admit(a, s, q);
+    int reuse, s = a->queue_len == 0 ? cb_prefix_pick(a, q, &reuse) : -1;
+    if (s >= 0) {
+        admit(a, s, q, reuse);
         return;
     }
     a->queue[(a->queue_head + a->queue_len++) % a->queue_cap] = (int)(q - a->pool);
@@ -781,6 +784,7 @@ static void finish_list_prompt(cb_app *a, int s) {
             continue;
         running++;
         o->req->group_prompt += q->n_prompt, o->req->group_completion += st->n_generated;
+        o->req->group_cached += st->cached;
         if (!q->stream)
             for (size_t i = 0; i < LE; i++) o->expert_counts[i] += st->expert_counts[i];
     }
@@ -915,6 +919,7 @@ static void fail_non_finite(cb_app *a, int s, int fault) {
         cb_respond_error(a, c, 500, NULL, message);
     }
     release_slot(a, s, 500, "non-finite");
+    cb_prefix_forget(a, s);
 }
 
 /* ---- the scheduler ---- */
@@ -968,6 +973,7 @@ int cb_app_step(cb_app *a) {
             if (c && st->req->stream) cb_conn_close(c);
             else if (c) cb_respond_error(a, c, 500, NULL, err);
             release_slot(a, a->batch_slot[i], 500, "forward-failed");
+            cb_prefix_forget(a, a->batch_slot[i]);
         }
         return 0;
     }

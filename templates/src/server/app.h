@@ -19,6 +19,7 @@ typedef struct {
     int verbose;         /* one line on stderr per generation request as it ends */
     const char *const *cors_origins; /* --cors-origin values ("*": any origin) */
     int n_cors_origins;  /* 0: no CORS headers, OPTIONS is 405 */
+    int no_prefix_cache; /* never reuse a free slot's KV cache for a request that starts the same way */
 } cb_app_options;
 
 /* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */

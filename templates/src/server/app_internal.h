@@ -46,7 +46,7 @@ typedef struct {
     float bias[CB_MAX_LOGIT_BIAS];
     int reasoning;               /* the output starts inside the template's thinking block */
     int choice, n_choices;       /* a list of prompts: this one's index, and how many (1: no list) */
-    int group_prompt, group_completion; /* tokens of the list's prompts that finished before this one */
+    int group_prompt, group_completion, group_cached; /* tokens of the list's prompts that finished before this one */
 } cb_request;
 
 /* One generation slot: a KV cache in the engine and this state. */
@@ -82,6 +82,12 @@ typedef struct {
     int think_fresh;             /* at the start of a region: its opening newlines are dropped */
     int had_reasoning;           /* a thinking block was entered */
     size_t reasoning_end;        /* text[0..reasoning_end): reasoning, once its block closed */
+    /* The prefix cache (prefix_cache.c): what the slot's KV cache holds once
+     * its request is done, for the next request that starts the same way. */
+    int32_t *kv_tokens;          /* [context]: the token at each position */
+    int kv_len;                  /* positions 0..kv_len-1 hold their K and V (while free) */
+    uint64_t used_at;            /* admission number of its latest request: least recently used first */
+    int cached;                  /* prompt tokens this request took from the cache */
 } cb_slot;
 
 struct cb_app {
@@ -127,6 +133,8 @@ struct cb_app {
     const cb_slot **list;        /* [n_slots]: the slots of a finished list of prompts, in order */
     const char *const *cors_origins; /* --cors-origin values ("*": any); NULL: no CORS */
     int n_cors_origins;
+    int prefix_cache;            /* reuse a free slot's cached prefix (off: --no-prefix-cache) */
+    uint64_t admissions;         /* requests given a slot so far (cb_slot.used_at) */
 };
 
 /* request.c: reads body into r. Returns 0, or an HTTP status with a message
@@ -164,6 +172,19 @@ size_t cb_reasoning_skip(cb_slot *st, const char *text, size_t n);
  * none), and the preflight answer. */
 void cb_cors_headers(const cb_app *a, const cb_http_request *req, char *out, size_t cap);
 int cb_cors_preflight(cb_app *a, cb_conn *c, const cb_http_request *req);
+
+/* prefix_cache.c. The free slot a request q goes to, -1 when none is free;
+ * *reuse: the positions of its KV cache that q takes as they are. */
+int cb_prefix_pick(const cb_app *a, const cb_request *q, int *reuse);
+/* Slot s, given q with reuse positions: what those positions contributed
+ * to the answer (expert counts) is restored as if they had been fed. */
+void cb_prefix_reuse(cb_app *a, int s, int reuse);
+/* Slot s is being freed: remember what its KV cache holds, the tokens fed
+ * so far (before its request goes back to the pool). */
+void cb_prefix_keep(cb_app *a, int s);
+/* Slot s's KV cache holds nothing usable (a step that faulted or failed
+ * wrote garbage into it). */
+void cb_prefix_forget(cb_app *a, int s);
 
 /* response.c */
 /* An OpenAI-shaped error with its param and code (NULL: null). */

@@ -84,6 +84,12 @@ size_t cb_metrics_write(const cb_metrics *m, const cb_metrics_gauges *g, char *b
     put(&o, "# HELP colibri_prompt_tokens_total Prompt tokens of admitted requests.\n"
             "# TYPE colibri_prompt_tokens_total counter\ncolibri_prompt_tokens_total %llu\n",
         (unsigned long long)m->prompt_tokens);
+    put(&o, "# HELP colibri_prompt_tokens_cached_total Prompt tokens taken from a slot's KV cache (prefix cache), "
+            "not computed.\n# TYPE colibri_prompt_tokens_cached_total counter\ncolibri_prompt_tokens_cached_total %llu\n",
+        (unsigned long long)m->prompt_tokens_cached);
+    put(&o, "# HELP colibri_prefix_cache_hits_total Requests that took part of their prompt from a slot's KV cache.\n"
+            "# TYPE colibri_prefix_cache_hits_total counter\ncolibri_prefix_cache_hits_total %llu\n",
+        (unsigned long long)m->prefix_cache_hits);
     put(&o, "# HELP colibri_generated_tokens_total Tokens generated.\n"
             "# TYPE colibri_generated_tokens_total counter\ncolibri_generated_tokens_total %llu\n",
         (unsigned long long)m->generated_tokens);

@@ -25,6 +25,8 @@ typedef struct {
 typedef struct {
     uint64_t by_status[CB_METRIC_STATUSES + 1];
     uint64_t prompt_tokens, generated_tokens;
+    uint64_t prompt_tokens_cached;     /* prompt tokens taken from a slot's KV cache, not computed */
+    uint64_t prefix_cache_hits;        /* requests that took at least one */
     cb_histogram ttft, itl;            /* time to first token, inter-token latency */
     int layers, experts;
     uint64_t *expert_tokens;           /* [layers][experts]: tokens routed */

@@ -397,7 +397,7 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     reader rd = {a, body, a->toks, err, err_len}, *r = &rd;
     a->err_param = a->err_code = NULL;
     q->choice = 0, q->n_choices = 1;
-    q->group_prompt = q->group_completion = 0;
+    q->group_prompt = q->group_completion = q->group_cached = 0;
     int parsed = cb_request_parse_object(a, body, len, err, err_len);
     if (parsed) return parsed;
     const int ctx = (int)a->dims->context_len;

@@ -68,6 +68,11 @@ static void write_usage(cb_jw *w, const cb_slot *st) {
     cb_jw_int(w, completion);
     cb_jw_key(w, "total_tokens");
     cb_jw_int(w, prompt + completion);
+    cb_jw_key(w, "prompt_tokens_details"); /* OpenAI's: prompt tokens the prefix cache supplied */
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "cached_tokens");
+    cb_jw_int(w, st->cached + st->req->group_cached);
+    cb_jw_end_object(w);
     cb_jw_end_object(w);
     /* Measured in the server, so a client's own overhead is not in them:
      * queue wait, prompt (admission to the first token), and generation
