@@ -20,6 +20,9 @@ from pathlib import Path
 _ALIGN = 64
 _F32 = _I32 = _ATOMIC_INT = 4
 _BLOCK_Q8_0 = 34        # cb_block_q8_0: fp16 scale + 32 int8
+_BLOCK_Q8_K = 292       # cb_block_q8_k: float scale + 256 int8 + 16 int16 sums
+_QK_K = 256
+_DTYPE_Q8_0 = 3         # enum cb_dtype: every type from CB_Q8_0 on is block-quantized
 _FFN_UNIT = 16          # cb_ffn_unit: a pointer and two ints
 _FFN_WEIGHTS = 112      # cb_ffn_weights: 3 cb_tensor (24 each), 3 bias pointers, a pointer, a size_t
 _LAYER_WEIGHTS = 656    # cb_layer_weights
@@ -120,6 +123,8 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
     rope = sum(ctx * hd // 2 for hd, _, _ in {(ld["head_dim"], ld["rope_theta"], ld["rope_pairs"]) for ld in layers})
     ffn_max = max(d["expert_ffn"], d["shared_ffn"], d["dense_ffn"])
     xq_stride = (max(H, q_dim, ffn_max, kv_dim) + _QK - 1) // _QK
+    # q8_k activations (K-quant matrices): carved for every block-quantized model
+    xk_stride = (max(H, q_dim, ffn_max, kv_dim) + _QK_K - 1) // _QK_K if d["weight_dtype"] >= _DTYPE_Q8_0 else 0
     for count, size in [
         (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, widest_head), _F32),
         (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
@@ -127,8 +132,9 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         (B + 1, _I32),
         (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),
         (B * (k + 1), _F32), (E + 1, _FFN_UNIT), (B * (k + 1) * ffn_max, _F32), (B * (k + 1) * ffn_max, _F32),
-        (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
-        (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0), (B, _F32),
+        (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * xk_stride, _BLOCK_Q8_K), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
+        (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0),
+        (B * xk_stride, _BLOCK_Q8_K), (B, _F32),
         (B * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (rope, _F32), (rope, _F32), (L, _POINTER),
         (L, _POINTER), (L, _SIZE_T),
     ]:
