@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import pytest
 
 import tool_model as tm
 from conftest import RunningServer, build_server
-from tokenizer_cases import TOKENIZERS
+from tokenizer_cases import TESTDATA, TOKENIZERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TOKENIZERS.exists(), reason="testdata is missing")]
 
@@ -28,8 +29,10 @@ def tool_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("tool-model")
     hf = tm.train(root / "hf")
     model = convert(hf, root / "model", dtype="f32", progress=False)
-    server = RunningServer(build_server(root, model, "native") / "colibri-server", model, "--threads", "1")
+    exe = build_server(root, model, "native") / "colibri-server"
+    server = RunningServer(exe, model, "--threads", "1")
     server.model_name = json.loads((model / "model-config.json").read_text())["name"]
+    server.hf, server.exe = hf, exe
     yield server
     server.stop()
 
@@ -149,6 +152,30 @@ def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
         assert fragment in error["message"] and error["type"] == "invalid_request_error"
 
 
+def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_path):
+    """The same weights with GLM-4.6's template (its <arg_key> calls are not
+    parsed), served by the same executable: tools get a 400 saying why;
+    with tool_choice "none" they are only shown to the model."""
+    from colibri_build.convert import convert
+    hf = tmp_path / "hf"
+    shutil.copytree(tool_server.hf, hf)
+    cfg = json.loads((hf / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (TESTDATA / "chat_templates" / "GLM-4.6.jinja").read_text()
+    (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
+    server = RunningServer(tool_server.exe, convert(hf, tmp_path / "glm", dtype="f32", progress=False))
+    try:
+        body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 2}
+        got = server.post("/v1/chat/completions", body)
+        assert got.status_code == 400
+        assert "format this server cannot parse" in got.json()["error"]["message"]
+        shown = server.post("/v1/chat/completions", {**body, "tool_choice": "none"})
+        assert shown.status_code == 200, shown.text
+        prompt = server.post("/apply-template", body).json()["prompt"]
+        assert "get_weather" in prompt  # the template got the tools
+    finally:
+        server.stop()
+
+
 def test_langchain_agent_loop(tool_server):
     pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage, ToolMessage
@@ -168,7 +195,9 @@ def test_langchain_agent_loop(tool_server):
     assert messages[-1].content == tm.FINAL
 
 
-def test_litellm_completion_with_tools(tool_server):
+def test_litellm_completion_with_tools(tool_server, monkeypatch):
+    # its bundled model list, not a download at import (there is no network in CI)
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm = pytest.importorskip("litellm")
     reply = litellm.completion(model="openai/" + tool_server.model_name, api_base=tool_server.url + "/v1",
                                api_key="none", messages=tm.AGENT_1, tools=tm.TOOLS)
