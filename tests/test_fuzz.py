@@ -25,6 +25,10 @@ SEEDS = [
     b"Transfer-Encoding: chunked\r\n\r\n"
     b'{"prompt":[1,2,3],"max_tokens":1e2,"stream":true,"stream_options":{"include_usage":false}}',
     b'[{"a":[[[]]],"b":-0.5e-3,"c":null,"d":"\\"\\\\\\/\\b\\f\\n\\r\\t"},true,false]',
+    # model output with tool calls (the tool-call parser)
+    b'Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": [1, "}"]}}\n</tool_call>[TOOL_CALLS]g[ARGS]{}',
+    b'<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}<|call|>'
+    b'<tool_call>\n<function=f>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>',
 ]
 
 
@@ -32,7 +36,7 @@ SEEDS = [
 @pytest.mark.skipif(not shutil.which("clang"), reason="needs clang (scripts/install-system-deps.sh installs it)")
 def test_parsers_survive_fuzzing(tmp_path):
     exe = tmp_path / "fuzz_parsers"
-    sources = [SRC / "server" / f for f in ("fuzz_parsers.c", "http.c", "json.c")]
+    sources = [SRC / "server" / f for f in ("fuzz_parsers.c", "http.c", "json.c", "toolcall.c")]
     subprocess.run(["clang", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
                     "-I", str(SRC), *map(str, sources), "-o", str(exe)], check=True)
     corpus = tmp_path / "corpus"

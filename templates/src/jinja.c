@@ -2827,6 +2827,14 @@ int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *to
         if (m.t != V_DICT) continue;
         jv *content = dict_find(m.u.d, "content", 7), *role = dict_find(m.u.d, "role", 4);
         if (content && content->t == V_NONE) *content = mk_str("", 0); /* as vLLM: null content is empty text */
+        if (!content && role && str_eq(*role, "assistant", 9)) {
+            /* absent content (an assistant turn of tool calls, as the openai
+             * SDK sends it with exclude_none) is null, so empty text too */
+            jv d = mk_dict(r, m.u.d->n + 1);
+            for (size_t k = 0; k < m.u.d->n; k++) dict_set(r, d.u.d, m.u.d->k[k], m.u.d->v[k]);
+            dict_set(r, d.u.d, mk_str("content", 7), mk_str("", 0));
+            msgs.u.l->v[i] = m = d;
+        }
         if (content && content->t == V_LIST) { /* text parts, joined */
             obuf o = new_obuf(r, 64);
             int all_text = 1;

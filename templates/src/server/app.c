@@ -43,9 +43,11 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->text_cap = a->scratch_cap + (1u << 16);
     a->text = alloc_zeroed(a->text_cap, 1, &ok);
     a->ids = alloc_zeroed(a->scratch_cap, sizeof(int32_t), &ok);
-    if (cb_engine_tokenizer(engine)->chat_tpl) {
+    const cb_tokenizer *tok = cb_engine_tokenizer(engine);
+    if (tok->chat_tpl) {
         a->chat_work_cap = CB_CHAT_WORK_BYTES;
         a->chat_work = alloc_zeroed(a->chat_work_cap, 1, &ok);
+        a->tool_format = cb_tool_format_detect(tok->chat[0], tok->chat_len[0]);
     }
     for (int s = 0; ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
@@ -60,6 +62,15 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
         /* Text of a whole answer; a token is a few bytes on average. */
         st->text_cap = ctx * 16 + CB_TOKEN_BYTES;
         st->text = alloc_zeroed(st->text_cap, 1, &ok);
+        if (a->tool_format) {
+            /* content is part of the text; arguments are the text's own
+             * bytes, except XML's, built as JSON (escapes: up to 6x) */
+            st->tool_content = alloc_zeroed(st->text_cap, 1, &ok);
+            st->tool_calls_cap = st->text_cap * (a->tool_format == CB_TOOLFMT_XML ? 6 : 1) + 4096;
+            st->tool_calls = alloc_zeroed(st->tool_calls_cap, 1, &ok);
+            st->tool_scratch_cap = a->tool_format == CB_TOOLFMT_XML ? st->tool_calls_cap : 4096;
+            st->tool_scratch = alloc_zeroed(st->tool_scratch_cap, 1, &ok);
+        }
     }
     a->queue_cap = opt->queue_cap > 0 ? opt->queue_cap : 0;
     a->pool_size = a->n_slots + a->queue_cap;
@@ -92,6 +103,9 @@ void cb_app_destroy(cb_app *a) {
         free(st->top_ids);
         free(st->top_lp);
         free(st->text);
+        free(st->tool_content);
+        free(st->tool_calls);
+        free(st->tool_scratch);
     }
     for (int i = 0; a->pool && i < a->pool_size; i++) free(a->pool[i].prompt);
     free(a->pool);
@@ -289,6 +303,13 @@ static void admit(cb_app *a, int s, cb_request *q, int reuse) {
     st->finish_reason = NULL;
     st->stopped = st->held_done = 0;
     st->held_len = st->text_len = st->stream_text_len = 0;
+    st->tool_content_len = st->tool_calls_len = 0;
+    st->n_calls = 0;
+    /* the parser's JSON tokens: a->toks, free once requests are read (the
+     * event loop reads a request and runs a step, never both at once) */
+    if (q->tool_format)
+        cb_tool_parser_init(&st->tools, q->tool_format, q->parallel_tools ? CB_MAX_TOOL_CALLS : 1, st->tool_scratch,
+                            st->tool_scratch_cap, a->toks, CB_MAX_JSON_TOKENS);
     cb_detok_init(&st->detok);
     cb_reasoning_slot(a, st);
     cb_rng_seed(&st->rng, q->sampling.seed);
@@ -856,6 +877,92 @@ static int release_text(cb_app *a, int s, size_t n, int token, int always) {
     return 0;
 }
 
+/* ---- tool calls: the released text through the parser ---- */
+
+typedef struct {
+    cb_app *a;
+    cb_conn *c;          /* NULL: a non-streamed answer, kept in the slot */
+    cb_slot *st;
+    int token;           /* this token's logprobs still to send (streams), or -1 */
+} tool_out;
+
+static int tool_content(void *ctx, const char *s, size_t n) {
+    tool_out *o = ctx;
+    cb_slot *st = o->st;
+    if (o->c) {
+        int r = cb_stream_content(o->a, o->c, st, s, n, o->token);
+        o->token = -1;
+        return r == CB_CONN_OK ? 0 : -1;
+    }
+    if (n > st->text_cap - st->tool_content_len) return -1;
+    memcpy(st->tool_content + st->tool_content_len, s, n);
+    st->tool_content_len += n;
+    return 0;
+}
+
+static int tool_call(void *ctx, int index, const char *name, size_t name_n, const char *args, size_t args_n) {
+    tool_out *o = ctx;
+    cb_slot *st = o->st;
+    st->n_calls = index + 1;
+    if (o->c) return cb_stream_tool_call(o->a, o->c, st, index, name, name_n, args, args_n) == CB_CONN_OK ? 0 : -1;
+    if (name_n + args_n > st->tool_calls_cap - st->tool_calls_len) return -1;
+    cb_tool_call_span *c = &st->calls[index];
+    c->name_off = (uint32_t)st->tool_calls_len, c->name_len = (uint32_t)name_n;
+    memcpy(st->tool_calls + st->tool_calls_len, name, name_n);
+    st->tool_calls_len += name_n;
+    c->args_off = (uint32_t)st->tool_calls_len, c->args_len = (uint32_t)args_n;
+    memcpy(st->tool_calls + st->tool_calls_len, args, args_n);
+    st->tool_calls_len += args_n;
+    return 0;
+}
+
+/* Released text held[0..n) of token i of a request with tools: onto text[],
+ * then through the parser (content and calls streamed, or kept). An answer
+ * that made calls ends with finish_reason "tool_calls"; with
+ * parallel_tool_calls false it ends at its first call. Returns -1 when the
+ * slot was released (the client left or reads too slowly). */
+static int tool_text(cb_app *a, int s, size_t n, int i) {
+    cb_slot *st = &a->slots[s];
+    const cb_request *q = st->req;
+    /* past a thinking block (reasoning.c): its opening newlines dropped, and
+     * the parser reads the text after the block (reasoning_end; 0 without) */
+    const size_t skip = cb_reasoning_skip(st, st->held, n);
+    size_t room = st->text_cap - st->text_len, take = n - skip < room ? n - skip : room;
+    memcpy(st->text + st->text_len, st->held + skip, take);
+    st->text_len += take;
+    cb_conn *c = q->stream ? cb_netloop_conn(a->loop, q->conn) : NULL;
+    if (q->stream && !c) return 0; /* gone: on_close frees the slot */
+    tool_out o = {a, c, st, q->logprobs ? i : -1};
+    cb_tool_sink sink = {&o, tool_content, tool_call};
+    const int r = cb_tool_parser_feed(&st->tools, st->text + st->reasoning_end, st->text_len - st->reasoning_end,
+                                        st->finish_reason != NULL, &sink);
+    if (r == 0 && c && o.token >= 0 && cb_stream_content(a, c, st, "", 0, o.token) != CB_CONN_OK) o.token = -2;
+    if (r != 0 || o.token == -2) {
+        if (c) {
+            cb_conn_close(c);
+            release_slot(a, s, 499, "slow-client");
+        } else {
+            c = cb_netloop_conn(a->loop, q->conn);
+            if (c) cb_respond_error(a, c, 500, NULL, "the answer's tool calls do not fit the server's buffers");
+            release_slot(a, s, 500, "tool-calls-too-large");
+        }
+        return -1;
+    }
+    if (st->tools.done || (st->finish_reason && st->n_calls)) st->finish_reason = "tool_calls";
+    return 0;
+}
+
+/* Released text held[0..n) of token i: through the tool-call parser when the
+ * request has tools (past any thinking block), else as text (release_text). */
+static int release(cb_app *a, int s, size_t n, int i, int always) {
+    cb_slot *st = &a->slots[s];
+    if (!st->req->tool_format || st->think_state == CB_THINK_REASONING) return release_text(a, s, n, i, always);
+    if (tool_text(a, s, n, i) != 0) return -1;
+    memmove(st->held, st->held + n, st->held_len - n);
+    st->held_len -= n;
+    return 0;
+}
+
 /* A new token for slot s: sample, record, release its text. */
 static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     cb_slot *st = &a->slots[s];
@@ -884,7 +991,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
         if (got > 0) st->held_len += (size_t)got;
         const size_t before = releasable(st, 1);
         released = before > 0;
-        if (release_text(a, s, before, i, 0) != 0) return;
+        if (release(a, s, before, i, 0) != 0) return;
         cb_reasoning_switch(a, st, token);
     } else if (!end) {
         int got = cb_detok_step(tok, &st->detok, token, st->held + st->held_len, CB_TOKEN_BYTES);
@@ -899,7 +1006,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     size_t n = releasable(st, st->finish_reason != NULL);
     if (st->stopped) st->finish_reason = "stop";
     /* An event per token when logprobs are wanted, else per text. */
-    if (release_text(a, s, n, i, q->logprobs && !released) != 0) return;
+    if (release(a, s, n, i, q->logprobs && !released) != 0) return;
     if (st->finish_reason) finish(a, s);
 }
 

@@ -11,6 +11,7 @@
 #include "json.h"
 #include "metrics.h"
 #include "sampler.h"
+#include "toolcall.h"
 
 #define CB_MAX_JSON_TOKENS 65536
 #define CB_MAX_MESSAGES 256
@@ -47,7 +48,15 @@ typedef struct {
     int reasoning;               /* the output starts inside the template's thinking block */
     int choice, n_choices;       /* a list of prompts: this one's index, and how many (1: no list) */
     int group_prompt, group_completion, group_cached; /* tokens of the list's prompts that finished before this one */
+    cb_tool_format tool_format;  /* parse the output for tool calls (CB_TOOLFMT_NONE: no) */
+    int parallel_tools;          /* parallel_tool_calls: 0 ends the answer after its first call */
 } cb_request;
+
+/* A tool call of a non-streamed answer: its name and arguments in the
+ * slot's tool_calls buffer. */
+typedef struct {
+    uint32_t name_off, name_len, args_off, args_len;
+} cb_tool_call_span;
 
 /* One generation slot: a KV cache in the engine and this state. */
 typedef struct {
@@ -88,6 +97,18 @@ typedef struct {
     int kv_len;                  /* positions 0..kv_len-1 hold their K and V (while free) */
     uint64_t used_at;            /* admission number of its latest request: least recently used first */
     int cached;                  /* prompt tokens this request took from the cache */
+    /* A request with tools (buffers allocated only for a model whose
+     * template has a known tool-call format): text accumulates in text[]
+     * in both modes and the parser splits it into content and calls. */
+    cb_tool_parser tools;
+    char *tool_content;          /* [text_cap]: content of a non-streamed answer */
+    size_t tool_content_len;
+    char *tool_calls;            /* [tool_calls_cap]: names and arguments of its calls */
+    size_t tool_calls_len, tool_calls_cap;
+    cb_tool_call_span calls[CB_MAX_TOOL_CALLS];
+    int n_calls;                 /* calls handed out (streamed or kept) */
+    char *tool_scratch;          /* [tool_scratch_cap]: the parser's built arguments */
+    size_t tool_scratch_cap;
 } cb_slot;
 
 struct cb_app {
@@ -114,6 +135,7 @@ struct cb_app {
     cb_chat_message *messages;
     char *text;                  /* a formatted prompt or detokenized text [text_cap] */
     size_t text_cap;
+    cb_tool_format tool_format;  /* the chat template's tool-call format (toolcall.c) */
     void *chat_work;             /* a chat template's render [chat_work_cap]; NULL without one */
     size_t chat_work_cap;
     int32_t *ids;                /* /tokenize and /detokenize [scratch_cap] */
@@ -203,6 +225,13 @@ int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st);
 /* Stream pieces; each returns CB_CONN_OK or the netloop error. */
 int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token);
 int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st);
+/* A content delta without the opening role; token >= 0 carries that
+ * token's logprobs (when asked for), -1 none. */
+int cb_stream_content(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token);
+/* A tool call as OpenAI streams it: a delta with its index, id, type and
+ * name (arguments ""), then one with the arguments. */
+int cb_stream_tool_call(cb_app *a, cb_conn *c, const cb_slot *st, int index, const char *name, size_t name_len,
+                        const char *args, size_t args_len);
 /* Ends a started stream with an OpenAI-shaped error event (server_error). */
 int cb_stream_error(cb_app *a, cb_conn *c, const char *message);
 

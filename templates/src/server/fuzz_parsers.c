@@ -1,15 +1,17 @@
 /* libFuzzer target over the request parsers: the HTTP head parser and the
  * JSON reader (with the lookups and unescaping the server does on what it
- * reads, and the writer on arbitrary bytes). Any crash, hang or sanitizer
- * report is a bug. Built and run by tests/test_fuzz.py:
+ * reads, and the writer on arbitrary bytes), and the tool-call parser over
+ * the bytes as model output. Any crash, hang or sanitizer report is a bug.
+ * Built and run by tests/test_fuzz.py:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I src \
- *         src/server/fuzz_parsers.c src/server/http.c src/server/json.c */
+ *         src/server/fuzz_parsers.c src/server/http.c src/server/json.c src/server/toolcall.c */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "http.h"
 #include "json.h"
+#include "toolcall.h"
 
 #define MAX_TOKS 4096
 
@@ -69,7 +71,40 @@ static void fuzz_json(const char *data, size_t len) {
     if (!w.overflow && cb_json_parse(w.buf, w.len, NULL, 0, NULL) < 1) __builtin_trap();
 }
 
+static size_t tool_bytes;
+
+static int tool_content(void *ctx, const char *s, size_t n) {
+    (void)ctx, (void)s;
+    tool_bytes += n;
+    return 0;
+}
+
+static int tool_call(void *ctx, int index, const char *name, size_t name_n, const char *args, size_t args_n) {
+    (void)ctx, (void)index, (void)name;
+    /* arguments handed out are always a JSON object's text */
+    if (name_n == 0 || cb_json_parse(args, args_n, NULL, 0, NULL) < 1 || args[0] != '{') __builtin_trap();
+    return 0;
+}
+
+/* The bytes as a model's output in every format, fed in pieces whose ends
+ * the first byte picks; without calls all text comes back as content. */
+static void fuzz_tools(const char *data, size_t len) {
+    static char scratch[1 << 14];
+    static cb_json_tok ptoks[1024];
+    for (int f = CB_TOOLFMT_HERMES; f <= CB_TOOLFMT_HARMONY; f++) {
+        cb_tool_parser p;
+        cb_tool_sink sink = {NULL, tool_content, tool_call};
+        cb_tool_parser_init(&p, (cb_tool_format)f, CB_MAX_TOOL_CALLS, scratch, sizeof scratch, ptoks, 1024);
+        tool_bytes = 0;
+        const size_t step = len ? (unsigned char)data[0] % 7 + 1 : 1;
+        for (size_t at = step; at < len; at += step) cb_tool_parser_feed(&p, data, at, 0, &sink);
+        cb_tool_parser_feed(&p, data, len, 1, &sink);
+        if (!p.n_calls && tool_bytes != len) __builtin_trap();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_tools((const char *)data, size);
     fuzz_http((const char *)data, size);
     fuzz_json((const char *)data, size);
     /* Also a body that follows a head, as the server sees it. */

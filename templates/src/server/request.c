@@ -68,13 +68,14 @@ static int read_bool(reader *r, const char *name, int *out) {
 /* Parameters that would change the answer in ways this server does not
  * implement: refused together, by name. */
 static int refuse_unsupported(reader *r, cb_endpoint ep) {
-    static const char *never[] = {"tools", "tool_choice", "functions", "function_call", "audio", "modalities",
-                                  "prediction", "suffix"};
+    static const char *never[] = {"functions", "function_call", "audio", "modalities", "prediction", "suffix"};
     char names[256] = "";
     size_t used = 0;
 #define ADD(name) used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "", name)
     for (size_t i = 0; i < sizeof never / sizeof *never; i++)
         if (field(r, never[i]) >= 0) ADD(never[i]);
+    if (ep == CB_EP_COMPLETION && field(r, "tools") >= 0) ADD("tools");
+    if (ep == CB_EP_COMPLETION && field(r, "tool_choice") >= 0) ADD("tool_choice");
     int v = field(r, "response_format");
     if (v >= 0) {
         int type = cb_json_find(r->body, r->t, v, "type");
@@ -201,6 +202,58 @@ static int chat_request(reader *r, cb_chat_request *q, int n_messages, int allow
     return 0;
 }
 
+/* tools, tool_choice and parallel_tool_calls of a chat request: sets
+ * q->tool_format when the answer is to be parsed for calls ("auto", the
+ * default with tools). "none" still shows the tools to the template. */
+static int read_tools(reader *r, cb_request *q) {
+    const cb_json_tok *t = r->t;
+    q->tool_format = CB_TOOLFMT_NONE;
+    q->parallel_tools = 1;
+    int status = read_bool(r, "parallel_tool_calls", &q->parallel_tools);
+    if (status) return status;
+    int tools = field(r, "tools"), choice = field(r, "tool_choice");
+    if (tools >= 0 && t[tools].type != CB_JSON_ARRAY)
+        return fail(r, "'tools' must be an array of {\"type\": \"function\", \"function\": {\"name\": ...}} objects");
+    for (int i = 0, e = tools + 1; tools >= 0 && i < t[tools].size; i++, e = t[e].next) {
+        int type = cb_json_find(r->body, t, e, "type"), fn = cb_json_find(r->body, t, e, "function");
+        int name = fn >= 0 ? cb_json_find(r->body, t, fn, "name") : -1;
+        if (t[e].type != CB_JSON_OBJECT || type < 0 || !cb_json_str_eq(r->body, &t[type], "function") || fn < 0 ||
+            t[fn].type != CB_JSON_OBJECT)
+            return fail(r, "'tools[%d]' must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+        if (name < 0 || t[name].type != CB_JSON_STRING || t[name].end == t[name].start ||
+            t[name].end - t[name].start > CB_TOOL_NAME_BYTES)
+            return fail(r, "'tools[%d].function.name' must be a string of 1 to %d bytes", i, CB_TOOL_NAME_BYTES);
+    }
+    const int n_tools = tools >= 0 ? t[tools].size : 0;
+    int parse = n_tools > 0;
+    if (choice >= 0) {
+        const int named = t[choice].type == CB_JSON_OBJECT;
+        if (t[choice].type == CB_JSON_STRING && cb_json_str_eq(r->body, &t[choice], "none")) {
+            parse = 0;
+        } else if (t[choice].type == CB_JSON_STRING && cb_json_str_eq(r->body, &t[choice], "auto")) {
+        } else if (named || (t[choice].type == CB_JSON_STRING && cb_json_str_eq(r->body, &t[choice], "required"))) {
+            if (!n_tools) return fail(r, "'tool_choice' names a tool, and there are no 'tools'");
+            /* These need the output constrained (constrain.h); cb_tool_constraint builds its prefix, schema, suffix. */
+            return fail(r, "'tool_choice': %s needs constrained decoding, which this server does not have yet; "
+                           "send \"auto\" or \"none\"",
+                        named ? "a named function" : "\"required\"");
+        } else {
+            return fail(r, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                           "\"function\": {\"name\": ...}}");
+        }
+    }
+    if (!n_tools) return 0;
+    if (!r->a->chat_work)
+        return fail(r, "'tools' needs the model's chat template, and this model has none");
+    if (!parse) return 0;
+    if (!r->a->tool_format)
+        return fail(r, "'tools': this model's chat template calls tools in a format this server cannot parse (it "
+                       "parses Hermes <tool_call> JSON, Qwen3-Coder XML, Mistral [TOOL_CALLS], Llama 3.1 JSON "
+                       "and gpt-oss harmony); send \"tool_choice\": \"none\" to only show the tools to the model");
+    q->tool_format = r->a->tool_format;
+    return 0;
+}
+
 /* A prompt of n tokens must leave room for one generated token. Worded as
  * OpenAI words it ("maximum context length", code context_length_exceeded),
  * which clients (LangChain, LiteLLM) recognise to trim the history. */
@@ -309,7 +362,7 @@ static int read_messages(reader *r, cb_request *q, int ctx) {
         n = cb_chat_format(tok, a->messages, n_messages, a->ids, (int)a->scratch_cap, err, sizeof err);
     } else {
         cb_chat_request cq;
-        if ((status = chat_request(r, &cq, n_messages, 0))) return status;
+        if ((status = chat_request(r, &cq, n_messages, 1))) return status;
         long len = cb_chat_apply(tok, &cq, a->chat_work, a->chat_work_cap, a->text, a->text_cap, err, sizeof err);
         if (len < 0) return fail(r, "%s", err);
         n = cb_tokenize_ex(tok, a->text, (size_t)len, 1, a->ids, (int)a->scratch_cap, err, sizeof err);
@@ -459,6 +512,8 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     if (model >= 0 && a->toks[model].type != CB_JSON_STRING) return fail(r, "'model' must be a string");
     if ((status = read_stop(r, q))) return status;
     if ((status = read_logit_bias(r, q))) return status;
+    q->tool_format = CB_TOOLFMT_NONE;
+    if (ep == CB_EP_CHAT && (status = read_tools(r, q))) return status;
     status = ep == CB_EP_CHAT ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);
     if (!status) status = check_context(r, q, asked, ctx);
     if (!status && ep == CB_EP_CHAT) cb_reasoning_request(a, q);

@@ -242,6 +242,58 @@ static void write_legacy_logprobs(cb_app *a, cb_jw *w, const cb_slot *st, int fr
     cb_jw_end_object(w);
 }
 
+/* ---- tool calls ---- */
+
+/* A call's id: "call_" and 9 letters or digits (Mistral's templates want
+ * exactly 9 and take the bare 9), unique per request and index. */
+static void tool_call_id(const cb_request *q, int index, char out[16]) {
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    uint64_t x = q->request_no * 0x9E3779B97F4A7C15ull + (uint64_t)index * 0xBF58476D1CE4E5B9ull +
+                 (uint64_t)q->created;
+    x ^= x >> 31, x *= 0x94D049BB133111EBull, x ^= x >> 29;
+    int n = 0;
+    if (q->tool_format != CB_TOOLFMT_MISTRAL) memcpy(out, "call_", 5), n = 5;
+    for (int i = 0; i < 9; i++, x /= 62) out[n++] = digits[x % 62];
+    out[n] = 0;
+}
+
+static void write_tool_head(cb_jw *w, const cb_request *q, int index, const char *name, size_t name_len,
+                            const char *args, size_t args_len) {
+    char id[16];
+    tool_call_id(q, index, id);
+    cb_jw_key(w, "index");
+    cb_jw_int(w, index);
+    cb_jw_key(w, "id");
+    cb_jw_str(w, id);
+    cb_jw_key(w, "type");
+    cb_jw_str(w, "function");
+    cb_jw_key(w, "function");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "name");
+    cb_jw_str_n(w, name, name_len);
+    cb_jw_key(w, "arguments");
+    cb_jw_str_n(w, args, args_len);
+    cb_jw_end_object(w);
+}
+
+/* After "content": the content (null when empty and there are calls, as
+ * OpenAI answers), then "tool_calls" when there are any. */
+static void write_tool_message(cb_jw *w, const cb_slot *st) {
+    if (st->tool_content_len || !st->n_calls) cb_jw_str_n(w, st->tool_content, st->tool_content_len);
+    else cb_jw_null(w);
+    if (!st->n_calls) return;
+    cb_jw_key(w, "tool_calls");
+    cb_jw_begin_array(w);
+    for (int i = 0; i < st->n_calls; i++) {
+        const cb_tool_call_span *c = &st->calls[i];
+        cb_jw_begin_object(w);
+        write_tool_head(w, st->req, i, st->tool_calls + c->name_off, c->name_len, st->tool_calls + c->args_off,
+                        c->args_len);
+        cb_jw_end_object(w);
+    }
+    cb_jw_end_array(w);
+}
+
 /* ---- non-streaming ---- */
 
 /* "content", and "reasoning_content" where the template marks thinking
@@ -256,7 +308,8 @@ static void write_message_text(cb_jw *w, const cb_slot *st) {
         if (st->had_reasoning) from = end;
     }
     cb_jw_key(w, "content");
-    cb_jw_str_n(w, st->text + from, st->text_len - from);
+    if (st->req->tool_format) write_tool_message(w, st);
+    else cb_jw_str_n(w, st->text + from, st->text_len - from);
 }
 
 /* One choice of a plain answer. */
@@ -362,6 +415,66 @@ int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, 
     cb_jw_end_array(&w);
     cb_jw_end_object(&w);
     return send_event(a, c, &w);
+}
+
+int cb_stream_content(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token) {
+    cb_jw w;
+    begin_choice_chunk(a, &w, st->req);
+    cb_jw_key(&w, "delta");
+    cb_jw_begin_object(&w);
+    cb_jw_key(&w, "content");
+    cb_jw_str_n(&w, text, len);
+    cb_jw_end_object(&w);
+    if (token >= 0) write_chat_logprobs(a, &w, st, token, token + 1);
+    else {
+        cb_jw_key(&w, "logprobs");
+        cb_jw_null(&w);
+    }
+    cb_jw_key(&w, "finish_reason");
+    cb_jw_null(&w);
+    cb_jw_end_object(&w);
+    cb_jw_end_array(&w);
+    cb_jw_end_object(&w);
+    return send_event(a, c, &w);
+}
+
+int cb_stream_tool_call(cb_app *a, cb_conn *c, const cb_slot *st, int index, const char *name, size_t name_len,
+                        const char *args, size_t args_len) {
+    /* OpenAI's shape: the head (arguments ""), then argument fragments; a
+     * call is complete when it is parsed, so its arguments are one fragment */
+    for (int part = 0; part < 2; part++) {
+        cb_jw w;
+        begin_choice_chunk(a, &w, st->req);
+        cb_jw_key(&w, "delta");
+        cb_jw_begin_object(&w);
+        cb_jw_key(&w, "tool_calls");
+        cb_jw_begin_array(&w);
+        cb_jw_begin_object(&w);
+        if (part == 0) {
+            write_tool_head(&w, st->req, index, name, name_len, "", 0);
+        } else {
+            cb_jw_key(&w, "index");
+            cb_jw_int(&w, index);
+            cb_jw_key(&w, "function");
+            cb_jw_begin_object(&w);
+            cb_jw_key(&w, "arguments");
+            cb_jw_str_n(&w, args, args_len);
+            cb_jw_end_object(&w);
+        }
+        cb_jw_end_object(&w);
+        cb_jw_end_array(&w);
+        cb_jw_end_object(&w);
+        cb_jw_key(&w, "logprobs");
+        cb_jw_null(&w);
+        cb_jw_key(&w, "finish_reason");
+        cb_jw_null(&w);
+        cb_jw_end_object(&w);
+        cb_jw_end_array(&w);
+        cb_jw_end_object(&w);
+        int r = send_event(a, c, &w);
+        if (r != CB_CONN_OK) return r;
+    }
+    return CB_CONN_OK;
 }
 
 int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st) {

@@ -1,0 +1,541 @@
+/* Tool-call formats and the incremental parser (toolcall.h). */
+#include "toolcall.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- which format ---- */
+
+static int has(const char *src, size_t n, const char *needle) {
+    const size_t m = strlen(needle);
+    for (size_t i = 0; i + m <= n; i++)
+        if (src[i] == needle[0] && !memcmp(src + i, needle, m)) return 1;
+    return 0;
+}
+
+/* The rule, first match wins: harmony when the template writes channels and
+ * the "functions." namespace; Qwen3-Coder's XML when it writes <function=
+ * and <parameter=; Hermes when it writes <tool_call> and no GLM <arg_key>;
+ * Mistral for [TOOL_CALLS]; Llama 3.1 for <|python_tag|> or a "parameters"
+ * key beside Llama 3's header tokens. Anything else (DeepSeek, Kimi,
+ * MiniMax, GLM, Gemma, LFM2...) is unknown. */
+cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
+    if (!src) return CB_TOOLFMT_NONE;
+    if (has(src, n, "<|channel|>") && has(src, n, "functions.")) return CB_TOOLFMT_HARMONY;
+    if (has(src, n, "<function=") && has(src, n, "<parameter=")) return CB_TOOLFMT_XML;
+    if (has(src, n, "<tool_call>") && !has(src, n, "<arg_key>")) return CB_TOOLFMT_HERMES;
+    if (has(src, n, "[TOOL_CALLS]")) return CB_TOOLFMT_MISTRAL;
+    if (has(src, n, "<|python_tag|>") || (has(src, n, "\"parameters\": ") && has(src, n, "<|start_header_id|>")))
+        return CB_TOOLFMT_LLAMA3;
+    return CB_TOOLFMT_NONE;
+}
+
+const char *cb_tool_format_name(cb_tool_format f) {
+    static const char *names[] = {"none", "hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony"};
+    return (unsigned)f < sizeof names / sizeof *names ? names[f] : "none";
+}
+
+/* ---- markers that start a call ---- */
+
+typedef struct {
+    const char *s[3];
+    int n;
+} markers;
+
+static markers markers_of(cb_tool_format f) {
+    markers m = {{NULL, NULL, NULL}, 0};
+    switch (f) {
+    case CB_TOOLFMT_HERMES:
+    case CB_TOOLFMT_XML: m.s[0] = "<tool_call>", m.n = 1; break;
+    case CB_TOOLFMT_MISTRAL: m.s[0] = "[TOOL_CALLS]", m.n = 1; break;
+    case CB_TOOLFMT_LLAMA3: m.s[0] = "<|python_tag|>", m.n = 1; break;
+    case CB_TOOLFMT_HARMONY:
+        /* the recipient after the channel, in the header, or (right after
+         * the generation prompt "<|start|>assistant") first */
+        m.s[0] = "<|channel|>commentary to=functions.", m.s[1] = "<|start|>assistant to=functions.",
+        m.s[2] = " to=functions.", m.n = 3;
+        break;
+    default: break;
+    }
+    return m;
+}
+
+static int is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+static size_t find_from(const char *t, size_t from, size_t len, const char *needle) {
+    const size_t m = strlen(needle);
+    for (size_t i = from; i + m <= len; i++)
+        if (t[i] == needle[0] && !memcmp(t + i, needle, m)) return i;
+    return (size_t)-1;
+}
+
+/* ---- JSON checks on a complete piece ---- */
+
+static int parse_json(cb_tool_parser *p, const char *s, size_t n) {
+    size_t at;
+    int got = cb_json_parse(s, n, p->toks, p->max_toks, &at);
+    return got > 0 ? got : -1;
+}
+
+static void trim(const char **s, size_t *n) {
+    while (*n && is_ws(**s)) (*s)++, (*n)--;
+    while (*n && is_ws((*s)[*n - 1])) (*n)--;
+}
+
+/* Emits one call: name (unescaped from the JSON string token name_tok of
+ * json, or raw when json is NULL) and args. */
+static int emit_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *json, const cb_json_tok *name_tok,
+                     const char *name, size_t name_n, const char *args, size_t args_n) {
+    char buf[CB_TOOL_NAME_BYTES + 1];
+    if (json) {
+        int got = cb_json_unescape(json, name_tok, buf, sizeof buf);
+        if (got <= 0) return 1; /* malformed: no name, or too long */
+        name = buf, name_n = (size_t)got;
+    }
+    if (name_n == 0 || name_n > CB_TOOL_NAME_BYTES) return 1;
+    if (p->n_calls >= p->max_calls) {
+        p->done = 1;
+        return 0;
+    }
+    if (sink->call(sink->ctx, p->n_calls, name, name_n, args, args_n) != 0) return -1;
+    if (++p->n_calls >= p->max_calls) p->done = 1;
+    return 0;
+}
+
+/* A call object {"name": "...", args_key: {...}} at toks[obj] of json:
+ * 0 emitted, 1 malformed, -1 sink stop. Missing arguments are "{}". */
+static int object_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *json, int obj, const char *args_key) {
+    const cb_json_tok *t = p->toks;
+    if (t[obj].type != CB_JSON_OBJECT) return 1;
+    int name = cb_json_find(json, t, obj, "name");
+    int args = cb_json_find(json, t, obj, args_key);
+    if (args < 0) args = cb_json_find(json, t, obj, "arguments");
+    if (name < 0 || t[name].type != CB_JSON_STRING) return 1;
+    if (args >= 0 && t[args].type != CB_JSON_OBJECT) return 1;
+    const char *a = args >= 0 ? json + t[args].start : "{}";
+    size_t an = args >= 0 ? (size_t)(t[args].end - t[args].start) : 2;
+    return emit_call(p, sink, json, &t[name], NULL, 0, a, an);
+}
+
+/* Hermes body: one JSON object. */
+static int hermes_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    trim(&s, &n);
+    if (parse_json(p, s, n) < 0) return 1;
+    return object_call(p, sink, s, 0, "arguments");
+}
+
+/* A parameter's value as JSON: the text itself when it is a JSON number,
+ * boolean, null, object or array, else the text as a string (the template
+ * writes strings bare; without the tool's schema "7" is taken as 7). */
+static void xml_value(cb_tool_parser *p, cb_jw *w, const char *v, size_t n) {
+    if (parse_json(p, v, n) > 0 && p->toks[0].type != CB_JSON_STRING) cb_jw_raw(w, v, n);
+    else cb_jw_str_n(w, v, n);
+}
+
+/* Qwen3-Coder body: <function=NAME> (<parameter=KEY>\nVALUE\n</parameter>)*
+ * </function>, arguments built as a JSON object in scratch. */
+static int xml_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    trim(&s, &n);
+    static const char fopen_[] = "<function=", fclose_[] = "</function>", popen_[] = "<parameter=",
+                      pclose_[] = "</parameter>";
+    if (n < sizeof fopen_ - 1 || memcmp(s, fopen_, sizeof fopen_ - 1)) return 1;
+    size_t i = sizeof fopen_ - 1, name_at = i;
+    while (i < n && s[i] != '>' && s[i] != '\n' && s[i] != '<') i++;
+    if (i >= n || s[i] != '>') return 1;
+    const size_t name_n = i - name_at;
+    i++;
+    /* the name first, then the arguments, in scratch */
+    if (name_n == 0 || name_n > CB_TOOL_NAME_BYTES || p->scratch_cap < name_n + 16) return 1;
+    char name[CB_TOOL_NAME_BYTES];
+    memcpy(name, s + name_at, name_n);
+    cb_jw w;
+    cb_jw_init(&w, p->scratch, p->scratch_cap);
+    cb_jw_begin_object(&w);
+    for (;;) {
+        while (i < n && is_ws(s[i])) i++;
+        if (n - i >= sizeof fclose_ - 1 && !memcmp(s + i, fclose_, sizeof fclose_ - 1)) {
+            i += sizeof fclose_ - 1;
+            break;
+        }
+        if (n - i < sizeof popen_ - 1 || memcmp(s + i, popen_, sizeof popen_ - 1)) return 1;
+        i += sizeof popen_ - 1;
+        size_t key = i;
+        while (i < n && s[i] != '>' && s[i] != '\n' && s[i] != '<') i++;
+        if (i >= n || s[i] != '>' || i == key || i - key > 255) return 1;
+        char keybuf[256];
+        memcpy(keybuf, s + key, i - key);
+        keybuf[i - key] = 0;
+        i++;
+        size_t end = find_from(s, i, n, pclose_);
+        if (end == (size_t)-1) return 1;
+        size_t v = i, vn = end - i;
+        if (vn && s[v] == '\n') v++, vn--; /* the template's own newlines around a value */
+        if (vn && s[v + vn - 1] == '\n') vn--;
+        cb_jw_key(&w, keybuf);
+        xml_value(p, &w, s + v, vn);
+        i = end + sizeof pclose_ - 1;
+    }
+    while (i < n && is_ws(s[i])) i++;
+    cb_jw_end_object(&w);
+    if (i != n || w.overflow) return 1;
+    return emit_call(p, sink, NULL, NULL, name, name_n, p->scratch, w.len);
+}
+
+/* Mistral's array form: every element a call. All or nothing: a bad element
+ * makes the whole array content. */
+static int mistral_array(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    if (parse_json(p, s, n) < 0 || p->toks[0].type != CB_JSON_ARRAY || p->toks[0].size == 0) return 1;
+    for (int k = 0, e = 1; k < p->toks[0].size; k++, e = p->toks[e].next) {
+        const cb_json_tok *t = p->toks;
+        int name = cb_json_find(s, t, e, "name"), args = cb_json_find(s, t, e, "arguments");
+        if (t[e].type != CB_JSON_OBJECT || name < 0 || t[name].type != CB_JSON_STRING ||
+            (args >= 0 && t[args].type != CB_JSON_OBJECT))
+            return 1;
+    }
+    for (int k = 0, e = 1; k < p->toks[0].size && !p->done; k++, e = p->toks[e].next) {
+        int r = object_call(p, sink, s, e, "arguments");
+        if (r) return r < 0 ? -1 : (k == 0 ? 1 : 0);
+    }
+    return 0;
+}
+
+/* ---- the bracket scanner: where a JSON object or array ends ---- */
+
+/* Scans t[p->search..len) for the end of the value starting at p->part:
+ * the offset after it, or 0 when not there yet. */
+static size_t scan_value(cb_tool_parser *p, const char *t, size_t len) {
+    for (size_t i = p->search; i < len; i++) {
+        const char c = t[i];
+        if (p->in_str) {
+            if (p->esc) p->esc = 0;
+            else if (c == '\\') p->esc = 1;
+            else if (c == '"') p->in_str = 0;
+        } else if (c == '"') {
+            p->in_str = 1;
+        } else if (c == '{' || c == '[') {
+            p->depth++;
+        } else if (c == '}' || c == ']') {
+            if (--p->depth == 0) {
+                p->search = i + 1;
+                return i + 1;
+            }
+        }
+    }
+    p->search = len;
+    return 0;
+}
+
+static void scan_start(cb_tool_parser *p, size_t at) {
+    p->part = p->search = at;
+    p->depth = p->in_str = p->esc = 0;
+}
+
+/* ---- one call, from its marker ---- */
+
+enum { CALL_DONE, CALL_MORE, CALL_BAD, CALL_STOP };
+
+/* Looks for needle from p->search; on a miss, the next look resumes where
+ * a match could still start. */
+static size_t find_resume(cb_tool_parser *p, const char *t, size_t len, const char *needle) {
+    size_t at = find_from(t, p->search, len, needle);
+    if (at == (size_t)-1) {
+        size_t m = strlen(needle);
+        p->search = len >= m ? len - m + 1 : 0;
+        if (p->search < p->part) p->search = p->part;
+    }
+    return at;
+}
+
+static int result(int r) { return r < 0 ? CALL_STOP : r ? CALL_BAD : CALL_DONE; }
+
+/* Tries to complete the call whose marker is at p->call_start; on
+ * CALL_DONE, *end is where it ends. */
+static int step_call(cb_tool_parser *p, const char *t, size_t len, int final, const cb_tool_sink *sink,
+                     size_t *end) {
+    const size_t body = p->call_start + p->marker_len;
+    switch (p->fmt) {
+    case CB_TOOLFMT_HERMES:
+    case CB_TOOLFMT_XML: {
+        size_t at = find_resume(p, t, len, "</tool_call>");
+        if (at == (size_t)-1) return CALL_MORE;
+        *end = at + 12;
+        return result(p->fmt == CB_TOOLFMT_HERMES ? hermes_call(p, sink, t + body, at - body)
+                                                  : xml_call(p, sink, t + body, at - body));
+    }
+    case CB_TOOLFMT_LLAMA3:
+    case CB_TOOLFMT_MISTRAL: {
+        if (p->stage == 0) { /* up to the first byte of the value (or of the name) */
+            size_t i = p->search;
+            while (i < len && is_ws(t[i])) i++;
+            if (i >= len) {
+                p->search = len;
+                return CALL_MORE;
+            }
+            if (t[i] == '{' || (p->fmt == CB_TOOLFMT_MISTRAL && t[i] == '[')) {
+                scan_start(p, i);
+                p->stage = 2;
+            } else if (p->fmt == CB_TOOLFMT_MISTRAL) {
+                p->part = p->search = i; /* NAME[ARGS]{...} */
+                p->stage = 1;
+            } else {
+                return CALL_BAD;
+            }
+        }
+        if (p->stage == 1) {
+            size_t at = find_resume(p, t, len, "[ARGS]");
+            if (at == (size_t)-1) {
+                /* a name is short and has no brackets: anything else is text */
+                if (len - p->part > CB_TOOL_NAME_BYTES + 6 || find_from(t, p->part, len, "{") != (size_t)-1)
+                    return CALL_BAD;
+                return CALL_MORE;
+            }
+            for (size_t i = p->part; i < at; i++)
+                if (!(t[i] == '_' || t[i] == '-' || t[i] == '.' || (t[i] >= '0' && t[i] <= '9') ||
+                      ((t[i] | 0x20) >= 'a' && (t[i] | 0x20) <= 'z')))
+                    return CALL_BAD;
+            p->stage = 3;
+            p->name_at = p->part, p->name_n = at - p->part;
+            p->search = at + 6;
+        }
+        if (p->stage == 3) {
+            size_t i = p->search;
+            while (i < len && is_ws(t[i])) i++;
+            if (i >= len) {
+                p->search = len;
+                return CALL_MORE;
+            }
+            if (t[i] != '{') return CALL_BAD;
+            scan_start(p, i);
+            p->stage = 4;
+        }
+        size_t e = scan_value(p, t, len);
+        if (!e) return CALL_MORE;
+        *end = e;
+        const char *v = t + p->part;
+        size_t vn = e - p->part;
+        if (p->stage == 4) {
+            if (parse_json(p, v, vn) < 0) return CALL_BAD;
+            return result(emit_call(p, sink, NULL, NULL, t + p->name_at, p->name_n, v, vn));
+        }
+        if (v[0] == '[') return result(mistral_array(p, sink, v, vn));
+        if (parse_json(p, v, vn) < 0) return CALL_BAD;
+        return result(object_call(p, sink, v, 0, p->fmt == CB_TOOLFMT_LLAMA3 ? "parameters" : "arguments"));
+    }
+    case CB_TOOLFMT_HARMONY: {
+        if (p->stage == 0) { /* the name, then the header up to <|message|> */
+            size_t at = find_resume(p, t, len, "<|message|>");
+            if (at == (size_t)-1) return len - body > 128 + 11 ? CALL_BAD : CALL_MORE;
+            if (at - body > 128) return CALL_BAD;
+            size_t i = body;
+            while (i < at && !is_ws(t[i]) && t[i] != '<') i++;
+            if (i == body) return CALL_BAD;
+            p->name_at = body, p->name_n = i - body;
+            p->stage = 1;
+            p->part = p->search = at + 11;
+        }
+        size_t at = find_resume(p, t, len, "<|call|>");
+        size_t stop = at;
+        if (at == (size_t)-1) {
+            if (!final) return CALL_MORE;
+            stop = len; /* <|call|> is an end token: the text ends instead */
+            *end = len;
+        } else {
+            *end = at + 8;
+        }
+        const char *v = t + p->part;
+        size_t vn = stop - p->part;
+        trim(&v, &vn);
+        if (parse_json(p, v, vn) < 0 || p->toks[0].type != CB_JSON_OBJECT) return CALL_BAD;
+        return result(emit_call(p, sink, NULL, NULL, t + p->name_at, p->name_n, v, vn));
+    }
+    default: return CALL_BAD;
+    }
+}
+
+/* ---- content ---- */
+
+/* Content t[from..to), after p->ws held whitespace that ends at from:
+ * handed out up to its last non-space byte; trailing whitespace is held
+ * (dropped before a call, and at the end of an answer with calls). */
+static int content(cb_tool_parser *p, const cb_tool_sink *sink, const char *t, size_t from, size_t to) {
+    size_t k = to;
+    while (k > from && is_ws(t[k - 1])) k--;
+    if (k == from) {
+        p->ws += to - from;
+        return 0;
+    }
+    const size_t begin = from - p->ws;
+    p->ws = to - k;
+    p->emitted += k - begin;
+    return sink->content(sink->ctx, t + begin, k - begin);
+}
+
+/* Where the next call starts in t[p->pos..len), and its marker's length;
+ * or -1, with *hold set to the tail that could still begin one. */
+static size_t next_marker(cb_tool_parser *p, const char *t, size_t len, size_t *mlen, size_t *hold) {
+    markers m = markers_of(p->fmt);
+    size_t best = (size_t)-1;
+    *hold = 0;
+    if (p->fmt == CB_TOOLFMT_LLAMA3 && p->emitted == 0) {
+        /* Llama 3.1 answers a call with the bare object: "{" first */
+        size_t i = p->pos;
+        while (i < len && is_ws(t[i])) i++;
+        if (i < len && t[i] == '{') {
+            *mlen = 0;
+            return i;
+        }
+    }
+    for (int k = 0; k < m.n; k++) {
+        size_t at = find_from(t, p->pos, len, m.s[k]);
+        if (at < best) best = at, *mlen = strlen(m.s[k]);
+    }
+    if (best != (size_t)-1) return best;
+    for (int k = 0; k < m.n; k++) {
+        size_t ml = strlen(m.s[k]);
+        for (size_t h = ml - 1 < len - p->pos ? ml - 1 : len - p->pos; h > *hold; h--)
+            if (!memcmp(t + len - h, m.s[k], h)) {
+                *hold = h;
+                break;
+            }
+    }
+    return best;
+}
+
+void cb_tool_parser_init(cb_tool_parser *p, cb_tool_format fmt, int max_calls, char *scratch, size_t scratch_cap,
+                         cb_json_tok *toks, int max_toks) {
+    memset(p, 0, sizeof *p);
+    p->fmt = fmt;
+    p->max_calls = max_calls < 1 ? 1 : max_calls > CB_MAX_TOOL_CALLS ? CB_MAX_TOOL_CALLS : max_calls;
+    p->scratch = scratch, p->scratch_cap = scratch_cap;
+    p->toks = toks, p->max_toks = max_toks;
+}
+
+int cb_tool_parser_feed(cb_tool_parser *p, const char *t, size_t len, int final, const cb_tool_sink *sink) {
+    while (!p->done) {
+        if (!p->in_call) {
+            size_t mlen = 0, hold = 0;
+            size_t at = next_marker(p, t, len, &mlen, &hold);
+            size_t limit = at != (size_t)-1 ? at : final ? len : len - hold;
+            if (content(p, sink, t, p->pos, limit) != 0) return -1;
+            p->pos = limit;
+            if (at == (size_t)-1) {
+                if (final && p->ws) { /* an answer's own trailing spaces stay, unless it made calls */
+                    if (!p->n_calls && sink->content(sink->ctx, t + p->pos - p->ws, p->ws) != 0) return -1;
+                    p->ws = 0;
+                }
+                return 0;
+            }
+            p->in_call = 1, p->stage = 0;
+            p->call_start = at, p->marker_len = mlen;
+            p->part = p->search = at + mlen;
+        }
+        size_t end = 0;
+        int r = step_call(p, t, len, final, sink, &end);
+        if (r == CALL_STOP) return -1;
+        if (r == CALL_MORE && !final) return 0;
+        p->in_call = 0;
+        if (r == CALL_DONE) {
+            p->ws = 0; /* whitespace between content and a call is dropped */
+            p->pos = end;
+        } else {
+            /* malformed or unterminated: its marker is text, and the search
+             * goes on after it (after "{" for Llama's bare object) */
+            size_t stop = p->call_start + (p->marker_len ? p->marker_len : 1);
+            if (content(p, sink, t, p->pos, stop) != 0) return -1;
+            p->pos = stop;
+        }
+    }
+    return 0;
+}
+
+/* ---- constraints for tool_choice "required" and named functions ---- */
+
+static void put(char *out, size_t cap, const char *s, int *bad) {
+    if (strlen(s) + 1 > cap) *bad = 1;
+    else strcpy(out, s);
+}
+
+/* {"type":"object","properties":{"name":{"const":N},KEY:P},"required":["name",KEY]} */
+static void call_schema(cb_jw *w, const char *json, const cb_json_tok *t, int fn, const char *key) {
+    int name = cb_json_find(json, t, fn, "name"), params = cb_json_find(json, t, fn, "parameters");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "type");
+    cb_jw_str(w, "object");
+    cb_jw_key(w, "properties");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "name");
+    cb_jw_begin_object(w);
+    cb_jw_key(w, "const");
+    cb_jw_raw(w, json + t[name].start - 1, (size_t)(t[name].end - t[name].start) + 2);
+    cb_jw_end_object(w);
+    cb_jw_key(w, key);
+    if (params >= 0 && t[params].type == CB_JSON_OBJECT)
+        cb_jw_raw(w, json + t[params].start, (size_t)(t[params].end - t[params].start));
+    else
+        cb_jw_raw(w, "{\"type\":\"object\"}", 17);
+    cb_jw_end_object(w);
+    cb_jw_key(w, "required");
+    cb_jw_begin_array(w);
+    cb_jw_str(w, "name");
+    cb_jw_str(w, key);
+    cb_jw_end_array(w);
+    cb_jw_end_object(w);
+}
+
+/* The "function" object of the tool named name (NULL: -1). */
+static int tool_function(const char *json, const cb_json_tok *t, int tools, const char *name) {
+    for (int k = 0, e = tools + 1; k < t[tools].size; k++, e = t[e].next) {
+        int fn = cb_json_find(json, t, e, "function");
+        int nm = fn >= 0 ? cb_json_find(json, t, fn, "name") : -1;
+        if (nm >= 0 && t[nm].type == CB_JSON_STRING && (!name || cb_json_str_eq(json, &t[nm], name))) return fn;
+    }
+    return -1;
+}
+
+int cb_tool_constraint(cb_tool_format fmt, const char *json, const cb_json_tok *t, int tools, const char *name,
+                       char *prefix, size_t prefix_cap, char *schema, size_t schema_cap, char *suffix,
+                       size_t suffix_cap) {
+    int bad = 0;
+    if (fmt == CB_TOOLFMT_XML || fmt == CB_TOOLFMT_NONE || (fmt == CB_TOOLFMT_HARMONY && !name)) return -1;
+    if (tools < 0 || t[tools].type != CB_JSON_ARRAY) return -1;
+    cb_jw w;
+    cb_jw_init(&w, schema, schema_cap);
+    if (fmt == CB_TOOLFMT_HARMONY) {
+        int fn = tool_function(json, t, tools, name);
+        if (fn < 0) return -1;
+        int params = cb_json_find(json, t, fn, "parameters");
+        if (params >= 0 && t[params].type == CB_JSON_OBJECT)
+            cb_jw_raw(&w, json + t[params].start, (size_t)(t[params].end - t[params].start));
+        else
+            cb_jw_raw(&w, "{\"type\":\"object\"}", 17);
+        int n = snprintf(prefix, prefix_cap, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
+        if (n < 0 || (size_t)n >= prefix_cap) bad = 1;
+        put(suffix, suffix_cap, "", &bad);
+        return bad || w.overflow ? -1 : 0;
+    }
+    const char *key = fmt == CB_TOOLFMT_LLAMA3 ? "parameters" : "arguments";
+    if (name) {
+        int fn = tool_function(json, t, tools, name);
+        if (fn < 0) return -1;
+        call_schema(&w, json, t, fn, key);
+    } else {
+        cb_jw_begin_object(&w);
+        cb_jw_key(&w, "anyOf");
+        cb_jw_begin_array(&w);
+        int any = 0;
+        for (int k = 0, e = tools + 1; k < t[tools].size; k++, e = t[e].next) {
+            int fn = cb_json_find(json, t, e, "function");
+            int nm = fn >= 0 ? cb_json_find(json, t, fn, "name") : -1;
+            if (nm < 0 || t[nm].type != CB_JSON_STRING) continue;
+            call_schema(&w, json, t, fn, key);
+            any = 1;
+        }
+        cb_jw_end_array(&w);
+        cb_jw_end_object(&w);
+        if (!any) return -1;
+    }
+    put(prefix, prefix_cap, fmt == CB_TOOLFMT_HERMES ? "<tool_call>\n" : fmt == CB_TOOLFMT_MISTRAL ? "[TOOL_CALLS][" : "",
+        &bad);
+    put(suffix, suffix_cap, fmt == CB_TOOLFMT_HERMES ? "\n</tool_call>" : fmt == CB_TOOLFMT_MISTRAL ? "]" : "", &bad);
+    return bad || w.overflow ? -1 : 0;
+}

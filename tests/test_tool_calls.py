@@ -1,0 +1,207 @@
+"""Tool calls end to end: a tiny Qwen3-MoE trained to call tools
+(tests/tool_model.py; transformers' greedy continuations checked there),
+converted and served by a built colibri-server, used through the clients
+agents are built on: the openai SDK (non-streamed and streamed tool calls,
+parallel calls, content before a call, a whole loop), LangChain's
+ChatOpenAI.bind_tools in an agent loop of two calls and an answer, and
+LiteLLM's completion with tools."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+
+import tool_model as tm
+from conftest import RunningServer, build_server
+from tokenizer_cases import TESTDATA, TOKENIZERS
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TOKENIZERS.exists(), reason="testdata is missing")]
+
+
+@pytest.fixture(scope="session")
+def tool_server(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from colibri_build.convert import convert
+    root = tmp_path_factory.mktemp("tool-model")
+    hf = tm.train(root / "hf")
+    model = convert(hf, root / "model", dtype="f32", progress=False)
+    exe = build_server(root, model, "native") / "colibri-server"
+    server = RunningServer(exe, model, "--threads", "1")
+    server.model_name = json.loads((model / "model-config.json").read_text())["name"]
+    server.hf, server.exe = hf, exe
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(tool_server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=tool_server.url + "/v1", api_key="none")
+
+
+def calls_of(message) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+def streamed(client, name, messages, **kw):
+    """The streamed answer assembled as OpenAI's clients do: content, and
+    tool calls by index (id, type and name from the first delta, arguments
+    concatenated); plus the finish reason and the deltas."""
+    content, calls, finish, deltas = "", {}, None, []
+    for chunk in client.chat.completions.create(model=name, messages=messages, tools=tm.TOOLS, stream=True, **kw):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        deltas.append(choice.delta)
+        content += choice.delta.content or ""
+        for d in choice.delta.tool_calls or []:
+            if d.index not in calls:
+                assert d.id and d.type == "function" and d.function.name, d  # the first delta carries them
+                calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": d.function.arguments or ""}
+            else:
+                assert d.id is None and d.function.name is None
+                calls[d.index]["arguments"] += d.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish, deltas
+
+
+def test_the_server_renders_what_the_model_was_trained_on(tool_server):
+    for messages, _ in tm.CONVERSATIONS:
+        got = tool_server.post("/apply-template", {"messages": messages, "tools": tm.TOOLS,
+                                                   "add_generation_prompt": True})
+        assert got.status_code == 200 and got.json()["prompt"] == tm.render(messages)
+
+
+def test_openai_sdk_tool_call_streamed_and_not(client, tool_server):
+    name = tool_server.model_name
+    reply = client.chat.completions.create(model=name, messages=tm.AGENT_1, tools=tm.TOOLS)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None  # no text before the call: null, as OpenAI answers
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert calls_of(choice.message) == [("get_weather", tm.PARIS)]
+    content, calls, finish, _ = streamed(client, name, tm.AGENT_1)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [(call.function.name, call.function.arguments)]
+
+
+def test_parallel_calls_with_content_before_them(client, tool_server):
+    name = tool_server.model_name
+    ask = [{"role": "user", "content": tm.ASK_TWO}]
+    reply = client.chat.completions.create(model=name, messages=ask, tools=tm.TOOLS).choices[0]
+    assert reply.message.content == tm.TWO_CONTENT and reply.finish_reason == "tool_calls"
+    assert calls_of(reply.message) == [("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"})]
+    assert len({c.id for c in reply.message.tool_calls}) == 2
+    content, calls, finish, deltas = streamed(client, name, ask)
+    assert (content, finish) == (tm.TWO_CONTENT, "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in reply.message.tool_calls]
+    assert not any(d.content and "<tool_call>" in d.content for d in deltas)  # the calls' text never leaks
+    # parallel_tool_calls false: the answer ends at its first call
+    one = client.chat.completions.create(model=name, messages=ask, tools=tm.TOOLS, parallel_tool_calls=False)
+    assert calls_of(one.choices[0].message) == [("get_weather", {"city": "Rome"})]
+    assert one.choices[0].finish_reason == "tool_calls"
+
+
+def test_plain_answers_and_tool_choice_none(client, tool_server):
+    name = tool_server.model_name
+    hello = client.chat.completions.create(model=name, messages=[{"role": "user", "content": tm.GREETING}],
+                                           tools=tm.TOOLS).choices[0]
+    assert (hello.message.content, hello.message.tool_calls, hello.finish_reason) == \
+        (tm.GREETING_ANSWER, None, "stop")
+    # "none": the tools are shown to the model, its output is not parsed
+    raw = client.chat.completions.create(model=name, messages=tm.AGENT_1, tools=tm.TOOLS,
+                                         tool_choice="none").choices[0]
+    assert raw.message.tool_calls is None and raw.finish_reason == "stop"
+    assert raw.message.content == tm.call_text("get_weather", tm.PARIS)
+
+
+def test_openai_sdk_agent_loop(client, tool_server):
+    """The SDK's own message objects go back as history: two calls, then
+    the answer."""
+    name = tool_server.model_name
+    messages = copy.deepcopy(tm.AGENT_1)
+    made = []
+    for _ in range(3):
+        message = client.chat.completions.create(model=name, messages=messages, tools=tm.TOOLS).choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            made.append((call.function.name, json.loads(call.function.arguments)))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": tm.TOOL_RESULTS[call.function.name]})
+    assert made == [("get_weather", tm.PARIS), ("get_time", tm.ZONE)]
+    assert messages[-1]["content"] == tm.FINAL
+
+
+def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
+    body = {"messages": tm.AGENT_1, "tools": tm.TOOLS}
+    for extra, fragment in [({"tool_choice": "required"}, "constrained decoding"),
+                            ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+                             "constrained decoding"),
+                            ({"tools": [{"type": "function", "function": {}}]}, "'tools[0].function.name'"),
+                            ({"tools": {"type": "function"}}, "'tools' must be an array")]:
+        got = tool_server.post("/v1/chat/completions", {**body, **extra})
+        assert got.status_code == 400, got.text
+        error = got.json()["error"]
+        assert fragment in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_path):
+    """The same weights with GLM-4.6's template (its <arg_key> calls are not
+    parsed), served by the same executable: tools get a 400 saying why;
+    with tool_choice "none" they are only shown to the model."""
+    from colibri_build.convert import convert
+    hf = tmp_path / "hf"
+    shutil.copytree(tool_server.hf, hf)
+    cfg = json.loads((hf / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (TESTDATA / "chat_templates" / "GLM-4.6.jinja").read_text()
+    (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
+    server = RunningServer(tool_server.exe, convert(hf, tmp_path / "glm", dtype="f32", progress=False))
+    try:
+        body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 2}
+        got = server.post("/v1/chat/completions", body)
+        assert got.status_code == 400
+        assert "format this server cannot parse" in got.json()["error"]["message"]
+        shown = server.post("/v1/chat/completions", {**body, "tool_choice": "none"})
+        assert shown.status_code == 200, shown.text
+        prompt = server.post("/apply-template", body).json()["prompt"]
+        assert "get_weather" in prompt  # the template got the tools
+    finally:
+        server.stop()
+
+
+def test_langchain_agent_loop(tool_server):
+    pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+    llm = ChatOpenAI(model=tool_server.model_name, base_url=tool_server.url + "/v1", api_key="none",
+                     temperature=0, max_retries=0).bind_tools(tm.TOOLS)
+    messages, made = [HumanMessage(tm.ASK)], []
+    for _ in range(3):
+        ai = llm.invoke(messages)
+        messages.append(ai)
+        if not ai.tool_calls:
+            break
+        for call in ai.tool_calls:
+            made.append((call["name"], call["args"]))
+            messages.append(ToolMessage(content=tm.TOOL_RESULTS[call["name"]], tool_call_id=call["id"]))
+    assert made == [("get_weather", tm.PARIS), ("get_time", tm.ZONE)]
+    assert messages[-1].content == tm.FINAL
+
+
+def test_litellm_completion_with_tools(tool_server, monkeypatch):
+    # its bundled model list, not a download at import (there is no network in CI)
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm = pytest.importorskip("litellm")
+    reply = litellm.completion(model="openai/" + tool_server.model_name, api_base=tool_server.url + "/v1",
+                               api_key="none", messages=tm.AGENT_1, tools=tm.TOOLS)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
+        [("get_weather", tm.PARIS)]

@@ -1,0 +1,238 @@
+"""The tool-call parser of the server (templates/src/server/toolcall.c),
+built with ASan/UBSan in a small driver: every format over a corpus of
+answers (plain text, one call, several, content before, unicode, malformed
+and unterminated calls, look-alike text), each fed whole, in random
+chunkings at character boundaries and a character at a time: the content and
+calls are the expected ones every time. Plus the format each real chat
+template is detected as, and the constrained-decoding triple per format."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+
+import jsonschema
+import pytest
+
+import colibri_build
+from tokenizer_cases import TESTDATA
+
+SRC = __import__("pathlib").Path(colibri_build.__file__).parent / "templates" / "src"
+pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+
+W = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+W_ARGS = '{"city": "Paris"}'
+T = '{"name": "get_time", "arguments": {"zone": "Europe/Paris", "fmt": "%H:%M"}}'
+T_ARGS = '{"zone": "Europe/Paris", "fmt": "%H:%M"}'
+
+# (format, text, content, [(name, arguments)])
+CORPUS = [
+    ("hermes", "Hello world.\n", "Hello world.\n", []),
+    ("hermes", f"<tool_call>\n{W}\n</tool_call>", "", [("get_weather", W_ARGS)]),
+    ("hermes", f"Let me check.\n<tool_call>\n{W}\n</tool_call>\n<tool_call>\n{T}\n</tool_call>",
+     "Let me check.", [("get_weather", W_ARGS), ("get_time", T_ARGS)]),
+    ("hermes", "<think>\nWeather needed.\n</think>\n\n<tool_call>\n" + W + "\n</tool_call>",
+     "<think>\nWeather needed.\n</think>", [("get_weather", W_ARGS)]),
+    ("hermes", '<tool_call>\n{"name": "say", "arguments": {"text": "Grüße 🦙 \\"q\\" \\u00e9"}}\n</tool_call>', "",
+     [("say", '{"text": "Grüße 🦙 \\"q\\" \\u00e9"}')]),
+    ("hermes", '<tool_call>{"name": "ping"}</tool_call>', "", [("ping", "{}")]),
+    ("hermes", f"<tool_call>\n{W}\n</tool_call>\nDone.", "\nDone.", [("get_weather", W_ARGS)]),
+    # malformed: plain content, whole
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', []),
+    ("hermes", "<tool_call>{name: get_weather}</tool_call>", "<tool_call>{name: get_weather}</tool_call>", []),
+    ("hermes", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+    ("hermes", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+     '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', []),
+    ("hermes", "a <tool_b> c <tool_call", "a <tool_b> c <tool_call", []),
+    ("hermes", f"<tool_call>oops</tool_call> then <tool_call>{W}</tool_call>", "<tool_call>oops</tool_call> then",
+     [("get_weather", W_ARGS)]),
+    ("qwen3-coder-xml",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+     "</function>\n</tool_call>", "", [("get_weather", '{"city":"Paris","days":3}')]),
+    ("qwen3-coder-xml",
+     "I will look.\n\n<tool_call>\n<function=run>\n<parameter=code>\nprint('a')\nprint(\"b\")\n</parameter>\n"
+     "<parameter=opts>\n{\"a\": [1, true]}\n</parameter>\n</function>\n</tool_call>",
+     "I will look.", [("run", '{"code":"print(\'a\')\\nprint(\\"b\\")","opts":{"a": [1, true]}}')]),
+    ("qwen3-coder-xml", "<tool_call>\n<function=now>\n</function>\n</tool_call>", "", [("now", "{}")]),
+    ("qwen3-coder-xml", "<tool_call>\n<function=now>\n<parameter=x>\n1\n</parameter>\n</tool_call>",
+     "<tool_call>\n<function=now>\n<parameter=x>\n1\n</parameter>\n</tool_call>", []),
+    ("mistral", f'[TOOL_CALLS][{W[:-1]}, "id": "abc123def"}}]', "", [("get_weather", W_ARGS)]),
+    ("mistral", f"[TOOL_CALLS] [{W}, {T}]", "", [("get_weather", W_ARGS), ("get_time", T_ARGS)]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "", [("get_weather", W_ARGS)]),
+    ("mistral", '[TOOL_CALLS]a[ARGS]{"x": 1}[TOOL_CALLS]b_2[ARGS]{"y": "]"}', "",
+     [("a", '{"x": 1}'), ("b_2", '{"y": "]"}')]),
+    ("mistral", '[TOOL_CALLS][{"name": 1}]', '[TOOL_CALLS][{"name": 1}]', []),
+    ("mistral", '[TOOL_CALLS][{"name": "x", "arguments": {', '[TOOL_CALLS][{"name": "x", "arguments": {', []),
+    ("mistral", "No tools needed: [TOOL", "No tools needed: [TOOL", []),
+    ("llama3-json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [("get_weather", W_ARGS)]),
+    ("llama3-json", '\n<|python_tag|>{"name": "f", "parameters": {}}', "", [("f", "{}")]),
+    ("llama3-json", '  {"name": "f", "parameters": {"x": "}{\\""}}', "", [("f", '{"x": "}{\\""}')]),
+    ("llama3-json", 'The answer is {"name": "f", "parameters": {}}', 'The answer is {"name": "f", "parameters": {}}',
+     []),
+    ("llama3-json", '{"a": 1} is JSON', '{"a": 1} is JSON', []),
+    ("llama3-json", '{"name": "f", "parameters": {', '{"name": "f", "parameters": {', []),
+    ("harmony",
+     "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+     "to=functions.get_weather <|constrain|>json<|message|>" + W_ARGS,
+     "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant", [("get_weather", W_ARGS)]),
+    ("harmony", " to=functions.get_time<|channel|>commentary json<|message|>" + T_ARGS + "<|call|>", "",
+     [("get_time", T_ARGS)]),
+    ("harmony", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{oops",
+     "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{oops", []),
+    ("harmony", "<|channel|>final<|message|>It is sunny.", "<|channel|>final<|message|>It is sunny.", []),
+]
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("toolcall") / "test_toolcall"
+    subprocess.run(["gcc", "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", "-I", str(SRC / "server"), str(SRC / "server" / "test_toolcall.c"),
+                    str(SRC / "server" / "toolcall.c"), str(SRC / "server" / "json.c"), "-lm", "-o", str(exe)],
+                   check=True)
+    return exe
+
+
+def parse(driver, tmp_path, cases: list[dict]) -> list[dict]:
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+    done = subprocess.run([str(driver), "parse", str(path)], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    out = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert len(out) == len(cases)
+    return out
+
+
+def char_cuts(text: str, rng: random.Random | None) -> list[int]:
+    """Byte offsets of character boundaries: all of them (rng None) or a
+    random subset (what the server feeds: whole characters, any grouping)."""
+    offsets, at = [], 0
+    for ch in text:
+        at += len(ch.encode())
+        offsets.append(at)
+    if rng is None:
+        return offsets
+    return sorted(rng.sample(offsets, rng.randint(0, len(offsets))))
+
+
+def test_every_format_whole_and_in_random_chunks(driver, tmp_path):
+    rng = random.Random(19)
+    cases, expected = [], []
+    for fmt, text, content, calls in CORPUS:
+        for cuts in [[], char_cuts(text, None)] + [char_cuts(text, rng) for _ in range(6)]:
+            cases.append({"format": fmt, "text": text, "cuts": cuts})
+            expected.append((content, [{"name": n, "arguments": a} for n, a in calls]))
+    for (content, calls), got, case in zip(expected, parse(driver, tmp_path, cases), cases):
+        assert (got["content"], got["calls"]) == (content, calls), case
+        assert got["status"] == 0
+        for call in got["calls"]:
+            json.loads(call["arguments"])  # arguments are always a JSON object's text
+    assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony"}
+
+
+def test_text_that_may_start_a_call_is_held_until_known(driver, tmp_path):
+    """Streamed one character at a time, nothing of a call ever comes out as
+    content; what only looked like a marker comes out once it is known."""
+    text = f"Hi <tool_c.\n<tool_call>\n{W}\n</tool_call>"
+    cuts = char_cuts(text, None)
+    prefix_results = parse(driver, tmp_path, [{"format": "hermes", "text": text[:i], "cuts": cuts[:i], "final": False}
+                                              for i in range(1, len(text))])
+    for i, got in enumerate(prefix_results, start=1):
+        assert "<tool_call>\n{" not in got["content"] and "<tool_call" not in got["content"][4:], (i, got)
+        if i > len("Hi <tool_c."):
+            assert got["content"] == "Hi <tool_c.", (i, got)  # known not to be a marker: out
+    assert prefix_results[-1]["calls"] == [] and parse(driver, tmp_path, [{"format": "hermes", "text": text}])[0][
+        "calls"] == [{"name": "get_weather", "arguments": W_ARGS}]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(driver, tmp_path):
+    text = f"<tool_call>\n{W}\n</tool_call>\n<tool_call>\n{T}\n</tool_call>"
+    got = parse(driver, tmp_path, [{"format": "hermes", "text": text, "cuts": char_cuts(text, None),
+                                    "max_calls": 1}])[0]
+    assert got["calls"] == [{"name": "get_weather", "arguments": W_ARGS}] and got["done"] is True
+
+
+def test_random_bytes_and_mutations_never_crash(driver, tmp_path):
+    """Seeded noise and corpus texts cut short or with bytes dropped: the
+    driver (ASan/UBSan) returns for every one, and all text is accounted
+    for when no call was parsed."""
+    rng = random.Random(7)
+    alphabet = ['<tool_call>', '</tool_call>', '[TOOL_CALLS]', '[ARGS]', '<|python_tag|>', '{', '}', '[', ']', '"',
+                '\\', ' ', '\n', 'name', ':', ',', '<function=', '<parameter=', '</parameter>', '</function>',
+                ' to=functions.', '<|message|>', '<|call|>', 'é', '🦙', 'x']
+    cases = []
+    for k in range(300):
+        fmt = rng.choice(["hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony"])
+        if k % 2:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        else:
+            base = rng.choice([t for f, t, *_ in CORPUS if f == fmt])
+            i, j = sorted(rng.sample(range(len(base) + 1), 2))
+            text = base[:i] + base[j:] if rng.random() < 0.5 else base[:j]
+        cases.append({"format": fmt, "text": text, "cuts": char_cuts(text, rng)})
+    for got, case in zip(parse(driver, tmp_path, cases), cases):
+        if not got["calls"]:
+            assert got["content"] == case["text"], case
+
+
+EXPECTED_FORMATS = {
+    "Qwen-Qwen2.5-7B-Instruct.jinja": "hermes", "Qwen-Qwen3-0.6B.jinja": "hermes",
+    "ibm-granite-granite-4.0.jinja": "hermes", "Qwen3-Coder.jinja": "qwen3-coder-xml",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3-coder-xml",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral", "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3-json",
+    "openai-gpt-oss-120b.jinja": "harmony",
+    # formats not parsed: tools are refused with a 400 naming the reason
+    "GLM-4.6.jinja": "none", "LFM2-8B-A1B.jinja": "none", "MiniMax-M2.jinja": "none",
+    "deepseek-ai-DeepSeek-V3.1.jinja": "none", "google-gemma-4-31B-it.jinja": "none",
+    "moonshotai-Kimi-K2.jinja": "none",
+}
+
+
+@pytest.mark.skipif(not (TESTDATA / "chat_templates").exists(), reason="testdata is missing")
+def test_format_detected_from_each_template(driver):
+    names = sorted(EXPECTED_FORMATS)
+    done = subprocess.run([str(driver), "detect", *[str(TESTDATA / "chat_templates" / n) for n in names]],
+                          capture_output=True, text=True, check=True)
+    assert dict(zip(names, done.stdout.split())) == EXPECTED_FORMATS
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+
+
+def test_constraint_triples_accept_exactly_the_calls(driver, tmp_path):
+    """The (prefix, schema, suffix) a constrained decoder would get for
+    tool_choice "required" or a named function: prefix + a JSON the schema
+    accepts + suffix parses back as that call; the schema rejects another
+    function's name or arguments missing a required field."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+
+    def triple(fmt, name):
+        out = subprocess.run([str(driver), "constraint", fmt, name or "-", str(tools)], capture_output=True,
+                             text=True, check=True).stdout
+        return None if out.strip() == "unsupported" else json.loads(out)
+
+    for fmt, key in [("hermes", "arguments"), ("mistral", "arguments"), ("llama3-json", "parameters")]:
+        for name in ["get_weather", None]:
+            t = triple(fmt, name)
+            call = {"name": "get_weather", key: {"city": "Paris"}}
+            jsonschema.validate(call, t["schema"])
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate({"name": "get_weather", key: {}}, t["schema"])
+            other = {"name": "nope", key: {}}
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(other, t["schema"])
+            body = json.dumps(call)
+            text = t["prefix"] + (body if fmt != "mistral" else body) + t["suffix"]
+            got = parse(driver, tmp_path, [{"format": fmt, "text": text, "cuts": []}])[0]
+            assert [c["name"] for c in got["calls"]] == ["get_weather"], text
+    t = triple("harmony", "get_time")
+    assert t["prefix"].endswith("to=functions.get_time <|constrain|>json<|message|>") and t["schema"] == {
+        "type": "object"}
+    assert triple("harmony", None) is None and triple("qwen3-coder-xml", "get_time") is None
+    assert triple("hermes", "missing") is None
