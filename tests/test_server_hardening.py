@@ -61,7 +61,9 @@ CHAT_ERRORS = [
     (json.dumps({**HELLO, "n": 2}).encode(), "only n=1"),
     (json.dumps({**HELLO, "tools": [{"type": "function"}], "logit_bias": {"5": 1}}).encode(),
      "unsupported parameters: tools, logit_bias"),
-    (json.dumps({**HELLO, "response_format": {"type": "json_object"}}).encode(), "response_format"),
+    (json.dumps({**HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "a+"}}}}).encode(),
+     "'response_format': the JSON Schema keyword 'pattern' is not supported"),
     (json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode(), "context_length 256"),
 ]
 

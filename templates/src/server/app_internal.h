@@ -8,6 +8,7 @@
 
 #include "app.h"
 #include "chat.h"
+#include "constrain.h"
 #include "json.h"
 #include "metrics.h"
 #include "sampler.h"
@@ -40,6 +41,8 @@ typedef struct {
     char stop_text[CB_STOP_BYTES];
     int n_prompt;
     int32_t *prompt;             /* [context] */
+    int constrained;             /* the output must match con (response_format) */
+    cb_con_schema con;
 } cb_request;
 
 /* One generation slot: a KV cache in the engine and this state. */
@@ -68,6 +71,7 @@ typedef struct {
     char *text;                  /* [text_cap] */
     size_t text_len, text_cap;
     size_t stream_text_len;      /* text released so far by a stream */
+    cb_con_state con;            /* the constrained output so far (req->constrained) */
 } cb_slot;
 
 struct cb_app {
@@ -100,6 +104,7 @@ struct cb_app {
     char *response;              /* [CB_RESPONSE_BYTES] */
     int step_tokens;             /* most tokens a step carries while some decode (0: no limit) */
     cb_sampler sampler;
+    cb_con_vocab con_vocab;      /* token masks for constrained requests; vocab 0 without a tokenizer */
     cb_metrics metrics;
     const char *api_key;         /* NULL: no auth */
     const char *metrics_key;     /* NULL: /metrics takes the API key only */
