@@ -9,7 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+/* The sampler's order (cb_ranks_before in kernels/kernels.h, kept out so the
+ * matcher builds alone for its test): higher first, NaN last, ties to the
+ * lower id. */
+static int ranks_before(float v, int i, float w, int j) {
+    if (v != v) return w != w && i < j;
+    if (w != w) return 1;
+    return v > w || (v == w && i < j);
+}
 
 #define INF 0x3fffffffu
 
@@ -69,7 +76,7 @@ static int cfail(compiler *k, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(k->err, k->err_len, "%s (at %s)", msg, k->path[0] ? k->path : "#");
+    snprintf(k->err, k->err_len, "%s (at %s)", msg, k->path);
     return -1;
 }
 
@@ -210,7 +217,9 @@ static int resolve_ref(compiler *k, int ref) {
     for (int r = 0; r < 2; r++) {
         const int rl = (int)strlen(roots[r]);
         if (len <= rl || memcmp(s, roots[r], (size_t)rl)) continue;
-        int defs = cb_json_find(k->json, k->t, k->root, roots[r] + 2);
+        char key[16];
+        snprintf(key, sizeof key, "%.*s", rl - 3, roots[r] + 2); /* "$defs", "definitions" */
+        int defs = cb_json_find(k->json, k->t, k->root, key);
         if (defs < 0 || k->t[defs].type != CB_JSON_OBJECT) break;
         char name[256];
         if (len - rl >= (int)sizeof name) break;
@@ -517,7 +526,7 @@ static void add_literal(cb_con_schema *c, const char *s) {
 int cb_con_compile(cb_con_schema *c, const char *prefix, size_t prefix_len, const char *json,
                    const cb_json_tok *toks, int schema, const char *suffix, size_t suffix_len, char *err,
                    size_t err_len) {
-    compiler k = {c, json, toks, schema, err, err_len, ""};
+    compiler k = {c, json, toks, schema, err, err_len, "#"};
     c->n_nodes = c->n_props = c->n_list = c->n_lits = 0;
     c->text_len = 0;
     add_literal(c, "true");
@@ -1175,33 +1184,46 @@ int cb_con_vocab_init(cb_con_vocab *v, const cb_tokenizer *tok, int vocab) {
     v->vocab = vocab;
     const int n_tok = tok->kind == CB_TOKENIZER_BYTES ? (vocab < 256 ? vocab : 256)
                       : (int)tok->n_tokens < vocab ? (int)tok->n_tokens : vocab;
-    int ok = list_alloc(&v->all, vocab) == 0 && list_alloc(&v->loose, vocab) == 0 && list_alloc(&v->unkeyed, vocab) == 0;
-    v->special = calloc((size_t)vocab + 1, sizeof *v->special);
     v->plain_chars = calloc((size_t)vocab + 1, sizeof *v->plain_chars);
     v->ascii_plain = calloc((size_t)vocab + 1, 1);
-    v->allowed = calloc((size_t)vocab + 1, 1);
-    v->allowed_ids = calloc((size_t)vocab + 1, sizeof *v->allowed_ids);
-    v->stack = calloc(CB_CON_TOKEN_BYTES + 2, sizeof *v->stack); /* the walk's, then one spare */
-    if (!ok || !v->special || !v->plain_chars || !v->ascii_plain || !v->allowed || !v->allowed_ids || !v->stack) {
-        cb_con_vocab_free(v);
-        return -1;
-    }
-    for (int id = 0; id < n_tok; id++) {
+    uint8_t *kind = calloc((size_t)vocab + 1, 1); /* 1 normal, 2 special (start-up scratch) */
+    int n_normal = 0, n_loose = 0, n_unkeyed = 0;
+    for (int id = 0; kind && v->plain_chars && v->ascii_plain && id < n_tok; id++) {
         const char *b = "";
         size_t n = tok_bytes(tok, id, &b);
         if (n == 0 || n > CB_CON_TOKEN_BYTES || cb_is_end_token(tok, id)) continue;
         const int normal = tok->kind == CB_TOKENIZER_BYTES || tok->attr[id] == CB_TOKA_NORMAL || tok->attr[id] == CB_TOKA_BYTE;
+        kind[id] = normal ? 1 : 2;
         if (!normal) {
-            v->special[v->n_special++] = id;
+            v->n_special++;
             continue;
         }
-        v->all.ids[v->all.n++] = id;
+        n_normal++;
         if ((int)n > v->max_len) v->max_len = (int)n;
         v->plain_chars[id] = (uint16_t)plain_chars((const unsigned char *)b, n);
         int ascii = 1;
         for (size_t j = 0; j < n; j++) ascii &= plain_key_byte((unsigned char)b[j]);
         v->ascii_plain[id] = (uint8_t)ascii;
+        n_loose += !v->plain_chars[id];
+        n_unkeyed += !ascii;
     }
+    int ok = kind && v->plain_chars && v->ascii_plain && list_alloc(&v->all, n_normal) == 0 &&
+             list_alloc(&v->loose, n_loose) == 0 && list_alloc(&v->unkeyed, n_unkeyed) == 0;
+    v->special = calloc((size_t)v->n_special + 1, sizeof *v->special);
+    v->allowed = calloc((size_t)vocab + 1, 1);
+    v->allowed_ids = calloc((size_t)vocab + 1, sizeof *v->allowed_ids);
+    v->stack = calloc(CB_CON_TOKEN_BYTES + 2, sizeof *v->stack); /* the walk's, then one spare */
+    if (!ok || !v->special || !v->allowed || !v->allowed_ids || !v->stack) {
+        free(kind);
+        cb_con_vocab_free(v);
+        return -1;
+    }
+    v->n_special = 0;
+    for (int id = 0; id < n_tok; id++) {
+        if (kind[id] == 1) v->all.ids[v->all.n++] = id;
+        else if (kind[id] == 2) v->special[v->n_special++] = id;
+    }
+    free(kind);
     sort_tok = tok;
     qsort(v->all.ids, (size_t)v->all.n, sizeof *v->all.ids, cmp_tokens);
     for (int i = 0; i < v->all.n; i++) {
@@ -1386,7 +1408,7 @@ int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
         if (cand.n == 0) { /* greedy: the best valid token, ties to the lowest id */
             int32_t best = ids[0];
             for (int i = 1; i < n; i++)
-                if (cb_ranks_before(w[ids[i]], ids[i], w[best], best)) best = ids[i];
+                if (ranks_before(w[ids[i]], ids[i], w[best], best)) best = ids[i];
             return best;
         }
         double total = 0.0;
