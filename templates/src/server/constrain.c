@@ -1399,6 +1399,16 @@ int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
         int32_t t = cb_sample_draw(smp, &cand, rng, NULL);
         if (token_fits(v, c, s, t, strip_space, budget_left, after)) return t;
     }
+    if (cand.n == 0) {
+        /* Greedy: the first valid token among the 32 best is the best valid
+         * one (the same order); only past them is the full mask needed. */
+        cb_sampling near = *p;
+        near.temperature = 1.0f, near.top_k = 32, near.top_p = 1.0f, near.min_p = 0.0f;
+        cb_sample_candidates(smp, logits, &near, history, n_history, &cand);
+        for (int i = 0; cand.n > 0 && !cand.all && i < cand.n; i++)
+            if (token_fits(v, c, s, smp->idx[i], strip_space, budget_left, after)) return smp->idx[i];
+        cb_sample_candidates(smp, logits, p, history, n_history, &cand); /* greedy again: work = penalised logits */
+    }
     const float *w = smp->work; /* penalised logits (greedy), or the candidates' weights */
     if (cand.n == 0 || cand.all) {
         int n = build_mask(v, c, s, strip_space, budget_left);
