@@ -65,7 +65,9 @@ CHAT_ERRORS = [
     (json.dumps({**HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(),
      "'tools' needs the model's chat template"),
     (json.dumps({**HELLO, "tool_choice": "sometimes"}).encode(), "'tool_choice' must be"),
-    (json.dumps({**HELLO, "response_format": {"type": "json_object"}}).encode(), "response_format"),
+    (json.dumps({**HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "a+"}}}}).encode(),
+     "'response_format': the JSON Schema keyword 'pattern' is not supported"),
     (json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode(),
      "maximum context length is 256 tokens"),
 ]

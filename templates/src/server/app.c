@@ -82,6 +82,9 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
         a->pool_free[a->n_pool_free++] = a->pool_size - 1 - i;
     }
     if (ok && cb_sampler_init(&a->sampler, (int)a->dims->vocab) != 0) ok = 0;
+    if (ok && cb_engine_tokenizer(engine)->kind != CB_TOKENIZER_NONE &&
+        cb_con_vocab_init(&a->con_vocab, cb_engine_tokenizer(engine), (int)a->dims->vocab) != 0)
+        ok = 0;
     if (ok && cb_metrics_init(&a->metrics, (int)L, (int)a->dims->n_experts) != 0) ok = 0;
     if (!ok) {
         cb_app_destroy(a);
@@ -123,6 +126,7 @@ void cb_app_destroy(cb_app *a) {
     free(a->ids);
     free(a->response);
     cb_sampler_free(&a->sampler);
+    cb_con_vocab_free(&a->con_vocab);
     cb_metrics_free(&a->metrics);
     free(a);
 }
@@ -313,6 +317,7 @@ static void admit(cb_app *a, int s, cb_request *q, int reuse) {
     cb_detok_init(&st->detok);
     cb_reasoning_slot(a, st);
     cb_rng_seed(&st->rng, q->sampling.seed);
+    if (q->constrained) cb_con_start(&q->con, &st->con);
     memset(st->expert_counts, 0, sizeof(uint32_t) * a->dims->n_layers * a->dims->n_experts);
     cb_prefix_reuse(a, s, reuse);
     a->metrics.prompt_tokens += (uint64_t)q->n_prompt;
@@ -963,13 +968,35 @@ static int release(cb_app *a, int s, size_t n, int i, int always) {
     return 0;
 }
 
+static void fail_slot(cb_app *a, int s, const char *message, const char *outcome);
+
+/* The next token of a constrained request (response_format): only tokens
+ * that keep its output a valid prefix, within its max_tokens where it
+ * can be; -1 when the vocabulary has none. Advances the matcher. */
+static int32_t constrained_token(cb_app *a, cb_slot *st, const float *logits) {
+    const cb_request *q = st->req;
+    const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
+    const int strip = tok->kind != CB_TOKENIZER_BYTES && (tok->flags & CB_TOKF_STRIP_SPACE) && !st->detok.text_started;
+    const int i = st->n_generated;
+    int32_t token = cb_con_sample(&a->con_vocab, &q->con, &st->con, &a->sampler, logits, &q->sampling,
+                                  st->generated, i, &st->rng, st->max_tokens - i, strip);
+    if (token >= 0) cb_con_advance(&a->con_vocab, &q->con, &st->con, token, strip);
+    return token;
+}
+
 /* A new token for slot s: sample, record, release its text. */
 static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     cb_slot *st = &a->slots[s];
     const cb_request *q = st->req;
     const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
     const int i = st->n_generated;
-    int32_t token = cb_sample(&a->sampler, logits, &q->sampling, st->generated, i, &st->rng);
+    int32_t token = q->constrained ? constrained_token(a, st, logits)
+                                   : cb_sample(&a->sampler, logits, &q->sampling, st->generated, i, &st->rng);
+    if (token < 0) {
+        fail_slot(a, s, "no token of the model's vocabulary continues the output the response_format asks for",
+                  "constraint-dead-end");
+        return;
+    }
     st->trace_logits[i] = logits[token];
     if (q->logprobs)
         st->lp[i] = cb_logprobs(&a->sampler, logits, token, q->top_logprobs,
@@ -983,7 +1010,8 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     else cb_hist_observe(&a->metrics.itl, (double)(now - st->last_token_ns) * 1e-9);
     st->last_token_ns = now;
 
-    const int end = !q->ignore_eos && cb_is_end_token(tok, token);
+    /* A constrained output ends where its document does (ignore_eos or not). */
+    const int end = (q->constrained || !q->ignore_eos) && cb_is_end_token(tok, token);
     int released = 0;
     if (!end && cb_reasoning_marker(a, st, token)) {
         /* A thinking block opens or closes: what is held belongs before it. */
@@ -997,7 +1025,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
         int got = cb_detok_step(tok, &st->detok, token, st->held + st->held_len, CB_TOKEN_BYTES);
         if (got > 0) st->held_len += (size_t)got;
     }
-    if (end) st->finish_reason = "stop";
+    if (end || (q->constrained && cb_con_complete(&st->con))) st->finish_reason = "stop";
     else if (st->n_generated >= st->max_tokens) st->finish_reason = "length";
     if (st->finish_reason) { /* a character cut off at the end becomes U+FFFD */
         int got = cb_detok_flush(&st->detok, st->held + st->held_len, CB_TOKEN_BYTES);
@@ -1010,14 +1038,11 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     if (st->finish_reason) finish(a, s);
 }
 
-/* Fails slot s's request with a 500 naming where its numbers went
- * non-finite (a streamed one: an error event, then the end); the slot is
- * free for the next request (which rewrites the cache before reading it). */
-static void fail_non_finite(cb_app *a, int s, int fault) {
+/* Fails slot s's request with a 500 (a streamed one: an error event, then
+ * the end); the slot is free for the next request (which rewrites the
+ * cache before reading it). */
+static void fail_slot(cb_app *a, int s, const char *message, const char *outcome) {
     cb_slot *st = &a->slots[s];
-    char where[48], message[160];
-    cb_engine_fault_text(a->engine, fault, where, sizeof where);
-    snprintf(message, sizeof message, "the model produced non-finite values (NaN/inf) %s for this request", where);
     fprintf(stderr, "colibri-server: request failed: %s\n", message);
     cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
     if (c && st->req->stream) {
@@ -1025,8 +1050,16 @@ static void fail_non_finite(cb_app *a, int s, int fault) {
     } else if (c) {
         cb_respond_error(a, c, 500, NULL, message);
     }
-    release_slot(a, s, 500, "non-finite");
+    release_slot(a, s, 500, outcome);
     cb_prefix_forget(a, s);
+}
+
+/* ... naming where its numbers went non-finite. */
+static void fail_non_finite(cb_app *a, int s, int fault) {
+    char where[48], message[160];
+    cb_engine_fault_text(a->engine, fault, where, sizeof where);
+    snprintf(message, sizeof message, "the model produced non-finite values (NaN/inf) %s for this request", where);
+    fail_slot(a, s, message, "non-finite");
 }
 
 /* ---- the scheduler ---- */

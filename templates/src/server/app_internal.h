@@ -8,6 +8,7 @@
 
 #include "app.h"
 #include "chat.h"
+#include "constrain.h"
 #include "json.h"
 #include "metrics.h"
 #include "sampler.h"
@@ -50,6 +51,8 @@ typedef struct {
     int group_prompt, group_completion, group_cached; /* tokens of the list's prompts that finished before this one */
     cb_tool_format tool_format;  /* parse the output for tool calls (CB_TOOLFMT_NONE: no) */
     int parallel_tools;          /* parallel_tool_calls: 0 ends the answer after its first call */
+    int constrained;             /* the output must match con (response_format) */
+    cb_con_schema con;
 } cb_request;
 
 /* A tool call of a non-streamed answer: its name and arguments in the
@@ -109,6 +112,7 @@ typedef struct {
     int n_calls;                 /* calls handed out (streamed or kept) */
     char *tool_scratch;          /* [tool_scratch_cap]: the parser's built arguments */
     size_t tool_scratch_cap;
+    cb_con_state con;            /* the constrained output so far (req->constrained) */
 } cb_slot;
 
 struct cb_app {
@@ -142,6 +146,7 @@ struct cb_app {
     char *response;              /* [CB_RESPONSE_BYTES] */
     int step_tokens;             /* most tokens a step carries while some decode (0: no limit) */
     cb_sampler sampler;
+    cb_con_vocab con_vocab;      /* token masks for constrained requests; vocab 0 without a tokenizer */
     cb_metrics metrics;
     const char *api_key;         /* NULL: no auth */
     const char *metrics_key;     /* NULL: /metrics takes the API key only */

@@ -76,11 +76,7 @@ static int refuse_unsupported(reader *r, cb_endpoint ep) {
         if (field(r, never[i]) >= 0) ADD(never[i]);
     if (ep == CB_EP_COMPLETION && field(r, "tools") >= 0) ADD("tools");
     if (ep == CB_EP_COMPLETION && field(r, "tool_choice") >= 0) ADD("tool_choice");
-    int v = field(r, "response_format");
-    if (v >= 0) {
-        int type = cb_json_find(r->body, r->t, v, "type");
-        if (type < 0 || !cb_json_str_eq(r->body, &r->t[type], "text")) ADD("response_format");
-    }
+    int v;
     int64_t x;
     v = field(r, "best_of");
     if (v >= 0 && (cb_json_get_int64(r->body, &r->t[v], &x) != 0 || x != 1)) ADD("best_of");
@@ -251,6 +247,39 @@ static int read_tools(reader *r, cb_request *q) {
                        "parses Hermes <tool_call> JSON, Qwen3-Coder XML, Mistral [TOOL_CALLS], Llama 3.1 JSON "
                        "and gpt-oss harmony); send \"tool_choice\": \"none\" to only show the tools to the model");
     q->tool_format = r->a->tool_format;
+    return 0;
+}
+
+/* response_format: text (nothing to do), json_object (any JSON object) or
+ * json_schema (its "schema", compiled into q->con; the subset the
+ * matcher supports, anything else refused by name). */
+static int read_response_format(reader *r, cb_request *q) {
+    const cb_json_tok *t = r->t;
+    q->constrained = 0;
+    int v = field(r, "response_format");
+    if (v < 0) return 0;
+    int type = t[v].type == CB_JSON_OBJECT ? cb_json_find(r->body, t, v, "type") : -1;
+    if (type < 0 || t[type].type != CB_JSON_STRING)
+        return fail(r, "'response_format' must be an object with 'type' \"text\", \"json_object\" or \"json_schema\"");
+    if (cb_json_str_eq(r->body, &t[type], "text")) return 0;
+    int schema = -1;
+    if (cb_json_str_eq(r->body, &t[type], "json_schema")) {
+        int js = cb_json_find(r->body, t, v, "json_schema");
+        if (js < 0 || t[js].type != CB_JSON_OBJECT)
+            return fail(r, "'response_format.json_schema' must be an object with a 'schema'");
+        int name = cb_json_find(r->body, t, js, "name");
+        if (name >= 0 && t[name].type != CB_JSON_STRING) return fail(r, "'response_format.json_schema.name' must be a string");
+        schema = cb_json_find(r->body, t, js, "schema"); /* absent: any JSON object */
+        if (schema >= 0 && t[schema].type == CB_JSON_NULL) schema = -1;
+    } else if (!cb_json_str_eq(r->body, &t[type], "json_object")) {
+        return fail(r, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+    if (cb_engine_tokenizer(r->a->engine)->kind == CB_TOKENIZER_NONE)
+        return fail(r, "'response_format' needs a tokenizer, and this model was converted without one");
+    char err[384];
+    if (cb_con_compile(&q->con, "", 0, r->body, t, schema, "", 0, err, sizeof err))
+        return fail(r, "'response_format': %s", err);
+    q->constrained = 1;
     return 0;
 }
 
@@ -512,6 +541,7 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     if (model >= 0 && a->toks[model].type != CB_JSON_STRING) return fail(r, "'model' must be a string");
     if ((status = read_stop(r, q))) return status;
     if ((status = read_logit_bias(r, q))) return status;
+    if ((status = read_response_format(r, q))) return status;
     q->tool_format = CB_TOOLFMT_NONE;
     if (ep == CB_EP_CHAT && (status = read_tools(r, q))) return status;
     status = ep == CB_EP_CHAT ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);

@@ -150,18 +150,27 @@ static void apply_penalties(cb_sampler *s, const cb_sampling *p, const int32_t *
     }
 }
 
-int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
-                  int n_history, cb_rng *rng) {
+/* The candidates the sampler draws from (see cb_candidates); allowed (may
+ * be NULL) masks tokens out first, as -inf logits. */
+static void candidates(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
+                       int n_history, const uint8_t *allowed, cb_candidates *c) {
     const int V = s->vocab;
     float *w = s->work;
     int32_t *idx = s->idx;
+    c->n = 0, c->all = 0;
     memcpy(w, logits, sizeof(float) * V);
     for (int i = 0; i < p->n_bias; i++) w[p->bias_ids[i]] += p->bias[i]; /* ids checked by the request reader */
     apply_penalties(s, p, history, n_history);
+    if (allowed)
+        for (int i = 0; i < V; i++)
+            if (!allowed[i]) w[i] = -INFINITY;
     /* Greedy also where 1/T overflows (T under ~3e-39): its weights would be
      * exp(0 * inf), NaN, and a positive T that small is greedy anyway. */
     const float inv_t = 1.0f / p->temperature;
-    if (!(p->temperature > 0.0f) || !isfinite(inv_t)) return cb_argmax(w, V);
+    if (!(p->temperature > 0.0f) || !isfinite(inv_t)) {
+        c->top = cb_argmax(w, V);
+        return;
+    }
 
     int n = V, sorted = 0;
     if (p->top_k > 0 && p->top_k < V) {
@@ -175,16 +184,24 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
      * whole vocabulary (no top_k) vectorised: with libm's expf a token
      * sampled from 32000 took 177 us, with this 107 (before draw()). */
     const int32_t top = sorted ? idx[0] : cb_argmax(w, V);
+    c->top = top;
     const float max = w[top];
     /* Non-finite logits (the server fails such a request before sampling)
      * would make every weight NaN: the most likely token, never an index
      * out of range. */
-    if (!isfinite(max)) return top;
+    if (!isfinite(max)) return;
     if (sorted)
         for (int i = 0; i < n; i++) w[idx[i]] = cb_expf((w[idx[i]] - max) * inv_t);
     else
         cb_exp_shifted(w, V, max, inv_t);
-    if (!sorted && p->top_p >= 1.0f && p->min_p <= 0.0f) return draw(w, V, top, rng); /* the whole vocabulary */
+    /* exp clamps its argument, so a masked token's weight is tiny, not 0 */
+    if (allowed)
+        for (int i = 0; i < V; i++)
+            if (!allowed[i]) w[i] = 0.0f;
+    if (!sorted && p->top_p >= 1.0f && p->min_p <= 0.0f) { /* the whole vocabulary */
+        c->all = 1, c->n = V;
+        return;
+    }
     if (!sorted)
         for (int i = 0; i < V; i++) idx[i] = i;
     if (p->top_p < 1.0f) {
@@ -211,16 +228,56 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
         if (!kept) idx[kept++] = top; /* only with NaN weights: the most likely (1.0) stays */
         n = kept;
     }
+    c->n = n;
+}
+
+void cb_sample_candidates(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
+                          int n_history, cb_candidates *c) {
+    candidates(s, logits, p, history, n_history, NULL, c);
+}
+
+int32_t cb_sample_draw(cb_sampler *s, const cb_candidates *c, cb_rng *rng, const uint8_t *only) {
+    const float *w = s->work;
+    const int32_t *idx = s->idx;
+    if (c->n == 0) return only && !only[c->top] ? -1 : c->top;
+    if (c->all && !only) return draw(w, c->n, c->top, rng);
     double total = 0.0;
-    for (int i = 0; i < n; i++) total += w[idx[i]];
-    if (!(total > 0.0 && total <= DBL_MAX)) return top;
+    for (int i = 0; i < c->n; i++) {
+        const int32_t t = c->all ? i : idx[i];
+        if (!only || only[t]) total += w[t];
+    }
+    if (!(total > 0.0 && total <= DBL_MAX)) return only ? -1 : c->top;
     const double u = cb_rng_uniform(rng) * total;
     double acc = 0.0;
-    for (int i = 0; i < n; i++) {
-        acc += w[idx[i]];
-        if (acc > u) return idx[i];
+    int32_t last = -1;
+    for (int i = 0; i < c->n; i++) {
+        const int32_t t = c->all ? i : idx[i];
+        if (only && !only[t]) continue;
+        acc += w[t];
+        if (acc > u) return t;
+        last = t;
     }
-    return idx[n - 1];
+    return last;
+}
+
+int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
+                  int n_history, cb_rng *rng) {
+    cb_candidates c;
+    candidates(s, logits, p, history, n_history, NULL, &c);
+    return cb_sample_draw(s, &c, rng, NULL);
+}
+
+int32_t cb_sample_masked(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
+                         int n_history, cb_rng *rng, const uint8_t *allowed) {
+    cb_candidates c;
+    candidates(s, logits, p, history, n_history, allowed, &c);
+    int32_t t = cb_sample_draw(s, &c, rng, allowed);
+    if (t >= 0) return t;
+    /* no allowed weight left after the filters (or non-finite ones): the best allowed */
+    int32_t best = -1;
+    for (int i = 0; i < s->vocab; i++)
+        if (allowed[i] && (best < 0 || cb_ranks_before(logits[i], i, logits[best], best))) best = i;
+    return best;
 }
 
 float cb_logprobs(cb_sampler *s, const float *logits, int32_t chosen, int n_top, int32_t *top_ids,

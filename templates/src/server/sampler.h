@@ -50,6 +50,29 @@ void cb_sampler_free(cb_sampler *s);
 int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
                   int n_history, cb_rng *rng);
 
+/* What cb_sample draws from: n == 0: the one token `top` (greedy, or
+ * non-finite weights); else n candidates with unnormalised weights in
+ * work[id], their ids in idx[0..n), or all: the whole vocabulary (n ==
+ * vocab, idx unused). Valid until the sampler's next call. */
+typedef struct {
+    int n, all;
+    int32_t top;
+} cb_candidates;
+
+void cb_sample_candidates(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
+                          int n_history, cb_candidates *c);
+/* One draw from c (one random number, none for n == 0); only (may be NULL):
+ * among the candidates where only[id] != 0, renormalised, -1 if none has
+ * weight. */
+int32_t cb_sample_draw(cb_sampler *s, const cb_candidates *c, cb_rng *rng, const uint8_t *only);
+
+/* cb_sample with only the tokens where allowed[id] != 0: the others' logits
+ * are -inf before penalties, temperature, top-k, top-p and min-p, so the
+ * draw is from the same distribution renormalised over the allowed tokens
+ * (constrained decoding). At least one token must be allowed. */
+int32_t cb_sample_masked(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
+                         int n_history, cb_rng *rng, const uint8_t *allowed);
+
 /* Log-probability of `chosen` under the model's distribution (log-softmax
  * of the raw logits, before penalties and temperature), and the n_top most
  * likely tokens with theirs, best first. */
