@@ -139,11 +139,35 @@ def test_openai_sdk_agent_loop(client, tool_server):
     assert messages[-1]["content"] == tm.FINAL
 
 
+def test_tool_choice_required_and_named_force_a_valid_call(client, tool_server):
+    """tool_choice "required" on a greeting the model answers in words, and
+    a named function other than the one the model would call: the output is
+    constrained to one call of the template's format (constrain.h), so the
+    answer is that call, its arguments valid under the tool's schema;
+    streamed, the same call."""
+    jsonschema = pytest.importorskip("jsonschema")
+    name = tool_server.model_name
+    schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in tm.TOOLS}
+    greeting = [{"role": "user", "content": tm.GREETING}]
+    for messages, choice, want in [(greeting, "required", None),
+                                   (tm.AGENT_1, {"type": "function", "function": {"name": "get_time"}}, "get_time")]:
+        reply = client.chat.completions.create(model=name, messages=messages, tools=tm.TOOLS, tool_choice=choice,
+                                               max_tokens=120).choices[0]
+        assert reply.finish_reason == "tool_calls", reply
+        (call,) = reply.message.tool_calls
+        assert call.function.name in schemas and (want is None or call.function.name == want)
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        _, calls, finish, _ = streamed(client, name, messages, tool_choice=choice, max_tokens=120)
+        assert finish == "tool_calls"
+        assert [(c["name"], c["arguments"]) for c in calls] == [(call.function.name, call.function.arguments)]
+
+
 def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
     body = {"messages": tm.AGENT_1, "tools": tm.TOOLS}
-    for extra, fragment in [({"tool_choice": "required"}, "constrained decoding"),
-                            ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
-                             "constrained decoding"),
+    for extra, fragment in [({"tool_choice": {"type": "function", "function": {"name": "no_such_tool"}}},
+                             "no tool in 'tools' has that name"),
+                            ({"tool_choice": "required", "response_format": {"type": "json_object"}},
+                             "both constrain the output"),
                             ({"tools": [{"type": "function", "function": {}}]}, "'tools[0].function.name'"),
                             ({"tools": {"type": "function"}}, "'tools' must be an array")]:
         got = tool_server.post("/v1/chat/completions", {**body, **extra})

@@ -48,6 +48,10 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
         a->chat_work_cap = CB_CHAT_WORK_BYTES;
         a->chat_work = alloc_zeroed(a->chat_work_cap, 1, &ok);
         a->tool_format = cb_tool_format_detect(tok->chat[0], tok->chat_len[0]);
+        if (a->tool_format) {
+            a->tool_schema = alloc_zeroed(CB_TOOL_SCHEMA_BYTES, 1, &ok);
+            a->tool_toks = alloc_zeroed(CB_TOOL_SCHEMA_TOKENS, sizeof *a->tool_toks, &ok);
+        }
     }
     for (int s = 0; ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
@@ -123,6 +127,8 @@ void cb_app_destroy(cb_app *a) {
     free(a->messages);
     free(a->text);
     free(a->chat_work);
+    free(a->tool_schema);
+    free(a->tool_toks);
     free(a->ids);
     free(a->response);
     cb_sampler_free(&a->sampler);

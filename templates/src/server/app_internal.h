@@ -15,6 +15,8 @@
 #include "toolcall.h"
 
 #define CB_MAX_JSON_TOKENS 65536
+#define CB_TOOL_SCHEMA_BYTES (1 << 16)
+#define CB_TOOL_SCHEMA_TOKENS 8192
 #define CB_MAX_MESSAGES 256
 #define CB_RESPONSE_BYTES (1u << 20)
 #define CB_MAX_STOP 4            /* stop sequences per request (OpenAI's limit) */
@@ -161,6 +163,10 @@ struct cb_app {
     const char *const *cors_origins; /* --cors-origin values ("*": any); NULL: no CORS */
     int n_cors_origins;
     int prefix_cache;            /* reuse a free slot's cached prefix (off: --no-prefix-cache) */
+    /* tool_choice "required"/named: the call's JSON Schema as cb_tool_constraint
+     * writes it, and its tokens for cb_con_compile (a model with a known format) */
+    char *tool_schema;           /* [CB_TOOL_SCHEMA_BYTES] */
+    cb_json_tok *tool_toks;      /* [CB_TOOL_SCHEMA_TOKENS] */
     uint64_t admissions;         /* requests given a slot so far (cb_slot.used_at) */
 };
 

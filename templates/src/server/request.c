@@ -198,6 +198,49 @@ static int chat_request(reader *r, cb_chat_request *q, int n_messages, int allow
     return 0;
 }
 
+/* tool_choice "required" (choice -1) or a named function (choice: its
+ * object): the output is constrained to one call in the template's format
+ * (cb_tool_constraint's prefix, schema and suffix; constrain.h), then the
+ * end. */
+static int force_tool_call(reader *r, cb_request *q, int tools, int choice) {
+    const cb_json_tok *t = r->t;
+    cb_app *a = r->a;
+    char name[CB_TOOL_NAME_BYTES + 1] = "", prefix[CB_TOOL_NAME_BYTES + 96], suffix[32], err[384];
+    if (choice >= 0) {
+        int fn = cb_json_find(r->body, t, choice, "function");
+        int nm = fn >= 0 && t[fn].type == CB_JSON_OBJECT ? cb_json_find(r->body, t, fn, "name") : -1;
+        if (nm < 0 || t[nm].type != CB_JSON_STRING || t[nm].end - t[nm].start > CB_TOOL_NAME_BYTES ||
+            (t[nm].flags & CB_JSON_F_ESCAPED))
+            return fail(r, "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}} naming "
+                           "one of the 'tools'");
+        memcpy(name, r->body + t[nm].start, (size_t)(t[nm].end - t[nm].start));
+    }
+    if (q->constrained)
+        return fail(r, "'tool_choice' %s and 'response_format' both constrain the output; send one of them",
+                    choice >= 0 ? "naming a function" : "\"required\"");
+    if (!a->chat_work) return fail(r, "'tools' needs the model's chat template, and this model has none");
+    if (!a->tool_format || !a->tool_schema)
+        return fail(r, "'tools': this model's chat template calls tools in a format this server cannot parse");
+    if (cb_tool_constraint(a->tool_format, r->body, t, tools, choice >= 0 ? name : NULL, prefix, sizeof prefix,
+                           a->tool_schema, CB_TOOL_SCHEMA_BYTES, suffix, sizeof suffix) != 0)
+        return fail(r, "'tool_choice': %s", choice >= 0 && a->tool_format != CB_TOOLFMT_XML
+                                                ? "no tool in 'tools' has that name, or its 'parameters' are too big"
+                                                : a->tool_format == CB_TOOLFMT_XML
+                                                ? "this model's tool calls (XML parameters) cannot be constrained; "
+                                                  "send \"auto\""
+                                                : a->tool_format == CB_TOOLFMT_HARMONY
+                                                ? "\"required\" cannot be constrained in gpt-oss's format; name "
+                                                  "the function"
+                                                : "the tools' parameters are too big to constrain");
+    const int n = cb_json_parse(a->tool_schema, strlen(a->tool_schema), a->tool_toks, CB_TOOL_SCHEMA_TOKENS, NULL);
+    if (n < 1) return fail(r, "'tools': the tools' parameters are too big to constrain");
+    if (cb_con_compile(&q->con, prefix, strlen(prefix), a->tool_schema, a->tool_toks, 0, suffix, strlen(suffix), err,
+                       sizeof err))
+        return fail(r, "'tool_choice': the tools' parameters: %s", err);
+    q->constrained = 1;
+    return 0;
+}
+
 /* tools, tool_choice and parallel_tool_calls of a chat request: sets
  * q->tool_format when the answer is to be parsed for calls ("auto", the
  * default with tools). "none" still shows the tools to the template. */
@@ -229,10 +272,7 @@ static int read_tools(reader *r, cb_request *q) {
         } else if (t[choice].type == CB_JSON_STRING && cb_json_str_eq(r->body, &t[choice], "auto")) {
         } else if (named || (t[choice].type == CB_JSON_STRING && cb_json_str_eq(r->body, &t[choice], "required"))) {
             if (!n_tools) return fail(r, "'tool_choice' names a tool, and there are no 'tools'");
-            /* These need the output constrained (constrain.h); cb_tool_constraint builds its prefix, schema, suffix. */
-            return fail(r, "'tool_choice': %s needs constrained decoding, which this server does not have yet; "
-                           "send \"auto\" or \"none\"",
-                        named ? "a named function" : "\"required\"");
+            if ((status = force_tool_call(r, q, tools, named ? choice : -1))) return status;
         } else {
             return fail(r, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                            "\"function\": {\"name\": ...}}");
