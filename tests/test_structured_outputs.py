@@ -331,3 +331,76 @@ def test_langchain_with_structured_output(server):
                           temperature=1.0, max_retries=0)
     person = model.with_structured_output(Person).invoke("Who?")  # default method: json_schema
     assert isinstance(person, Person)
+
+
+def _random_tools(rng: random.Random, n: int) -> list[dict]:
+    """n tools, each with random object parameters of the subset."""
+    tools = []
+    for k in range(n):
+        params = gen_schema(rng, max_depth=2)
+        if params.get("type") != "object":
+            params = {"type": "object", "properties": {"value": params}, "required": ["value"]}
+        tools.append({"type": "function", "function": {"name": f"tool_{k}_{rng.randint(0, 999)}",
+                                                        "description": "a tool", "parameters": params}})
+    return tools
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory):
+    """The Qwen3 vocabulary and template with room for tool lists: 2,048 positions."""
+    folder = tmp_path_factory.mktemp("qwen-tools") / "qwen-tools"
+    run_cli("synth", "--preset", "tiny", "--seed", "6", "--tokenizer", TOKENIZERS / "qwen3", "--chat-template",
+            TEMPLATE, "--context-length", "2048", folder)
+    dist = build_server(tmp_path_factory.mktemp("qwen-tools-build"), folder, "native")
+    srv = RunningServer(dist / "colibri-server", folder, "--threads", "2")
+    yield srv
+    stop_checked(srv)
+
+
+def test_tool_choice_required_and_named_calls_validate(tool_server):
+    """The adversary under tool_choice "required" (any of 1-3 random tools)
+    and a named function, in the Qwen3 template's Hermes format: every
+    answer is exactly one call whose name is a tool's (the named one) and
+    whose arguments validate under that tool's parameters; streamed too."""
+    rng = random.Random(7)
+    cases = []
+    for i in range(24):
+        tools = _random_tools(rng, rng.randint(1, 3))
+        named = tools[rng.randrange(len(tools))]["function"]["name"] if i % 2 else None
+        choice = {"type": "function", "function": {"name": named}} if named else "required"
+        sampling = SAMPLINGS[i % 4]
+        body = {"messages": CHAT, "tools": tools, "tool_choice": choice, "max_tokens": 200, **sampling,
+                **({"seed": i} if sampling else {})}
+        cases.append((body, named))
+
+    def one(case):
+        body, named = case
+        if cases.index(case) % 3 == 2:
+            with requests.post(tool_server.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
+                               timeout=120) as reply:
+                assert reply.status_code == 200, reply.text
+                events = sse_events(reply)
+            calls: dict[int, dict] = {}
+            finish = None
+            for e in events[:-1]:
+                if not e["choices"]:
+                    continue
+                for d in e["choices"][0]["delta"].get("tool_calls") or []:
+                    c = calls.setdefault(d["index"], {"name": "", "arguments": ""})
+                    c["name"] += d.get("function", {}).get("name") or ""
+                    c["arguments"] += d.get("function", {}).get("arguments") or ""
+                finish = e["choices"][0]["finish_reason"] or finish
+            return body, named, [calls[k] for k in sorted(calls)], finish
+        answer = chat(tool_server, body)["choices"][0]
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                 for c in answer["message"].get("tool_calls") or []]
+        return body, named, calls, answer["finish_reason"]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, cases))
+    for body, named, calls, finish in results:
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in body["tools"]}
+        assert finish == "tool_calls" and len(calls) == 1, (json.dumps(body)[:400], calls, finish)
+        (call,) = calls
+        assert call["name"] in schemas and (named is None or call["name"] == named), (call, named)
+        validate(call["arguments"], schemas[call["name"]])
