@@ -16,12 +16,9 @@ import pytest
 from colibri_build import Engine
 from colibri_build.convert import convert
 
-TINY = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe" / "deepseek_v3"
-needs_testdata = pytest.mark.skipif(not TINY.is_dir(), reason="../shared/testdata not present")
+from tiny_moe import TINY_MOE, needs_testdata, relative_error, transformers_reference
 
-
-def relative_error(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
+TINY = TINY_MOE / "deepseek_v3"
 
 
 @needs_testdata
@@ -113,24 +110,8 @@ def make_deepseek(folder: Path, seed: int, parity_init: bool = False, **fields):
 def reference(model, ids, n_greedy):
     """Logits, each MoE layer's chosen experts (sorted: transformers' top-k
     is unsorted) and the greedy continuation."""
-    import torch
-    chosen, handles = {}, []
-    for i, layer in enumerate(model.model.layers):
-        if not hasattr(layer.mlp, "gate"):
-            continue
-
-        def hook(module, args, output, i=i):
-            chosen[i] = np.sort(output[2].detach().numpy().astype(np.int32), -1)  # (logits, weights, indices)
-        handles.append(layer.mlp.gate.register_forward_hook(hook))
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].float().numpy()
-    for h in handles:
-        h.remove()
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n_greedy):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return logits, chosen, seq[len(ids):]
+    routers = {i: layer.mlp.gate for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")}
+    return transformers_reference(model, ids, n_greedy, routers, sort=True)
 
 
 @pytest.fixture(scope="module")

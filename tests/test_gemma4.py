@@ -17,12 +17,8 @@ import pytest
 from colibri_build import Engine
 from colibri_build.convert import convert
 
-TINY = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe"
-needs_testdata = pytest.mark.skipif(not TINY.is_dir(), reason="../shared/testdata not present")
-
-
-def relative_error(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
+from tiny_moe import TINY_MOE as TINY
+from tiny_moe import needs_testdata, relative_error, transformers_reference
 
 
 def hf_copy(name, tmp_path, config_name="config.json"):
@@ -176,21 +172,8 @@ def make_gemma4(folder: Path, seed: int, **fields):
 def reference(model, ids, n_greedy):
     """Logits, the experts each layer chose (transformers' top-k order), and
     the greedy continuation by full forwards."""
-    import torch
-    chosen, handles = {}, []
-    for i, layer in enumerate(model.model.layers):
-        def hook(module, args, output, i=i):
-            chosen[i] = output[2].detach().numpy().astype(np.int32)
-        handles.append(layer.router.register_forward_hook(hook))
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].float().numpy()
-    for h in handles:
-        h.remove()
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n_greedy):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return logits, chosen, seq[len(ids):]
+    routers = {i: layer.router for i, layer in enumerate(model.model.layers)}
+    return transformers_reference(model, ids, n_greedy, routers)
 
 
 @pytest.mark.parametrize("shape_id", [s[0] for s in SHAPES])

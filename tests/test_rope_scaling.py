@@ -23,6 +23,7 @@ from colibri_build import Engine  # noqa: E402
 from colibri_build.convert import convert, model_config  # noqa: E402
 from colibri_build.errors import ConfigError  # noqa: E402
 from hf_models import make_checkpoint, reference_greedy, reference_logits  # noqa: E402
+from tiny_moe import relative_error  # noqa: E402
 
 VOCAB = 160
 PROMPT = [int(t) for t in np.random.default_rng(17).integers(1, VOCAB, 24)]
@@ -52,10 +53,6 @@ SCALINGS = {
 }
 CASES = [(arch, kind) for arch in ("mixtral", "qwen3_moe") for kind in SCALINGS] + \
         [("qwen2_moe", "llama3"), ("olmoe", "yarn")]
-
-
-def relative_error(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 @pytest.mark.parametrize("arch,kind", CASES, ids=[f"{a}-{k}" for a, k in CASES])

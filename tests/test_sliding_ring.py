@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 from colibri_build import Engine  # noqa: E402
 from colibri_build._engine import EngineError  # noqa: E402
 from colibri_build.convert import convert  # noqa: E402
+from tiny_moe import relative_error  # noqa: E402
 
 MAX_BATCH = 64  # the Python engine's (generic build)
 LENGTH = 250
@@ -61,10 +62,6 @@ MODELS = {
                      moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
                      num_experts_per_tok=2),
 }
-
-
-def relative_error(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 @pytest.mark.parametrize("arch", MODELS)

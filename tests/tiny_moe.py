@@ -1,0 +1,43 @@
+"""What the architecture parity tests share: the shared tiny_moe
+checkpoints, the relative error they are judged by, and transformers'
+logits, chosen experts and greedy continuation for a prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TINY_MOE = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe"
+needs_testdata = pytest.mark.skipif(not TINY_MOE.is_dir(), reason="../shared/testdata not present")
+
+
+def relative_error(a, b) -> float:
+    """The largest difference, relative to the largest reference value."""
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def transformers_reference(model, ids, n_greedy, routers, sort=False):
+    """model's logits for ids, the experts each router chose and the greedy
+    continuation by full forwards. routers: {layer: router module}, whose
+    output's third item holds the chosen indices; sort: in ascending order
+    (where transformers' top-k order is not the engine's)."""
+    import torch
+    chosen, handles = {}, []
+    for i, router in routers.items():
+        def hook(module, args, output, i=i):
+            got = output[2].detach().numpy().astype(np.int32)
+            chosen[i] = np.sort(got, -1) if sort else got
+        handles.append(router.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float().numpy()
+    finally:
+        for h in handles:
+            h.remove()
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n_greedy):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return logits, chosen, seq[len(ids):]
