@@ -626,11 +626,18 @@ ARCH_BAD = {
     "gpt-oss-rope-scaling": ("gpt_oss/gpt_oss-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
         b"\x04\x00\x00\x00\x00\x00\x00\x00yarn", b"\x04\x00\x00\x00\x00\x00\x00\x00linr")),
         r"gpt-oss.rope.scaling.type is 'linr'; only yarn is implemented for gpt-oss"),
+    # DeepSeek-V2's softmax router, and a router without V3's correction bias
+    "deepseek2-softmax-router": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"deepseek2.expert_gating_func\x04\x00\x00\x00\x02", b"deepseek2.expert_gating_func\x04\x00\x00\x00\x01")),
+        r"deepseek2.expert_gating_func is 1; only the sigmoid router \(2, DeepSeek-V3\) is implemented"),
+    "deepseek2-no-router-bias": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"blk.1.exp_probs_b.bias", b"blk.1.exp_probs_x.bias")),
+        r"tensor 'blk.1.exp_probs_b.bias' \(the router's correction bias\) is missing"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(ARCH_BAD))
-def test_a_gemma4_or_gpt_oss_file_the_engine_would_misread_is_refused(tmp_path, case):
+def test_a_gemma4_gpt_oss_or_deepseek2_file_the_engine_would_misread_is_refused(tmp_path, case):
     src, edit, message = ARCH_BAD[case]
     bad = patched(tmp_path, DATA / src, edit)
     with pytest.raises(ModelError, match=f"{re.escape(str(bad))}: {message}"):
