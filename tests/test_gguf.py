@@ -1,4 +1,4 @@
-"""GGUF files in (issue 24): llama.cpp's own small files of the six
+"""GGUF files in (issue 24): llama.cpp's own small files of the seven
 architectures the engine runs (../shared/testdata/gguf, made by its converter
 and quantizer) are converted with their weights kept bit for bit, then run
 by the engine and compared with llama.cpp's outputs for the same files

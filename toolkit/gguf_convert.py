@@ -5,8 +5,9 @@ and the `<arch>.*` keys, the tokenizer and chat template from
 GGML type and bytes: nothing is dequantized or requantized. The bytes only
 move: merged `ffn_*_exps` tensors split into one page-aligned block per
 expert, llama.cpp's q/k row permutation of `llama` files undone (a row
-permutation), and Q8_0/Q4_0 rows regrouped into the engine's x4 layout (the
-same blocks, reordered); Gemma 4's fused `ffn_gate_up_exps` split into
+permutation), DeepSeek's interleaved rope rows reordered (rows too), and
+Q8_0/Q4_0 rows regrouped into the engine's x4 layout (the same blocks,
+reordered); Gemma 4's fused `ffn_gate_up_exps` split into
 its gate and up rows. The file is memory-mapped and read once, in the
 order the output is written; the output appears only when complete."""
 
@@ -381,7 +382,7 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
                          "router (2, DeepSeek-V3) is implemented (softmax routing of DeepSeek-V2 is not)")
     if "blk.0.attn_kv_b.weight" in g.tensors:
         raise ModelError(f"{path}: tensor 'blk.0.attn_kv_b.weight': an older deepseek2 file with kv_b unsplit; the "
-                         "engine reads attn_k_b / attn_v_b as llama.cpp's converter has written them since 2025")
+                         "engine reads the attn_k_b / attn_v_b split that newer llama.cpp converters write")
     layers = m.get("block_count", required=True)
     rope = m.get("rope.dimension_count", required=True)
     key_mla = m.get("attention.key_length_mla", None)
