@@ -1,4 +1,4 @@
-"""GGUF files in (issue 24): llama.cpp's own small files of the six
+"""GGUF files in (issue 24): llama.cpp's own small files of the seven
 architectures the engine runs (../shared/testdata/gguf, made by its converter
 and quantizer) are converted with their weights kept bit for bit, then run
 by the engine and compared with llama.cpp's outputs for the same files
@@ -28,7 +28,7 @@ from colibri_build.weights import (DTYPE_IDS, DTYPE_NAMES, check_matches_config,
 from conftest import run_cli  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "testdata" / "gguf"
-ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss")  # the engine's; deepseek_v3 waits
+ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss", "deepseek_v3")
 # Dtype ids of the kernels being added alongside (the shared contract): a
 # file holding one the engine lacks is skipped, naming it; any other load
 # failure fails.
@@ -180,6 +180,8 @@ def test_every_weight_keeps_its_ggml_type_and_bytes(converted, arch, name):
                "attn_o_bias": "attn_output.bias", "attn_sinks": "attn_sinks", "ffn_router_bias": "ffn_gate_inp.bias"}
     if g.meta["general.architecture"] == "gpt-oss":
         to_gguf["ffn_norm"] = "post_attention_norm"
+    if g.meta["general.architecture"] == "deepseek2":
+        to_gguf.update({"attn_kv_a": "attn_kv_a_mqa", "ffn_router_bias": "exp_probs_b.bias"})
     seen = {"rope_freqs.weight"} if "rope_freqs.weight" in g.tensors else set()  # gemma4: read into the config
     for tname, ent in header["tensors"].items():
         parts = tname.split(".")
@@ -219,6 +221,12 @@ def test_every_weight_keeps_its_ggml_type_and_bytes(converted, arch, name):
             restored = np.empty_like(src_rows)
             restored[llama_permuted_rows(rows, heads)] = src_rows
             src = restored.reshape(-1)
+        if g.meta["general.architecture"] == "deepseek2" and parts[-1] in ("attn_q_b", "attn_kv_a"):
+            # the rope rows (last 32 of each head's, of kv_a's): pairs (2i, 2i+1) -> halves
+            blocks, rope = (cfg["heads"] if parts[-1] == "attn_q_b" else 1), cfg["head_dim"]
+            src_rows = src.reshape(blocks, rows // blocks, -1).copy()
+            src_rows[:, -rope:] = np.concatenate([src_rows[:, -rope::2], src_rows[:, -rope + 1::2]], axis=1)
+            src = src_rows.reshape(-1)
         assert np.array_equal(got.reshape(-1), src), tname
     assert seen == set(g.tensors)
     g.close()
@@ -401,6 +409,14 @@ HF_FROM_GGUF = {
                 "mlp.router.bias": "ffn_gate_inp.bias",
                 **{f"self_attn.{a}_proj.{k}": f"attn_{b}.{k}" for a, b in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))
                    for k in ("weight", "bias")}},
+    "deepseek_v3": {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+                    "self_attn.q_a_proj.weight": "attn_q_a.weight", "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+                    "self_attn.q_b_proj.weight": "attn_q_b.weight", "self_attn.o_proj.weight": "attn_output.weight",
+                    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+                    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+                    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+                    **{f"mlp.{n}_proj.weight": f"ffn_{n}.weight" for n in ("gate", "up", "down")},
+                    **{f"mlp.shared_experts.{n}_proj.weight": f"ffn_{n}_shexp.weight" for n in ("gate", "up", "down")}},
 }
 
 
@@ -434,20 +450,37 @@ def transformers_on_gguf(arch: str, path: Path):
             sd[p + "mlp.experts.gate_up_proj_bias"] = interleave(t[b + "ffn_gate_exps.bias"], t[b + "ffn_up_exps.bias"])
             sd[p + "mlp.experts.down_proj"] = t[b + "ffn_down_exps.weight"].transpose(1, 2)
             sd[p + "mlp.experts.down_proj_bias"] = t[b + "ffn_down_exps.bias"]
+        if arch == "deepseek_v3":
+            # kv_b_proj [nh * (nope + v), kv_lora]: per head W_UK (k_b [nh, kv_lora, nope] transposed), then W_UV
+            k_b, v_b = t[b + "attn_k_b.weight"], t[b + "attn_v_b.weight"]
+            sd[p + "self_attn.kv_b_proj.weight"] = torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
+            if b + "ffn_gate_exps.weight" in t:
+                own = model.state_dict()
+                if p + "mlp.experts.gate_up_proj" in own:  # fused [E, 2I, H]: gate rows, then up rows
+                    sd[p + "mlp.experts.gate_up_proj"] = torch.cat([t[b + "ffn_gate_exps.weight"],
+                                                                    t[b + "ffn_up_exps.weight"]], dim=1)
+                    sd[p + "mlp.experts.down_proj"] = t[b + "ffn_down_exps.weight"]
+                else:
+                    for e in range(config.n_routed_experts):
+                        for n in ("gate", "up", "down"):
+                            sd[p + f"mlp.experts.{e}.{n}_proj.weight"] = t[b + f"ffn_{n}_exps.weight"][e]
     missing, unexpected = model.load_state_dict({k: v.contiguous() for k, v in sd.items()}, strict=False)
     assert not unexpected and not [m for m in missing if m != "lm_head.weight" or "output.weight" in t], missing
     return model, torch
 
 
-@pytest.mark.parametrize("arch,name", [("gemma4", "gemma4-Q8_0.gguf"), ("gpt_oss", "gpt_oss-MXFP4_MOE.gguf")])
-def test_gemma4_and_gpt_oss_files_compute_what_transformers_computes_on_their_weights(converted, tmp_path, arch,
-                                                                                       name):
+@pytest.mark.parametrize("arch,name", [("gemma4", "gemma4-Q8_0.gguf"), ("gpt_oss", "gpt_oss-MXFP4_MOE.gguf"),
+                                       ("deepseek_v3", "deepseek_v3-Q4_K_M.gguf")])
+def test_gemma4_gpt_oss_and_deepseek_files_compute_what_transformers_computes_on_their_weights(converted, tmp_path,
+                                                                                                arch, name):
     """The converted file, dequantized exactly (its F32 twin), against
     transformers holding the same values under their own names: logits
     within 1e-4 of the largest at every position. Proves the mapping (names,
     fused and split experts, sliding layers, k = v, proportional RoPE, YaRN,
-    sinks, biases) apart from llama.cpp's rounding, which the bars above
-    must allow."""
+    sinks, biases; DeepSeek's split kv_b, its rope rows left interleaved by
+    llama.cpp's converter and reordered by ours, the YaRN mscale from
+    yarn_log_multiplier) apart from llama.cpp's rounding, which the bars
+    above must allow."""
     twin = f32_twin(converted(arch, name), tmp_path / "twin")
     model, torch = transformers_on_gguf(arch, DATA / arch / name)
     r = refs(arch)
@@ -519,8 +552,8 @@ BAD = {
                       r"tensor 'blk.0.attn_q.weight' \(Q8_0, ne=\[256, 1024\]\) is \d+ bytes by its shape and type "
                       r"but only \d+ lie before"),
     "unknown-arch": (lambda d: d.__setitem__(slice(None), bytes(d).replace(b"qwen3moe", b"qwen9moe")),
-                     r"architecture 'qwen9moe' \(general.architecture\) is not supported; supported: gemma4, gpt-oss, "
-                     r"llama, olmoe"),
+                     r"architecture 'qwen9moe' \(general.architecture\) is not supported; supported: deepseek2, "
+                     r"gemma4, gpt-oss, llama, olmoe"),
     "missing-key": (lambda d: d.__setitem__(slice(None), bytes(d).replace(b"qwen3moe.expert_used_count",
                                                                           b"qwen3moe.expert_used_cnxxx")),
                     r"metadata key 'qwen3moe.expert_used_count' is missing"),
@@ -559,11 +592,24 @@ def test_a_bad_file_into_an_existing_folder_leaves_it_as_it_was(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
-def test_deepseek2_is_refused_until_the_engine_runs_it(tmp_path):
-    with pytest.raises(ModelError, match="'deepseek2' .* is not supported; supported: gemma4, gpt-oss, llama, olmoe, "
-                                         "qwen2moe, qwen3moe"):
-        convert_gguf(DATA / "deepseek_v3" / "deepseek_v3-Q8_0.gguf", tmp_path / "ds", progress=False)
-    assert not (tmp_path / "ds").exists()
+def test_a_deepseek2_file_reads_as_its_config_json_does(tmp_path):
+    """The model-config from the GGUF keys = the safetensors importer's from
+    the model's config.json (refs.json), weights and source aside: the same
+    MLA sizes, YaRN and its mscale (from yarn_log_multiplier), groups,
+    routed scaling, dense layer."""
+    from colibri_build.convert import model_config as hf_model_config
+    from colibri_build.gguf_convert import model_config
+    (tmp_path / "config.json").write_text(json.dumps(refs("deepseek_v3")["model"]["hf_config_json"]))
+    want = hf_model_config(tmp_path, "f32", "m", None, 8)[0]
+    with GGUFFile(DATA / "deepseek_v3" / "deepseek_v3-Q8_0.gguf") as g:
+        ours = model_config(g, "m", None, 8)
+    for cfg in (ours, want):
+        for key in ("weights", "source", "tokenizer"):
+            cfg.pop(key, None)
+    # float32 in the file: eps 1e-6 and log multiplier 0.1 read back rounded
+    assert ours["attention"].pop("scale") == pytest.approx(want["attention"].pop("scale"), rel=1e-6)
+    assert ours.pop("norm_eps") == pytest.approx(want.pop("norm_eps"), rel=1e-6)
+    assert ours == want
 
 
 def _set_rope_factor(data: bytearray, pair: int, value: float) -> None:
@@ -580,11 +626,18 @@ ARCH_BAD = {
     "gpt-oss-rope-scaling": ("gpt_oss/gpt_oss-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
         b"\x04\x00\x00\x00\x00\x00\x00\x00yarn", b"\x04\x00\x00\x00\x00\x00\x00\x00linr")),
         r"gpt-oss.rope.scaling.type is 'linr'; only yarn is implemented for gpt-oss"),
+    # DeepSeek-V2's softmax router, and a router without V3's correction bias
+    "deepseek2-softmax-router": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"deepseek2.expert_gating_func\x04\x00\x00\x00\x02", b"deepseek2.expert_gating_func\x04\x00\x00\x00\x01")),
+        r"deepseek2.expert_gating_func is 1; only the sigmoid router \(2, DeepSeek-V3\) is implemented"),
+    "deepseek2-no-router-bias": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"blk.1.exp_probs_b.bias", b"blk.1.exp_probs_x.bias")),
+        r"tensor 'blk.1.exp_probs_b.bias' \(the router's correction bias\) is missing"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(ARCH_BAD))
-def test_a_gemma4_or_gpt_oss_file_the_engine_would_misread_is_refused(tmp_path, case):
+def test_a_gemma4_gpt_oss_or_deepseek2_file_the_engine_would_misread_is_refused(tmp_path, case):
     src, edit, message = ARCH_BAD[case]
     bad = patched(tmp_path, DATA / src, edit)
     with pytest.raises(ModelError, match=f"{re.escape(str(bad))}: {message}"):

@@ -5,8 +5,9 @@ and the `<arch>.*` keys, the tokenizer and chat template from
 GGML type and bytes: nothing is dequantized or requantized. The bytes only
 move: merged `ffn_*_exps` tensors split into one page-aligned block per
 expert, llama.cpp's q/k row permutation of `llama` files undone (a row
-permutation), and Q8_0/Q4_0 rows regrouped into the engine's x4 layout (the
-same blocks, reordered); Gemma 4's fused `ffn_gate_up_exps` split into
+permutation), DeepSeek's interleaved rope rows reordered (rows too), and
+Q8_0/Q4_0 rows regrouped into the engine's x4 layout (the same blocks,
+reordered); Gemma 4's fused `ffn_gate_up_exps` split into
 its gate and up rows. The file is memory-mapped and read once, in the
 order the output is written; the output appears only when complete."""
 
@@ -30,7 +31,7 @@ from .weights import DTYPE_NAMES, Stored, expected_shapes, plan_layout, rope_fre
 
 # GGUF general.architecture -> the engine's architecture.
 ARCHS = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",
-         "gemma4": "gemma4", "gpt-oss": "gpt_oss"}
+         "gemma4": "gemma4", "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3"}
 # How llama.cpp weighs the chosen experts, per architecture (its graph fixes
 # it; the GGUF file does not say): renormalised over the top-k or not.
 ROUTERS = {"llama": "softmax_topk_renorm", "qwen3moe": "softmax_topk_renorm", "qwen2moe": "softmax_topk",
@@ -62,6 +63,12 @@ ARCH_LAYER_NAMES = {
     # gpt-oss's norm before the experts is HF's post_attention_layernorm.
     "gpt-oss": {**LAYER_NAMES, "ffn_norm": "post_attention_norm.weight", "attn_o_bias": "attn_output.bias",
                 "attn_sinks": "attn_sinks.weight", "ffn_router_bias": "ffn_gate_inp.bias"},
+    # DeepSeek's MLA: kv_b comes split by llama.cpp's converter into each
+    # head's W_UK^T (attn_k_b) and W_UV (attn_v_b), the engine's own layout.
+    "deepseek2": {**LAYER_NAMES, "attn_q_a": "attn_q_a.weight", "attn_q_a_norm": "attn_q_a_norm.weight",
+                  "attn_q_b": "attn_q_b.weight", "attn_kv_a": "attn_kv_a_mqa.weight",
+                  "attn_kv_a_norm": "attn_kv_a_norm.weight", "attn_k_b": "attn_k_b.weight",
+                  "attn_v_b": "attn_v_b.weight", "ffn_router_bias": "exp_probs_b.bias"},
 }
 GLOBAL_NAMES = {"tok_embd": "token_embd.weight", "output_norm": "output_norm.weight", "output": "output.weight"}
 # llama.cpp's freq factor for a pair that does not rotate (proportional RoPE).
@@ -126,8 +133,10 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
     m = _Meta(g, arch)
     if arch in ARCH_CONFIGS:
         cfg = ARCH_CONFIGS[arch](g, m, min(m.get("context_length", 4096), context_length or 4096))
+        common = _common_fields(g, arch)
+        common["source"].update(cfg.pop("source", {}))
         return {"format_version": 1, "name": name, "architecture": ARCHS[arch], **cfg, "batch_slots": batch_slots,
-                **_common_fields(g, arch)}
+                **common}
     layers = m.get("block_count", required=True)
     hidden = m.get("embedding_length", required=True)
     heads = m.get("attention.head_count", required=True)
@@ -358,7 +367,77 @@ def _yarn(g: GGUFFile, m: _Meta) -> dict | None:
             "attention_factor": 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0}
 
 
-ARCH_CONFIGS = {"gemma4": _gemma4_config, "gpt-oss": _gpt_oss_config}
+def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
+    """llama.cpp's deepseek2 graph (DeepSeek-V3 / R1 / Kimi K2 files): its
+    keys spelled as DeepSeek's config.json, so the safetensors importer
+    (archs.deepseek_v3) derives and checks the same model-config. ggml's YaRN
+    for deepseek2 cancels its own cos/sin scaling (attention factor 1) and
+    puts (1 + yarn_log_multiplier ln factor)^2 into the q.k scale: that is
+    transformers' mscale_all_dim = yarn_log_multiplier / 0.1."""
+    from .archs import deepseek_v3
+    from .archs.common import HFConfig
+    path = g.path
+    if m.get("expert_gating_func", None) != 2:
+        raise ModelError(f"{path}: {m.arch}.expert_gating_func is {m.get('expert_gating_func')}; only the sigmoid "
+                         "router (2, DeepSeek-V3) is implemented (softmax routing of DeepSeek-V2 is not)")
+    if "blk.0.attn_kv_b.weight" in g.tensors:
+        raise ModelError(f"{path}: tensor 'blk.0.attn_kv_b.weight': an older deepseek2 file with kv_b unsplit; the "
+                         "engine reads the attn_k_b / attn_v_b split that newer llama.cpp converters write")
+    layers = m.get("block_count", required=True)
+    rope = m.get("rope.dimension_count", required=True)
+    key_mla = m.get("attention.key_length_mla", None)
+    nope = (key_mla if key_mla is not None else m.get("attention.key_length", required=True)) - rope
+    value = m.get("attention.value_length_mla", None) or m.get("attention.value_length", required=True)
+    hf = {"hidden_size": m.get("embedding_length", required=True),
+          "num_attention_heads": m.get("attention.head_count", required=True), "num_hidden_layers": layers,
+          "vocab_size": _vocab(g, m.get("embedding_length")), "hidden_act": "silu",
+          "rms_norm_eps": float(m.get("attention.layer_norm_rms_epsilon", required=True)),
+          "qk_rope_head_dim": rope, "qk_nope_head_dim": nope, "v_head_dim": value,
+          "q_lora_rank": m.get("attention.q_lora_rank", 0) or None,
+          "kv_lora_rank": m.get("attention.kv_lora_rank", required=True),
+          "rope_theta": float(m.get("rope.freq_base", 10000.0)), "max_position_embeddings": ctx,
+          "tie_word_embeddings": "output.weight" not in g.tensors,
+          "n_routed_experts": m.get("expert_count", required=True),
+          "num_experts_per_tok": m.get("expert_used_count", required=True),
+          "moe_intermediate_size": m.get("expert_feed_forward_length", required=True),
+          "n_shared_experts": m.get("expert_shared_count", 0),
+          "first_k_dense_replace": m.get("leading_dense_block_count", 0),
+          "intermediate_size": m.get("feed_forward_length", 0),
+          "n_group": m.get("expert_group_count", 1) or 1, "topk_group": m.get("expert_group_used_count", 1) or 1,
+          "routed_scaling_factor": float(m.get("expert_weights_scale", 1.0)),
+          "norm_topk_prob": bool(m.get("expert_weights_norm", False)),
+          "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+    kind = m.get("rope.scaling.type", "none")
+    if kind not in ("none", None):
+        if kind != "yarn":
+            raise ModelError(f"{path}: {m.arch}.rope.scaling.type is '{kind}'; only yarn is implemented for {m.arch}")
+        for key, default in (("rope.scaling.attn_factor", 1.0), ("rope.scaling.yarn_ext_factor", 1.0)):
+            if m.get(key, default) != default:
+                raise ModelError(f"{path}: {m.arch}.{key} is {m.get(key)}; only {default} is implemented")
+        scaling = {"rope_type": "yarn", "factor": float(m.get("rope.scaling.factor", required=True)),
+                   "original_max_position_embeddings": int(m.get("rope.scaling.original_context_length",
+                                                                 required=True)),
+                   "beta_fast": float(m.get("rope.scaling.yarn_beta_fast", 32.0)),
+                   "beta_slow": float(m.get("rope.scaling.yarn_beta_slow", 1.0)), "attention_factor": 1.0}
+        # stored as float32: 0.1 reads back as 0.10000000149
+        log_mul = round(float(m.get("rope.scaling.yarn_log_multiplier", 0.0)), 6)
+        if log_mul:
+            scaling["mscale"] = scaling["mscale_all_dim"] = log_mul / 0.1
+        hf["rope_scaling"] = scaling
+    for i in range(layers):
+        routed = f"blk.{i}.ffn_gate_inp.weight" in g.tensors
+        if routed != (i >= hf["first_k_dense_replace"]):
+            raise ModelError(f"{path}: layer {i} {'has' if routed else 'lacks'} a router (ffn_gate_inp) but "
+                             f"{m.arch}.leading_dense_block_count is {hf['first_k_dense_replace']}")
+        if routed and f"blk.{i}.exp_probs_b.bias" not in g.tensors:
+            raise ModelError(f"{path}: tensor 'blk.{i}.exp_probs_b.bias' (the router's correction bias) is "
+                             "missing; only DeepSeek-V3's bias-corrected (noaux_tc) routing is implemented")
+    cfg = deepseek_v3.model_fields(HFConfig(hf, str(path)), ctx)
+    cfg["source"] = {"rope_interleave": True}  # deepseek2 rotates adjacent pairs (llama.cpp's rope type NORM)
+    return cfg
+
+
+ARCH_CONFIGS = {"gemma4": _gemma4_config, "gpt-oss": _gpt_oss_config, "deepseek2": _deepseek2_config}
 
 
 class _Source:
@@ -412,6 +491,8 @@ class _Source:
                              f"{self.arch}.expert_count says {self.cfg['experts']}")
         if half is not None:
             got = (got[0] / 2, *got[1:])
+        if expert is None and len(got) == 3 and name.endswith(("attn_k_b", "attn_v_b")):  # [nh, rows, cols]
+            got = (got[0] * got[1], got[2])
         if len(shape) == 1 and len(got) == 2 and 1 in got:  # a [n, 1] vector
             got = (got[0] * got[1],)
         if tuple(got) != tuple(shape):
@@ -468,6 +549,18 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
     return rows.reshape(n_head, n // n_head // 2, 2, width).swapaxes(1, 2).reshape(n, width)
 
 
+def deinterleave_rope_rows(rows: np.ndarray, blocks: int, rope: int) -> np.ndarray:
+    """DeepSeek's q (per head) and kv_a: the last rope rows of each of the
+    blocks from interleaved pairs (2i, 2i+1) to halves (i, i + rope/2), as
+    the safetensors importer does (llama.cpp's converter leaves them as the
+    checkpoint has them). Whole rows move, so any quantized type's bytes."""
+    n, width = rows.shape
+    out = rows.reshape(blocks, n // blocks, width).copy()
+    order = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
+    out[:, -rope:] = out[:, -rope:][:, order]
+    return out.reshape(n, width)
+
+
 def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None, expert, half,
                   target: str) -> Stored:
     if t is None:  # YaRN's frequencies, as ggml works them out
@@ -487,6 +580,8 @@ def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None
     role = name.rsplit(".", 1)[-1]
     if cfg["source"]["architecture"] == "llama" and role in ("attn_q", "attn_k"):
         matrix = unpermute_rows(matrix, cfg["heads"] if role == "attn_q" else cfg["kv_heads"])
+    if cfg["source"]["architecture"] == "deepseek2" and role in ("attn_q", "attn_q_b", "attn_kv_a"):
+        matrix = deinterleave_rope_rows(matrix, cfg["heads"] if role != "attn_kv_a" else 1, cfg["head_dim"])
     if target in quant.X4:
         base = quant.X4[target]
         blocks = np.ascontiguousarray(matrix).reshape(rows, shape[-1] // quant.QK, quant.BLOCK_BYTES[base])
