@@ -137,3 +137,23 @@ def test_mistral_special_tokens_are_parsed(tmp_path):
     assert prompt.startswith("<s>[INST]What's the weather") and "[INST]You are a helpful" in prompt
     ids = tok.encode(prompt)
     assert ids[0] == 1 and ids.count(2) == 1  # <s> parsed as BOS, one </s> after the assistant turn
+
+
+def test_harmony_turn_ends_at_call_not_end():
+    """gpt-oss writes <|end|> after an analysis message and goes on to the
+    final one; only <|return|> (its EOS) and <|call|> end a turn. Before, the
+    probe found <|end|> after the assistant's text and made it the end of
+    turn, so an answer stopped after its thinking."""
+    from colibri_build.chat_template import check_template
+    from colibri_build.tokenizer import ATTR_SPECIAL
+    vocab = load_vocab(QWEN3)
+    ids = {}
+    for name in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"):
+        ids[name] = len(vocab.tokens)
+        vocab.tokens.append((name.encode(), name.encode(), ATTR_SPECIAL))
+    vocab.eos = ids["<|return|>"]
+    harmony = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+    assert check_template(harmony, vocab) == ids["<|call|>"]
+    # the rule is harmony's only: a template that ends turns with <|end|> keeps it
+    plain = "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
+    assert check_template(plain, vocab) == ids["<|end|>"]

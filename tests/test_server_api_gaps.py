@@ -392,6 +392,78 @@ def test_no_reasoning_field_without_markers_in_the_template(server):
     assert set(message) == {"role", "content"}
 
 
+HARMONY_SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
+
+
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory):
+    """The tiny model with Qwen3's tokenizer plus gpt-oss's harmony special
+    tokens (on free ids) and gpt-oss's chat template."""
+    from tokenizer_cases import TESTDATA
+    template = TESTDATA / "chat_templates" / "openai-gpt-oss-120b.jinja"
+    if not TOKENIZERS.exists() or not template.exists():
+        pytest.skip("testdata is missing")
+    work = tmp_path_factory.mktemp("harmony")
+    tok = json.loads((TOKENIZERS / "qwen3" / "tokenizer.json").read_text())
+    config = json.loads((TOKENIZERS / "qwen3" / "tokenizer_config.json").read_text())
+    ids = {}
+    for name in HARMONY_SPECIALS:
+        ids[name] = max(t["id"] for t in tok["added_tokens"]) + 1
+        entry = {"content": name, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                 "special": True}
+        tok["added_tokens"].append({"id": ids[name], **entry})
+        config["added_tokens_decoder"][str(ids[name])] = entry
+    config.pop("chat_template", None)
+    config["eos_token"] = "<|return|>"
+    (work / "tok").mkdir()
+    (work / "tok" / "tokenizer.json").write_text(json.dumps(tok))
+    (work / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
+    run_cli("synth", "--preset", "tiny", "--seed", "3", "--tokenizer", work / "tok", "--chat-template", template,
+            work / "model")
+    cfg = json.loads((work / "model" / "model-config.json").read_text())
+    # the converter's end of turn: <|call|>, not <|end|> (which ends only a message)
+    assert (cfg["tokenizer"]["eos_id"], cfg["tokenizer"]["chat_template"]["end_of_turn"]) == \
+        (ids["<|return|>"], ids["<|call|>"])
+    srv = RunningServer(build_server(work, work / "model", "native") / "colibri-server", work / "model",
+                        "--threads", "2")
+    yield srv, ids
+    stop_checked(srv)
+
+
+def test_harmony_markup_never_reaches_content(harmony):
+    """gpt-oss headers are not text: an answer of <|channel|> tokens only is
+    empty content (before: the markers verbatim); a forced call (tool_choice
+    named, the markers' tokens favoured) goes through the channel splitter
+    to a tool call, streamed and not."""
+    srv, ids = harmony
+    channel, message = ids["<|channel|>"], ids["<|message|>"]
+    answer, reasoning, content = chat_and_stream(
+        srv, {"messages": HELLO, "max_tokens": 5, "logit_bias": {str(channel): 100}})
+    assert answer["colibri_trace"]["completion_tokens"] == [channel] * 5
+    assert answer["choices"][0]["message"]["content"] == "" and (reasoning, content) == ("", "")
+    assert answer["choices"][0]["message"]["reasoning_content"] is None
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    body = {"messages": HELLO, "max_tokens": 40, "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "logit_bias": {str(ids[n]): 100 for n in ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>")}}
+    answer = srv.post("/v1/chat/completions", {**body, "colibri_trace": True}).json()
+    done = answer["colibri_trace"]["completion_tokens"]
+    assert done[0] == channel and message in done  # the markers came as their tokens
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and "city" in json.loads(call["arguments"])
+    with requests.post(srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as reply:
+        events = sse_events(reply)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e.get("choices")]
+    assert "".join(d.get("content") or "" for d in deltas) == ""
+    streamed = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert streamed[0]["function"]["name"] == "get_weather"
+    assert "".join(c["function"]["arguments"] for c in streamed) == call["arguments"]
+
+
 # ---- 7. BOS only where the tokenizer adds one ----
 
 @pytest.fixture(scope="module")

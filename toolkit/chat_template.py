@@ -80,7 +80,13 @@ def check_template(template: str, vocab) -> int | None:
     at = text.find("ASTxMARKx1")
     if at < 0:
         return None
-    return _leading_special(text[at + len("ASTxMARKx1"):], vocab)
+    found = _leading_special(text[at + len("ASTxMARKx1"):], vocab)
+    if found is not None and vocab.tokens[found][0] == b"<|end|>" and "<|channel|>" in template:
+        # gpt-oss (harmony): <|end|> closes one message of a turn (the
+        # analysis before the final answer); the turn ends with <|return|>
+        # (the EOS) or, for a tool call, <|call|>.
+        return vocab.token_id("<|call|>")
+    return found
 
 
 def _leading_special(text: str, vocab) -> int | None:

@@ -1027,6 +1027,8 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
         released = before > 0;
         if (release(a, s, before, i, 0) != 0) return;
         cb_reasoning_switch(a, st, token);
+    } else if (!end && cb_harmony_header(a, st, token)) {
+        /* a gpt-oss message header ("assistant", the channel): not text */
     } else if (!end) {
         int got = cb_detok_step(tok, &st->detok, token, st->held + st->held_len, CB_TOKEN_BYTES);
         if (got > 0) st->held_len += (size_t)got;

@@ -96,6 +96,11 @@ typedef struct {
     int think_fresh;             /* at the start of a region: its opening newlines are dropped */
     int had_reasoning;           /* a thinking block was entered */
     size_t reasoning_end;        /* text[0..reasoning_end): reasoning, once its block closed */
+    /* gpt-oss (reasoning.c): inside a message header, its text kept aside */
+    int harmony_in_header;
+    int harmony_content;         /* a message that is not analysis has begun */
+    char harmony_hdr[120];
+    size_t harmony_hdr_len;
     /* The prefix cache (prefix_cache.c): what the slot's KV cache holds once
      * its request is done, for the next request that starts the same way. */
     int32_t *kv_tokens;          /* [context]: the token at each position */
@@ -159,6 +164,8 @@ struct cb_app {
     /* A refused request's error "param" and "code" beside its message (NULL: null). */
     const char *err_param, *err_code;
     int32_t think_open, think_close; /* the template's thinking markers as tokens; -1: none */
+    int harmony;                 /* gpt-oss channels are split (reasoning.c) */
+    int32_t harmony_tok[5];      /* <|start|> <|channel|> <|message|> <|end|> <|constrain|> */
     const cb_slot **list;        /* [n_slots]: the slots of a finished list of prompts, in order */
     const char *const *cors_origins; /* --cors-origin values ("*": any); NULL: no CORS */
     int n_cors_origins;
@@ -200,6 +207,9 @@ int cb_reasoning_marker(const cb_app *a, cb_slot *st, int32_t token);
 void cb_reasoning_switch(cb_app *a, cb_slot *st, int32_t token);
 /* Bytes at the start of text[0..n) to drop: the newlines that open a region. */
 size_t cb_reasoning_skip(cb_slot *st, const char *text, size_t n);
+/* Whether token is text of a gpt-oss message header (then kept aside, not
+ * released). */
+int cb_harmony_header(const cb_app *a, cb_slot *st, int32_t token);
 
 /* cors.c: the Access-Control-* lines of an answer to this request ("" when
  * none), and the preflight answer. */
