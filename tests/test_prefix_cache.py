@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -232,3 +233,42 @@ def test_help_lists_the_flag(exe):
     import subprocess
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True).stdout
     assert "--no-prefix-cache" in out
+
+
+TINY_GPT_OSS = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe" / "gpt_oss"
+
+
+@pytest.mark.skipif(not TINY_GPT_OSS.is_dir(), reason="../shared/testdata not present")
+def test_a_prefix_whose_window_the_ring_overwrote_is_not_reused(tmp_path):
+    """gpt-oss's sliding layers (window 4) keep a ring of 67 positions. One
+    slot answers a 200-token prompt, then a prompt sharing only its first
+    20 tokens: position 20's window was overwritten long ago, so nothing
+    is reused and the answer is a fresh server's (it was a 500: the engine
+    refuses a window the ring no longer holds). A prompt that continues the
+    first one still reuses it."""
+    from colibri_build.convert import convert
+    from conftest import build_server
+    model = convert(TINY_GPT_OSS, tmp_path / "gpt_oss", progress=False)
+    exe = build_server(tmp_path, model, "native") / "colibri-server"
+    first = [(5 * j) % 250 + 1 for j in range(200)]
+    diverging = first[:20] + [(3 * j) % 250 + 1 for j in range(30)]
+    continuing = first + [7, 8, 9]
+
+    def ask(srv, prompt):
+        reply = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 6, "ignore_eos": True, "logprobs": 2})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        return body["choices"][0]["logprobs"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached = RunningServer(exe, model, "--slots", "1", "--threads", "1")
+    fresh = RunningServer(exe, model, "--slots", "1", "--threads", "1", "--no-prefix-cache")
+    try:
+        ask(cached, first)
+        got, reused = ask(cached, diverging)
+        assert reused == 0 and got == ask(fresh, diverging)[0]
+        ask(cached, first)
+        got, reused = ask(cached, continuing)
+        assert reused > 0 and got == ask(fresh, continuing)[0]
+    finally:
+        stop_checked(cached)
+        stop_checked(fresh)

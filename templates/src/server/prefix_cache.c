@@ -21,13 +21,16 @@
 
 #include "app_internal.h"
 
-/* Positions of slot st's cache that q may take: the common prefix, short of
- * q's last token. */
-static int common_prefix(const cb_slot *st, const cb_request *q) {
+/* Positions of slot s's cache that q may take: the common prefix, short of
+ * q's last token; none when a sliding layer's ring no longer holds the
+ * window that position n reads (the slot went on past n by more than the
+ * ring: the engine would refuse to continue there). */
+static int common_prefix(const cb_app *a, int s, const cb_request *q) {
+    const cb_slot *st = &a->slots[s];
     const int most = st->kv_len < q->n_prompt - 1 ? st->kv_len : q->n_prompt - 1;
     int n = 0;
     while (n < most && st->kv_tokens[n] == q->prompt[n]) n++;
-    return n;
+    return n > 0 && !cb_engine_slot_holds(a->engine, s, n) ? 0 : n;
 }
 
 int cb_prefix_pick(const cb_app *a, const cb_request *q, int *reuse) {
@@ -38,7 +41,7 @@ int cb_prefix_pick(const cb_app *a, const cb_request *q, int *reuse) {
         if (st->req) continue;
         if (!a->prefix_cache) return s; /* the lowest free slot: slots never used stay out of RAM */
         if (lru < 0 || st->used_at < a->slots[lru].used_at) lru = s;
-        const int n = common_prefix(st, q);
+        const int n = common_prefix(a, s, q);
         /* A continuation (or the same prompt again); ties to the least
          * recently used. */
         if (n > 0 && (2 * n >= st->kv_len || n == q->n_prompt - 1) &&
@@ -48,7 +51,7 @@ int cb_prefix_pick(const cb_app *a, const cb_request *q, int *reuse) {
         }
     }
     if (best < 0) best = lru;
-    if (best >= 0) *reuse = common_prefix(&a->slots[best], q);
+    if (best >= 0) *reuse = common_prefix(a, best, q);
     return best;
 }
 
