@@ -48,12 +48,21 @@ def test_bench_reports_all_figures(tmp_path):
     assert paired["decode_tok_s"] > 0 and paired["read_gb_s_p10"] <= paired["read_gb_s"] <= paired["read_gb_s_p90"]
     assert 0 < paired["decode_over_read_p10"] <= paired["decode_over_read"] <= paired["decode_over_read_p90"]
     assert paired["pages"] == "4 KiB"  # the tiny model's experts are too small for 2 MiB pages
+    # Eight sequences a step, each step paired with a read of the bytes it needs at least: at
+    # least the dense weights and top-k distinct experts a layer, at most all of them.
+    batch = run["paired_batch_8"]
+    assert batch["batch"] == 8 and batch["pairs"] == 16 and batch["decode_tok_s"] > 0
+    assert 0 < batch["decode_over_read_p10"] <= batch["decode_over_read"] <= batch["decode_over_read_p90"]
+    cfg = json.loads((tmp_path / "models" / "tiny-q80" / "model-config.json").read_text())
+    moe_layers = cfg["layers"] - len(cfg["dense_layers"])
+    assert cfg["top_k"] * moe_layers <= batch["distinct_experts_per_step"] <= cfg["experts"] * moe_layers
     # The machine's own spread: one identical step timed in-process, just before the chats.
     step = run["identical_step"]
     assert step["steps"] == 64 and 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"] <= step["max_ms"]
     assert step["p99_over_p50"] == step["p99_ms"] / step["p50_ms"]
     row = next(line for line in done.stdout.splitlines() if line.startswith("| tiny | q8_0 |"))
     assert f"| {step['p99_over_p50']:.2f} |" in row
+    assert f"; a step {batch['decode_over_read']:.0%} of its bytes' rate |" in row
 
 
 def test_step_spread_prints_its_percentiles(tiny_model):

@@ -282,6 +282,29 @@ def paired_decode(tool: Path, model: Path, threads: int, pairs: int) -> dict:
     return out
 
 
+PAIRED_BATCH = re.compile(r"decode-bench: batch (\d+), (\d+) pairs, (\d+) threads, (\d+) MB bound a step \(median; "
+                          r"(\d+) distinct experts\): decode ([\d.]+) tok/s \(([\d.]+) GB/s of bound\); read beside it "
+                          r"([\d.]+) GB/s \(P10 ([\d.]+), P90 ([\d.]+)\); decode / read ([\d.]+) \(P10 ([\d.]+), "
+                          r"P90 ([\d.]+)\)")
+
+
+def paired_batch(tool: Path, model: Path, threads: int, pairs: int, batch: int = 8) -> dict:
+    """Decode steps of `batch` sequences at once, each followed by a read of
+    the bytes that step needs at least (dense weights, the distinct experts
+    its tokens route to, their KV rows): decode / read is the batch's rate
+    against the rate its bytes allow, at the same moment."""
+    done = subprocess.run([str(tool), str(model), "--pairs", str(pairs), "--threads", str(threads), "--batch",
+                           str(batch)], capture_output=True, text=True, timeout=600)
+    got = PAIRED_BATCH.search(done.stdout)
+    if done.returncode != 0 or not got:
+        log(f"colibri-decode-bench --batch failed: {done.stdout[-300:]}{done.stderr[-300:]}")
+        return {}
+    keys = ("batch", "pairs", "threads", "bound_mb_per_step", "distinct_experts_per_step", "decode_tok_s",
+            "bound_gb_s", "read_gb_s", "read_gb_s_p10", "read_gb_s_p90", "decode_over_read", "decode_over_read_p10",
+            "decode_over_read_p90")
+    return {k: (int(v) if i < 5 else float(v)) for i, (k, v) in enumerate(zip(keys, got.groups()))}
+
+
 def identical_step_spread(model: Path, threads: int, steps: int = 256) -> dict:
     """One decode step, the same token at the same position, timed again and
     again in the compiled engine in-process: every step reads the same
@@ -326,6 +349,7 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
     res: dict = {"active_bytes_per_token": active_bytes_per_token(model)}
     if decode_bench:  # before the server starts: the two must not share the cores
         res["paired_decode"] = paired_decode(decode_bench, model, threads, 32 if quick else 256)
+        res["paired_batch_8"] = paired_batch(decode_bench, model, threads, 16 if quick else 128)
     warm = Server(exe, model, threads).start()  # pages the weights in: cold start is measured warm
     decode_request(warm.url, 16, 8)
     warm.stop()
@@ -512,9 +536,11 @@ def markdown(results: dict) -> str:
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | "
             f"{bw:.1f} | {r['decode_ceiling_tok_s']:.0f} | {r['decode_fraction_of_ceiling']:.0%} | " if bw else
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | - | - | - | ")
+        pb = r.get("paired_batch_8")
+        batch_step = f"; a step {pb['decode_over_read']:.0%} of its bytes' rate" if pb else ""
         rows[-1] += (f"{paired} | {r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f} | "
                      f"{agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
-                     f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x) | "
+                     f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x){batch_step} | "
                      f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} "
                      f"({s['itl_p99_over_p50']:.2f}) | {step} | "
                      f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} ({c['itl_p99_over_p50']:.2f}); {c['ttft_p50_ms']:.0f} | "

@@ -6,7 +6,13 @@
  * right after it, through the engine's own thread pool (the same threads),
  * from a buffer of its own; the pairs' ratios then compare like with like.
  *
- *   colibri-decode-bench MODEL_DIR [--pairs N] [--threads T]
+ *   colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B]
+ *
+ * --batch B: each step decodes B sequences at once (B slots, one token
+ * each), and its paired read is as many bytes as that step's bound: the
+ * dense weights once, the distinct experts the B tokens route to (each
+ * once), and the KV cache the B tokens' attention reads. decode / read is
+ * then the batch's rate against the rate its bytes allow.
  *
  * Prints one line: the weight bytes a token reads, decode tok/s and GB/s,
  * the read's GB/s (median, P10, P90), the median (P10, P90) of the pairs'
@@ -58,23 +64,131 @@ static double percentile(double *v, int n, int q) {
     return v[at];
 }
 
+#define MAX_BENCH_BATCH 64
+
+/* The bytes one decode step of n tokens reads at best: the dense weights
+ * once, each distinct expert a token routes to once (e->routing of the step
+ * just run), and the KV cache rows the tokens' attention reads. */
+static size_t step_bound_bytes(const cb_engine *e, const cb_batch_item *items, int n, size_t dense,
+                               size_t kv_per_position, int *distinct) {
+    const cb_dims *d = CB_DIMS(e);
+    const int L = (int)d->n_layers, k = (int)d->top_k, E = (int)d->n_experts;
+    size_t bytes = dense;
+    *distinct = 0;
+    for (int l = 0; l < L; l++) {
+        const cb_layer_weights *lw = &e->w.layers[l];
+        if (!lw->is_moe) continue;
+        uint64_t seen[4] = {0}; /* up to 256 experts */
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < k; j++) {
+                const int x = e->routing[((size_t)i * L + l) * k + j];
+                if (x < 0 || x >= E || x >= 256 || (seen[x / 64] >> (x % 64) & 1)) continue;
+                seen[x / 64] |= (uint64_t)1 << (x % 64);
+                bytes += lw->experts[x].block_bytes;
+                ++*distinct;
+            }
+    }
+    for (int i = 0; i < n; i++) bytes += (size_t)(items[i].pos + 1) * kv_per_position;
+    return bytes;
+}
+
+/* --batch B: B slots decoding together, each step paired with a read of
+ * the step's bound bytes. */
+static int batch_bench(const char *model, int pairs, int threads, int batch) {
+    char err[512];
+    cb_engine *e = cb_engine_open(model, threads, batch, CB_KV_F32, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "colibri-decode-bench: %s\n", err);
+        return 1;
+    }
+    const cb_dims *d = CB_DIMS(e);
+    if ((int)d->n_experts > 256) {
+        fprintf(stderr, "colibri-decode-bench: --batch counts up to 256 experts, the model has %d\n",
+                (int)d->n_experts);
+        return 1;
+    }
+    cb_memory_budget m;
+    cb_engine_memory(e, &m);
+    /* Experts of a token at batch 1: its top-k blocks; the rest is read once a step. */
+    const size_t active = cb_weights_active_bytes(&e->w), dense = active - m.working_set;
+    const size_t kv_per_position = m.kv_sliding_rows ? 0 : m.kv_full_per_slot / (size_t)d->context_len;
+    size_t read_cap = dense + m.experts + (size_t)batch * m.kv_per_slot;
+    read_cap = read_cap > MIN_READ_BYTES ? read_cap : MIN_READ_BYTES;
+    read_cap = (read_cap + READ_TASK_BYTES - 1) / READ_TASK_BYTES * READ_TASK_BYTES;
+    uint64_t *buffer = cb_aligned_alloc(read_cap);
+    double *read_gbs = malloc(sizeof(double) * (size_t)pairs), *ratio = malloc(sizeof(double) * (size_t)pairs);
+    double *bound_mb = malloc(sizeof(double) * (size_t)pairs), *experts = malloc(sizeof(double) * (size_t)pairs);
+    if (!buffer || !read_gbs || !ratio || !bound_mb || !experts) {
+        fprintf(stderr, "colibri-decode-bench: out of memory (a %zu MB read buffer)\n", read_cap >> 20);
+        return 1;
+    }
+    const int huge_read = e->w.huge_pages && cb_map_advise_huge(buffer, read_cap) == 0;
+    memset(buffer, 1, read_cap);
+    const int max_pos = (int)d->context_len - 1;
+    cb_batch_item items[MAX_BENCH_BATCH];
+    int token[MAX_BENCH_BATCH];
+    for (int b = 0; b < batch; b++) token[b] = (97 * b + 3) % (int)d->vocab;
+    read_job job = {buffer, {0}};
+    double decode_seconds = 0, step_bytes = 0;
+    int pos = 0;
+    for (int p = -WARMUP; p < pairs; p++, pos++) {
+        if (pos > max_pos) pos = 0; /* the slots start again (their rings too: position 0 needs nothing) */
+        for (int b = 0; b < batch; b++) items[b] = (cb_batch_item){token[b], b, pos, 1};
+        uint64_t start = cb_now_ns();
+        if (cb_engine_forward(e, items, batch, err, sizeof err)) {
+            fprintf(stderr, "colibri-decode-bench: %s\n", err);
+            return 1;
+        }
+        const double step = (double)(cb_now_ns() - start) * 1e-9;
+        for (int b = 0; b < batch; b++) token[b] = (token[b] * 31 + 7 + b) % (int)d->vocab;
+        if (p < 0) continue;
+        int distinct;
+        const size_t bound = step_bound_bytes(e, items, batch, dense, kv_per_position, &distinct);
+        const int tasks = (int)((bound + READ_TASK_BYTES - 1) / READ_TASK_BYTES);
+        start = cb_now_ns();
+        cb_threadpool_run(e->pool, read_task, &job, tasks);
+        const double read = (double)(cb_now_ns() - start) * 1e-9;
+        decode_seconds += step;
+        step_bytes += (double)bound;
+        read_gbs[p] = (double)tasks * READ_TASK_BYTES / read * 1e-9;
+        ratio[p] = (double)bound / step * 1e-9 / read_gbs[p];
+        bound_mb[p] = (double)bound / 1e6;
+        experts[p] = distinct;
+    }
+    const double steps_s = pairs / decode_seconds;
+    printf("decode-bench: batch %d, %d pairs, %d threads, %.0f MB bound a step (median; %.0f distinct experts): "
+           "decode %.1f tok/s (%.1f GB/s of bound); read beside it %.1f GB/s (P10 %.1f, P90 %.1f); "
+           "decode / read %.2f (P10 %.2f, P90 %.2f); pages %s\n",
+           batch, pairs, cb_threadpool_size(e->pool), percentile(bound_mb, pairs, 50), percentile(experts, pairs, 50),
+           steps_s * batch, step_bytes / decode_seconds * 1e-9, percentile(read_gbs, pairs, 50),
+           percentile(read_gbs, pairs, 10), percentile(read_gbs, pairs, 90), percentile(ratio, pairs, 50),
+           percentile(ratio, pairs, 10), percentile(ratio, pairs, 90), huge_read ? "2 MiB" : "4 KiB");
+    cb_aligned_free(buffer);
+    free(read_gbs), free(ratio), free(bound_mb), free(experts);
+    cb_engine_close(e);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     cb_cpu_require("colibri-decode-bench");
     const char *model = NULL;
-    int pairs = 256, threads = 2;
+    int pairs = 256, threads = 2, batch = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoi(argv[++i]);
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
-            fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N] [--threads T]\n");
+            fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B]\n");
             return 2;
         }
     }
-    if (!model || pairs < 2) {
-        fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N >= 2] [--threads T]\n");
+    if (!model || pairs < 2 || batch < 1 || batch > MAX_BENCH_BATCH) {
+        fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N >= 2] [--threads T] [--batch 1..%d]\n",
+                MAX_BENCH_BATCH);
         return 2;
     }
+    if (batch > 1) return batch_bench(model, pairs, threads, batch);
     char err[512];
     cb_engine *e = cb_engine_open(model, threads, 1, CB_KV_F32, err, sizeof err);
     if (!e) {
