@@ -84,6 +84,16 @@ static const int b32_size[] = {sizeof(cb_block_q4_1), sizeof(cb_block_q5_0), siz
                                sizeof(cb_block_iq4_nl)};
 static const int b32_qs[] = {4, 6, 8, 2}; /* offsets of qs in the block */
 
+/* The fp16 at byte offset off of eight blocks size bytes apart, as floats
+ * (inserted one by one: eight 2-byte stores read back as 16 bytes would
+ * stall store forwarding). */
+static inline __m256 halves8(const uint8_t *p, size_t size) {
+    uint16_t h[8];
+    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+
 /* Eight int32 vectors -> their eight totals, vector j's in lane j. */
 static inline __m256i totals8(const __m256i v[8]) {
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
@@ -119,19 +129,11 @@ static inline __attribute__((always_inline)) float dot_b32(int t, const void *w,
     int i = 0;
     for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
         __m256i sq[8], sx[8];
-        uint16_t hd[8], hm[8], hx[8];
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *blk = b + (size_t)(i + j) * size;
-            sq[j] = b32_sums(t, blk, x[i + j].qs, book, &sx[j]);
-            memcpy(&hd[j], blk, 2);
-            if (with_min) memcpy(&hm[j], blk + 2, 2);
-            hx[j] = x[i + j].d;
-        }
-        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hx));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hd))), f32(totals8(sq)), acc);
-        if (with_min)
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hm))),
-                                  f32(totals8(sx)), acc);
+        const uint8_t *blk = b + (size_t)i * size;
+        for (int j = 0; j < 8; j++) sq[j] = b32_sums(t, blk + (size_t)j * size, x[i + j].qs, book, &sx[j]);
+        const __m256 dx = halves8((const uint8_t *)&x[i].d, sizeof(cb_block_q8_0));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk, size)), f32(totals8(sq)), acc);
+        if (with_min) acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk + 2, size)), f32(totals8(sx)), acc);
     }
     float lane[CB_B32_LANES];
     _mm256_storeu_ps(lane, acc);
@@ -313,6 +315,21 @@ static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) {
     return s;
 }
 
+/* Q3_K's 16 6-bit scales less 32, as bytes: group g's low nibble from byte
+ * g % 8 (high nibble for g >= 8), top 2 bits from byte 8 + g % 4 at bit
+ * 2 (g / 4); four groups to a word (a vector built from words: stored
+ * bytes read back as a vector would stall store forwarding). */
+static inline __m128i q3_scales(const uint8_t s[12]) {
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
+    const __m128i v = _mm_setr_epi32((int)((a[0] & lo4) | (a[2] & hi2) << 4),
+                                     (int)((a[1] & lo4) | ((a[2] >> 2) & hi2) << 4),
+                                     (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
+                                     (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
 /* Q3_K on q8_k: u = low 2 bits | 3rd bit << 2 (0..7), q = u - 4, so the
  * scales times the per-16 sums of x, 4 times, come off the start. */
 static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
@@ -320,11 +337,7 @@ static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
     const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     float s = 0;
     for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
-        int16_t scv[16];
-        for (int g = 0; g < 16; g++)
-            scv[g] = (int16_t)((((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF) |
-                                ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32);
-        const __m256i sc16 = load32(scv);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(q3_scales(b->scales));
         const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
         const __m256i hm = load32(b->hmask);
         __m256i acc = _mm256_setzero_si256();

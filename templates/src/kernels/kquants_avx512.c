@@ -55,6 +55,16 @@ static inline int32_t total512(__m512i v) {
     return total256(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
 
+/* The fp16 at byte offset off of eight blocks size bytes apart, as floats
+ * (inserted one by one: eight 2-byte stores read back as 16 bytes would
+ * stall store forwarding). */
+static inline __m256 halves8(const uint8_t *p, size_t size) {
+    uint16_t h[8];
+    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+
 /* Eight int32 vectors -> their eight totals, vector j's in lane j. */
 static inline __m256i totals8(const __m256i v[8]) {
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
@@ -109,7 +119,6 @@ static inline __attribute__((always_inline)) float dot_b32(int t, const void *w,
     int i = 0;
     for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
         __m256i sq[8], sx[8];
-        uint16_t hd[8], hm[8], hx[8];
         for (int j = 0; j < 8; j += 2) {
             const uint8_t *ba = b + (size_t)(i + j) * size, *bb = ba + size;
             __m512i pq, px = _mm512_setzero_si512();
@@ -117,18 +126,10 @@ static inline __attribute__((always_inline)) float dot_b32(int t, const void *w,
             sq[j] = _mm512_castsi512_si256(pq), sq[j + 1] = _mm512_extracti64x4_epi64(pq, 1);
             sx[j] = _mm512_castsi512_si256(px), sx[j + 1] = _mm512_extracti64x4_epi64(px, 1);
         }
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *blk = b + (size_t)(i + j) * size;
-            memcpy(&hd[j], blk, 2);
-            if (with_min) memcpy(&hm[j], blk + 2, 2);
-            hx[j] = x[i + j].d;
-        }
-        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hx));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hd))),
-                              _mm256_cvtepi32_ps(totals8(sq)), acc);
-        if (with_min)
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hm))),
-                                  _mm256_cvtepi32_ps(totals8(sx)), acc);
+        const uint8_t *blk = b + (size_t)i * size;
+        const __m256 dx = halves8((const uint8_t *)&x[i].d, sizeof(cb_block_q8_0));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk, size)), _mm256_cvtepi32_ps(totals8(sq)), acc);
+        if (with_min) acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk + 2, size)), _mm256_cvtepi32_ps(totals8(sx)), acc);
     }
     float lane[CB_B32_LANES];
     _mm256_storeu_ps(lane, acc);
@@ -189,18 +190,21 @@ static inline __attribute__((always_inline)) int32_t scaled_sum(const __m512i u[
     return total512(acc);
 }
 
-/* sum over the 16 groups of c[g] * bsums[g] (c within int16). */
-static inline int32_t with_bsums(const int32_t c[16], const int16_t *bsums) {
-    int16_t c16[16];
-    for (int g = 0; g < 16; g++) c16[g] = (int16_t)c[g];
-    return total256(_mm256_madd_epi16(load32(c16), load32(bsums)));
+/* The groups' scales are signed bytes (16, one a group), built in
+ * registers: stored bytes read back as a vector would stall store
+ * forwarding. As int32 lanes: */
+static inline __m512i lanes16(__m128i c8) {
+    return join(_mm256_cvtepi8_epi32(c8), _mm256_cvtepi8_epi32(_mm_srli_si128(c8, 8)));
 }
-
-/* Per-32 values (8) as the 16 groups' (entry g / 2 for group g). */
-static inline void per32(const uint8_t v[8], int32_t out[16]) {
-    for (int g = 0; g < 16; g++) out[g] = v[g / 2];
+/* sum over the 16 groups of c[g] * bsums[g]. */
+static inline int32_t with_bsums(__m128i c8, const int16_t *bsums) {
+    return total256(_mm256_madd_epi16(_mm256_cvtepi8_epi16(c8), load32(bsums)));
 }
-static inline __m512i lanes16(const int32_t v[16]) { return _mm512_loadu_si512((const void *)v); }
+/* Eight per-32 values (byte j of v) as the 16 groups' (entry g / 2 for group g). */
+static inline __m128i per32(uint64_t v) {
+    const __m128i b = _mm_cvtsi64_si128((long long)v);
+    return _mm_unpacklo_epi8(b, b);
+}
 
 /* Bytes of v with bit `bit` set, as a mask. */
 static inline uint32_t has_bit(__m256i v, int bit) {
@@ -239,10 +243,8 @@ static inline __attribute__((always_inline)) float dot_q45_k(const void *w, cons
                 u[z] = _mm512_or_si512(u[z], _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
             }
         }
-        int32_t sc16[16], mn16[16];
-        per32((const uint8_t *)sc, sc16);
-        per32((const uint8_t *)mn, mn16);
-        const int32_t sum = scaled_sum(u, lanes16(sc16), x->qs, 0), mins = with_bsums(mn16, x->bsums);
+        const int32_t sum = scaled_sum(u, lanes16(per32(sc[0] | (uint64_t)sc[1] << 32)), x->qs, 0);
+        const int32_t mins = with_bsums(per32(mn[0] | (uint64_t)mn[1] << 32), x->bsums);
         s = cb_kq_step(s, x->d, _cvtsh_ss(k5->d), sum, _cvtsh_ss(k5->dmin), mins);
     }
     return s;
@@ -266,8 +268,7 @@ static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
             u[z] = join(_mm256_or_si256(a, _mm256_slli_epi16(and3(qh, 2 * k), 4)),
                         _mm256_or_si256(c, _mm256_slli_epi16(and3(qh, 2 * k + 2), 4)));
         }
-        int32_t sc[16];
-        for (int g = 0; g < 16; g++) sc[g] = b->scales[g];
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
         const int32_t sum = scaled_sum(u, lanes16(sc), x->qs, 0) - 32 * with_bsums(sc, x->bsums);
         s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, 0.0f, 0);
     }
@@ -286,21 +287,31 @@ static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) {
             const __m256i q = load32(b->qs + 32 * (z / 2));
             u[z] = join(and3(q, 4 * (z % 2)), and3(q, 4 * (z % 2) + 2));
         }
-        int32_t sc[16], mn[16];
-        for (int g = 0; g < 16; g++) sc[g] = b->scales[g] & 0xF, mn[g] = b->scales[g] >> 4;
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m128i sc = _mm_and_si128(s8, _mm_set1_epi8(0xF)), mn = _mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0xF));
         s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), scaled_sum(u, lanes16(sc), x->qs, 0), _cvtsh_ss(b->dmin),
                        with_bsums(mn, x->bsums));
     }
     return s;
 }
 
+/* Q3_K's 16 6-bit scales less 32, as bytes (kquants_avx2.c q3_scales). */
+static inline __m128i q3_scales(const uint8_t s[12]) {
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
+    const __m128i v = _mm_setr_epi32((int)((a[0] & lo4) | (a[2] & hi2) << 4),
+                                     (int)((a[1] & lo4) | ((a[2] >> 2) & hi2) << 4),
+                                     (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
+                                     (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
 static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
     const cb_block_q3_k *b = w;
     float s = 0;
     for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
-        int32_t scv[16];
-        for (int g = 0; g < 16; g++)
-            scv[g] = (((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF) | ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+        const __m128i scv = q3_scales(b->scales);
         const __m256i hm = load32(b->hmask);
         __m512i u[4];
         for (int z = 0; z < 4; z++) {
@@ -325,10 +336,11 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
         __m512i u[4];
         for (int z = 0; z < 4; z++)
             u[z] = _mm512_shuffle_epi8(book, nibbles_pair(b->qs + 32 * z, b->qs + 32 * z + 16));
-        int32_t sc[16];
-        for (int g = 0; g < 16; g++)
-            sc[g] = (((b->scales_l[g / 4] >> (4 * (g / 2 % 2))) & 0xF) | ((b->scales_h >> (2 * (g / 2))) & 3) << 4) - 32;
-        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), scaled_sum(u, lanes16(sc), x->qs, 1), 0.0f, 0);
+        uint64_t ls = 0;
+        for (int g = 0; g < 8; g++)
+            ls |= (uint64_t)(uint8_t)((((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4) - 32)
+                  << (8 * g);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), scaled_sum(u, lanes16(per32(ls)), x->qs, 1), 0.0f, 0);
     }
     return s;
 }
