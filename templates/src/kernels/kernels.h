@@ -126,7 +126,8 @@ cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype);
 cb_dot_block_fn cb_dot_block_neon(uint32_t dtype);
 #endif
 
-/* Activations for the K types (llama.cpp's Q8_K idea): 256 values rounded
+/* Activations for the 256-weight types, the K types and IQ4_XS (llama.cpp's
+ * Q8_K, which its kernels for them take too): 256 values rounded
  * to int8 with one float scale, and the sum of each 16. One scale per
  * super-block lets a kernel sum a whole super-block's products in integers
  * and scale once; the per-16 sums turn the weights' mins and offsets into

@@ -23,12 +23,6 @@ static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const _
  * hold bytes 0..15, lanes 8..15 bytes 16..31. */
 static inline __m256i pairs(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
 
-/* Int16 pair sums -> 8 int32 lanes, bytes 0..15 times a and 16..31 times b
- * (per-16 scales; a == b for a per-32 one). */
-static inline __m256i scaled(__m256i p16, int a, int b) {
-    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a)));
-}
-
 static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
 /* Signed w . x: maddubs needs one unsigned operand, so move w's sign onto x. */
