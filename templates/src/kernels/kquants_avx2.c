@@ -78,9 +78,9 @@ static const int b32_size[] = {sizeof(cb_block_q4_1), sizeof(cb_block_q5_0), siz
                                sizeof(cb_block_iq4_nl)};
 static const int b32_qs[] = {4, 6, 8, 2}; /* offsets of qs in the block */
 
-/* The fp16 at byte offset off of eight blocks size bytes apart, as floats
- * (inserted one by one: eight 2-byte stores read back as 16 bytes would
- * stall store forwarding). */
+/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
+ * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
+ * would stall store forwarding. */
 static inline __m256 halves8(const uint8_t *p, size_t size) {
     uint16_t h[8];
     for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);

@@ -55,9 +55,9 @@ static inline int32_t total512(__m512i v) {
     return total256(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
 
-/* The fp16 at byte offset off of eight blocks size bytes apart, as floats
- * (inserted one by one: eight 2-byte stores read back as 16 bytes would
- * stall store forwarding). */
+/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
+ * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
+ * would stall store forwarding. */
 static inline __m256 halves8(const uint8_t *p, size_t size) {
     uint16_t h[8];
     for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
