@@ -625,7 +625,8 @@ def dequantize(raw, dtype, int n):
 
 def dot(dtype, w_raw, x, bint scalar=False):
     """One weight row (dtype bytes) . x (float32; quantized to q8_0 first for
-    the block types, to q8_k for q4_k, q5_k and q6_k), with this build's
+    the block types, to q8_k for those whose kernels take it: dims.h
+    cb_wants_q8_k), with this build's
     kernel or the scalar reference."""
     cdef const float[::1] xv = _f32(x).ravel()
     cdef int n = xv.shape[0]

@@ -24,6 +24,9 @@ command -v aarch64-linux-gnu-gcc >/dev/null || cross+=(gcc-aarch64-linux-gnu)
 [ -e /usr/aarch64-linux-gnu/lib/libc.a ] || cross+=(libc6-dev-arm64-cross)
 { command -v wine >/dev/null && [ -e /usr/lib/wine/wine64 ] || command -v wine64 >/dev/null; } || cross+=(wine wine64)
 command -v qemu-aarch64-static >/dev/null || cross+=(qemu-user-static)
+# SIMDe (header-only): the AVX-512 kernels checked on CPUs without AVX-512
+# (tests/test_avx512_simde.py).
+[ -e /usr/include/simde/x86/avx512.h ] || cross+=(libsimde-dev)
 # Deployment files (tests/test_deploy.py): nginx -t on deploy/nginx, strace to
 # check the systemd unit's sandbox against the calls the server makes. Optional
 # like the cross tools: their tests skip, naming what is missing.

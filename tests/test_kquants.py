@@ -4,8 +4,9 @@ equals gguf.quants' (llama.cpp's reference reader) bit for bit, the engine's
 C dequantization equals it too, and the engine's dot products and matrix
 kernel (SIMD and scalar reference) equal a float64 product of the
 dequantized weights and the activations within the error of rounding the
-activations to q8_0 (to q8_k, per 256, for q4_k, q5_k and q6_k, where the
-SIMD kernels give the scalar reference's bits)."""
+activations to q8_0 (the 32-weight types) or q8_k (per 256: the K types and
+iq4_xs), the SIMD kernels giving the scalar reference's bits (MXFP4's within
+float rounding of them)."""
 
 import gguf
 import gguf.quants
@@ -20,7 +21,7 @@ TYPES = list(quant.GGML_BLOCKS)
 HALVES = {"q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2),
           "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,), "mxfp4": ()}
 QUANTIZABLE = {"q4_1", "q5_0", "q5_1", "mxfp4"}  # gguf.quants.quantize supports these
-ON_Q8_K = {"q4_k", "q5_k", "q6_k"}  # their kernels take q8_k activations
+ON_Q8_K = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}  # their kernels take q8_k activations
 
 rng = np.random.default_rng(24)
 
@@ -139,7 +140,8 @@ def test_dot_products_within_activation_rounding(dtype, n):
     activations they are off by float rounding only (1e-5 of sum |w x|);
     against the exact activations by at most half a step per weight (plus the
     fp16 rounding of a q8_0 step), sum over blocks of step/2 * sum |w| of the
-    block. On q8_k the SIMD kernel gives the scalar reference's bits."""
+    block. The SIMD kernel gives the scalar reference's bits (MXFP4: its own
+    order of float sums)."""
     raw = quantized_rows(dtype, 1, n).ravel()
     w = quant.dequantize(raw, dtype, (n,)).astype(np.float64)
     x = (rng.standard_normal(n) * np.where(np.arange(n) % 9 == 0, 4.0, 1.0)).astype(np.float32)
@@ -153,7 +155,7 @@ def test_dot_products_within_activation_rounding(dtype, n):
         assert abs(got - on_q8) <= 1e-5 * mag + 1e-30, (scalar, got, on_q8)
         assert abs(got - exact) <= rounding + 1e-5 * mag, (scalar, got, exact)
     assert abs(kernels.dot(dtype, raw, x) - kernels.dot(dtype, raw, x, scalar=True)) <= 2e-5 * mag + 1e-30
-    if dtype in ON_Q8_K:
+    if dtype != "mxfp4":
         assert kernels.dot(dtype, raw, x) == kernels.dot(dtype, raw, x, scalar=True)
 
 
@@ -265,11 +267,12 @@ def test_a_model_mixing_every_type_runs_and_matches_the_reference(tmp_path, arch
     weights, up to the activations' rounding to q8_0 (the q8_0 models'
     bound in test_archs.py), at every position whose experts are the
     reference's: on random weights that rounding flips an occasional near
-    tie between experts, which the routing bound allows. q4_k/q5_k/q6_k
-    round their input per 256 values (q8_k, as llama.cpp), about 1.3x the
-    q8_0 error here (0.015 against 0.012 at position 0), and that moves the
-    first flip on this prompt from position 8 to 2 (0.906 of all expert
-    choices agree): hence 2 positions, not half the prompt."""
+    tie between experts, which the routing bound allows. The K types and
+    iq4_xs round their input per 256 values (q8_k, as llama.cpp), about 1.3x
+    the q8_0 error here (0.015 against 0.012 at position 0), and that moves
+    the first flip on this prompt from position 8 to 2 (86 of the 96 expert
+    choices agree, 0.896, with q2_k, q3_k and iq4_xs on q8_k too; 0.906
+    before): hence 2 positions, not half the prompt, and 0.875."""
     from colibri_build import Engine
     from colibri_build.weights import load_tensors, read_header
     from reference import forward as reference_forward
@@ -285,7 +288,7 @@ def test_a_model_mixing_every_type_runs_and_matches_the_reference(tmp_path, arch
     # Positions before the first whose experts differ (a flip reaches the
     # later ones through attention).
     same = np.cumprod((engine.last_routing == experts).all(axis=(1, 2))).astype(bool)
-    assert (engine.last_routing == experts).mean() >= 0.9 and same.sum() >= 2, engine.last_routing
+    assert (engine.last_routing == experts).mean() >= 0.875 and same.sum() >= 2, engine.last_routing
     err = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
     print(f"{arch}: max relative logit error {err[same].max():.2e} where the experts agree "
           f"({same.sum()} of {len(prompt)} positions)")

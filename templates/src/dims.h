@@ -65,7 +65,10 @@ enum cb_dtype {
     CB_DTYPE_COUNT = 19
 };
 /* 1 for the types whose kernels take q8_k activations (kernels.h). */
-static inline int cb_wants_q8_k(uint32_t dtype) { return dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K; }
+static inline int cb_wants_q8_k(uint32_t dtype) {
+    return dtype == CB_Q2_K || dtype == CB_Q3_K || dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K ||
+           dtype == CB_IQ4_XS;
+}
 
 typedef struct {
     uint32_t arch;          /* enum cb_arch (informational) */

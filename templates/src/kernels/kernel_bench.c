@@ -29,8 +29,18 @@ static const struct {
     {"q4_0", CB_Q4_0, CB_Q4_0},     {"f16", CB_F16, CB_F16},
     /* GGML types as GGUF files hold them (random blocks: speed only). */
     {"q4_k", CB_Q4_K, CB_Q4_K},     {"q5_k", CB_Q5_K, CB_Q5_K},     {"q6_k", CB_Q6_K, CB_Q6_K},
-    {"mxfp4", CB_MXFP4, CB_MXFP4},
+    {"mxfp4", CB_MXFP4, CB_MXFP4},  {"q4_1", CB_Q4_1, CB_Q4_1},     {"q5_0", CB_Q5_0, CB_Q5_0},
+    {"q5_1", CB_Q5_1, CB_Q5_1},     {"iq4_nl", CB_IQ4_NL, CB_IQ4_NL}, {"q2_k", CB_Q2_K, CB_Q2_K},
+    {"q3_k", CB_Q3_K, CB_Q3_K},     {"iq4_xs", CB_IQ4_XS, CB_IQ4_XS},
 };
+
+/* A GGML block type's weights a block and the offsets of its fp16 scales
+ * (-1: none; MXFP4 has an exponent byte instead). */
+static void block_layout(uint32_t t, int *elems, int *h0, int *h1) {
+    *elems = t == CB_Q4_1 || t == CB_Q5_0 || t == CB_Q5_1 || t == CB_IQ4_NL || t == CB_MXFP4 ? 32 : 256;
+    *h0 = t == CB_Q6_K ? 208 : t == CB_Q2_K ? 80 : t == CB_Q3_K ? 108 : t == CB_MXFP4 ? -1 : 0;
+    *h1 = t == CB_Q4_1 || t == CB_Q5_1 || t == CB_Q4_K || t == CB_Q5_K ? 2 : t == CB_Q2_K ? 82 : -1;
+}
 
 static uint32_t rng = 2463534242u;
 static float uniform(void) {
@@ -51,12 +61,14 @@ static void fill(uint8_t *w, uint32_t dtype, uint32_t base, size_t rows) {
             uint8_t *dst = dtype == base ? w + (r + i) * row_bytes : four + i * base_bytes;
             if (base >= CB_Q4_1) { /* random bytes, small normal scales (no denormal slow paths) */
                 for (size_t b = 0; b < row_bytes; b++) dst[b] = (uint8_t)(uniform() * 127 + 128);
-                const size_t block = row_bytes / (COLS / (base == CB_MXFP4 ? 32 : 256));
+                int elems, h0, h1;
+                block_layout(base, &elems, &h0, &h1);
+                const size_t block = row_bytes / (COLS / elems);
                 for (uint8_t *blk = dst; blk < dst + row_bytes; blk += block) {
                     const cb_half h = cb_float_to_half(0.001f);
                     if (base == CB_MXFP4) blk[0] = 120;
-                    else if (base == CB_Q6_K) memcpy(blk + 208, &h, 2);
-                    else memcpy(blk, &h, 2), memcpy(blk + 2, &h, 2); /* q4_k, q5_k: d, dmin */
+                    if (h0 >= 0) memcpy(blk + h0, &h, 2);
+                    if (h1 >= 0) memcpy(blk + h1, &h, 2);
                 }
             } else if (base == CB_Q8_0) cb_quantize_row_q8_0(row, (cb_block_q8_0 *)dst, COLS);
             else if (base == CB_Q4_0) cb_quantize_row_q4_0(row, (cb_block_q4_0 *)dst, COLS);

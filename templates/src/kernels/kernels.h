@@ -108,9 +108,10 @@ _Static_assert(sizeof(cb_block_mxfp4) == 17, "mxfp4 block is 17 bytes on disk");
 extern const int8_t cb_iq4nl_values[16], cb_mxfp4_values[16];
 
 /* One row of a GGML block type (ids 8..18) . x quantized to q8_0 (n a
- * multiple of the type's block). Integer products per 16 or 32 weights,
- * scaled in float: the same arithmetic on every target up to the order of
- * float sums. NULL for the types that take q8_k activations (below). */
+ * multiple of 32). Integer products per 32 weights, scaled in float: bit
+ * for bit the scalar reference's (cb_b32_step below) except MXFP4's, which
+ * is equal up to the order of float sums. NULL for the types that take q8_k
+ * activations (below). */
 typedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n);
 /* The scalar reference of a type, and this build's best kernel for it
  * (a SIMD one where the family has it, else the scalar one); NULL for a
@@ -125,7 +126,8 @@ cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype);
 cb_dot_block_fn cb_dot_block_neon(uint32_t dtype);
 #endif
 
-/* Activations for the K types (llama.cpp's Q8_K idea): 256 values rounded
+/* Activations for the 256-weight types, the K types and IQ4_XS (llama.cpp's
+ * Q8_K, which its kernels for them take too): 256 values rounded
  * to int8 with one float scale, and the sum of each 16. One scale per
  * super-block lets a kernel sum a whole super-block's products in integers
  * and scale once; the per-16 sums turn the weights' mins and offsets into
@@ -150,6 +152,11 @@ cb_dot_k_fn cb_dot_k_avx2(uint32_t dtype);
 #if CB_KERNELS_NEON
 cb_dot_k_fn cb_dot_k_neon(uint32_t dtype);
 #endif
+#if CB_KERNELS_AVX512
+/* kernels/kquants_avx512.c: NULL for the types it has no form for. */
+cb_dot_block_fn cb_dot_block_avx512(uint32_t dtype);
+cb_dot_k_fn cb_dot_k_avx512(uint32_t dtype);
+#endif
 /* A family's kernels by dtype: each of kquants.c, kquants_avx2.c and
  * kquants_neon.c defines static dot_<type> functions under the same names
  * and dispatches through these (one table for all of them). */
@@ -158,10 +165,7 @@ cb_dot_k_fn cb_dot_k_neon(uint32_t dtype);
     case CB_Q4_1: return dot_q4_1;                                                                                     \
     case CB_Q5_0: return dot_q5_0;                                                                                     \
     case CB_Q5_1: return dot_q5_1;                                                                                     \
-    case CB_Q2_K: return dot_q2_k;                                                                                     \
-    case CB_Q3_K: return dot_q3_k;                                                                                     \
     case CB_IQ4_NL: return dot_iq4_nl;                                                                                 \
-    case CB_IQ4_XS: return dot_iq4_xs;                                                                                 \
     case CB_MXFP4: return dot_mxfp4;                                                                                   \
     }                                                                                                                  \
     return NULL
@@ -170,6 +174,9 @@ cb_dot_k_fn cb_dot_k_neon(uint32_t dtype);
     case CB_Q4_K: return dot_q4_k;                                                                                     \
     case CB_Q5_K: return dot_q5_k;                                                                                     \
     case CB_Q6_K: return dot_q6_k;                                                                                     \
+    case CB_Q2_K: return dot_q2_k;                                                                                     \
+    case CB_Q3_K: return dot_q3_k;                                                                                     \
+    case CB_IQ4_XS: return dot_iq4_xs;                                                                                 \
     }                                                                                                                  \
     return NULL
 /* s + dx * (d * sum - dmin * mins), the one float step of a super-block,
@@ -182,6 +189,25 @@ static inline float cb_kq_step(float s, float dx, float d, int32_t sum, float dm
     const float a = dx * d * (float)sum, b = dx * dmin * (float)mins;
     return s + a - b;
 #endif
+}
+
+/* The 32-weight types on q8_0 (q4_1, q5_0, q5_1, iq4_nl): block i's exact
+ * integer sum meets its float scale in lane i % 8 of eight accumulators,
+ * lane = lane + scale * sum (fused as cb_kq_step), and cb_b32_sum adds the
+ * lanes in one fixed tree: every family gives the scalar reference's bits. */
+#define CB_B32_LANES 8
+static inline float cb_b32_step(float lane, float scale, int32_t sum) {
+#if defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+    return __builtin_fmaf(scale, (float)sum, lane);
+#else
+    const float p = scale * (float)sum;
+    return lane + p;
+#endif
+}
+/* (l0 + l4) + (l2 + l6), plus (l1 + l5) + (l3 + l7): an AVX2 register's
+ * halves added, then its 64-bit halves, then the two lanes left. */
+static inline float cb_b32_sum(const float l[CB_B32_LANES]) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
 float cb_half_to_float(cb_half h);

@@ -1,8 +1,9 @@
 /* GGML's block types beyond q8_0 / q4_0 (dims.h ids 8..18), kept as GGUF
  * files hold them: where each weight's bits lie, dequantization (the
  * toolkit's numpy one, toolkit/quant.py, gives the same bits) and the scalar
- * dot products against q8_0 activations (q8_k for q4_k, q5_k and q6_k) that
- * every SIMD kernel is checked against (kernel_check.c). Layouts are GGML's (ggml-common.h block_*). */
+ * dot products against q8_0 activations (the 32-weight types) or q8_k ones
+ * (the 256-weight types) whose bits every SIMD kernel gives (kernel_check.c;
+ * MXFP4's up to the order of float sums). Layouts are GGML's (ggml-common.h block_*). */
 #include <math.h>
 #include <string.h>
 
@@ -164,52 +165,62 @@ int cb_dequantize_block_row(uint32_t dtype, const void *row, float *out, int n) 
     return 0;
 }
 
-/* ---- scalar dot products against q8_0 activations: per 32 weights (one
- * activation block, scale dx) integer sums, then
- *   s += dx * (d_w * sum(scale * q * x) - dmin_w * sum(min * x)). ---- */
+/* ---- scalar dot products of the 32-weight types against q8_0 activations:
+ * per block the integer sums of q * x (and of x, for a min), then
+ * cb_b32_step into lane i % 8, and cb_b32_sum of the lanes (kernels.h). ---- */
 
+/* q4_1 on q8_0 (its block size): x = d * q + m, so d * sum(q x) + m * sum(x). */
 static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_q4_1 *b = w;
-    float s = 0;
+    float lane[CB_B32_LANES] = {0};
     for (int i = 0; i < n / CB_QK; i++) {
         int sq = 0, sx = 0;
         for (int j = 0; j < CB_QK; j++) sq += nibble(b[i].qs, j) * x[i].qs[j], sx += x[i].qs[j];
-        s += cb_half_to_float(x[i].d) * (cb_half_to_float(b[i].d) * (float)sq + cb_half_to_float(b[i].m) * (float)sx);
+        const float dx = cb_half_to_float(x[i].d);
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(cb_b32_step(*l, dx * cb_half_to_float(b[i].d), sq), dx * cb_half_to_float(b[i].m), sx);
     }
-    return s;
+    return cb_b32_sum(lane);
 }
 
+/* q5_0 on q8_0 (its block size): sum((q - 16) x) exactly. */
 static float dot_q5_0(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_q5_0 *b = w;
-    float s = 0;
+    float lane[CB_B32_LANES] = {0};
     for (int i = 0; i < n / CB_QK; i++) {
         int sq = 0;
         for (int j = 0; j < CB_QK; j++) sq += ((nibble(b[i].qs, j) | bit5(b[i].qh, j) << 4) - 16) * x[i].qs[j];
-        s += cb_half_to_float(x[i].d) * cb_half_to_float(b[i].d) * (float)sq;
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(*l, cb_half_to_float(x[i].d) * cb_half_to_float(b[i].d), sq);
     }
-    return s;
+    return cb_b32_sum(lane);
 }
 
+/* q5_1 on q8_0 (its block size): as q4_1 with a 5th bit. */
 static float dot_q5_1(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_q5_1 *b = w;
-    float s = 0;
+    float lane[CB_B32_LANES] = {0};
     for (int i = 0; i < n / CB_QK; i++) {
         int sq = 0, sx = 0;
         for (int j = 0; j < CB_QK; j++) sq += (nibble(b[i].qs, j) | bit5(b[i].qh, j) << 4) * x[i].qs[j], sx += x[i].qs[j];
-        s += cb_half_to_float(x[i].d) * (cb_half_to_float(b[i].d) * (float)sq + cb_half_to_float(b[i].m) * (float)sx);
+        const float dx = cb_half_to_float(x[i].d);
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(cb_b32_step(*l, dx * cb_half_to_float(b[i].d), sq), dx * cb_half_to_float(b[i].m), sx);
     }
-    return s;
+    return cb_b32_sum(lane);
 }
 
+/* iq4_nl on q8_0 (its block size): the codebook's levels times x, exactly. */
 static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_iq4_nl *b = w;
-    float s = 0;
+    float lane[CB_B32_LANES] = {0};
     for (int i = 0; i < n / CB_QK; i++) {
         int sq = 0;
         for (int j = 0; j < CB_QK; j++) sq += cb_iq4nl_values[nibble(b[i].qs, j)] * x[i].qs[j];
-        s += cb_half_to_float(x[i].d) * cb_half_to_float(b[i].d) * (float)sq;
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(*l, cb_half_to_float(x[i].d) * cb_half_to_float(b[i].d), sq);
     }
-    return s;
+    return cb_b32_sum(lane);
 }
 
 static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
@@ -219,41 +230,6 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
         int sq = 0;
         for (int j = 0; j < CB_QK; j++) sq += cb_mxfp4_values[nibble(b[i].qs, j)] * x[i].qs[j];
         s += cb_half_to_float(x[i].d) * e8m0_half(b[i].e) * (float)sq;
-    }
-    return s;
-}
-
-static float dot_q2_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q2_k *b = w;
-    float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = cb_half_to_float(b->d), dmin = cb_half_to_float(b->dmin);
-        for (int c = 0; c < 8; c++, x++) {
-            int sq = 0, sm = 0;
-            for (int j = 0; j < CB_QK; j++) {
-                const int sc = b->scales[2 * c + j / 16];
-                sq += (sc & 0xF) * q2_bits(b->qs, 32 * c + j) * x->qs[j];
-                sm += (sc >> 4) * x->qs[j];
-            }
-            s += cb_half_to_float(x->d) * (d * (float)sq - dmin * (float)sm);
-        }
-    }
-    return s;
-}
-
-static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q3_k *b = w;
-    float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = cb_half_to_float(b->d);
-        for (int c = 0; c < 8; c++, x++) {
-            int sq = 0;
-            for (int j = 0; j < CB_QK; j++) {
-                const int e = 32 * c + j, q = q2_bits(b->qs, e) - ((b->hmask[j] >> c) & 1 ? 0 : 4);
-                sq += scale_q3_k(b->scales, e / 16) * q * x->qs[j];
-            }
-            s += cb_half_to_float(x->d) * d * (float)sq;
-        }
     }
     return s;
 }
@@ -318,17 +294,56 @@ static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
     return s;
 }
 
-static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
+/* q2_k on q8_k (one step per super-block like llama.cpp): per 16 weights
+ * scale * sum(q x), and the min through the per-16 sums of x. */
+static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q2_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        int32_t sum = 0, mins = 0;
+        for (int g = 0; g < 16; g++) {
+            int sq = 0;
+            for (int j = 0; j < 16; j++) sq += q2_bits(b->qs, 16 * g + j) * x->qs[16 * g + j];
+            sum += (b->scales[g] & 0xF) * sq;
+            mins += (b->scales[g] >> 4) * x->bsums[g];
+        }
+        s = cb_kq_step(s, x->d, cb_half_to_float(b->d), sum, cb_half_to_float(b->dmin), mins);
+    }
+    return s;
+}
+
+/* q3_k on q8_k: q - 4 (3rd bit clear) as u . x - 4 * (sum of 16 x), u in 0..7. */
+static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q3_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        int32_t sum = 0;
+        for (int g = 0; g < 16; g++) {
+            int sq = 0;
+            for (int j = 0; j < 16; j++) {
+                const int e = 16 * g + j, u = q2_bits(b->qs, e) | ((b->hmask[e % 32] >> (e / 32)) & 1) << 2;
+                sq += u * x->qs[e];
+            }
+            sum += scale_q3_k(b->scales, g) * (sq - 4 * x->bsums[g]);
+        }
+        s = cb_kq_step(s, x->d, cb_half_to_float(b->d), sum, 0.0f, 0);
+    }
+    return s;
+}
+
+/* iq4_xs on q8_k: (scale - 32) * sum(level x) per 32 weights. */
+static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
     const cb_block_iq4_xs *b = w;
     float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = cb_half_to_float(b->d);
-        for (int g = 0; g < 8; g++, x++) {
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        int32_t sum = 0;
+        for (int g = 0; g < 8; g++) {
             const int ls = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4;
             int sq = 0;
-            for (int j = 0; j < CB_QK; j++) sq += cb_iq4nl_values[nibble(b->qs + 16 * g, j)] * x->qs[j];
-            s += cb_half_to_float(x->d) * d * (float)((ls - 32) * sq);
+            for (int j = 0; j < CB_QK; j++) sq += cb_iq4nl_values[nibble(b->qs + 16 * g, j)] * x->qs[32 * g + j];
+            sum += (ls - 32) * sq;
         }
+        s = cb_kq_step(s, x->d, cb_half_to_float(b->d), sum, 0.0f, 0);
     }
     return s;
 }
@@ -342,6 +357,10 @@ cb_dot_k_fn cb_dot_k_scalar(uint32_t dtype) {
 }
 
 cb_dot_k_fn cb_dot_k(uint32_t dtype) {
+#if CB_KERNELS_AVX512
+    cb_dot_k_fn f5 = cb_dot_k_avx512(dtype);
+    if (f5) return f5;
+#endif
 #if CB_KERNELS_AVX2
     cb_dot_k_fn f = cb_dot_k_avx2(dtype);
     if (f) return f;
@@ -354,6 +373,10 @@ cb_dot_k_fn cb_dot_k(uint32_t dtype) {
 }
 
 cb_dot_block_fn cb_dot_block(uint32_t dtype) {
+#if CB_KERNELS_AVX512
+    cb_dot_block_fn f5 = cb_dot_block_avx512(dtype);
+    if (f5) return f5;
+#endif
 #if CB_KERNELS_AVX2
     cb_dot_block_fn f = cb_dot_block_avx2(dtype);
     if (f) return f;

@@ -1,8 +1,10 @@
 /* AVX2 dot products of GGML's other block types (dims.h ids 8..18) against
- * q8_0 activations (q8_k for q4_k, q5_k, q6_k: at the end). Reference: kernels/kquants.c, whose integer sums these
+ * q8_0 activations (the 32-weight types) or q8_k ones (the 256-weight types:
+ * at the end). Reference: kernels/kquants.c, whose integer sums these
  * compute exactly (maddubs pairs stay within int16: unsigned weights are at
- * most 63, signed ones at most 127 in magnitude, |x| <= 127); only the float
- * scaling and summation order differ (kernel_check.c bounds it). */
+ * most 63, signed ones at most 127 in magnitude, |x| <= 127) and whose
+ * float steps they repeat: the reference's bits, except MXFP4's, whose float
+ * summation order differs (kernel_check.c bounds it). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -20,12 +22,6 @@ static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const _
 /* u (unsigned bytes) . s (signed bytes), as 16 int16 pair sums: lanes 0..7
  * hold bytes 0..15, lanes 8..15 bytes 16..31. */
 static inline __m256i pairs(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
-
-/* Int16 pair sums -> 8 int32 lanes, bytes 0..15 times a and 16..31 times b
- * (per-16 scales; a == b for a per-32 one). */
-static inline __m256i scaled(__m256i p16, int a, int b) {
-    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a)));
-}
 
 static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
@@ -58,57 +54,7 @@ static inline __m256i codebook(const int8_t values[16]) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
 }
 
-static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q4_1 *b = w;
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK; i++) {
-        const __m256i xq = load32(x[i].qs);
-        const float dx = _cvtsh_ss(x[i].d);
-        const __m256i sq = _mm256_madd_epi16(pairs(nibbles16(b[i].qs), xq), _mm256_set1_epi16(1));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * dx), f32(sq), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].m) * dx), f32(x_sums(xq)), acc);
-    }
-    return hsum(acc);
-}
-
-static float dot_q5_0(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q5_0 *b = w;
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK; i++) {
-        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles16(b[i].qs), bit5_bytes(b[i].qh)), _mm256_set1_epi8(16));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * _cvtsh_ss(x[i].d)), f32(dot_signed(q, load32(x[i].qs))),
-                              acc);
-    }
-    return hsum(acc);
-}
-
-static float dot_q5_1(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q5_1 *b = w;
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK; i++) {
-        const __m256i xq = load32(x[i].qs);
-        const float dx = _cvtsh_ss(x[i].d);
-        const __m256i u = _mm256_or_si256(nibbles16(b[i].qs), bit5_bytes(b[i].qh));
-        const __m256i sq = _mm256_madd_epi16(pairs(u, xq), _mm256_set1_epi16(1));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * dx), f32(sq), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].m) * dx), f32(x_sums(xq)), acc);
-    }
-    return hsum(acc);
-}
-
-/* 32-weight codebook blocks: iq4_nl (fp16 scale) and mxfp4 (E8M0). */
-static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_iq4_nl *b = w;
-    const __m256i book = codebook(cb_iq4nl_values);
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK; i++) {
-        const __m256i q = _mm256_shuffle_epi8(book, nibbles16(b[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d) * _cvtsh_ss(x[i].d)), f32(dot_signed(q, load32(x[i].qs))),
-                              acc);
-    }
-    return hsum(acc);
-}
-
+/* mxfp4 (E8M0 scale): float sums per block (not the bit-exact lanes). */
 static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_mxfp4 *b = w;
     const __m256i book = codebook(cb_mxfp4_values);
@@ -123,63 +69,87 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     return hsum(acc);
 }
 
-/* Q3_K: group c (n = c / 4, j = c % 4): 2 bits of qs[32n..] >> 2j, the 3rd
- * from hmask[0..31] bit c (clear: 4 less); q - 4 as q . x - 4 sum(x). */
-static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q3_k *b = w;
-    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = _cvtsh_ss(b->d);
-        int sc[16];
-        for (int g = 0; g < 16; g++)
-            sc[g] = (((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF) | ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
-        const __m256i hm = load32(b->hmask);
-        for (int c = 0; c < 8; c++, x++) {
-            const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(load32(b->qs + 32 * (c / 4)), _mm_cvtsi32_si128(2 * (c % 4))), three);
-            const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(c)), one), 2);
-            const __m256i xq = load32(x->qs);
-            const __m256i p = _mm256_sub_epi16(pairs(_mm256_or_si256(q2, hb), xq), pairs(four, xq));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x->d)), f32(scaled(p, sc[2 * c], sc[2 * c + 1])), acc);
-        }
-    }
-    return hsum(acc);
+/* ---- the 32-weight types on q8_0: a block's integer sums in int32 lanes,
+ * eight blocks' totals gathered into one register (block j in lane j), then
+ * scaled and added into the eight float lanes of cb_b32_step; the last
+ * n / 32 % 8 blocks lane by lane. ---- */
+enum { B32_Q4_1, B32_Q5_0, B32_Q5_1, B32_IQ4_NL };
+static const int b32_size[] = {sizeof(cb_block_q4_1), sizeof(cb_block_q5_0), sizeof(cb_block_q5_1),
+                               sizeof(cb_block_iq4_nl)};
+static const int b32_qs[] = {4, 6, 8, 2}; /* offsets of qs in the block */
+
+/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
+ * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
+ * would stall store forwarding. */
+static inline __m256 halves8(const uint8_t *p, size_t size) {
+    uint16_t h[8];
+    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
 }
 
-/* Q2_K: group c as Q3_K's low bits; scale and min per 16 weights. */
-static float dot_q2_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q2_k *b = w;
-    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = _cvtsh_ss(b->d), dmin = _cvtsh_ss(b->dmin);
-        for (int c = 0; c < 8; c++, x++) {
-            const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(load32(b->qs + 32 * (c / 4)), _mm_cvtsi32_si128(2 * (c % 4))), three);
-            const __m256i xq = load32(x->qs);
-            const int s0 = b->scales[2 * c], s1 = b->scales[2 * c + 1];
-            const float dx = _cvtsh_ss(x->d);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), f32(scaled(pairs(q2, xq), s0 & 0xF, s1 & 0xF)), acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * dx), f32(scaled(pairs(one, xq), s0 >> 4, s1 >> 4)), acc);
-        }
-    }
-    return hsum(acc);
+/* Eight int32 vectors -> their eight totals, vector j's in lane j. */
+static inline __m256i totals8(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_iq4_xs *b = w;
+static inline int32_t total1(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+
+/* One block's sum(q x) as int32 lanes, and sum(x) in *sx for the types with a min. */
+static inline __attribute__((always_inline)) __m256i b32_sums(int t, const uint8_t *blk, const int8_t *xqs, __m256i book,
+                                                             __m256i *sx) {
+    const __m256i xq = load32(xqs);
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (t == B32_IQ4_NL) return dot_signed(_mm256_shuffle_epi8(book, nibbles16(blk + 2)), xq);
+    __m256i u = nibbles16(blk + b32_qs[t]);
+    if (t != B32_Q4_1) u = _mm256_or_si256(u, bit5_bytes(blk + b32_qs[t] - 4));
+    const __m256i sq = _mm256_madd_epi16(pairs(u, xq), ones);
+    if (t == B32_Q5_0) return _mm256_sub_epi32(sq, _mm256_slli_epi32(x_sums(xq), 4)); /* q - 16 */
+    *sx = x_sums(xq);
+    return sq;
+}
+
+static inline __attribute__((always_inline)) float dot_b32(int t, const void *w, const cb_block_q8_0 *x, int n) {
+    const uint8_t *b = w;
+    const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
     const __m256i book = codebook(cb_iq4nl_values);
     __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        const float d = _cvtsh_ss(b->d);
-        for (int g = 0; g < 8; g++, x++) {
-            const int ls = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4;
-            const __m256i q = _mm256_shuffle_epi8(book, nibbles16(b->qs + 16 * g));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x->d)),
-                                  f32(_mm256_mullo_epi32(dot_signed(q, load32(x->qs)), _mm256_set1_epi32(ls - 32))), acc);
-        }
+    int i = 0;
+    for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
+        __m256i sq[8], sx[8];
+        const uint8_t *blk = b + (size_t)i * size;
+        for (int j = 0; j < 8; j++) sq[j] = b32_sums(t, blk + (size_t)j * size, x[i + j].qs, book, &sx[j]);
+        const __m256 dx = halves8((const uint8_t *)&x[i].d, sizeof(cb_block_q8_0));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk, size)), f32(totals8(sq)), acc);
+        if (with_min) acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk + 2, size)), f32(totals8(sx)), acc);
     }
-    return hsum(acc);
+    float lane[CB_B32_LANES];
+    _mm256_storeu_ps(lane, acc);
+    for (; i < nb; i++) {
+        const uint8_t *blk = b + (size_t)i * size;
+        __m256i sx = _mm256_setzero_si256();
+        const int32_t sq = total1(b32_sums(t, blk, x[i].qs, book, &sx));
+        cb_half hd, hm;
+        memcpy(&hd, blk, 2);
+        const float dx = _cvtsh_ss(x[i].d);
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(*l, dx * _cvtsh_ss(hd), sq);
+        if (with_min) memcpy(&hm, blk + 2, 2), *l = cb_b32_step(*l, dx * _cvtsh_ss(hm), total1(sx));
+    }
+    return cb_b32_sum(lane);
 }
+/* q4_1, q5_1: q8_0 activations (their block size), d and m steps per block. */
+static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_Q4_1, w, x, n); }
+static float dot_q5_1(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_Q5_1, w, x, n); }
+/* q5_0, iq4_nl: q8_0 activations (their block size), one step per block. */
+static float dot_q5_0(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_Q5_0, w, x, n); }
+static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_IQ4_NL, w, x, n); }
 
 cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype) {
     CB_DOT_BLOCK_DISPATCH(dtype);
@@ -296,6 +266,106 @@ static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
                 const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(q6_pick[k]));
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs(u[k], load32(x->qs + 128 * half + 32 * k)), sc));
             }
+        }
+        int32_t sum, unused;
+        hsum2_i32(acc, _mm_setzero_si128(), &sum, &unused);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, 0.0f, 0);
+    }
+    return s;
+}
+
+/* The int32 lane sums of the scales (16 int16) times the per-16 sums of x. */
+static inline __m128i scaled_bsums(__m256i sc16, const int16_t *bsums) {
+    const __m256i p = _mm256_madd_epi16(sc16, load32(bsums));
+    return _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+}
+
+/* Q2_K on q8_k: group c = 4 * half + k is (qs[32 * half..] >> 2k) & 3; its
+ * two 16-weight scales meet the pair sums as Q6_K's do (q6_pick); mins
+ * through the per-16 sums of x. */
+static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q2_k *b = w;
+    const __m256i three = _mm256_set1_epi8(3);
+    const __m128i low4 = _mm_set1_epi8(0xF);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, low4));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), low4));
+        const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+        __m256i acc = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++) {
+            const __m256i q = load32(b->qs + 32 * half);
+            for (int k = 0; k < 4; k++) {
+                const __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * k)), three);
+                const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(q6_pick[k]));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs(u, load32(x->qs + 128 * half + 32 * k)), sc));
+            }
+        }
+        int32_t sum, mins;
+        hsum2_i32(acc, scaled_bsums(mn16, x->bsums), &sum, &mins);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, _cvtsh_ss(b->dmin), mins);
+    }
+    return s;
+}
+
+/* Q3_K's 16 6-bit scales less 32, as bytes: group g's low nibble from byte
+ * g % 8 (high nibble for g >= 8), top 2 bits from byte 8 + g % 4 at bit
+ * 2 (g / 4); four groups to a word (a vector built from words: stored
+ * bytes read back as a vector would stall store forwarding). */
+static inline __m128i q3_scales(const uint8_t s[12]) {
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
+    const __m128i v = _mm_setr_epi32((int)((a[0] & lo4) | (a[2] & hi2) << 4),
+                                     (int)((a[1] & lo4) | ((a[2] >> 2) & hi2) << 4),
+                                     (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
+                                     (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+/* Q3_K on q8_k: u = low 2 bits | 3rd bit << 2 (0..7), q = u - 4, so the
+ * scales times the per-16 sums of x, 4 times, come off the start. */
+static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q3_k *b = w;
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(q3_scales(b->scales));
+        const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+        const __m256i hm = load32(b->hmask);
+        __m256i acc = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++) {
+            const __m256i q = load32(b->qs + 32 * half);
+            for (int k = 0; k < 4; k++) {
+                const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * half + k)), one);
+                const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * k)), three),
+                                                  _mm256_slli_epi16(hb, 2));
+                const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(q6_pick[k]));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs(u, load32(x->qs + 128 * half + 32 * k)), sc));
+            }
+        }
+        int32_t sum, offs;
+        hsum2_i32(acc, scaled_bsums(sc16, x->bsums), &sum, &offs);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum - 4 * offs, 0.0f, 0);
+    }
+    return s;
+}
+
+/* IQ4_XS on q8_k: group g's levels . x (signs moved onto x) as int16 pair
+ * sums, times its 6-bit scale less 32 in madd. */
+static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_iq4_xs *b = w;
+    const __m256i book = codebook(cb_iq4nl_values);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) {
+            const int ls = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4;
+            const __m256i q = _mm256_shuffle_epi8(book, nibbles16(b->qs + 16 * g));
+            const __m256i xq = load32(x->qs + 32 * g);
+            const __m256i p = pairs(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(ls - 32))));
         }
         int32_t sum, unused;
         hsum2_i32(acc, _mm_setzero_si128(), &sum, &unused);

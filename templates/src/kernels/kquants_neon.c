@@ -1,8 +1,10 @@
 /* NEON dot products of GGML's other block types (dims.h ids 8..18) against
- * q8_0 activations (q8_k for q4_k, q5_k, q6_k: at the end); SDOT where the target has the dot-product extension.
+ * q8_0 activations (the 32-weight types) or q8_k ones (the 256-weight types:
+ * at the end); SDOT where the target has the dot-product extension.
  * Reference: kernels/kquants.c, whose integer sums these compute exactly
- * (weights unpacked to int8, products summed per 16); only the float
- * scaling and summation order differ (kernel_check.c bounds it). */
+ * (weights unpacked to int8, products summed per 16) and whose float steps
+ * they repeat: the reference's bits, except MXFP4's, whose float summation
+ * order differs (kernel_check.c bounds it). */
 #include <arm_neon.h>
 #include <string.h>
 
@@ -41,22 +43,29 @@ static inline void bit5(const uint8_t qh[4], uint8x16_t *lo, uint8x16_t *hi) {
     *hi = vandq_u8(vtstq_u8(b23, mask), vdupq_n_u8(0x10));
 }
 
+/* ---- the 32-weight types on q8_0: a block's integer sums exact, then
+ * cb_b32_step into lane i % 8 and cb_b32_sum (the scalar reference's bits). ---- */
+
+/* q4_1 on q8_0 (its block size): d * sum(q x) + m * sum(x). */
 static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_q4_1 *b = w;
-    float s = 0;
+    float lane[CB_B32_LANES] = {0};
     for (int i = 0; i < n / CB_QK; i++) {
         int8x16_t lo, hi;
         nibbles(b[i].qs, &lo, &hi);
         const int8x16_t x0 = vld1q_s8(x[i].qs), x1 = vld1q_s8(x[i].qs + 16);
         const int32_t sq = dot16(lo, x0) + dot16(hi, x1), sx = sum16(x0) + sum16(x1);
-        s += half(x[i].d) * (half(b[i].d) * (float)sq + half(b[i].m) * (float)sx);
+        const float dx = half(x[i].d);
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(cb_b32_step(*l, dx * half(b[i].d), sq), dx * half(b[i].m), sx);
     }
-    return s;
+    return cb_b32_sum(lane);
 }
 
+/* q5_0 (sum((q - 16) x)) and q5_1 (as q4_1) on q8_0, their block size. */
 static inline __attribute__((always_inline)) float dot_q5(const void *w, const cb_block_q8_0 *x, int n, int with_min) {
     const size_t block = with_min ? sizeof(cb_block_q5_1) : sizeof(cb_block_q5_0);
-    float s = 0;
+    float lane[CB_B32_LANES] = {0};
     for (int i = 0; i < n / CB_QK; i++) {
         const uint8_t *blk = (const uint8_t *)w + (size_t)i * block;
         const uint8_t *qh = blk + (with_min ? 4 : 2), *qs = qh + 4;
@@ -73,14 +82,33 @@ static inline __attribute__((always_inline)) float dot_q5(const void *w, const c
         const int8x16_t x0 = vld1q_s8(x[i].qs), x1 = vld1q_s8(x[i].qs + 16);
         const int32_t sq = dot16(lo, x0) + dot16(hi, x1);
         const float dx = half(x[i].d);
-        s += with_min ? dx * (half(hd) * (float)sq + half(hm) * (float)(sum16(x0) + sum16(x1))) : dx * half(hd) * (float)sq;
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(*l, dx * half(hd), sq);
+        if (with_min) *l = cb_b32_step(*l, dx * half(hm), sum16(x0) + sum16(x1));
     }
-    return s;
+    return cb_b32_sum(lane);
 }
 static float dot_q5_0(const void *w, const cb_block_q8_0 *x, int n) { return dot_q5(w, x, n, 0); }
 static float dot_q5_1(const void *w, const cb_block_q8_0 *x, int n) { return dot_q5(w, x, n, 1); }
 
-/* 32-weight codebook blocks: iq4_nl (fp16 scale) and mxfp4 (E8M0, 2^(e - 128)). */
+/* iq4_nl on q8_0 (its block size): the codebook's levels . x, exactly. */
+static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_iq4_nl *b = w;
+    const int8x16_t book = vld1q_s8(cb_iq4nl_values);
+    float lane[CB_B32_LANES] = {0};
+    for (int i = 0; i < n / CB_QK; i++) {
+        int8x16_t lo, hi;
+        nibbles(b[i].qs, &lo, &hi);
+        lo = vqtbl1q_s8(book, vreinterpretq_u8_s8(lo));
+        hi = vqtbl1q_s8(book, vreinterpretq_u8_s8(hi));
+        const int32_t sq = dot16(lo, vld1q_s8(x[i].qs)) + dot16(hi, vld1q_s8(x[i].qs + 16));
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(*l, half(x[i].d) * half(b[i].d), sq);
+    }
+    return cb_b32_sum(lane);
+}
+
+/* mxfp4 (E8M0, 2^(e - 128)): float sums per block (not the bit-exact lanes). */
 static inline __attribute__((always_inline)) float dot_book(const void *w, const cb_block_q8_0 *x, int n, int mx) {
     const int8x16_t book = vld1q_s8(mx ? cb_mxfp4_values : cb_iq4nl_values);
     const size_t block = mx ? sizeof(cb_block_mxfp4) : sizeof(cb_block_iq4_nl);
@@ -105,77 +133,7 @@ static inline __attribute__((always_inline)) float dot_book(const void *w, const
     }
     return s;
 }
-static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) { return dot_book(w, x, n, 0); }
 static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) { return dot_book(w, x, n, 1); }
-
-/* Q3_K / Q2_K: the 2 low bits of group c (n = c / 4, j = c % 4) are
- * qs[32n..] >> 2j; Q3_K's third is hmask[0..31] bit c (clear: 4 less). */
-static float dot_q3_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q3_k *b = w;
-    float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        float sum = 0;
-        for (int c = 0; c < 8; c++, x++) {
-            int8x16_t q[2];
-            int sc[2];
-            for (int p = 0; p < 2; p++) {
-                const int g = 2 * c + p;
-                sc[p] = (((g < 8 ? b->scales[g] : b->scales[g - 8] >> 4) & 0xF) |
-                         ((b->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
-                const uint8x16_t l = vld1q_u8(b->qs + 32 * (c / 4) + 16 * p);
-                const uint8x16_t q2 = vandq_u8(vshlq_u8(l, vdupq_n_s8((int8_t)(-2 * (c % 4)))), vdupq_n_u8(3));
-                const uint8x16_t set = vtstq_u8(vld1q_u8(b->hmask + 16 * p), vdupq_n_u8((uint8_t)(1u << c)));
-                q[p] = vsubq_s8(vreinterpretq_s8_u8(q2), vreinterpretq_s8_u8(vbicq_u8(vdupq_n_u8(4), set)));
-            }
-            sum += half(x->d) * (float)(sc[0] * dot16(q[0], vld1q_s8(x->qs)) + sc[1] * dot16(q[1], vld1q_s8(x->qs + 16)));
-        }
-        s += half(b->d) * sum;
-    }
-    return s;
-}
-
-static float dot_q2_k(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_q2_k *b = w;
-    float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        float sum_q = 0, sum_m = 0;
-        for (int c = 0; c < 8; c++, x++) {
-            int32_t sq = 0, sm = 0;
-            for (int p = 0; p < 2; p++) {
-                const uint8x16_t l = vld1q_u8(b->qs + 32 * (c / 4) + 16 * p);
-                const int8x16_t q2 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(l, vdupq_n_s8((int8_t)(-2 * (c % 4)))), vdupq_n_u8(3)));
-                const int8x16_t xq = vld1q_s8(x->qs + 16 * p);
-                const int scm = b->scales[2 * c + p];
-                sq += (scm & 0xF) * dot16(q2, xq);
-                sm += (scm >> 4) * sum16(xq);
-            }
-            const float dx = half(x->d);
-            sum_q += dx * (float)sq;
-            sum_m += dx * (float)sm;
-        }
-        s += half(b->d) * sum_q - half(b->dmin) * sum_m;
-    }
-    return s;
-}
-
-static float dot_iq4_xs(const void *w, const cb_block_q8_0 *x, int n) {
-    const cb_block_iq4_xs *b = w;
-    const int8x16_t book = vld1q_s8(cb_iq4nl_values);
-    float s = 0;
-    for (int i = 0; i < n / CB_QK_K; i++, b++) {
-        float sum = 0;
-        for (int g = 0; g < 8; g++, x++) {
-            const int ls = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4;
-            int8x16_t lo, hi;
-            nibbles(b->qs + 16 * g, &lo, &hi);
-            lo = vqtbl1q_s8(book, vreinterpretq_u8_s8(lo));
-            hi = vqtbl1q_s8(book, vreinterpretq_u8_s8(hi));
-            sum += half(x->d) * (float)((ls - 32) * (dot16(lo, vld1q_s8(x->qs)) + dot16(hi, vld1q_s8(x->qs + 16))));
-        }
-        s += half(b->d) * sum;
-    }
-    return s;
-}
 
 cb_dot_block_fn cb_dot_block_neon(uint32_t dtype) {
     CB_DOT_BLOCK_DISPATCH(dtype);
@@ -252,6 +210,68 @@ static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
             }
         }
         s = cb_kq_step(s, x->d, half(b->d), vaddvq_s32(acc) - 32 * offs, 0.0f, 0);
+    }
+    return s;
+}
+
+/* Q2_K / Q3_K on q8_k: the 2 low bits of group c (n = c / 4, j = c % 4) are
+ * qs[32n..] >> 2j; Q3_K's third is hmask[0..31] bit c, q = that | bit << 2
+ * less 4 (through the per-16 sums of x); Q2_K's mins through them too. */
+static inline __attribute__((always_inline)) float dot_q23_k(const void *w, const cb_block_q8_k *x, int n, int q3) {
+    const size_t block = q3 ? sizeof(cb_block_q3_k) : sizeof(cb_block_q2_k);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, x++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * block;
+        const cb_block_q2_k *b2 = (const void *)blk;
+        const cb_block_q3_k *b3 = (const void *)blk;
+        const uint8_t *qs = q3 ? b3->qs : b2->qs;
+        int sc[16];
+        int32_t offs = 0;
+        for (int g = 0; g < 16; g++) {
+            if (q3)
+                sc[g] = (((g < 8 ? b3->scales[g] : b3->scales[g - 8] >> 4) & 0xF) |
+                         ((b3->scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+            else sc[g] = b2->scales[g] & 0xF;
+            offs += (q3 ? 4 * sc[g] : b2->scales[g] >> 4) * x->bsums[g];
+        }
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int c = 0; c < 8; c++) {
+            for (int p = 0; p < 2; p++) {
+                const uint8x16_t l = vld1q_u8(qs + 32 * (c / 4) + 16 * p);
+                uint8x16_t u = vandq_u8(vshlq_u8(l, vdupq_n_s8((int8_t)(-2 * (c % 4)))), vdupq_n_u8(3));
+                if (q3) {
+                    const uint8x16_t set = vtstq_u8(vld1q_u8(b3->hmask + 16 * p), vdupq_n_u8((uint8_t)(1u << c)));
+                    u = vorrq_u8(u, vandq_u8(set, vdupq_n_u8(4)));
+                }
+                acc = vmlaq_n_s32(acc, dot16v(vreinterpretq_s8_u8(u), vld1q_s8(x->qs + 32 * c + 16 * p)), sc[2 * c + p]);
+            }
+        }
+        const int32_t sum = vaddvq_s32(acc);
+        s = q3 ? cb_kq_step(s, x->d, half(b3->d), sum - offs, 0.0f, 0)
+               : cb_kq_step(s, x->d, half(b2->d), sum, half(b2->dmin), offs);
+    }
+    return s;
+}
+static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q23_k(w, x, n, 0); }
+static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q23_k(w, x, n, 1); }
+
+/* IQ4_XS on q8_k: group g's levels . x times its 6-bit scale less 32. */
+static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_iq4_xs *b = w;
+    const int8x16_t book = vld1q_s8(cb_iq4nl_values);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int g = 0; g < 8; g++) {
+            const int ls = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4;
+            int8x16_t lo, hi;
+            nibbles(b->qs + 16 * g, &lo, &hi);
+            lo = vqtbl1q_s8(book, vreinterpretq_u8_s8(lo));
+            hi = vqtbl1q_s8(book, vreinterpretq_u8_s8(hi));
+            const int32x4_t p = vaddq_s32(dot16v(lo, vld1q_s8(x->qs + 32 * g)), dot16v(hi, vld1q_s8(x->qs + 32 * g + 16)));
+            acc = vmlaq_n_s32(acc, p, ls - 32);
+        }
+        s = cb_kq_step(s, x->d, half(b->d), vaddvq_s32(acc), 0.0f, 0);
     }
     return s;
 }

@@ -1,0 +1,350 @@
+/* AVX-512 (F/BW/DQ/VL) dot products of GGML's block types (dims.h ids
+ * 8..17; MXFP4 keeps the AVX2 kernel) against q8_0 activations (the
+ * 32-weight types) or q8_k ones (the 256-weight types). Reference:
+ * kernels/kquants.c: the integer sums are computed exactly and the float
+ * steps are the shared cb_b32_step / cb_kq_step, so the results are the
+ * reference's bits (kernel_check.c).
+ * With AVX512-VNNI in the compiler's flags (-march=native on such a CPU:
+ * colibri-server then checks the CPU has it at start) four byte products go
+ * into an int32 lane in one vpdpbusd; otherwise maddubs + madd give the same
+ * lane sums. tests/test_avx512_simde.py compiles this file over SIMDe, both
+ * forms, where the CPU has no AVX-512. */
+#ifdef CB_SIMDE /* the SIMDe check: AVX-512 emulated, the same source */
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#undef _mm512_madd_epi16 /* SIMDe 0.7.4 aliases it with the masked form's four arguments */
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+#else
+#include <immintrin.h>
+#endif
+#include <string.h>
+
+#include "kernels.h"
+
+#if defined(__AVX512VNNI__) || defined(CB_AVX512_VNNI_FORM)
+#define KQ_VNNI 1
+#else
+#define KQ_VNNI 0
+#endif
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+/* u (unsigned bytes, at most 127) . s (signed bytes): each int32 lane the
+ * sum of its four byte products (maddubs pairs stay within int16). */
+static inline __m512i dot4(__m512i u, __m512i s) {
+#if KQ_VNNI
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
+
+/* Signed w . x: |w| against x negated where w < 0. */
+static inline __m512i dot4_signed(__m512i w, __m512i x) {
+    return dot4(_mm512_abs_epi8(w), _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x));
+}
+
+/* The exact sum of the int32 lanes. */
+static inline int32_t total256(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+static inline int32_t total512(__m512i v) {
+    return total256(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
+}
+
+/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
+ * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
+ * would stall store forwarding. */
+static inline __m256 halves8(const uint8_t *p, size_t size) {
+    uint16_t h[8];
+    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+
+/* Eight int32 vectors -> their eight totals, vector j's in lane j. */
+static inline __m256i totals8(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* ---- the 32-weight types on q8_0: two blocks a register (block a in the
+ * low half), eight blocks' totals into the eight float lanes of cb_b32_step,
+ * the last n / 32 % 8 blocks lane by lane. ---- */
+enum { B32_Q4_1, B32_Q5_0, B32_Q5_1, B32_IQ4_NL };
+static const int b32_size[] = {sizeof(cb_block_q4_1), sizeof(cb_block_q5_0), sizeof(cb_block_q5_1),
+                               sizeof(cb_block_iq4_nl)};
+static const int b32_qs[] = {4, 6, 8, 2}; /* offsets of qs in the block */
+
+/* Two blocks' 16 bytes of nibbles -> 64 bytes 0..15 in element order. */
+static inline __m512i nibbles_pair(const uint8_t *qa, const uint8_t *qb) {
+    const __m512i q = join(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qa)),
+                           _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qb)));
+    return _mm512_and_si512(_mm512_srlv_epi64(q, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0xF));
+}
+
+/* Two blocks' 5th bits (bit j of 4 bytes) -> 0x10 in byte j where set. */
+static inline __m512i bit5_pair(const uint8_t *ha, const uint8_t *hb) {
+    uint32_t a, b;
+    memcpy(&a, ha, 4);
+    memcpy(&b, hb, 4);
+    return _mm512_maskz_mov_epi8((__mmask64)b << 32 | a, _mm512_set1_epi8(0x10));
+}
+
+/* Blocks a and b's sum(q x) as int32 lanes (a's in the low half), and
+ * sum(x) in *sx for the types with a min. */
+static inline __attribute__((always_inline)) __m512i b32_pair(int t, const uint8_t *ba, const uint8_t *bb,
+                                                             const int8_t *xa, const int8_t *xb, __m512i *sx) {
+    const __m512i xq = join(load32(xa), load32(xb));
+    if (t == B32_IQ4_NL) {
+        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cb_iq4nl_values));
+        return dot4_signed(_mm512_shuffle_epi8(book, nibbles_pair(ba + 2, bb + 2)), xq);
+    }
+    __m512i u = nibbles_pair(ba + b32_qs[t], bb + b32_qs[t]);
+    if (t != B32_Q4_1) u = _mm512_or_si512(u, bit5_pair(ba + b32_qs[t] - 4, bb + b32_qs[t] - 4));
+    const __m512i sq = dot4(u, xq), s1 = dot4(_mm512_set1_epi8(1), xq);
+    if (t == B32_Q5_0) return _mm512_sub_epi32(sq, _mm512_slli_epi32(s1, 4)); /* q - 16 */
+    *sx = s1;
+    return sq;
+}
+
+static inline __attribute__((always_inline)) float dot_b32(int t, const void *w, const cb_block_q8_0 *x, int n) {
+    const uint8_t *b = w;
+    const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
+        __m256i sq[8], sx[8];
+        for (int j = 0; j < 8; j += 2) {
+            const uint8_t *ba = b + (size_t)(i + j) * size, *bb = ba + size;
+            __m512i pq, px = _mm512_setzero_si512();
+            pq = b32_pair(t, ba, bb, x[i + j].qs, x[i + j + 1].qs, &px);
+            sq[j] = _mm512_castsi512_si256(pq), sq[j + 1] = _mm512_extracti64x4_epi64(pq, 1);
+            sx[j] = _mm512_castsi512_si256(px), sx[j + 1] = _mm512_extracti64x4_epi64(px, 1);
+        }
+        const uint8_t *blk = b + (size_t)i * size;
+        const __m256 dx = halves8((const uint8_t *)&x[i].d, sizeof(cb_block_q8_0));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk, size)), _mm256_cvtepi32_ps(totals8(sq)), acc);
+        if (with_min) acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8(blk + 2, size)), _mm256_cvtepi32_ps(totals8(sx)), acc);
+    }
+    float lane[CB_B32_LANES];
+    _mm256_storeu_ps(lane, acc);
+    for (; i < nb; i++) { /* the block as both halves of a pair; its sums from the low one */
+        const uint8_t *blk = b + (size_t)i * size;
+        __m512i px = _mm512_setzero_si512();
+        const int32_t sq = total256(_mm512_castsi512_si256(b32_pair(t, blk, blk, x[i].qs, x[i].qs, &px)));
+        cb_half hd, hm;
+        memcpy(&hd, blk, 2);
+        const float dx = _cvtsh_ss(x[i].d);
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(*l, dx * _cvtsh_ss(hd), sq);
+        if (with_min) memcpy(&hm, blk + 2, 2), *l = cb_b32_step(*l, dx * _cvtsh_ss(hm), total256(_mm512_castsi512_si256(px)));
+    }
+    return cb_b32_sum(lane);
+}
+/* q4_1, q5_1: q8_0 activations (their block size), d and m steps per block. */
+static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_Q4_1, w, x, n); }
+static float dot_q5_1(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_Q5_1, w, x, n); }
+/* q5_0, iq4_nl: q8_0 activations (their block size), one step per block. */
+static float dot_q5_0(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_Q5_0, w, x, n); }
+static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_IQ4_NL, w, x, n); }
+
+cb_dot_block_fn cb_dot_block_avx512(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q4_1: return dot_q4_1;
+    case CB_Q5_0: return dot_q5_0;
+    case CB_Q5_1: return dot_q5_1;
+    case CB_IQ4_NL: return dot_iq4_nl;
+    }
+    return NULL;
+}
+
+/* ---- the 256-weight types on q8_k: a super-block's weights unpacked to
+ * four registers in element order (register z: weights 64z..64z + 63, so x
+ * is four plain loads), int32 lanes of four products times the scale of
+ * their 16 weights, summed exactly, then cb_kq_step. ---- */
+
+/* Lane l of register z covers weights 64z + 4l..: 16-weight group 4z + l / 4. */
+static const int32_t group_of_lane[4][16] __attribute__((aligned(64))) = {
+    {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+    {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7},
+    {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
+    {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15},
+};
+
+/* sum over the 256 weights of scale(group) * w * x; sc: the 16 groups'
+ * scales as int32 lanes. */
+static inline __attribute__((always_inline)) int32_t scaled_sum(const __m512i u[4], __m512i sc, const int8_t *xqs,
+                                                               int is_signed) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int z = 0; z < 4; z++) {
+        const __m512i xq = _mm512_loadu_si512((const void *)(xqs + 64 * z));
+        const __m512i p = is_signed ? dot4_signed(u[z], xq) : dot4(u[z], xq);
+        const __m512i s = _mm512_permutexvar_epi32(_mm512_load_si512((const void *)group_of_lane[z]), sc);
+        acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, s));
+    }
+    return total512(acc);
+}
+
+/* The groups' scales are signed bytes (16, one a group), built in
+ * registers: stored bytes read back as a vector would stall store
+ * forwarding. As int32 lanes: */
+static inline __m512i lanes16(__m128i c8) {
+    return join(_mm256_cvtepi8_epi32(c8), _mm256_cvtepi8_epi32(_mm_srli_si128(c8, 8)));
+}
+/* sum over the 16 groups of c[g] * bsums[g]. */
+static inline int32_t with_bsums(__m128i c8, const int16_t *bsums) {
+    return total256(_mm256_madd_epi16(_mm256_cvtepi8_epi16(c8), load32(bsums)));
+}
+/* Eight per-32 values (byte j of v) as the 16 groups' (entry g / 2 for group g). */
+static inline __m128i per32(uint64_t v) {
+    const __m128i b = _mm_cvtsi64_si128((long long)v);
+    return _mm_unpacklo_epi8(b, b);
+}
+
+/* Bytes of v with bit `bit` set, as a mask. */
+static inline uint32_t has_bit(__m256i v, int bit) {
+    const __m256i m = _mm256_set1_epi8((char)(1 << bit));
+    return (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m));
+}
+
+static inline __m256i and3(__m256i v, int shift) {
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3));
+}
+static inline __m256i nib_lo(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0xF)); }
+static inline __m256i nib_hi(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0xF)); }
+
+/* Q4_K / Q5_K: group c (32 weights) is the low (even c) or high nibbles of
+ * qs[32 * (c / 2)..], plus bit c of qh[0..31] for q5; 6-bit scales and mins
+ * as kquants.c scale_min_k4. */
+static inline __attribute__((always_inline)) float dot_q45_k(const void *w, const cb_block_q8_k *x, int n, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, x++) {
+        const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
+        const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
+        uint32_t p[3], sc[2], mn[2];
+        memcpy(p, k5->scales, 12);
+        sc[0] = p[0] & 0x3F3F3F3Fu;
+        mn[0] = p[1] & 0x3F3F3F3Fu;
+        sc[1] = (p[2] & 0x0F0F0F0Fu) | ((p[0] >> 6) & 0x03030303u) << 4;
+        mn[1] = ((p[2] >> 4) & 0x0F0F0F0Fu) | ((p[1] >> 6) & 0x03030303u) << 4;
+        const __m256i qh = q5 ? load32(k5->qh) : _mm256_setzero_si256();
+        __m512i u[4];
+        for (int z = 0; z < 4; z++) {
+            const __m256i q = load32(qs + 32 * z);
+            u[z] = join(nib_lo(q), nib_hi(q));
+            if (q5) {
+                const __mmask64 bits = (__mmask64)has_bit(qh, 2 * z) | (__mmask64)has_bit(qh, 2 * z + 1) << 32;
+                u[z] = _mm512_or_si512(u[z], _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
+            }
+        }
+        const int32_t sum = scaled_sum(u, lanes16(per32(sc[0] | (uint64_t)sc[1] << 32)), x->qs, 0);
+        const int32_t mins = with_bsums(per32(mn[0] | (uint64_t)mn[1] << 32), x->bsums);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(k5->d), sum, _cvtsh_ss(k5->dmin), mins);
+    }
+    return s;
+}
+/* q4_k, q5_k: q8_k activations, one step per super-block (kquants.c). */
+static float dot_q4_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 0); }
+static float dot_q5_k(const void *w, const cb_block_q8_k *x, int n) { return dot_q45_k(w, x, n, 1); }
+
+/* Q6_K: weights 64z.. are ql[64 (z / 2)..] (low nibbles for even z, high
+ * for odd) with qh[32 (z / 2)..] >> 2k as bits 4..5, k = 2 (z % 2) and
+ * k + 1 for the two halves; unsigned 0..63, the 32 off through the sums of x. */
+static float dot_q6_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q6_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        __m512i u[4];
+        for (int z = 0; z < 4; z++) {
+            const int h = z / 2, k = 2 * (z % 2);
+            const __m256i l0 = load32(b->ql + 64 * h), l1 = load32(b->ql + 64 * h + 32), qh = load32(b->qh + 32 * h);
+            const __m256i a = z % 2 ? nib_hi(l0) : nib_lo(l0), c = z % 2 ? nib_hi(l1) : nib_lo(l1);
+            u[z] = join(_mm256_or_si256(a, _mm256_slli_epi16(and3(qh, 2 * k), 4)),
+                        _mm256_or_si256(c, _mm256_slli_epi16(and3(qh, 2 * k + 2), 4)));
+        }
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+        const int32_t sum = scaled_sum(u, lanes16(sc), x->qs, 0) - 32 * with_bsums(sc, x->bsums);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, 0.0f, 0);
+    }
+    return s;
+}
+
+/* Q2_K / Q3_K: weights 64z.. are (qs[32 (z / 2)..] >> 2k) & 3, k = 2 (z % 2)
+ * and k + 1 for the two halves; Q3_K's 3rd bit is bit 2z (2z + 1) of
+ * hmask[0..31], q = that | bit << 2, less 4 through the sums of x. */
+static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q2_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        __m512i u[4];
+        for (int z = 0; z < 4; z++) {
+            const __m256i q = load32(b->qs + 32 * (z / 2));
+            u[z] = join(and3(q, 4 * (z % 2)), and3(q, 4 * (z % 2) + 2));
+        }
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m128i sc = _mm_and_si128(s8, _mm_set1_epi8(0xF)), mn = _mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0xF));
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), scaled_sum(u, lanes16(sc), x->qs, 0), _cvtsh_ss(b->dmin),
+                       with_bsums(mn, x->bsums));
+    }
+    return s;
+}
+
+/* Q3_K's 16 6-bit scales less 32, as bytes (kquants_avx2.c q3_scales). */
+static inline __m128i q3_scales(const uint8_t s[12]) {
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
+    const __m128i v = _mm_setr_epi32((int)((a[0] & lo4) | (a[2] & hi2) << 4),
+                                     (int)((a[1] & lo4) | ((a[2] >> 2) & hi2) << 4),
+                                     (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
+                                     (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_q3_k *b = w;
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        const __m128i scv = q3_scales(b->scales);
+        const __m256i hm = load32(b->hmask);
+        __m512i u[4];
+        for (int z = 0; z < 4; z++) {
+            const __m256i q = load32(b->qs + 32 * (z / 2));
+            const __mmask64 bits = (__mmask64)has_bit(hm, 2 * z) | (__mmask64)has_bit(hm, 2 * z + 1) << 32;
+            u[z] = _mm512_or_si512(join(and3(q, 4 * (z % 2)), and3(q, 4 * (z % 2) + 2)),
+                                   _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(4)));
+        }
+        const int32_t sum = scaled_sum(u, lanes16(scv), x->qs, 0) - 4 * with_bsums(scv, x->bsums);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, 0.0f, 0);
+    }
+    return s;
+}
+
+/* IQ4_XS: group g (32 weights) is the codebook at nibbles(qs + 16g), signed;
+ * its 6-bit scale less 32. */
+static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
+    const cb_block_iq4_xs *b = w;
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cb_iq4nl_values));
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        __m512i u[4];
+        for (int z = 0; z < 4; z++)
+            u[z] = _mm512_shuffle_epi8(book, nibbles_pair(b->qs + 32 * z, b->qs + 32 * z + 16));
+        uint64_t ls = 0;
+        for (int g = 0; g < 8; g++)
+            ls |= (uint64_t)(uint8_t)((((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4) - 32)
+                  << (8 * g);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), scaled_sum(u, lanes16(per32(ls)), x->qs, 1), 0.0f, 0);
+    }
+    return s;
+}
+
+cb_dot_k_fn cb_dot_k_avx512(uint32_t dtype) {
+    CB_DOT_K_DISPATCH(dtype);
+}
