@@ -149,6 +149,14 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         take(0)  # no MLA queries
     for count in ((slots * rows, B, slots, slots) if ring else (0, 0, 0, 0)):  # ring_pos, ring_undo, slot_lo/hi
         take(count * _I32)
+    # Dynamic NTK RoPE (cb_rope_dyn_row): head_dim/2 a distinct dynamic table; dyn_at, dyn_seq, dyn_inv,
+    # dyn_cos, dyn_sin, slot_scaled_from.
+    dyn = sum(hd // 2 for hd, _, _, _, _ in {
+        (ld["head_dim"], ld["rope_theta"], ld["rope_pairs"], ld["rope_dyn_factor"], ld["rope_dyn_max"])
+        for ld in layers if ld.get("rope_dyn_factor")})
+    for count, size in ((L if dyn else 0, _I32), (L if dyn else 0, _I32), (dyn, _F32), (B * dyn, _F32),
+                        (B * dyn, _F32), (slots if dyn else 0, _I32)):
+        take(count * size)
     take(_LAYER_WEIGHTS * L)
     used += _FFN_WEIGHTS * L * E + 64
     return used - kv_total

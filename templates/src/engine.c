@@ -197,6 +197,14 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(ring_undo, e->swa_ring ? B : 0);
     TAKE(slot_lo, e->swa_ring ? (size_t)e->n_slots : 0);
     TAKE(slot_hi, e->swa_ring ? (size_t)e->n_slots : 0);
+    /* Dynamic NTK RoPE's (rope_dyn.c), empty without it. */
+    const int dyn = e->dyn_row = cb_rope_dyn_row(desc, (int)d->n_layers, NULL);
+    TAKE(dyn_at, dyn ? d->n_layers : 0);
+    TAKE(dyn_seq, dyn ? d->n_layers : 0);
+    TAKE(dyn_inv, (size_t)dyn);
+    TAKE(dyn_cos, B * dyn);
+    TAKE(dyn_sin, B * dyn);
+    TAKE(slot_scaled_from, dyn ? (size_t)e->n_slots : 0);
 #undef TAKE
     e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
 }
@@ -417,6 +425,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     for (uint32_t l = 0; l < d->n_layers; l++)
         for (uint32_t i = 0; i < e->w.layer_desc[l].head_dim; i++) e->ones[i] = 1.0f;
     fill_rope_tables(e);
+    cb_rope_dyn_init(e);
     if (embedded) {
         char label[4300];
         snprintf(label, sizeof label, "%s (embedded tokenizer.cbt)", embedded->label);
@@ -597,6 +606,7 @@ static int report_faults(const cb_engine *e, const cb_batch_item *items, int n, 
 
 int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
     if (check_batch(e, items, n, err, err_len) != 0 || claim_ring_rows(e, items, n, err, err_len) != 0) return -1;
+    cb_rope_dyn_batch(e, items, n);
     for (int i = 0; i < n; i++) e->item_fault[i] = -1;
     const cb_dims *d = CB_DIMS(e);
     const int H = (int)d->hidden;
