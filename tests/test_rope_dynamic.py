@@ -35,8 +35,14 @@ STEPS = 12
 
 def fresh(model) -> None:
     """transformers keeps the longest seq seen on the rotary module; a fresh
-    generate starts from the frequencies the model was built with."""
+    generate starts from the frequencies the model was built with (Gemma 4:
+    those of each layer type)."""
     r = model.model.rotary_emb
+    if isinstance(r.rope_type, dict):
+        for kind in r.rope_type:
+            setattr(r, f"{kind}_inv_freq", getattr(r, f"{kind}_original_inv_freq").clone())
+            setattr(r, f"{kind}_max_seq_len_cached", r.original_max_seq_len)
+        return
     r.inv_freq = r.original_inv_freq.clone()
     r.max_seq_len_cached = r.original_max_seq_len
 

@@ -108,19 +108,74 @@ def dims_from_config(cfg: dict) -> dict:
 
 
 def rope_freqs(cfg: dict) -> np.ndarray | None:
-    """The scaled RoPE's inverse frequencies [head_dim/2] as transformers 5.23
-    works them out (modeling_rope_utils.py: _compute_linear_scaling_,
-    _compute_llama3_, _compute_yarn_parameters; in float32 like torch), or
-    None without rope.scaling. The engine reads them from the 'rope_freqs'
-    tensor, for every layer."""
+    """The full-attention layers' inverse frequencies [head_dim/2] (every
+    layer's, but where rope_freqs_swa serves the sliding ones) when a scaling
+    fixes them, else None: the engine works plain RoPE out from theta, and
+    dynamic NTK per token. Gemma 4 with either layer type scaled has both
+    tensors, plain frequencies for a type without scaling."""
     sc = cfg["rope"]["scaling"]
-    if not sc or sc["type"] == "dynamic":  # dynamic: worked out per token by the engine
+    if not _fixed(sc) and not _own_swa_rope(cfg):
         return None
+    d = cfg["head_dim"]
+    return _inv_freqs(d, cfg["rope"]["theta"], sc if _fixed(sc) else None,
+                      int(cfg["rope"]["partial_rotary_factor"] * d // 2))
+
+
+def rope_freqs_swa(cfg: dict) -> np.ndarray | None:
+    """Gemma 4's sliding layers' frequencies [their head_dim/2], with
+    rope_freqs (None when the layer types share one RoPE or none is scaled)."""
+    if not _own_swa_rope(cfg):
+        return None
+    sliding = cfg["attention"]["sliding"]
+    sc = sliding["rope_scaling"]
+    return _inv_freqs(sliding["head_dim"], sliding["rope_theta"], sc if _fixed(sc) else None, sliding["head_dim"] // 2)
+
+
+def rope_attn_swa(cfg: dict) -> np.ndarray | None:
+    """[1]: the sliding layers' attention factor (YaRN's; cos and sin times
+    it), with rope_freqs_swa; the full layers' is rope.scaling's."""
+    if not _own_swa_rope(cfg):
+        return None
+    sc = cfg["attention"]["sliding"]["rope_scaling"]
+    return np.array([(sc or {}).get("attention_factor", 1.0)], dtype=np.float32)
+
+
+# The tensors worked out from the config, not read from a checkpoint.
+ROPE_TENSORS = {"rope_freqs": rope_freqs, "rope_freqs_swa": rope_freqs_swa, "rope_attn_swa": rope_attn_swa}
+
+
+def _fixed(sc: dict | None) -> bool:
+    """A scaling whose frequencies do not depend on the sequence."""
+    return bool(sc) and sc["type"] != "dynamic"
+
+
+def _own_swa_rope(cfg: dict) -> bool:
+    """Sliding layers with a RoPE of their own (Gemma 4), and a fixed
+    scaling on one of the types: the frequencies go in two tensors."""
+    sliding = cfg["attention"]["sliding"]
+    if not sliding or "rope_scaling" not in sliding:
+        return False
+    return _fixed(sliding["rope_scaling"]) or _fixed(cfg["rope"]["scaling"])
+
+
+def _inv_freqs(d: int, base: float, sc: dict | None, pairs: int) -> np.ndarray:
+    """inv_freq [d/2] of head size d as transformers 5.23 works it out
+    (modeling_rope_utils.py: the default, _compute_linear_scaling_,
+    _compute_llama3_, _compute_yarn_parameters; in float32 like torch);
+    pairs past the rotated ones 0 (proportional RoPE)."""
+    out = _scaled(d, base, sc)
+    out[pairs:] = 0
+    return out
+
+
+def _scaled(d: int, base: float, sc: dict | None) -> np.ndarray:
     import math
-    d, base, factor = cfg["head_dim"], cfg["rope"]["theta"], sc["factor"]
     f32 = np.float32
     exponents = np.arange(0, d, 2, dtype=np.float32) / f32(d)
     inv_freq = f32(1.0) / (f32(base) ** exponents)
+    if sc is None:
+        return inv_freq.astype(np.float32)
+    factor = sc["factor"]
     if sc["type"] == "linear":
         return (inv_freq / f32(factor)).astype(np.float32)
     if sc["type"] == "llama3":
@@ -249,6 +304,8 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         out.append(("output", (cfg["vocab_size"], H)))
     if rope_freqs(cfg) is not None:
         out.append(("rope_freqs", (cfg["head_dim"] // 2,)))
+    if rope_freqs_swa(cfg) is not None:
+        out += [("rope_freqs_swa", (cfg["attention"]["sliding"]["head_dim"] // 2,)), ("rope_attn_swa", (1,))]
     for layer in range(cfg["layers"]):
         if layer in dense:
             continue

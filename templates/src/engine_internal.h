@@ -145,6 +145,15 @@ void cb_for_tokens(cb_engine *e, int n, cb_token_fn fn, void *ctx);
 /* xn[i] = RMSNorm(x[i]) * weight for the first n tokens. */
 void cb_rmsnorm_tokens(cb_engine *e, int n, const float *weight);
 
+/* Layer l's inverse frequencies from the weights (a fixed scaling), NULL:
+ * from theta; and the factor its cos and sin are multiplied by. */
+static inline const float *cb_rope_freqs(const cb_engine *e, int l) {
+    return e->w.layer_desc[l].window && e->w.rope_freqs_swa ? e->w.rope_freqs_swa : e->w.rope_freqs;
+}
+static inline float cb_rope_attn(const cb_engine *e, int l) {
+    if (e->w.layer_desc[l].window && e->w.rope_attn_swa) return e->w.rope_attn_swa[0];
+    return CB_DIMS(e)->rope_attn_factor > 0 ? CB_DIMS(e)->rope_attn_factor : 1.0f;
+}
 /* rope_dyn.c: sizes a row and places each dynamic layer in it (at NULL:
  * only the size), before carve; then, per batch, fills the items' rows and
  * tracks which slot positions got a scaled rotation. */

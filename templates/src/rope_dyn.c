@@ -78,7 +78,6 @@ static void dyn_freqs(cb_engine *e, int l, int32_t seq) {
 void cb_rope_dyn_batch(cb_engine *e, const cb_batch_item *items, int n) {
     if (!e->dyn_row) return;
     const cb_dims *d = CB_DIMS(e);
-    const float factor = d->rope_attn_factor > 0 ? d->rope_attn_factor : 1.0f;
     for (int i = 0; i < n; i++) {
         const cb_batch_item *it = &items[i];
         const int32_t seq = it->rope_len > it->pos + 1 ? it->rope_len : it->pos + 1;
@@ -95,6 +94,7 @@ void cb_rope_dyn_batch(cb_engine *e, const cb_batch_item *items, int n) {
             }
             if (e->dyn_seq[l] != seq) dyn_freqs(e, l, seq);
             const float *inv = e->dyn_inv + e->dyn_at[l];
+            const float factor = cb_rope_attn(e, l);
             for (int k = 0; k < half; k++) { /* as fill_rope_tables: float32 angle, cos/sin of it */
                 const double angle = (double)((float)it->pos * inv[k]);
                 c[k] = (float)cos(angle) * factor;

@@ -461,8 +461,24 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
     w->output_norm = bind_vector(&b, "output_norm", H, 0);
     w->rope_freqs = bind_vector(&b, "rope_freqs", d->head_dim / 2, 1);
+    /* Gemma 4's sliding layers with a RoPE of their own: one head size (the toolkit's attention.sliding). */
+    uint32_t swa_hd = 0;
+    for (uint32_t l = 0; l < d->n_layers && !swa_hd; l++) swa_hd = w->layer_desc[l].window ? w->layer_desc[l].head_dim : 0;
+    w->rope_freqs_swa = swa_hd ? bind_vector(&b, "rope_freqs_swa", swa_hd / 2, 1) : NULL;
+    w->rope_attn_swa = w->rope_freqs_swa ? bind_vector(&b, "rope_attn_swa", 1, 0) : NULL;
+    if (w->rope_attn_swa && !(w->rope_attn_swa[0] > 0.0f && w->rope_attn_swa[0] < 1e30f)) {
+        snprintf(err, err_len, "tensor 'rope_attn_swa' is %g; expected a positive attention factor",
+                 (double)w->rope_attn_swa[0]);
+        return -1;
+    }
+    for (uint32_t l = 0; w->rope_freqs_swa && l < d->n_layers; l++)
+        if (w->layer_desc[l].window && w->layer_desc[l].head_dim != swa_hd) {
+            snprintf(err, err_len, "tensor 'rope_freqs_swa' serves head size %u, but sliding layer %u has %u", swa_hd,
+                     l, w->layer_desc[l].head_dim);
+            return -1;
+        }
     for (uint32_t l = 0; w->rope_freqs && l < d->n_layers; l++)
-        if (w->layer_desc[l].head_dim != d->head_dim) {
+        if (!(w->rope_freqs_swa && w->layer_desc[l].window) && w->layer_desc[l].head_dim != d->head_dim) {
             snprintf(err, err_len, "tensor 'rope_freqs' serves head size %u, but layer %u has %u", d->head_dim, l,
                      w->layer_desc[l].head_dim);
             return -1;
