@@ -145,12 +145,13 @@ def test_refusals_name_the_field(tmp_path):
         _fields(tmp_path / "p", _config("qwen3_moe", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                       "partial_rotary_factor": 0.5}))
     gemma = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe" / "gemma4" / "config.json"
-    if gemma.is_file():  # Gemma 4's RoPE per layer type: scaled types refused, naming the layer type
+    if gemma.is_file():  # Gemma 4's RoPE per layer type (test_gemma4_rope.py): a partial yarn refused
         cfg = json.loads(gemma.read_text())
         cfg["rope_parameters"]["full_attention"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                                    "original_max_position_embeddings": 64}
-        with pytest.raises(ConfigError, match=r"rope_parameters.full_attention: rope_type 'yarn' with factor 4.0 "
-                                              r"is not implemented .* not yet per layer type"):
+                                                    "original_max_position_embeddings": 64,
+                                                    "partial_rotary_factor": 0.25}
+        with pytest.raises(ConfigError, match=r"rope_parameters.full_attention: rope_type 'yarn' with "
+                                              r"partial_rotary_factor 0.25: transformers' Gemma 4 rotates"):
             _fields(tmp_path / "g", cfg)
     with pytest.raises(ConfigError, match=r"gives each layer type its own RoPE"):
         _fields(tmp_path / "n", _config("mixtral", layer_types=["full_attention"] * 2, rope_parameters={
