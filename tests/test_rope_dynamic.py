@@ -205,3 +205,24 @@ def test_server_matches_and_its_prefix_cache_reuses_only_plain_keys(tmp_path):
     finally:
         stop_checked(cached)
         stop_checked(fresh)
+
+
+def test_a_header_with_bad_dynamic_fields_is_refused(tmp_path):
+    """The layer descriptor's dynamic fields are checked at open: a factor
+    under 1 is refused naming the layer (and an engine from before this
+    field refuses any dynamic file: the field was reserved, 0)."""
+    import struct
+    from colibri_build._engine import EngineError
+    from colibri_build.weights import HEADER, LAYER_DESC, TENSOR_ENTRY
+    make_dynamic("olmoe", tmp_path / "hf", seed=5)
+    out = convert(tmp_path / "hf", tmp_path / "out", progress=False)
+    weights = out / "weights.cbw"
+    data = bytearray(weights.read_bytes())
+    n_tensors = HEADER.unpack_from(data)[3]
+    at = (HEADER.size + 7) // 8 * 8 + TENSOR_ENTRY.size * n_tensors + LAYER_DESC.size  # layer 1
+    fields = list(LAYER_DESC.unpack_from(data, at))
+    assert fields[6:] == [4.0, MAX_POS]
+    struct.pack_into("<f", data, at + 24, 0.5)
+    weights.write_bytes(bytes(data))
+    with pytest.raises(EngineError, match=r"header: layer 1: dynamic RoPE needs a factor in 1..1e6"):
+        Engine(out)
