@@ -235,7 +235,8 @@ def layer_descs(cfg: dict) -> list[dict]:
 def _rope_dyn(scaling: dict | None) -> dict:
     """A layer descriptor's dynamic NTK fields (0, 0: its frequencies are fixed)."""
     if scaling and scaling["type"] == "dynamic":
-        return dict(rope_dyn_factor=float(np.float32(scaling["factor"])), rope_dyn_max=scaling["max_position_embeddings"])
+        return dict(rope_dyn_factor=float(np.float32(scaling["factor"])),
+                    rope_dyn_max=scaling["max_position_embeddings"])
     return dict(rope_dyn_factor=0.0, rope_dyn_max=0)
 
 

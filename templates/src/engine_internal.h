@@ -65,7 +65,7 @@ struct cb_engine {
     int n_items, n_logit_rows; /* of the last batch */
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
-    float *rope_cos, *rope_sin; /* one [context][d/2] table per distinct (d, theta, pairs) */
+    float *rope_cos, *rope_sin; /* one [context][d/2] table per distinct table (rope_twin in engine.c) */
     const float **layer_cos, **layer_sin; /* each layer's table [L] */
     /* Dynamic NTK RoPE (rope_dyn.c; all empty without it): each batch item's
      * cos/sin rows of every distinct dynamic table, made before the layers. */

@@ -45,7 +45,8 @@ def _rope(hf: HFConfig, kind: str, max_pos: int) -> dict:
     rope_type = params.get("rope_type", "default")
     partial = params.get("partial_rotary_factor", 1.0)
     if rope_type in REFUSED:
-        raise ConfigError(f"{hf.source}: {field}.rope_type is '{rope_type}', which Colibri refuses: {REFUSED[rope_type]}")
+        raise ConfigError(f"{hf.source}: {field}.rope_type is '{rope_type}', which Colibri refuses: "
+                          f"{REFUSED[rope_type]}")
     if rope_type not in ("default", "proportional", *KEYS):
         raise ConfigError(f"{hf.source}: {field}.rope_type is {rope_type!r}, not a RoPE type Colibri implements for "
                           f"Gemma 4; supported: default, proportional, {', '.join(sorted(KEYS))}")
