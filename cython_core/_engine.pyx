@@ -31,7 +31,7 @@ cdef extern from "engine.h" nogil:
     ctypedef struct cb_engine:
         pass
     ctypedef struct cb_batch_item:
-        int32_t token, slot, pos, want_logits
+        int32_t token, slot, pos, want_logits, rope_len
     cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, int kv, char *err, size_t err_len)
     size_t cb_engine_kv_bytes(const cb_engine *e)
     void cb_engine_close(cb_engine *e)
@@ -378,7 +378,9 @@ cdef class Engine:
         position ([tokens, vocab]), or with all_logits=False at the last one
         only ([1, vocab]: as the server prefills a prompt, the last layer's
         FFN runs for that token alone). With start > 0 the tokens continue
-        the ones an earlier call ran at positions 0..start-1."""
+        the ones an earlier call ran at positions 0..start-1. With dynamic NTK
+        RoPE the call is one transformers call: every token is rotated for
+        the sequence length start + len(token_ids)."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int32).ravel()
         with self._lock:
             return self._forward(ids, all_logits, start)
@@ -404,6 +406,7 @@ cdef class Engine:
                 self.items[i].slot = 0
                 self.items[i].pos = start + done + i
                 self.items[i].want_logits = 1 if all_logits or done + i == n - 1 else 0
+                self.items[i].rope_len = start + n  # dynamic NTK RoPE: one transformers call over them
             with nogil:
                 rc = cb_engine_forward(e, self.items, chunk, err, sizeof(err))
             if rc != 0:
@@ -456,6 +459,7 @@ cdef class Engine:
             self.items[0].slot = 0
             self.items[0].pos = pos
             self.items[0].want_logits = 1
+            self.items[0].rope_len = 0  # a call of its own: pos + 1
             with nogil:
                 rc = cb_engine_forward(e, self.items, 1, err, sizeof(err))
             if rc != 0:

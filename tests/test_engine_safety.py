@@ -366,6 +366,7 @@ def lies(raw: bytearray):
     yield "layer kv heads", ("<I", layer_desc_at(raw, 1) + 8, 3), "layer 1: kv_heads does not divide heads"
     yield "layer rope pairs", ("<I", layer_desc_at(raw, 1) + 12, 999), "layer 1: rope_pairs"
     yield "layer window", ("<I", layer_desc_at(raw, 0), 1 << 30), "layer 0: the sliding window"
+    yield "layer dynamic max, no factor", ("<I", layer_desc_at(raw, 1) + 28, 64), "layer 1: dynamic RoPE needs"
     yield "MLA over several KV heads", ("<I", FIELD["kv_lora_rank"], 16), "MLA needs qk_nope_head_dim"
     yield "MLA parts without MLA", ("<I", FIELD["v_head_dim"], 16), "v_head_dim set without MLA"
     yield "groups, softmax router", ("<I", FIELD["n_group"], 4), "expert groups or a routed scaling without a sigmoid"

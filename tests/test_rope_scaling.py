@@ -5,8 +5,8 @@ and 10 greedy ones run well past it where the scaled frequencies differ
 from the plain ones. F32 logits within 1e-4 of the largest at every
 position, the same experts, the same greedy tokens. Both config spellings
 (rope_scaling + rope_theta, rope_parameters) give the same model-config;
-dynamic, longrope and unknown types are refused at convert time naming the
-field."""
+longrope and unknown types are refused at convert time naming the field.
+Dynamic NTK: test_rope_dynamic.py."""
 
 from __future__ import annotations
 
@@ -110,11 +110,11 @@ def _fields(tmp_path: Path, cfg: dict) -> dict:
     return model_config(tmp_path, "f32", "m", None, 1)[0]["rope"]
 
 
-@pytest.mark.parametrize("kind", SCALINGS)
+@pytest.mark.parametrize("kind", [*SCALINGS, "dynamic"])
 def test_both_spellings_agree(tmp_path, kind):
     """transformers 4's rope_scaling + rope_theta and 5's rope_parameters
     give the same rope section."""
-    params = dict(SCALINGS[kind])
+    params = dict(SCALINGS.get(kind, {"rope_type": "dynamic", "factor": 3.0}))
     old = _fields(tmp_path / "old", _config("qwen3_moe", rope_theta=5e5, rope_scaling=params))
     new = _fields(tmp_path / "new", _config("qwen3_moe", rope_parameters={**params, "rope_theta": 5e5}))
     # "type" is transformers 4's older spelling of rope_type.
@@ -126,15 +126,15 @@ def test_both_spellings_agree(tmp_path, kind):
 
 def test_refusals_name_the_field(tmp_path):
     for arch in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
-        with pytest.raises(ConfigError, match=r"rope_scaling.rope_type is 'dynamic', which Colibri refuses: "
-                                              r"transformers' dynamic NTK recomputes the frequencies"):
-            _fields(tmp_path / arch, _config(arch, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+        with pytest.raises(ConfigError, match=r"rope_scaling.rope_type is 'longrope', which Colibri refuses: "
+                                              r"LongRoPE switches between its short and long factor lists"):
+            _fields(tmp_path / arch, _config(arch, rope_scaling={"rope_type": "longrope", "factor": 2.0}))
     with pytest.raises(ConfigError, match=r"rope_parameters.rope_type is 'longrope', which Colibri refuses"):
         _fields(tmp_path / "l", _config("mixtral", rope_parameters={
             "rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
             "original_max_position_embeddings": 8}))
     with pytest.raises(ConfigError, match=r"rope_parameters.rope_type is 'su', not a RoPE type Colibri implements; "
-                                          r"supported: default, linear, llama3, yarn"):
+                                          r"supported: default, linear, llama3, yarn, dynamic"):
         _fields(tmp_path / "u", _config("olmoe", rope_parameters={"rope_type": "su", "factor": 2.0}))
     with pytest.raises(ConfigError, match=r"rope_scaling.mrope_section .* is not a key of RoPE type 'linear'"):
         _fields(tmp_path / "k", _config("mixtral", rope_scaling={"rope_type": "linear", "factor": 2.0,
@@ -145,12 +145,13 @@ def test_refusals_name_the_field(tmp_path):
         _fields(tmp_path / "p", _config("qwen3_moe", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                       "partial_rotary_factor": 0.5}))
     gemma = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tiny_moe" / "gemma4" / "config.json"
-    if gemma.is_file():  # Gemma 4's RoPE per layer type: scaled types refused, naming the layer type
+    if gemma.is_file():  # Gemma 4's RoPE per layer type (test_gemma4_rope.py): a partial yarn refused
         cfg = json.loads(gemma.read_text())
         cfg["rope_parameters"]["full_attention"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                                    "original_max_position_embeddings": 64}
-        with pytest.raises(ConfigError, match=r"rope_parameters.full_attention: rope_type 'yarn' with factor 4.0 "
-                                              r"is not implemented .* not yet per layer type"):
+                                                    "original_max_position_embeddings": 64,
+                                                    "partial_rotary_factor": 0.25}
+        with pytest.raises(ConfigError, match=r"rope_parameters.full_attention: rope_type 'yarn' with "
+                                              r"partial_rotary_factor 0.25: transformers' Gemma 4 rotates"):
             _fields(tmp_path / "g", cfg)
     with pytest.raises(ConfigError, match=r"gives each layer type its own RoPE"):
         _fields(tmp_path / "n", _config("mixtral", layer_types=["full_attention"] * 2, rope_parameters={

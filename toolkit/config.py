@@ -171,7 +171,7 @@ def _check_relations(d: dict) -> list[str]:
     if tok["kind"] == "bytes" and d["vocab_size"] < 256:
         problems.append(f"field 'vocab_size': got {d['vocab_size']}, expected >= 256 for a 'bytes' tokenizer")
     if d.get("max_batch_tokens", 64) > d["context_length"]:
-        problems.append(f"field 'max_batch_tokens': got {d['max_batch_tokens']}, "
+        problems.append(f"field 'max_batch_tokens': got {d.get('max_batch_tokens', 64)}, "
                         f"expected <= context_length ({d['context_length']})")
     return problems
 

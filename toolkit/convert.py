@@ -19,7 +19,7 @@ from .archs.common import ATTENTION, EXPERT_NAMES, MOE_PREFIXES, HFConfig
 from .errors import ConfigError, ModelError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .safetensors_io import Checkpoint
-from .weights import Stored, expected_shapes, rope_freqs, write_weights
+from .weights import ROPE_TENSORS, Stored, expected_shapes, write_weights
 
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # derived buffers some checkpoints carry
 # Gemma4ForConditionalGeneration: the text model sits under this prefix; the
@@ -166,8 +166,8 @@ class TensorSource:
         return np.ascontiguousarray(kv_b[:, nope:, :]).reshape(shape)
 
     def get(self, name: str, shape):
-        if name == "rope_freqs":  # worked out from the config, as transformers does
-            return rope_freqs(self.cfg)
+        if name in ROPE_TENSORS:  # worked out from the config, as transformers does
+            return ROPE_TENSORS[name](self.cfg)
         if name == "tok_embd":
             return self._take(self.prefix + "embed_tokens.weight", shape)
         if name == "output":

@@ -29,6 +29,7 @@ _LAYER_WEIGHTS = 656    # cb_layer_weights
 _POINTER = _SIZE_T = 8
 _ATTN_BLOCK = 4         # CB_ATTN_BLOCK (kernels.h): queries a worker scores at once
 _QK = 32                # CB_QK
+_BLOCK_GEMMA4 = 1       # enum cb_block: its layer types may each have a RoPE of their own
 GENERIC_MAX_BATCH = 64  # CB_MAX_BATCH of the generic build (render.py)
 
 
@@ -119,8 +120,10 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
     widest_head = max(ld["head_dim"] for ld in layers)
     window, rows = ring_rows(d, layers, max_batch)
     ring = rows < ctx if window else False  # the ring reuses rows: positions tracked per slot
-    # One RoPE table per distinct (head_dim, theta, pairs) (rope_twin in engine.c).
-    rope = sum(ctx * hd // 2 for hd, _, _ in {(ld["head_dim"], ld["rope_theta"], ld["rope_pairs"]) for ld in layers})
+    # One RoPE table per distinct (head_dim, theta, pairs), and layer type in Gemma 4 (rope_twin in engine.c).
+    per_type = d.get("block") == _BLOCK_GEMMA4
+    rope = sum(ctx * key[0] // 2 for key in {(ld["head_dim"], ld["rope_theta"], ld["rope_pairs"],
+                                              per_type and bool(ld.get("window"))) for ld in layers})
     ffn_max = max(d["expert_ffn"], d["shared_ffn"], d["dense_ffn"])
     xq_stride = (max(H, q_dim, ffn_max, kv_dim) + _QK - 1) // _QK
     # q8_k activations (K-quant matrices): carved for every block-quantized model
@@ -149,6 +152,14 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         take(0)  # no MLA queries
     for count in ((slots * rows, B, slots, slots) if ring else (0, 0, 0, 0)):  # ring_pos, ring_undo, slot_lo/hi
         take(count * _I32)
+    # Dynamic NTK RoPE (cb_rope_dyn_row): head_dim/2 a distinct dynamic table; dyn_at, dyn_seq, dyn_inv,
+    # dyn_cos, dyn_sin, slot_scaled_from.
+    dyn = sum(hd // 2 for hd, _, _, _, _ in {
+        (ld["head_dim"], ld["rope_theta"], ld["rope_pairs"], ld["rope_dyn_factor"], ld["rope_dyn_max"])
+        for ld in layers if ld.get("rope_dyn_factor")})
+    for count, size in ((L if dyn else 0, _I32), (L if dyn else 0, _I32), (dyn, _F32), (B * dyn, _F32),
+                        (B * dyn, _F32), (slots if dyn else 0, _I32)):
+        take(count * size)
     take(_LAYER_WEIGHTS * L)
     used += _FFN_WEIGHTS * L * E + 64
     return used - kv_total

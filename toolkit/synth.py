@@ -12,7 +12,7 @@ import numpy as np
 from . import config as config_mod, kquant
 from .errors import ConfigError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
-from .weights import expected_shapes, rope_freqs, write_weights
+from .weights import ROPE_TENSORS, expected_shapes, write_weights
 
 ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "deepseek_v3")
 
@@ -132,8 +132,8 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
 def random_tensors(cfg: dict, seed: int):
     rng = np.random.default_rng(seed)
     for name, shape in expected_shapes(cfg):
-        if name == "rope_freqs":  # not random: the config's YaRN frequencies
-            yield name, rope_freqs(cfg)
+        if name in ROPE_TENSORS:  # not random: the config's scaled frequencies
+            yield name, ROPE_TENSORS[name](cfg)
         elif name.endswith(("norm", "norm_1", "norm_2", "_scale", "layer_scalar")):
             # Near 1, not exactly: a norm weight read from the wrong place shows.
             yield name, (1 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)

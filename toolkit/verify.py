@@ -16,8 +16,8 @@ import numpy as np
 from . import config as config_mod
 from .errors import ModelError
 from .weights import (ARCH_IDS, BLOCK_IDS, CONFIG_FIELD, DIMS_ALL, DIMS_FLOAT_FIELDS, DTYPE_IDS, FFN_ACT_IDS,
-                      HEADER, LAYER_FIELDS, QK_NORM_IDS, ROUTER_IDS, TOKENIZER_IDS, dims_from_config, layer_descs,
-                      read_header, tokenizer_info)
+                      HEADER, LAYER_FIELDS, LAYER_ROPE_DYN, QK_NORM_IDS, ROUTER_IDS, TOKENIZER_IDS, dims_from_config,
+                      layer_descs, read_header, tokenizer_info)
 
 FLOAT_FIELDS = DIMS_FLOAT_FIELDS
 
@@ -89,7 +89,7 @@ def check_header(cfg: dict, weights: Path, config_path: Path) -> None:
         if not same:
             raise _disagree(config_path, weights, CONFIG_FIELD[key], key, expected, got)
     for layer, (a, b) in enumerate(zip(layer_descs(cfg), header["layers"])):
-        for key in LAYER_FIELDS:
+        for key in LAYER_FIELDS + LAYER_ROPE_DYN:
             if np.float32(a[key]) != np.float32(b[key]):
                 raise _disagree(config_path, weights, f"layer {layer} {key} (layer_types, attention.sliding, rope)",
                                 key, a[key], b[key])

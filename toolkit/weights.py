@@ -63,9 +63,12 @@ DIMS_ALL = (DIMS_FIELDS + DIMS_FLOATS + DIMS_FIELDS2 + DIMS_FLOATS2 + DIMS_FIELD
 DIMS_FLOAT_FIELDS = set(DIMS_FLOATS + DIMS_FLOATS2 + DIMS_FLOATS3 + DIMS_FLOATS4)
 HEADER = struct.Struct("<8sIIII" + "".join("f" if f in DIMS_FLOAT_FIELDS else "I" for f in DIMS_ALL) + "8I" + "64s")
 TENSOR_ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QQQ")
-# cb_layer_desc: window, head_dim, kv_heads, rope_pairs, k_eq_v, rope_theta, 2 reserved.
-LAYER_DESC = struct.Struct("<5If2I")
+# cb_layer_desc: window, head_dim, kv_heads, rope_pairs, k_eq_v, rope_theta, then dynamic NTK's factor and
+# max_position_embeddings (0, 0 without it: the two once reserved zeros, so files from before read the same,
+# and engines from before refuse a dynamic file for its non-zero reserved field).
+LAYER_DESC = struct.Struct("<5IffI")
 LAYER_FIELDS = ("window", "head_dim", "kv_heads", "rope_pairs", "k_eq_v", "rope_theta")
+LAYER_ROPE_DYN = ("rope_dyn_factor", "rope_dyn_max")
 assert HEADER.size == 296 and TENSOR_ENTRY.size == 104 and LAYER_DESC.size == 32
 
 
@@ -105,19 +108,74 @@ def dims_from_config(cfg: dict) -> dict:
 
 
 def rope_freqs(cfg: dict) -> np.ndarray | None:
-    """The scaled RoPE's inverse frequencies [head_dim/2] as transformers 5.23
-    works them out (modeling_rope_utils.py: _compute_linear_scaling_,
-    _compute_llama3_, _compute_yarn_parameters; in float32 like torch), or
-    None without rope.scaling. The engine reads them from the 'rope_freqs'
-    tensor, for every layer."""
+    """The full-attention layers' inverse frequencies [head_dim/2] (every
+    layer's, but where rope_freqs_swa serves the sliding ones) when a scaling
+    fixes them, else None: the engine works plain RoPE out from theta, and
+    dynamic NTK per token. Gemma 4 with either layer type scaled has both
+    tensors, plain frequencies for a type without scaling."""
     sc = cfg["rope"]["scaling"]
-    if not sc:
+    if not _fixed(sc) and not _own_swa_rope(cfg):
         return None
+    d = cfg["head_dim"]
+    return _inv_freqs(d, cfg["rope"]["theta"], sc if _fixed(sc) else None,
+                      int(cfg["rope"]["partial_rotary_factor"] * d // 2))
+
+
+def rope_freqs_swa(cfg: dict) -> np.ndarray | None:
+    """Gemma 4's sliding layers' frequencies [their head_dim/2], with
+    rope_freqs (None when the layer types share one RoPE or none is scaled)."""
+    if not _own_swa_rope(cfg):
+        return None
+    sliding = cfg["attention"]["sliding"]
+    sc = sliding["rope_scaling"]
+    return _inv_freqs(sliding["head_dim"], sliding["rope_theta"], sc if _fixed(sc) else None, sliding["head_dim"] // 2)
+
+
+def rope_attn_swa(cfg: dict) -> np.ndarray | None:
+    """[1]: the sliding layers' attention factor (YaRN's; cos and sin times
+    it), with rope_freqs_swa; the full layers' is rope.scaling's."""
+    if not _own_swa_rope(cfg):
+        return None
+    sc = cfg["attention"]["sliding"]["rope_scaling"]
+    return np.array([(sc or {}).get("attention_factor", 1.0)], dtype=np.float32)
+
+
+# The tensors worked out from the config, not read from a checkpoint.
+ROPE_TENSORS = {"rope_freqs": rope_freqs, "rope_freqs_swa": rope_freqs_swa, "rope_attn_swa": rope_attn_swa}
+
+
+def _fixed(sc: dict | None) -> bool:
+    """A scaling whose frequencies do not depend on the sequence."""
+    return bool(sc) and sc["type"] != "dynamic"
+
+
+def _own_swa_rope(cfg: dict) -> bool:
+    """Sliding layers with a RoPE of their own (Gemma 4), and a fixed
+    scaling on one of the types: the frequencies go in two tensors."""
+    sliding = cfg["attention"]["sliding"]
+    if not sliding or "rope_scaling" not in sliding:
+        return False
+    return _fixed(sliding["rope_scaling"]) or _fixed(cfg["rope"]["scaling"])
+
+
+def _inv_freqs(d: int, base: float, sc: dict | None, pairs: int) -> np.ndarray:
+    """inv_freq [d/2] of head size d as transformers 5.23 works it out
+    (modeling_rope_utils.py: the default, _compute_linear_scaling_,
+    _compute_llama3_, _compute_yarn_parameters; in float32 like torch);
+    pairs past the rotated ones 0 (proportional RoPE)."""
+    out = _scaled(d, base, sc)
+    out[pairs:] = 0
+    return out
+
+
+def _scaled(d: int, base: float, sc: dict | None) -> np.ndarray:
     import math
-    d, base, factor = cfg["head_dim"], cfg["rope"]["theta"], sc["factor"]
     f32 = np.float32
     exponents = np.arange(0, d, 2, dtype=np.float32) / f32(d)
     inv_freq = f32(1.0) / (f32(base) ** exponents)
+    if sc is None:
+        return inv_freq.astype(np.float32)
+    factor = sc["factor"]
     if sc["type"] == "linear":
         return (inv_freq / f32(factor)).astype(np.float32)
     if sc["type"] == "llama3":
@@ -154,21 +212,32 @@ def layer_descs(cfg: dict) -> list[dict]:
     from attention.sliding, the full layers' from the top-level fields."""
     out = []
     sliding = cfg["attention"]["sliding"]
+    dyn = _rope_dyn(cfg["rope"]["scaling"])
     if cfg["mla"]:  # one rope key and latent for every head; head_dim is the rope part
         d = cfg["head_dim"]
         return [dict(window=0, head_dim=d, kv_heads=1, rope_pairs=d // 2, k_eq_v=0,
-                     rope_theta=float(np.float32(cfg["rope"]["theta"])))] * cfg["layers"]
+                     rope_theta=float(np.float32(cfg["rope"]["theta"])), **dyn)] * cfg["layers"]
     for kind in cfg["layer_types"]:
         if kind == "sliding":
             d = sliding["head_dim"]
             out.append(dict(window=sliding["window"], head_dim=d, kv_heads=sliding["kv_heads"], rope_pairs=d // 2,
-                            k_eq_v=0, rope_theta=float(np.float32(sliding["rope_theta"]))))
+                            k_eq_v=0, rope_theta=float(np.float32(sliding["rope_theta"])),
+                            **_rope_dyn(sliding.get("rope_scaling", cfg["rope"]["scaling"]))))
         else:
             d = cfg["head_dim"]
             pairs = int(cfg["rope"]["partial_rotary_factor"] * d // 2)
             out.append(dict(window=0, head_dim=d, kv_heads=cfg["kv_heads"], rope_pairs=pairs,
-                            k_eq_v=int(cfg["attention"]["k_eq_v"]), rope_theta=float(np.float32(cfg["rope"]["theta"]))))
+                            k_eq_v=int(cfg["attention"]["k_eq_v"]), rope_theta=float(np.float32(cfg["rope"]["theta"])),
+                            **dyn))
     return out
+
+
+def _rope_dyn(scaling: dict | None) -> dict:
+    """A layer descriptor's dynamic NTK fields (0, 0: its frequencies are fixed)."""
+    if scaling and scaling["type"] == "dynamic":
+        return dict(rope_dyn_factor=float(np.float32(scaling["factor"])),
+                    rope_dyn_max=scaling["max_position_embeddings"])
+    return dict(rope_dyn_factor=0.0, rope_dyn_max=0)
 
 
 def tokenizer_info(cfg: dict) -> list[int]:
@@ -234,8 +303,10 @@ def expected_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     out.append(("output_norm", (H,)))
     if not cfg["tie_word_embeddings"]:
         out.append(("output", (cfg["vocab_size"], H)))
-    if cfg["rope"]["scaling"]:
+    if rope_freqs(cfg) is not None:
         out.append(("rope_freqs", (cfg["head_dim"] // 2,)))
+    if rope_freqs_swa(cfg) is not None:
+        out += [("rope_freqs_swa", (cfg["attention"]["sliding"]["head_dim"] // 2,)), ("rope_attn_swa", (1,))]
     for layer in range(cfg["layers"]):
         if layer in dense:
             continue
@@ -366,7 +437,7 @@ def write_weights(cfg: dict, path: Path, tensors: Iterable[tuple[str, np.ndarray
             shape = list(ent.shape) + [0] * (4 - len(ent.shape))
             head += TENSOR_ENTRY.pack(ent.name.encode(), ent.dtype, len(ent.shape), *shape, ent.offset, ent.nbytes)
         for desc in layer_descs(cfg):
-            head += LAYER_DESC.pack(*(desc[f] for f in LAYER_FIELDS), 0, 0)
+            head += LAYER_DESC.pack(*(desc[f] for f in LAYER_FIELDS + LAYER_ROPE_DYN))
         _write(fh, digest, bytes(head))
         pos = len(head)
         it = iter(tensors)
@@ -440,7 +511,7 @@ def read_header(path: Path) -> dict:
         fh.seek(_round_up(HEADER.size, 8))
         table = fh.read(TENSOR_ENTRY.size * n_tensors)
         dims = dict(zip(DIMS_ALL, vals[5:5 + len(DIMS_ALL)]))
-        layers = [dict(zip(LAYER_FIELDS, LAYER_DESC.unpack(fh.read(LAYER_DESC.size))[:len(LAYER_FIELDS)]))
+        layers = [dict(zip(LAYER_FIELDS + LAYER_ROPE_DYN, LAYER_DESC.unpack(fh.read(LAYER_DESC.size))))
                   for _ in range(dims["n_layers"])]
     tensors = {}
     for i in range(n_tensors):
@@ -572,7 +643,7 @@ def check_matches_config(cfg: dict, config_path: Path, weights_path: Path) -> No
             raise ModelError(f"{CONFIG_FIELD[field]} is {_shown(field, want)} in the config but "
                              f"{_shown(field, got)} in the weights {both}", hint=hint)
     for layer, (want, got) in enumerate(zip(layer_descs(cfg), header["layers"])):
-        for field in LAYER_FIELDS:
+        for field in LAYER_FIELDS + LAYER_ROPE_DYN:
             if float(np.float32(want[field])) != float(np.float32(got[field])):
                 raise ModelError(f"layer {layer}'s {field} is {want[field]} in the config (layer_types, "
                                  f"attention.sliding, rope) but {got[field]} in the weights {both}", hint=hint)

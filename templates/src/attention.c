@@ -180,7 +180,6 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
     const cb_batch_item *it = &t->items[i];
     const int hd = (int)L->desc->head_dim, nkv = (int)L->desc->n_kv_heads;
     const int q_dim = (int)d->n_heads * hd, kv_dim = nkv * hd;
-    const size_t off = (size_t)it->pos * (hd / 2);
     float *q = e->q + (size_t)i * q_dim, *k = e->k + (size_t)i * kv_dim, *v = e->v + (size_t)i * kv_dim;
     if (L->desc->k_eq_v) memcpy(v, k, sizeof(float) * kv_dim); /* the raw k projection, before k's norm and RoPE */
     if (L->bq) {
@@ -202,7 +201,8 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
         clamp(k, kv_dim, d->clip_qkv);
         clamp(v, kv_dim, d->clip_qkv);
     }
-    const float *cos_p = e->layer_cos[t->layer] + off, *sin_p = e->layer_sin[t->layer] + off;
+    const float *cos_p, *sin_p;
+    cb_rope_rows(e, t->layer, i, it->pos, &cos_p, &sin_p);
     cb_rope_neox(q, (int)d->n_heads, hd, cos_p, sin_p);
     cb_rope_neox(k, nkv, hd, cos_p, sin_p);
     const size_t at = (size_t)(it->pos % (int)kv_rows(e, t->layer)) * hd; /* a sliding layer's ring row */

@@ -130,7 +130,11 @@ typedef struct {
     uint32_t rope_pairs;    /* pairs (i, i + d/2) rotated, i < rope_pairs; the others pass through */
     uint32_t k_eq_v;        /* no v projection: v is the raw k projection */
     float rope_theta;       /* inv_freq[i] = theta^(-2i/head_dim) */
-    uint32_t reserved[2];
+    /* Dynamic NTK RoPE (rope_dyn.c): the factor, and max_position_embeddings
+     * past which the base grows; 0, 0: fixed frequencies. Reserved zeros in
+     * files from before, so those read the same. */
+    float rope_dyn_factor;
+    uint32_t rope_dyn_max;
 } cb_layer_desc;
 
 #endif

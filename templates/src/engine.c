@@ -126,11 +126,14 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
 static int max_int(int a, int b) { return a > b ? a : b; }
 
 /* The first layer before l whose RoPE table l can share (same head_dim,
- * theta and rotated pairs), or l itself. */
-static int rope_twin(const cb_layer_desc *desc, int l) {
+ * theta and rotated pairs; in Gemma 4, whose layer types may each have
+ * their own scaling, the same type too), or l itself. */
+static int rope_twin(const cb_engine *e, int l) {
+    const cb_layer_desc *desc = e->w.layer_desc;
+    const int per_type = CB_DIMS(e)->block == CB_BLOCK_GEMMA4;
     for (int j = 0; j < l; j++)
         if (desc[j].head_dim == desc[l].head_dim && desc[j].rope_theta == desc[l].rope_theta &&
-            desc[j].rope_pairs == desc[l].rope_pairs)
+            desc[j].rope_pairs == desc[l].rope_pairs && (!per_type || !desc[j].window == !desc[l].window))
             return j;
     return l;
 }
@@ -145,7 +148,7 @@ static void carve(cb_engine *e, int n_threads) {
     const size_t I = (size_t)e->ffn_max, ctx = d->context_len;
     size_t rope = 0, widest_head = 0;
     for (uint32_t l = 0; l < d->n_layers; l++) {
-        if (rope_twin(desc, (int)l) == (int)l) rope += ctx * desc[l].head_dim / 2;
+        if (rope_twin(e, (int)l) == (int)l) rope += ctx * desc[l].head_dim / 2;
         if (desc[l].head_dim > widest_head) widest_head = desc[l].head_dim;
     }
 #define TAKE(field, count) e->field = cb_arena_take(a, sizeof(*e->field) * (count))
@@ -197,17 +200,25 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(ring_undo, e->swa_ring ? B : 0);
     TAKE(slot_lo, e->swa_ring ? (size_t)e->n_slots : 0);
     TAKE(slot_hi, e->swa_ring ? (size_t)e->n_slots : 0);
+    /* Dynamic NTK RoPE's (rope_dyn.c), empty without it. */
+    const int dyn = e->dyn_row = cb_rope_dyn_row(desc, (int)d->n_layers, NULL);
+    TAKE(dyn_at, dyn ? d->n_layers : 0);
+    TAKE(dyn_seq, dyn ? d->n_layers : 0);
+    TAKE(dyn_inv, (size_t)dyn);
+    TAKE(dyn_cos, B * dyn);
+    TAKE(dyn_sin, B * dyn);
+    TAKE(slot_scaled_from, dyn ? (size_t)e->n_slots : 0);
 #undef TAKE
     e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
 }
 
-/* Each layer's RoPE table, one per distinct (head_dim, theta, pairs). */
+/* Each layer's RoPE table, one per distinct table (rope_twin). */
 static void fill_rope_tables(cb_engine *e) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_desc *desc = e->w.layer_desc;
     size_t at = 0;
     for (int l = 0; l < (int)d->n_layers; l++) {
-        const int twin = rope_twin(desc, l);
+        const int twin = rope_twin(e, l);
         if (twin < l) {
             e->layer_cos[l] = e->layer_cos[twin];
             e->layer_sin[l] = e->layer_sin[twin];
@@ -226,8 +237,9 @@ static void fill_rope_tables(cb_engine *e) {
             float inv_freq = i < (int)desc[l].rope_pairs
                                  ? (float)(1.0 / pow((double)desc[l].rope_theta, (double)(2 * i) / (double)hd))
                                  : 0.0f;
-            if (e->w.rope_freqs) inv_freq = e->w.rope_freqs[i]; /* YaRN's, worked out by the toolkit */
-            const float factor = d->rope_attn_factor > 0 ? d->rope_attn_factor : 1.0f;
+            const float *freqs = cb_rope_freqs(e, l); /* a fixed scaling's, worked out by the toolkit */
+            if (freqs) inv_freq = freqs[i];
+            const float factor = cb_rope_attn(e, l);
             for (uint32_t p = 0; p < d->context_len; p++) {
                 double angle = (double)((float)p * inv_freq);
                 cos_t[(size_t)p * half + i] = (float)cos(angle) * factor;
@@ -417,6 +429,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     for (uint32_t l = 0; l < d->n_layers; l++)
         for (uint32_t i = 0; i < e->w.layer_desc[l].head_dim; i++) e->ones[i] = 1.0f;
     fill_rope_tables(e);
+    cb_rope_dyn_init(e);
     if (embedded) {
         char label[4300];
         snprintf(label, sizeof label, "%s (embedded tokenizer.cbt)", embedded->label);
@@ -597,6 +610,7 @@ static int report_faults(const cb_engine *e, const cb_batch_item *items, int n, 
 
 int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n, char *err, size_t err_len) {
     if (check_batch(e, items, n, err, err_len) != 0 || claim_ring_rows(e, items, n, err, err_len) != 0) return -1;
+    cb_rope_dyn_batch(e, items, n);
     for (int i = 0; i < n; i++) e->item_fault[i] = -1;
     const cb_dims *d = CB_DIMS(e);
     const int H = (int)d->hidden;

@@ -14,12 +14,16 @@ typedef struct cb_engine cb_engine;
 
 /* One token to run through the model: which slot's KV cache it belongs to,
  * its position in that slot, and whether its logits are wanted. Tokens of one
- * slot must be given in position order; a batch may mix slots. */
+ * slot must be given in position order; a batch may mix slots. rope_len
+ * matters only to dynamic NTK RoPE: the token is rotated for the sequence
+ * length max(rope_len, pos + 1); a request gives its prompt length (0: pos + 1),
+ * as transformers' one call over the prompt, then one call a new token. */
 typedef struct {
     int32_t token;
     int32_t slot;
     int32_t pos;
     int32_t want_logits;
+    int32_t rope_len;
 } cb_batch_item;
 
 /* What the KV cache holds: float32 (transformers' numbers) or float16 (half
@@ -94,6 +98,11 @@ int cb_engine_forward(cb_engine *e, const cb_batch_item *items, int n_items,
  * else where they first were not: a layer 0..n_layers-1 (its residual stream
  * after that layer), or n_layers (its logits). */
 int cb_engine_item_fault(const cb_engine *e, int item);
+/* 1 when positions 0..n-1 of slot's cache hold keys rotated as a request
+ * with rope_len (its prompt length) would rotate them, so a prefix cache
+ * may reuse them: always, but for dynamic NTK RoPE, where they must all have
+ * the plain rotation and rope_len must not reach past max_position_embeddings. */
+int cb_engine_rope_reusable(const cb_engine *e, int slot, int n, int rope_len);
 /* A fault as words: "at layer 3", "in the logits". */
 void cb_engine_fault_text(const cb_engine *e, int fault, char *buf, size_t len);
 /* Logits [vocab] of the row-th item of the last batch that had want_logits

@@ -65,8 +65,17 @@ struct cb_engine {
     int n_items, n_logit_rows; /* of the last batch */
 
     uint8_t *expert_seen;      /* [L][E]: 1 once an expert's pages were asked for */
-    float *rope_cos, *rope_sin; /* one [context][d/2] table per distinct (d, theta, pairs) */
+    float *rope_cos, *rope_sin; /* one [context][d/2] table per distinct table (rope_twin in engine.c) */
     const float **layer_cos, **layer_sin; /* each layer's table [L] */
+    /* Dynamic NTK RoPE (rope_dyn.c; all empty without it): each batch item's
+     * cos/sin rows of every distinct dynamic table, made before the layers. */
+    int dyn_row;               /* floats of an item's row: head_dim/2 of each distinct dynamic table */
+    uint32_t dyn_max_min;      /* the lowest max_position_embeddings of the dynamic layers */
+    int32_t *dyn_at;           /* [L]: where the layer's part of a row starts, -1: fixed frequencies */
+    int32_t *dyn_seq;          /* [L]: for a table's first layer, the seq dyn_inv holds frequencies for, 0: none */
+    float *dyn_inv;            /* [dyn_row]: each table's inv_freq for its dyn_seq */
+    float *dyn_cos, *dyn_sin;  /* [B][dyn_row] */
+    int32_t *slot_scaled_from; /* [slots]: the lowest position whose keys got a scaled rotation, INT32_MAX: none */
     int kv_f16;                /* the cache holds float16 (cb_half), else float */
     size_t *kv_layer_at;       /* where each layer's cache starts in a slot's, in bytes [L] */
     size_t kv_slot_bytes;      /* one slot's K cache over all layers (V's the same, MLA's none) */
@@ -135,6 +144,35 @@ typedef void (*cb_token_fn)(cb_engine *e, void *ctx, int i);
 void cb_for_tokens(cb_engine *e, int n, cb_token_fn fn, void *ctx);
 /* xn[i] = RMSNorm(x[i]) * weight for the first n tokens. */
 void cb_rmsnorm_tokens(cb_engine *e, int n, const float *weight);
+
+/* Layer l's inverse frequencies from the weights (a fixed scaling), NULL:
+ * from theta; and the factor its cos and sin are multiplied by. */
+static inline const float *cb_rope_freqs(const cb_engine *e, int l) {
+    return e->w.layer_desc[l].window && e->w.rope_freqs_swa ? e->w.rope_freqs_swa : e->w.rope_freqs;
+}
+static inline float cb_rope_attn(const cb_engine *e, int l) {
+    if (e->w.layer_desc[l].window && e->w.rope_attn_swa) return e->w.rope_attn_swa[0];
+    return CB_DIMS(e)->rope_attn_factor > 0 ? CB_DIMS(e)->rope_attn_factor : 1.0f;
+}
+/* rope_dyn.c: sizes a row and places each dynamic layer in it (at NULL:
+ * only the size), before carve; then, per batch, fills the items' rows and
+ * tracks which slot positions got a scaled rotation. */
+int cb_rope_dyn_row(const cb_layer_desc *desc, int n_layers, int32_t *at);
+void cb_rope_dyn_init(cb_engine *e);
+void cb_rope_dyn_batch(cb_engine *e, const cb_batch_item *items, int n);
+/* The cos/sin rows [head_dim/2] of batch item i (at pos) in a layer. */
+static inline void cb_rope_rows(const cb_engine *e, int layer, int i, int pos, const float **cos_p,
+                                const float **sin_p) {
+    if (e->dyn_row && e->dyn_at[layer] >= 0) {
+        const size_t at = (size_t)i * e->dyn_row + (size_t)e->dyn_at[layer];
+        *cos_p = e->dyn_cos + at;
+        *sin_p = e->dyn_sin + at;
+        return;
+    }
+    const size_t off = (size_t)pos * (e->w.layer_desc[layer].head_dim / 2);
+    *cos_p = e->layer_cos[layer] + off;
+    *sin_p = e->layer_sin[layer] + off;
+}
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
 /* DeepSeek-V3's multi-head latent attention over the compressed cache (mla.c). */

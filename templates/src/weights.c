@@ -135,11 +135,15 @@ static int check_layers(const cb_weights_header *h, const cb_layer_desc *desc, c
         else if (L->n_kv_heads < 1 || d->n_heads % L->n_kv_heads) why = "kv_heads does not divide heads";
         else if ((uint64_t)d->n_heads * L->head_dim > CB_MAX_SIZE) why = "heads * head_dim is too large";
         else if (L->rope_pairs > L->head_dim / 2) why = "rope_pairs is over head_dim / 2";
-        else if (L->k_eq_v > 1 || L->reserved[0] || L->reserved[1]) why = "k_eq_v or a reserved field is not 0/1";
+        else if (L->k_eq_v > 1) why = "k_eq_v is not 0/1";
         else if (L->window > d->context_len) why = "the sliding window is longer than the context";
         else if (!(L->rope_theta >= 1.0f && L->rope_theta < 1e30f)) why = "rope_theta is out of range";
         else if (d->kv_lora_rank && (L->head_dim != d->head_dim || L->n_kv_heads != 1 || L->window || L->k_eq_v))
             why = "an MLA layer has the model's rope head size, one KV head, no window and no k_eq_v";
+        else if ((L->rope_dyn_factor != 0.0f || L->rope_dyn_max) &&
+                 (!(L->rope_dyn_factor >= 1.0f && L->rope_dyn_factor < 1e6f) || !L->rope_dyn_max ||
+                  L->rope_dyn_max > CB_MAX_SIZE || L->head_dim < 4 || d->kv_lora_rank))
+            why = "dynamic RoPE needs a factor in 1..1e6, max_position_embeddings in 1..2^24, head_dim >= 4, no MLA";
         if (why) {
             snprintf(err, err_len, "%s: header: layer %u: %s (window %u, head_dim %u, kv_heads %u, rope_pairs %u)",
                      path, l, why, L->window, L->head_dim, L->n_kv_heads, L->rope_pairs);
@@ -457,8 +461,24 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     else bind(&b, "output", d->vocab, H, dt, 0, &w->output);
     w->output_norm = bind_vector(&b, "output_norm", H, 0);
     w->rope_freqs = bind_vector(&b, "rope_freqs", d->head_dim / 2, 1);
+    /* Gemma 4's sliding layers with a RoPE of their own: one head size (the toolkit's attention.sliding). */
+    uint32_t swa_hd = 0;
+    for (uint32_t l = 0; l < d->n_layers && !swa_hd; l++) swa_hd = w->layer_desc[l].window ? w->layer_desc[l].head_dim : 0;
+    w->rope_freqs_swa = swa_hd ? bind_vector(&b, "rope_freqs_swa", swa_hd / 2, 1) : NULL;
+    w->rope_attn_swa = w->rope_freqs_swa ? bind_vector(&b, "rope_attn_swa", 1, 0) : NULL;
+    if (w->rope_attn_swa && !(w->rope_attn_swa[0] > 0.0f && w->rope_attn_swa[0] < 1e30f)) {
+        snprintf(err, err_len, "tensor 'rope_attn_swa' is %g; expected a positive attention factor",
+                 (double)w->rope_attn_swa[0]);
+        return -1;
+    }
+    for (uint32_t l = 0; w->rope_freqs_swa && l < d->n_layers; l++)
+        if (w->layer_desc[l].window && w->layer_desc[l].head_dim != swa_hd) {
+            snprintf(err, err_len, "tensor 'rope_freqs_swa' serves head size %u, but sliding layer %u has %u", swa_hd,
+                     l, w->layer_desc[l].head_dim);
+            return -1;
+        }
     for (uint32_t l = 0; w->rope_freqs && l < d->n_layers; l++)
-        if (w->layer_desc[l].head_dim != d->head_dim) {
+        if (!(w->rope_freqs_swa && w->layer_desc[l].window) && w->layer_desc[l].head_dim != d->head_dim) {
             snprintf(err, err_len, "tensor 'rope_freqs' serves head size %u, but layer %u has %u", d->head_dim, l,
                      w->layer_desc[l].head_dim);
             return -1;

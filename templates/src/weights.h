@@ -126,6 +126,8 @@ typedef struct {
     cb_tensor tok_embd;                  /* [vocab, H] */
     const float *output_norm;            /* [H] */
     const float *rope_freqs;             /* [head_dim/2] inv_freq of every layer (YaRN), NULL: from theta */
+    const float *rope_freqs_swa;         /* [sliding head_dim/2] the sliding layers' (Gemma 4 with scaling), NULL: rope_freqs */
+    const float *rope_attn_swa;          /* [1] the sliding layers' attention factor, with rope_freqs_swa */
     cb_tensor output;                    /* [vocab, H]: tok_embd when tied */
     cb_layer_weights *layers;            /* [n_layers], from the arena */
     int block_matrices;                  /* some matrix is block-quantized: activations get quantized */

@@ -53,16 +53,16 @@ class HFConfig:
 
 def base_fields(hf: HFConfig, context_length: int | None) -> dict:
     """The fields every supported architecture has."""
-    from .rope import rope_fields  # rope.py reads configs through HFConfig, defined here
+    from .rope import context_limit, rope_fields  # rope.py reads configs through HFConfig, defined here
     hidden = hf.get("hidden_size", required=True)
     heads = hf.get("num_attention_heads", required=True)
     hf.require("hidden_act", ["silu"], "SwiGLU experts with SiLU")
     max_pos = hf.get("max_position_embeddings", default=4096)
-    ctx = min(max_pos, context_length or 4096)
+    rope = rope_fields(hf)
+    ctx = min(context_limit(max_pos, rope), context_length or 4096)
     n_layers = hf.get("num_hidden_layers", required=True)
     kv_heads = hf.get("num_key_value_heads", default=heads)
     head_dim = hf.get("head_dim", default=None) or hidden // heads
-    rope = rope_fields(hf)
     fields = {
         "layers": n_layers,
         "hidden_size": hidden,

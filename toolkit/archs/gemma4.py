@@ -30,20 +30,53 @@ def _layer_types(hf: HFConfig, n_layers: int) -> list[str]:
     return types
 
 
-def _rope(hf: HFConfig, kind: str) -> dict:
+def _rope(hf: HFConfig, kind: str, max_pos: int) -> dict:
+    """One layer type's RoPE: theta, the rotated fraction and the scaling
+    (model-config's rope.scaling form). proportional with a factor is
+    linear scaling of the proportional frequencies (transformers divides
+    them by it); linear, llama3, yarn and dynamic take the whole head, as
+    transformers' Gemma 4 runs them only with partial_rotary_factor 1."""
+    from .rope import KEYS, REFUSED, dynamic_scaling, rope_fields
     params = (hf.get("rope_parameters") or {}).get(kind)
     if not params:
         raise ConfigError(f"{hf.source}: rope_parameters.{kind} is missing (Gemma 4 has one RoPE per layer type)")
+    params = dict(params)
+    field = f"rope_parameters.{kind}"
     rope_type = params.get("rope_type", "default")
-    allowed = ("default",) if kind == "sliding_attention" else ("default", "proportional")
-    if rope_type not in allowed or params.get("factor", 1.0) != 1.0:
-        raise ConfigError(f"{hf.source}: rope_parameters.{kind}: rope_type {rope_type!r} with factor "
-                          f"{params.get('factor', 1.0)} is not implemented (expected {' or '.join(allowed)}, "
-                          "factor 1): "
-                          "scaled RoPE (linear, llama3, yarn) is implemented for the architectures whose layers share "
-                          "one RoPE, not yet per layer type as Gemma 4 gives it")
-    partial = params.get("partial_rotary_factor", 1.0) if rope_type == "proportional" else 1.0
-    return {"theta": float(params.get("rope_theta", 10000.0)), "partial": float(partial)}
+    partial = params.get("partial_rotary_factor", 1.0)
+    if rope_type in REFUSED:
+        raise ConfigError(f"{hf.source}: {field}.rope_type is '{rope_type}', which Colibri refuses: "
+                          f"{REFUSED[rope_type]}")
+    if rope_type not in ("default", "proportional", *KEYS):
+        raise ConfigError(f"{hf.source}: {field}.rope_type is {rope_type!r}, not a RoPE type Colibri implements for "
+                          f"Gemma 4; supported: default, proportional, {', '.join(sorted(KEYS))}")
+    if rope_type not in ("default", "proportional") and partial not in (None, 1, 1.0):
+        raise ConfigError(f"{hf.source}: {field}: rope_type {rope_type!r} with partial_rotary_factor {partial}: "
+                          "transformers' Gemma 4 rotates the whole head with it (its cos/sin would not match q); use "
+                          "rope_type proportional for a partial rotation")
+    theta = float(params.get("rope_theta", 10000.0))
+    if rope_type in ("default", "proportional"):
+        factor = params.get("factor", 1.0)
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+            raise ConfigError(f"{hf.source}: {field}.factor is {factor!r}; expected a number > 0")
+        unknown = sorted(set(params) - {"rope_type", "rope_theta", "factor", "partial_rotary_factor"})
+        if unknown:
+            raise ConfigError(f"{hf.source}: {field}.{unknown[0]} is not a key of RoPE type '{rope_type}'")
+        scaling = None
+        if factor != 1.0:  # _compute_proportional_rope_parameters: inv_freq /= factor
+            scaling = {"type": "linear", "factor": float(factor), "attention_factor": 1.0}
+        return {"theta": theta, "partial": float(partial) if rope_type == "proportional" else 1.0,
+                "scaling": scaling}
+    if rope_type == "dynamic":
+        unknown = sorted(set(params) - {"rope_type", "rope_theta", "factor", "partial_rotary_factor"})
+        if unknown:
+            raise ConfigError(f"{hf.source}: {field}.{unknown[0]} is not a key of RoPE type 'dynamic'")
+        return {"theta": theta, "partial": 1.0, "scaling": dynamic_scaling(hf, params.get("factor"), max_pos, field)}
+    # linear, llama3, yarn: rope.py's checks and defaults on this type's dict alone
+    params.pop("partial_rotary_factor", None)
+    one = HFConfig({"rope_parameters": params, "max_position_embeddings": max_pos}, f"{hf.source} ({field})")
+    rope = rope_fields(one)
+    return {"theta": rope["theta"], "partial": 1.0, "scaling": rope["scaling"]}
 
 
 def model_fields(hf: HFConfig, context_length: int | None) -> dict:
@@ -82,12 +115,17 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
                               "head size and KV head count per layer type")
     full_dim, full_kv = next(iter(shapes["full_attention"]))
     max_pos = hf.get("max_position_embeddings", default=131072)
-    ctx = min(max_pos, context_length or 4096)
-    full_rope = _rope(hf, "full_attention")
+    full_rope = _rope(hf, "full_attention", max_pos)
+    sliding_rope = _rope(hf, "sliding_attention", max_pos) if "sliding_attention" in shapes else None
+    from .rope import context_limit
+    # dynamic NTK on either type: the length its factor stretches the model to
+    limit = max(context_limit(max_pos, r) for r in (full_rope, sliding_rope) if r)
+    ctx = min(limit, context_length or 4096)
     fields = {
         "layers": n_layers, "hidden_size": hidden, "heads": heads, "kv_heads": full_kv, "head_dim": full_dim,
         "vocab_size": hf.get("vocab_size", required=True), "norm_eps": hf.get("rms_norm_eps", required=True),
-        "rope": {"theta": full_rope["theta"], "partial_rotary_factor": full_rope["partial"]},
+        "rope": {"theta": full_rope["theta"], "partial_rotary_factor": full_rope["partial"],
+                 "scaling": full_rope["scaling"]},
         "context_length": ctx,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=True)),
         "experts": hf.get("num_experts", required=True), "top_k": hf.get("top_k_experts", required=True),
@@ -106,5 +144,7 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
         if not window:
             raise ConfigError(f"{hf.source}: sliding_window is missing but layer_types has sliding layers")
         fields["attention"]["sliding"] = {"window": min(window, ctx), "head_dim": sliding_dim,
-                                          "kv_heads": sliding_kv, "rope_theta": _rope(hf, "sliding_attention")["theta"]}
+                                          "kv_heads": sliding_kv, "rope_theta": sliding_rope["theta"]}
+        if full_rope["scaling"] or sliding_rope["scaling"]:  # each type its own RoPE, both spelled out
+            fields["attention"]["sliding"]["rope_scaling"] = sliding_rope["scaling"]
     return fields

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .common import HFConfig
-from .rope import rope_fields
+from .rope import context_limit, rope_fields
 
 ARCHITECTURE = "gpt_oss"
 
@@ -31,7 +31,7 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
         raise ConfigError(f"{hf.source}: layer_types {types} is not {n_layers} of sliding_attention / full_attention")
     rope = rope_fields(hf, default_theta=150000.0)
     max_pos = hf.get("max_position_embeddings", default=131072)
-    ctx = min(max_pos, context_length or 4096)
+    ctx = min(context_limit(max_pos, rope), context_length or 4096)
     fields = {
         "layers": n_layers, "hidden_size": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
         "vocab_size": hf.get("vocab_size", required=True), "norm_eps": hf.get("rms_norm_eps", required=True),

@@ -4,7 +4,9 @@ rope_parameters (rope_scaling wins where both are given, as in
 transformers' convert_rope_params_to_dict). The scaling types whose
 frequencies are fixed per position (linear, llama3, yarn) become
 model-config's rope.scaling; weights.rope_freqs works their frequencies out
-as transformers 5.23 does (modeling_rope_utils.py)."""
+as transformers 5.23 does (modeling_rope_utils.py). Dynamic NTK's depend on
+the sequence length; the engine works them out per token (rope_dyn.c) by
+the rule dynamic_rule() states."""
 
 from __future__ import annotations
 
@@ -13,26 +15,32 @@ import math
 from ..errors import ConfigError
 from .common import HFConfig
 
-SUPPORTED = ("default", "linear", "llama3", "yarn")
+SUPPORTED = ("default", "linear", "llama3", "yarn", "dynamic")
 # Each type's keys (transformers' _validate_*_rope_parameters), rope_type,
 # type and rope_theta aside: a key outside these is refused, not ignored.
 KEYS = {
     "default": set(),
     "linear": {"factor"},
+    "dynamic": {"factor"},
     "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
     "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
              "mscale_all_dim", "truncate"},
 }
 # Types transformers has that the engine cannot reproduce, and why.
 REFUSED = {
-    "dynamic": "transformers' dynamic NTK recomputes the frequencies from the length of each forward call and keeps "
-               "the longest length seen on the model object (dynamic_rope_update), so the rotation a position gets "
-               "depends on how the text was split into calls and on earlier requests; a server that prefills in "
-               "chunks, batches sequences and keeps rotated keys in its cache cannot give every position "
-               "transformers' rotation",
-    "longrope": "LongRoPE switches between short and long factors on the length of each forward call "
-                "(longrope_frequency_update), the same per-call dependence as dynamic, and is not implemented",
+    "longrope": "LongRoPE switches between its short and long factor lists on the length of each forward call "
+                "(longrope_frequency_update): one switch for the whole call, so a prompt's tokens are rotated with "
+                "the long factors once the call is long, and the short ones in a shorter call; Colibri does not "
+                "implement the factor lists (dynamic NTK, by contrast, it reproduces per request)",
 }
+# What the engine does for rope_type dynamic, as transformers 5.23 does in
+# one fresh generate (dynamic_rope_update over _compute_dynamic_ntk_parameters):
+# a prompt of L tokens is one call, so its tokens use seq = L; each decode
+# step is a call of its own, so the token at p uses seq = p + 1. Past
+# max_position_embeddings (not original_max_position_embeddings) the base
+# grows to theta * (factor * seq / max - (factor - 1)) ^ (d / (d - 2)).
+DYNAMIC_RULE = ("seq = max(prompt length, position + 1); while seq <= max_position_embeddings the plain RoPE, past "
+                "it theta * (factor * seq / max_position_embeddings - factor + 1) ^ (d / (d - 2))")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -102,6 +110,8 @@ def rope_fields(hf: HFConfig, default_theta: float = 10000.0) -> dict:
     if kind == "default":
         return {"theta": float(theta), "scaling": None}
     max_pos = hf.data.get("max_position_embeddings")
+    if kind == "dynamic":
+        return {"theta": float(theta), "scaling": dynamic_scaling(hf, params.get("factor"), max_pos, field)}
     factor = params.get("factor")
     orig = params.get("original_max_position_embeddings")
     top_orig = hf.get("original_max_position_embeddings")
@@ -136,3 +146,23 @@ def rope_fields(hf: HFConfig, default_theta: float = 10000.0) -> dict:
         scaling.update(beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
                        truncate=bool(params.get("truncate", True)), attention_factor=float(attention))
     return {"theta": float(theta), "scaling": scaling}
+
+
+def dynamic_scaling(hf: HFConfig, factor, max_pos, field: str) -> dict:
+    """model-config's rope.scaling for dynamic NTK (the rule in DYNAMIC_RULE)."""
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
+        raise ConfigError(f"{hf.source}: {field}.factor is {factor!r}; RoPE type 'dynamic' needs a number >= 1")
+    if not isinstance(max_pos, int) or isinstance(max_pos, bool) or max_pos < 1:
+        raise ConfigError(f"{hf.source}: max_position_embeddings is {max_pos!r}; RoPE type 'dynamic' scales past "
+                          "it and needs a positive integer")
+    return {"type": "dynamic", "factor": float(factor), "max_position_embeddings": max_pos, "attention_factor": 1.0}
+
+
+def context_limit(max_pos: int, rope: dict) -> int:
+    """The longest context a model takes: max_position_embeddings, or for
+    dynamic NTK the factor times it (the length its frequencies are
+    stretched for)."""
+    sc = rope.get("scaling")
+    if sc and sc["type"] == "dynamic":
+        return int(max_pos * sc["factor"])
+    return max_pos

@@ -1094,7 +1094,7 @@ int cb_app_step(cb_app *a) {
             if (!st->req || st->held_done) continue;
             const int n_prompt = st->req->n_prompt, prefilling = st->n_fed < n_prompt;
             if (pass == 0 && !prefilling) {
-                a->batch[n] = (cb_batch_item){st->next_token, s, st->n_fed, 1};
+                a->batch[n] = (cb_batch_item){st->next_token, s, st->n_fed, 1, n_prompt};
                 a->batch_slot[n++] = s;
             } else if (pass == 1 && prefilling) {
                 int take = n_prompt - st->n_fed;
@@ -1102,7 +1102,8 @@ int cb_app_step(cb_app *a) {
                 st->prompt_steps++;
                 for (int i = 0; i < take; i++) {
                     int pos = st->n_fed + i;
-                    a->batch[n] = (cb_batch_item){st->req->prompt[pos], s, pos, pos == n_prompt - 1};
+                    /* rope_len: dynamic NTK RoPE rotates the whole prompt for its length */
+                    a->batch[n] = (cb_batch_item){st->req->prompt[pos], s, pos, pos == n_prompt - 1, n_prompt};
                     a->batch_slot[n++] = s;
                 }
             }

@@ -24,12 +24,15 @@
 /* Positions of slot s's cache that q may take: the common prefix, short of
  * q's last token; none when a sliding layer's ring no longer holds the
  * window that position n reads (the slot went on past n by more than the
- * ring: the engine would refuse to continue there). */
+ * ring: the engine would refuse to continue there), nor when the cached
+ * keys' rotation is not the one q would give them (dynamic NTK RoPE: a
+ * prompt or text past max_position_embeddings rotates with its length). */
 static int common_prefix(const cb_app *a, int s, const cb_request *q) {
     const cb_slot *st = &a->slots[s];
     const int most = st->kv_len < q->n_prompt - 1 ? st->kv_len : q->n_prompt - 1;
     int n = 0;
     while (n < most && st->kv_tokens[n] == q->prompt[n]) n++;
+    if (n > 0 && !cb_engine_rope_reusable(a->engine, s, n, q->n_prompt)) return 0;
     return n > 0 && !cb_engine_slot_holds(a->engine, s, n) ? 0 : n;
 }
 
