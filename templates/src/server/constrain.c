@@ -1329,6 +1329,17 @@ static int key_fast_ok(const cb_con_schema *c, const cb_con_state *s, int budget
     return add_sat(below, worst) <= (uint32_t)budget_left;
 }
 
+/* Whether most of the vocabulary fits here: plain string text, or the
+ * text of a free key (additionalProperties). */
+static int mostly_open(const cb_con_schema *c, const cb_con_state *s) {
+    const cb_con_thread *th = &s->t[0];
+    if (s->n != 1 || !th->depth) return 0;
+    const cb_con_frame *top = &th->f[th->depth - 1];
+    const cb_con_node *n = node_at(c, top->node);
+    if (top->kind == F_STR) return !n->format && !top->u.str.esc && !top->u.str.need;
+    return top->kind == F_OBJ && top->sub == O_KEY && top->u.obj.kfree;
+}
+
 /* The mask of valid tokens (v->allowed, and their ids in v->allowed_ids);
  * returns how many. */
 static int build_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, int strip, int budget_left) {
@@ -1370,44 +1381,66 @@ static int build_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
         if (t->eos_id < (uint32_t)v->vocab) v->allowed[t->eos_id] = 1;
         if (t->eot_id < (uint32_t)v->vocab) v->allowed[t->eot_id] = 1;
     }
-    int count = 0;
-    for (int i = 0; i < v->vocab; i++)
-        if (v->allowed[i]) v->allowed_ids[count++] = i;
+    /* Eight bytes at a time: away from text few tokens fit. */
+    const uint8_t *a = v->allowed;
+    int32_t *ids = v->allowed_ids;
+    const int vocab = v->vocab;
+    int count = 0, i = 0;
+    for (; i + 8 <= vocab; i += 8) {
+        uint64_t word;
+        memcpy(&word, a + i, sizeof word);
+        if (!word) continue;
+        for (int j = i; j < i + 8; j++)
+            if (a[j]) ids[count++] = j;
+    }
+    for (; i < vocab; i++)
+        if (a[i]) ids[count++] = i;
     v->n_allowed = count;
     return count;
+}
+
+/* Bytes the output may still take after this token (-1: no limit). Tokens
+ * left after this one must still complete the output; where the budget is
+ * already short of that, it is not enforced (length wins). */
+static int bytes_left(const cb_con_schema *c, const cb_con_state *s, int budget) {
+    if (budget <= 0 || cb_con_min_bytes(c, s) > (uint32_t)budget) return -1;
+    return budget - 1;
+}
+
+int cb_con_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, int budget, int strip_space) {
+    const int budget_left = bytes_left(c, s, budget);
+    int n = build_mask(v, c, s, strip_space, budget_left);
+    if (!n && budget_left >= 0) n = build_mask(v, c, s, strip_space, -1);
+    return n;
 }
 
 int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, cb_sampler *smp,
                       const float *logits, const cb_sampling *p, const int32_t *history, int n_history,
                       cb_rng *rng, int budget, int strip_space) {
     cb_con_state *after = &v->stack[CB_CON_TOKEN_BYTES + 1];
-    /* Tokens left after this one must still complete the output; where the
-     * budget is already short of that, it is not enforced (length wins). */
-    int budget_left = budget - 1;
-    if (budget <= 0 || cb_con_min_bytes(c, s) > (uint32_t)budget) budget_left = -1;
+    const int budget_left = bytes_left(c, s, budget);
     /* The sampler's own candidates and weights, restricted to the valid
-     * ones: a few draws from all of them, keeping the first valid token,
-     * then (none valid yet) one draw from the valid ones. Either way token
-     * t comes with probability q_t / Q (q: the sampler's distribution, Q:
-     * its valid mass), and the full mask is only needed when the model
-     * wants something invalid. */
+     * ones: draws from all of them, keeping the first valid token, then
+     * (none valid yet) one draw from the valid ones. Either way token t
+     * comes with probability q_t / Q (q: the sampler's distribution, Q:
+     * its valid mass; after k failed draws, (1 - Q)^k q_t / Q more), and
+     * the full mask is only needed when the model wants something invalid. */
     cb_candidates cand;
     cb_sample_candidates(smp, logits, p, history, n_history, &cand);
-    /* (a draw over the whole vocabulary reads all of it: fewer tries there) */
-    const int tries = cand.n == 0 ? 1 : cand.all ? 3 : 8;
+    /* A draw over many candidates reads them all: one try there. */
+    const int tries = cand.n == 0 || cand.all || cand.n > 64 ? 1 : 8;
     for (int i = 0; i < tries; i++) {
         int32_t t = cb_sample_draw(smp, &cand, rng, NULL);
         if (token_fits(v, c, s, t, strip_space, budget_left, after)) return t;
     }
-    if (cand.n == 0) {
-        /* Greedy: the first valid token among the 32 best is the best valid
-         * one (the same order); only past them is the full mask needed. */
-        cb_sampling near = *p;
-        near.temperature = 1.0f, near.top_k = 32, near.top_p = 1.0f, near.min_p = 0.0f;
-        cb_sample_candidates(smp, logits, &near, history, n_history, &cand);
-        for (int i = 0; cand.n > 0 && !cand.all && i < cand.n; i++)
-            if (token_fits(v, c, s, smp->idx[i], strip_space, budget_left, after)) return smp->idx[i];
-        cb_sample_candidates(smp, logits, p, history, n_history, &cand); /* greedy again: work = penalised logits */
+    if (cand.n == 0 && mostly_open(c, s)) {
+        /* Greedy where most tokens fit (string or free key text): the
+         * first valid token of the next best is the best valid one (the
+         * same order); elsewhere few fit, and the mask is cheaper. */
+        int32_t best[4];
+        cb_sample_best(smp, 4, best);
+        for (int i = 1; i < 4; i++)
+            if (token_fits(v, c, s, best[i], strip_space, budget_left, after)) return best[i];
     }
     const float *w = smp->work; /* penalised logits (greedy), or the candidates' weights */
     if (cand.n == 0 || cand.all) {

@@ -158,6 +158,10 @@ void cb_con_vocab_free(cb_con_vocab *v);
 int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, cb_sampler *smp,
                       const float *logits, const cb_sampling *p, const int32_t *history, int n_history,
                       cb_rng *rng, int budget, int strip_space);
+/* The full mask cb_con_sample agrees with (its fast paths test tokens one
+ * by one): v->allowed[id] for every token, their ids ascending in
+ * v->allowed_ids; returns how many. budget and strip_space as there. */
+int cb_con_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, int budget, int strip_space);
 /* Advances s by token id (its bytes; the first text token's leading space
  * dropped when strip_space). 1, or 0 if it does not fit (s unchanged). */
 int cb_con_advance(cb_con_vocab *v, const cb_con_schema *c, cb_con_state *s, int32_t id, int strip_space);
