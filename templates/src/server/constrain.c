@@ -70,13 +70,46 @@ typedef struct {
     char path[256];
 } compiler;
 
-static int cfail(compiler *k, const char *fmt, ...) {
+/* k->path ("#/properties/x/anyOf/1") dotted for an error's param
+ * ("properties.x.anyOf[1]"), then keyword (may be NULL). */
+static void set_err_at(compiler *k, const char *keyword) {
+    char *out = k->c->err_at;
+    const size_t cap = sizeof k->c->err_at;
+    size_t n = 0;
+    int index = 0; /* the segment after anyOf/oneOf is a branch number */
+    for (const char *p = k->path + 1; *p == '/';) {
+        const char *seg = p + 1, *end = strchr(seg, '/');
+        if (!end) end = seg + strlen(seg);
+        n += (size_t)snprintf(out + n, cap - n, index ? "[%.*s]" : n ? ".%.*s" : "%.*s", (int)(end - seg), seg);
+        if (n >= cap) n = cap - 1;
+        index = !index && ((end - seg == 5 && (!memcmp(seg, "anyOf", 5) || !memcmp(seg, "oneOf", 5))));
+        p = end;
+    }
+    if (keyword) snprintf(out + n, cap - n, n ? ".%s" : "%s", keyword);
+}
+
+static int cfail_at(compiler *k, const char *keyword, const char *fmt, va_list ap) {
     char msg[320];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    snprintf(k->err, k->err_len, "%s (at %s)", msg, k->path);
+    set_err_at(k, keyword);
+    return -1;
+}
+
+static int cfail(compiler *k, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    cfail_at(k, NULL, fmt, ap);
     va_end(ap);
-    snprintf(k->err, k->err_len, "%s (at %s)", msg, k->path);
+    return -1;
+}
+
+/* cfail() naming the refused keyword in err_at too. */
+static int cfail_keyword(compiler *k, const char *keyword, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cfail_at(k, keyword, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
@@ -174,8 +207,8 @@ static int set_bounds(compiler *k, cb_con_node *n, const double b[4], const int 
     for (int i = 0; i < 4; i++) {
         if (!has[i]) continue;
         if (!(fabs(b[i]) < lim))
-            return cfail(k, "'%s' %g is out of the supported range (%s: at most %g in magnitude)", names[i], b[i],
-                         is_int ? "integer" : "number", lim);
+            return cfail_keyword(k, names[i], "'%s' %g is out of the supported range (%s: at most %g in magnitude)",
+                                 names[i], b[i], is_int ? "integer" : "number", lim);
         const double v = b[i] * scale;
         int64_t s;
         if (i == 0) s = (int64_t)ceil(v);
@@ -229,7 +262,8 @@ static int resolve_ref(compiler *k, int ref) {
         if (target >= 0) return target;
         break;
     }
-    return cfail(k, "'$ref' '%.*s' is not supported (only '#/$defs/NAME' of the root schema)", len < 100 ? len : 100, s);
+    return cfail_keyword(k, "$ref", "'$ref' '%.*s' is not supported (only '#/$defs/NAME' of the root schema)",
+                         len < 100 ? len : 100, s);
 }
 
 static int compile_object_keywords(compiler *k, int i, int ni, int depth) {
@@ -342,9 +376,11 @@ static int compile_node(compiler *k, int i, int depth) {
                 else if (a == 9 || a == 10) has_any = 1;
                 else if (a != 0) n_constraints++;
             }
-        if (!ok)
-            return cfail(k, "the JSON Schema keyword '%.*s' is not supported", t[e].end - t[e].start < 64 ? t[e].end - t[e].start : 64,
-                         json + t[e].start);
+        if (!ok) {
+            char kw[72];
+            snprintf(kw, sizeof kw, "%.*s", t[e].end - t[e].start < 64 ? t[e].end - t[e].start : 64, json + t[e].start);
+            return cfail_keyword(k, kw, "the JSON Schema keyword '%s' is not supported", kw);
+        }
     }
     int v = cb_json_find(json, t, i, "type");
     uint8_t types = CT_ALL;
@@ -358,8 +394,8 @@ static int compile_node(compiler *k, int i, int depth) {
             for (int a = 0; a < 7; a++)
                 if (t[e].type == CB_JSON_STRING && cb_json_str_eq(json, &t[e], names[a])) found = a;
             if (found < 0)
-                return cfail(k, "'type' '%.*s' is not a JSON Schema type", t[e].end - t[e].start < 32 ? t[e].end - t[e].start : 32,
-                             json + t[e].start);
+                return cfail_keyword(k, "type", "'type' '%.*s' is not a JSON Schema type",
+                                     t[e].end - t[e].start < 32 ? t[e].end - t[e].start : 32, json + t[e].start);
             types |= (uint8_t)(1 << found);
         }
         if (!types) return cfail(k, "'type' is an empty list");
@@ -436,7 +472,7 @@ static int compile_node(compiler *k, int i, int depth) {
         v = cb_json_find(json, t, i, ints[a]);
         if (v < 0) continue;
         if (cb_json_get_int64(json, &t[v], &x) != 0 || x < 0 || x > 1000000)
-            return cfail(k, "'%s' must be an integer from 0 to 1000000", ints[a]);
+            return cfail_keyword(k, ints[a], "'%s' must be an integer from 0 to 1000000", ints[a]);
         *dst[a] = (int32_t)x;
     }
     if (node->min_items > node->max_items) return cfail(k, "'minItems' is over 'maxItems'");
@@ -446,8 +482,8 @@ static int compile_node(compiler *k, int i, int depth) {
         if (cb_json_str_eq(json, &t[v], "date")) node->format = CF_DATE;
         else if (cb_json_str_eq(json, &t[v], "uuid")) node->format = CF_UUID;
         else
-            return cfail(k, "'format' '%.*s' is not supported (supported: date, uuid)",
-                         t[v].end - t[v].start < 32 ? t[v].end - t[v].start : 32, json + t[v].start);
+            return cfail_keyword(k, "format", "'format' '%.*s' is not supported (supported: date, uuid)",
+                                 t[v].end - t[v].start < 32 ? t[v].end - t[v].start : 32, json + t[v].start);
         if (cb_json_find(json, t, i, "minLength") >= 0 || cb_json_find(json, t, i, "maxLength") >= 0)
             return cfail(k, "'format' beside 'minLength'/'maxLength' is not supported");
     }
@@ -457,7 +493,8 @@ static int compile_node(compiler *k, int i, int depth) {
     for (int a = 0; a < 4; a++) {
         v = cb_json_find(json, t, i, bnames[a]);
         if (v < 0) continue;
-        if (cb_json_get_double(json, &t[v], &b[a]) != 0) return cfail(k, "'%s' must be a number", bnames[a]);
+        if (cb_json_get_double(json, &t[v], &b[a]) != 0)
+            return cfail_keyword(k, bnames[a], "'%s' must be a number", bnames[a]);
         has[a] = 1;
     }
     if (set_bounds(k, node, b, has)) return -1;
@@ -527,6 +564,7 @@ int cb_con_compile(cb_con_schema *c, const char *prefix, size_t prefix_len, cons
                    const cb_json_tok *toks, int schema, const char *suffix, size_t suffix_len, char *err,
                    size_t err_len) {
     compiler k = {c, json, toks, schema, err, err_len, "#"};
+    c->err_at[0] = 0;
     c->n_nodes = c->n_props = c->n_list = c->n_lits = 0;
     c->text_len = 0;
     add_literal(c, "true");

@@ -66,6 +66,8 @@ typedef struct {
     uint16_t list[CB_CON_MAX_LIST];
     cb_con_lit lits[CB_CON_MAX_LIST + 3];
     char text[CB_CON_TEXT];
+    char err_at[192];            /* after a refusal: where in the schema, dotted
+                                    ("properties.x.pattern"), "" at its root */
 } cb_con_schema;
 
 /* Compiles the constraint. schema: index of the schema object in toks
