@@ -3,10 +3,16 @@ chats, one at a time, free and under response_format (a JSON Schema), greedy
 and sampled, from the server's own `timings.decode_tokens_per_second`.
 
     python benchmarks/structured_outputs.py SERVER_EXE MODEL_DIR [--requests 8] [--max-tokens 100] [--threads 1]
+        [--rounds 2]
 
 Free chats run with ignore_eos for their whole max_tokens; constrained ones
-end with their document, so rates (not times) are compared. Modes run in
-turn, twice over, so both meet the machine's changing load alike. On a
+end with their document, so rates (not times) are compared, from the first
+streamed token on (the prompt behind); a document of one token ("{}" in
+one) has no decode step and is left out. Modes run in turn, --rounds times
+over, so all meet the machine's changing load alike; the table gives
+medians, the min-max spread and the load average, and the server's CPU time
+per decoded token over the same spans (Linux: /proc), which a loaded machine
+moves far less than it moves rates. On a
 random-weight model the model wants an invalid token at almost every
 structural position, so each of those steps computes the full mask: the
 adversarial case, not the typical one."""
@@ -14,7 +20,10 @@ adversarial case, not the typical one."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import time
 from pathlib import Path
 
 import requests
@@ -34,10 +43,35 @@ MODES = {
 SAMPLINGS = {"greedy": {}, "T=1": {"temperature": 1.0}}
 
 
-def rate(url: str, body: dict) -> float:
-    reply = requests.post(url + "/v1/chat/completions", json=body, timeout=600)
-    reply.raise_for_status()
-    return reply.json()["timings"]["decode_tokens_per_second"]
+def run(url: str, body: dict, pid: int) -> tuple[float, float, int]:
+    """One streamed request: its decode rate (tokens after the first over
+    the time after it), the server's CPU seconds over that time, tokens."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    first = cpu0 = None
+    tokens = 0
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            elif first is None and event["choices"] and event["choices"][0]["delta"].get("content"):
+                first, cpu0 = time.perf_counter(), cpu_seconds(pid)  # the prompt is behind
+        end, cpu1 = time.perf_counter(), cpu_seconds(pid)
+    if first is None or tokens < 2:
+        return 0.0, 0.0, 0
+    return (tokens - 1) / (end - first), cpu1 - cpu0, tokens - 1
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (0 where /proc is missing)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -47,11 +81,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
+    load = [os.getloadavg()[0]]
     srv = Server(args.server, args.model, args.threads).start()
     rates: dict = {}
+    cpu: dict = {}
     try:
-        for _ in range(2):
+        for _ in range(args.rounds):
             for sname, sampling in SAMPLINGS.items():
                 for mode, extra in MODES.items():
                     for i in range(args.requests):
@@ -59,16 +96,27 @@ def main() -> None:
                                 "max_tokens": args.max_tokens, **sampling, **extra}
                         if sampling:
                             body["seed"] = i
-                        rates.setdefault((sname, mode), []).append(rate(srv.url, body))
+                        r, used, n = run(srv.url, body, srv.proc.pid)
+                        if n:
+                            rates.setdefault((sname, mode), []).append(r)
+                            total, steps = cpu.get((sname, mode), (0.0, 0))
+                            cpu[(sname, mode)] = (total + used, steps + n)
+            load.append(os.getloadavg()[0])
     finally:
         srv.stop()
-    print(f"| sampling | mode | decode tokens/s (median of {2 * args.requests}) | vs free |")
-    print("|---|---|---:|---:|")
+    print("| sampling | mode | decode tokens/s, median (min-max, requests) | vs free | CPU ms per decoded token "
+          "| vs free |")
+    print("|---|---|---:|---:|---:|---:|")
     for sname in SAMPLINGS:
         free = statistics.median(rates[(sname, "free")])
+        free_cpu = cpu[(sname, "free")][0] / cpu[(sname, "free")][1]
         for mode in MODES:
-            r = statistics.median(rates[(sname, mode)])
-            print(f"| {sname} | {mode} | {r:.1f} | {100 * (r / free - 1):+.1f}% |")
+            got = rates[(sname, mode)]
+            r = statistics.median(got)
+            per = cpu[(sname, mode)][0] / cpu[(sname, mode)][1]
+            print(f"| {sname} | {mode} | {r:.1f} ({min(got):.1f}-{max(got):.1f}, {len(got)}) | "
+                  f"{100 * (r / free - 1):+.1f}% | {1000 * per:.2f} | {100 * (per / free_cpu - 1):+.1f}% |")
+    print(f"load average (1 min) through the run: {min(load):.1f}-{max(load):.1f}")
 
 
 if __name__ == "__main__":

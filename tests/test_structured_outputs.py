@@ -260,30 +260,47 @@ def test_completions_endpoint_takes_response_format(server):
     validate(reply.json()["choices"][0]["text"], schema)
 
 
-REFUSED = [
-    ({"type": "string", "pattern": "^a+$"}, "the JSON Schema keyword 'pattern' is not supported (at #)"),
+S = "response_format.json_schema.schema"
+REFUSED = [  # the schema, a fragment of the message, the error's param
+    ({"type": "string", "pattern": "^a+$"}, "the JSON Schema keyword 'pattern' is not supported (at #)", S + ".pattern"),
     ({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}},
-     "'multipleOf' is not supported (at #/properties/n)"),
-    ({"type": "string", "format": "email"}, "'format' 'email' is not supported (supported: date, uuid)"),
-    ({"$ref": "https://example.com/s.json"}, "'$ref' 'https://example.com/s.json' is not supported"),
-    ({"type": "array", "items": [{"type": "string"}]}, "tuples are not supported"),
-    ({"type": "array", "minItems": 3, "maxItems": 1}, "'minItems' is over 'maxItems'"),
-    ({"type": "integer", "minimum": 5, "maximum": 4}, "no value satisfies this schema"),
-    ({"type": "strin"}, "'type' 'strin' is not a JSON Schema type"),
-    ({"type": "object", "properties": {f"p{i}": {} for i in range(70)}}, "more than 64 properties"),
+     "'multipleOf' is not supported (at #/properties/n)", S + ".properties.n.multipleOf"),
+    ({"type": "string", "format": "email"}, "'format' 'email' is not supported (supported: date, uuid)", S + ".format"),
+    ({"$ref": "https://example.com/s.json"}, "'$ref' 'https://example.com/s.json' is not supported", S + ".$ref"),
+    ({"type": "array", "items": [{"type": "string"}]}, "tuples are not supported", S),
+    ({"type": "array", "minItems": 3, "maxItems": 1}, "'minItems' is over 'maxItems'", S),
+    ({"type": "integer", "minimum": 5, "maximum": 4}, "no value satisfies this schema", S),
+    ({"type": "strin"}, "'type' 'strin' is not a JSON Schema type", S + ".type"),
+    ({"type": "object", "properties": {f"p{i}": {} for i in range(70)}}, "more than 64 properties", S),
     ({"type": "object", "required": ["x"], "additionalProperties": False},
-     "required property 'x' is not in 'properties'"),
+     "required property 'x' is not in 'properties'", S),
+    ({"type": "object", "properties": {"v": {"anyOf": [{"type": "null"}, {"type": "string", "pattern": "a"}]}}},
+     "'pattern' is not supported (at #/properties/v/anyOf/1)", S + ".properties.v.anyOf[1].pattern"),
 ]
 
 
-@pytest.mark.parametrize("schema, fragment", REFUSED, ids=[f[:30] for _, f in REFUSED])
-def test_unsupported_schemas_are_refused_by_name(server, schema, fragment):
+@pytest.mark.parametrize("schema, fragment, param", REFUSED, ids=[f[:30] for _, f, _ in REFUSED])
+def test_unsupported_schemas_are_refused_by_name(server, schema, fragment, param):
     reply = server.post("/v1/chat/completions", body_for(schema, 0))
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["message"].startswith("'response_format': ") and fragment in error["message"], error["message"]
+    assert error["param"] == param, error
     bad = server.post("/v1/chat/completions", {**body_for(None, 0), "response_format": {"type": "xml"}})
     assert bad.status_code == 400 and "'response_format.type'" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["param"] == "response_format.type"
+
+
+def test_refusal_param_reaches_the_openai_client(server):
+    """The openai client's BadRequestError carries the refused field's path."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": "^[a-z]+$"}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="m", messages=CHAT, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert caught.value.param == "response_format.json_schema.schema.properties.x.pattern"
+    assert "'pattern' is not supported" in caught.value.message
 
 
 def test_refs_to_defs_resolve(server):

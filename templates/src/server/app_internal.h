@@ -163,6 +163,7 @@ struct cb_app {
     uint64_t requests;
     /* A refused request's error "param" and "code" beside its message (NULL: null). */
     const char *err_param, *err_code;
+    char err_param_text[256];    /* a param built for one refusal (err_param points here) */
     int32_t think_open, think_close; /* the template's thinking markers as tokens; -1: none */
     int harmony;                 /* gpt-oss channels are split (reasoning.c) */
     int32_t harmony_tok[5];      /* <|start|> <|channel|> <|message|> <|end|> <|constrain|> */

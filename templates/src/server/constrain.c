@@ -70,13 +70,46 @@ typedef struct {
     char path[256];
 } compiler;
 
-static int cfail(compiler *k, const char *fmt, ...) {
+/* k->path ("#/properties/x/anyOf/1") dotted for an error's param
+ * ("properties.x.anyOf[1]"), then keyword (may be NULL). */
+static void set_err_at(compiler *k, const char *keyword) {
+    char *out = k->c->err_at;
+    const size_t cap = sizeof k->c->err_at;
+    size_t n = 0;
+    int index = 0; /* the segment after anyOf/oneOf is a branch number */
+    for (const char *p = k->path + 1; *p == '/';) {
+        const char *seg = p + 1, *end = strchr(seg, '/');
+        if (!end) end = seg + strlen(seg);
+        n += (size_t)snprintf(out + n, cap - n, index ? "[%.*s]" : n ? ".%.*s" : "%.*s", (int)(end - seg), seg);
+        if (n >= cap) n = cap - 1;
+        index = !index && ((end - seg == 5 && (!memcmp(seg, "anyOf", 5) || !memcmp(seg, "oneOf", 5))));
+        p = end;
+    }
+    if (keyword) snprintf(out + n, cap - n, n ? ".%s" : "%s", keyword);
+}
+
+static int cfail_at(compiler *k, const char *keyword, const char *fmt, va_list ap) {
     char msg[320];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    snprintf(k->err, k->err_len, "%s (at %s)", msg, k->path);
+    set_err_at(k, keyword);
+    return -1;
+}
+
+static int cfail(compiler *k, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    cfail_at(k, NULL, fmt, ap);
     va_end(ap);
-    snprintf(k->err, k->err_len, "%s (at %s)", msg, k->path);
+    return -1;
+}
+
+/* cfail() naming the refused keyword in err_at too. */
+static int cfail_keyword(compiler *k, const char *keyword, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cfail_at(k, keyword, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
@@ -174,8 +207,8 @@ static int set_bounds(compiler *k, cb_con_node *n, const double b[4], const int 
     for (int i = 0; i < 4; i++) {
         if (!has[i]) continue;
         if (!(fabs(b[i]) < lim))
-            return cfail(k, "'%s' %g is out of the supported range (%s: at most %g in magnitude)", names[i], b[i],
-                         is_int ? "integer" : "number", lim);
+            return cfail_keyword(k, names[i], "'%s' %g is out of the supported range (%s: at most %g in magnitude)",
+                                 names[i], b[i], is_int ? "integer" : "number", lim);
         const double v = b[i] * scale;
         int64_t s;
         if (i == 0) s = (int64_t)ceil(v);
@@ -229,7 +262,8 @@ static int resolve_ref(compiler *k, int ref) {
         if (target >= 0) return target;
         break;
     }
-    return cfail(k, "'$ref' '%.*s' is not supported (only '#/$defs/NAME' of the root schema)", len < 100 ? len : 100, s);
+    return cfail_keyword(k, "$ref", "'$ref' '%.*s' is not supported (only '#/$defs/NAME' of the root schema)",
+                         len < 100 ? len : 100, s);
 }
 
 static int compile_object_keywords(compiler *k, int i, int ni, int depth) {
@@ -342,9 +376,11 @@ static int compile_node(compiler *k, int i, int depth) {
                 else if (a == 9 || a == 10) has_any = 1;
                 else if (a != 0) n_constraints++;
             }
-        if (!ok)
-            return cfail(k, "the JSON Schema keyword '%.*s' is not supported", t[e].end - t[e].start < 64 ? t[e].end - t[e].start : 64,
-                         json + t[e].start);
+        if (!ok) {
+            char kw[72];
+            snprintf(kw, sizeof kw, "%.*s", t[e].end - t[e].start < 64 ? t[e].end - t[e].start : 64, json + t[e].start);
+            return cfail_keyword(k, kw, "the JSON Schema keyword '%s' is not supported", kw);
+        }
     }
     int v = cb_json_find(json, t, i, "type");
     uint8_t types = CT_ALL;
@@ -358,8 +394,8 @@ static int compile_node(compiler *k, int i, int depth) {
             for (int a = 0; a < 7; a++)
                 if (t[e].type == CB_JSON_STRING && cb_json_str_eq(json, &t[e], names[a])) found = a;
             if (found < 0)
-                return cfail(k, "'type' '%.*s' is not a JSON Schema type", t[e].end - t[e].start < 32 ? t[e].end - t[e].start : 32,
-                             json + t[e].start);
+                return cfail_keyword(k, "type", "'type' '%.*s' is not a JSON Schema type",
+                                     t[e].end - t[e].start < 32 ? t[e].end - t[e].start : 32, json + t[e].start);
             types |= (uint8_t)(1 << found);
         }
         if (!types) return cfail(k, "'type' is an empty list");
@@ -436,7 +472,7 @@ static int compile_node(compiler *k, int i, int depth) {
         v = cb_json_find(json, t, i, ints[a]);
         if (v < 0) continue;
         if (cb_json_get_int64(json, &t[v], &x) != 0 || x < 0 || x > 1000000)
-            return cfail(k, "'%s' must be an integer from 0 to 1000000", ints[a]);
+            return cfail_keyword(k, ints[a], "'%s' must be an integer from 0 to 1000000", ints[a]);
         *dst[a] = (int32_t)x;
     }
     if (node->min_items > node->max_items) return cfail(k, "'minItems' is over 'maxItems'");
@@ -446,8 +482,8 @@ static int compile_node(compiler *k, int i, int depth) {
         if (cb_json_str_eq(json, &t[v], "date")) node->format = CF_DATE;
         else if (cb_json_str_eq(json, &t[v], "uuid")) node->format = CF_UUID;
         else
-            return cfail(k, "'format' '%.*s' is not supported (supported: date, uuid)",
-                         t[v].end - t[v].start < 32 ? t[v].end - t[v].start : 32, json + t[v].start);
+            return cfail_keyword(k, "format", "'format' '%.*s' is not supported (supported: date, uuid)",
+                                 t[v].end - t[v].start < 32 ? t[v].end - t[v].start : 32, json + t[v].start);
         if (cb_json_find(json, t, i, "minLength") >= 0 || cb_json_find(json, t, i, "maxLength") >= 0)
             return cfail(k, "'format' beside 'minLength'/'maxLength' is not supported");
     }
@@ -457,7 +493,8 @@ static int compile_node(compiler *k, int i, int depth) {
     for (int a = 0; a < 4; a++) {
         v = cb_json_find(json, t, i, bnames[a]);
         if (v < 0) continue;
-        if (cb_json_get_double(json, &t[v], &b[a]) != 0) return cfail(k, "'%s' must be a number", bnames[a]);
+        if (cb_json_get_double(json, &t[v], &b[a]) != 0)
+            return cfail_keyword(k, bnames[a], "'%s' must be a number", bnames[a]);
         has[a] = 1;
     }
     if (set_bounds(k, node, b, has)) return -1;
@@ -527,6 +564,7 @@ int cb_con_compile(cb_con_schema *c, const char *prefix, size_t prefix_len, cons
                    const cb_json_tok *toks, int schema, const char *suffix, size_t suffix_len, char *err,
                    size_t err_len) {
     compiler k = {c, json, toks, schema, err, err_len, "#"};
+    c->err_at[0] = 0;
     c->n_nodes = c->n_props = c->n_list = c->n_lits = 0;
     c->text_len = 0;
     add_literal(c, "true");
@@ -1329,6 +1367,17 @@ static int key_fast_ok(const cb_con_schema *c, const cb_con_state *s, int budget
     return add_sat(below, worst) <= (uint32_t)budget_left;
 }
 
+/* Whether most of the vocabulary fits here: plain string text, or the
+ * text of a free key (additionalProperties). */
+static int mostly_open(const cb_con_schema *c, const cb_con_state *s) {
+    const cb_con_thread *th = &s->t[0];
+    if (s->n != 1 || !th->depth) return 0;
+    const cb_con_frame *top = &th->f[th->depth - 1];
+    const cb_con_node *n = node_at(c, top->node);
+    if (top->kind == F_STR) return !n->format && !top->u.str.esc && !top->u.str.need;
+    return top->kind == F_OBJ && top->sub == O_KEY && top->u.obj.kfree;
+}
+
 /* The mask of valid tokens (v->allowed, and their ids in v->allowed_ids);
  * returns how many. */
 static int build_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, int strip, int budget_left) {
@@ -1370,44 +1419,66 @@ static int build_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
         if (t->eos_id < (uint32_t)v->vocab) v->allowed[t->eos_id] = 1;
         if (t->eot_id < (uint32_t)v->vocab) v->allowed[t->eot_id] = 1;
     }
-    int count = 0;
-    for (int i = 0; i < v->vocab; i++)
-        if (v->allowed[i]) v->allowed_ids[count++] = i;
+    /* Eight bytes at a time: away from text few tokens fit. */
+    const uint8_t *a = v->allowed;
+    int32_t *ids = v->allowed_ids;
+    const int vocab = v->vocab;
+    int count = 0, i = 0;
+    for (; i + 8 <= vocab; i += 8) {
+        uint64_t word;
+        memcpy(&word, a + i, sizeof word);
+        if (!word) continue;
+        for (int j = i; j < i + 8; j++)
+            if (a[j]) ids[count++] = j;
+    }
+    for (; i < vocab; i++)
+        if (a[i]) ids[count++] = i;
     v->n_allowed = count;
     return count;
+}
+
+/* Bytes the output may still take after this token (-1: no limit). Tokens
+ * left after this one must still complete the output; where the budget is
+ * already short of that, it is not enforced (length wins). */
+static int bytes_left(const cb_con_schema *c, const cb_con_state *s, int budget) {
+    if (budget <= 0 || cb_con_min_bytes(c, s) > (uint32_t)budget) return -1;
+    return budget - 1;
+}
+
+int cb_con_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, int budget, int strip_space) {
+    const int budget_left = bytes_left(c, s, budget);
+    int n = build_mask(v, c, s, strip_space, budget_left);
+    if (!n && budget_left >= 0) n = build_mask(v, c, s, strip_space, -1);
+    return n;
 }
 
 int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, cb_sampler *smp,
                       const float *logits, const cb_sampling *p, const int32_t *history, int n_history,
                       cb_rng *rng, int budget, int strip_space) {
     cb_con_state *after = &v->stack[CB_CON_TOKEN_BYTES + 1];
-    /* Tokens left after this one must still complete the output; where the
-     * budget is already short of that, it is not enforced (length wins). */
-    int budget_left = budget - 1;
-    if (budget <= 0 || cb_con_min_bytes(c, s) > (uint32_t)budget) budget_left = -1;
+    const int budget_left = bytes_left(c, s, budget);
     /* The sampler's own candidates and weights, restricted to the valid
-     * ones: a few draws from all of them, keeping the first valid token,
-     * then (none valid yet) one draw from the valid ones. Either way token
-     * t comes with probability q_t / Q (q: the sampler's distribution, Q:
-     * its valid mass), and the full mask is only needed when the model
-     * wants something invalid. */
+     * ones: draws from all of them, keeping the first valid token, then
+     * (none valid yet) one draw from the valid ones. Either way token t
+     * comes with probability q_t / Q (q: the sampler's distribution, Q:
+     * its valid mass; after k failed draws, (1 - Q)^k q_t / Q more), and
+     * the full mask is only needed when the model wants something invalid. */
     cb_candidates cand;
     cb_sample_candidates(smp, logits, p, history, n_history, &cand);
-    /* (a draw over the whole vocabulary reads all of it: fewer tries there) */
-    const int tries = cand.n == 0 ? 1 : cand.all ? 3 : 8;
+    /* A draw over many candidates reads them all: one try there. */
+    const int tries = cand.n == 0 || cand.all || cand.n > 64 ? 1 : 8;
     for (int i = 0; i < tries; i++) {
         int32_t t = cb_sample_draw(smp, &cand, rng, NULL);
         if (token_fits(v, c, s, t, strip_space, budget_left, after)) return t;
     }
-    if (cand.n == 0) {
-        /* Greedy: the first valid token among the 32 best is the best valid
-         * one (the same order); only past them is the full mask needed. */
-        cb_sampling near = *p;
-        near.temperature = 1.0f, near.top_k = 32, near.top_p = 1.0f, near.min_p = 0.0f;
-        cb_sample_candidates(smp, logits, &near, history, n_history, &cand);
-        for (int i = 0; cand.n > 0 && !cand.all && i < cand.n; i++)
-            if (token_fits(v, c, s, smp->idx[i], strip_space, budget_left, after)) return smp->idx[i];
-        cb_sample_candidates(smp, logits, p, history, n_history, &cand); /* greedy again: work = penalised logits */
+    if (cand.n == 0 && mostly_open(c, s)) {
+        /* Greedy where most tokens fit (string or free key text): the
+         * first valid token of the next best is the best valid one (the
+         * same order); elsewhere few fit, and the mask is cheaper. */
+        int32_t best[4];
+        cb_sample_best(smp, 4, best);
+        for (int i = 1; i < 4; i++)
+            if (token_fits(v, c, s, best[i], strip_space, budget_left, after)) return best[i];
     }
     const float *w = smp->work; /* penalised logits (greedy), or the candidates' weights */
     if (cand.n == 0 || cand.all) {

@@ -66,6 +66,8 @@ typedef struct {
     uint16_t list[CB_CON_MAX_LIST];
     cb_con_lit lits[CB_CON_MAX_LIST + 3];
     char text[CB_CON_TEXT];
+    char err_at[192];            /* after a refusal: where in the schema, dotted
+                                    ("properties.x.pattern"), "" at its root */
 } cb_con_schema;
 
 /* Compiles the constraint. schema: index of the schema object in toks
@@ -158,6 +160,10 @@ void cb_con_vocab_free(cb_con_vocab *v);
 int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, cb_sampler *smp,
                       const float *logits, const cb_sampling *p, const int32_t *history, int n_history,
                       cb_rng *rng, int budget, int strip_space);
+/* The full mask cb_con_sample agrees with (its fast paths test tokens one
+ * by one): v->allowed[id] for every token, their ids ascending in
+ * v->allowed_ids; returns how many. budget and strip_space as there. */
+int cb_con_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, int budget, int strip_space);
 /* Advances s by token id (its bytes; the first text token's leading space
  * dropped when strip_space). 1, or 0 if it does not fit (s unchanged). */
 int cb_con_advance(cb_con_vocab *v, const cb_con_schema *c, cb_con_state *s, int32_t id, int strip_space);

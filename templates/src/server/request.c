@@ -300,25 +300,37 @@ static int read_response_format(reader *r, cb_request *q) {
     if (v < 0) return 0;
     int type = t[v].type == CB_JSON_OBJECT ? cb_json_find(r->body, t, v, "type") : -1;
     if (type < 0 || t[type].type != CB_JSON_STRING)
-        return fail(r, "'response_format' must be an object with 'type' \"text\", \"json_object\" or \"json_schema\"");
+        return fail_code(r, "response_format", NULL,
+                         "'response_format' must be an object with 'type' \"text\", \"json_object\" or \"json_schema\"");
     if (cb_json_str_eq(r->body, &t[type], "text")) return 0;
     int schema = -1;
     if (cb_json_str_eq(r->body, &t[type], "json_schema")) {
         int js = cb_json_find(r->body, t, v, "json_schema");
         if (js < 0 || t[js].type != CB_JSON_OBJECT)
-            return fail(r, "'response_format.json_schema' must be an object with a 'schema'");
+            return fail_code(r, "response_format.json_schema", NULL,
+                             "'response_format.json_schema' must be an object with a 'schema'");
         int name = cb_json_find(r->body, t, js, "name");
-        if (name >= 0 && t[name].type != CB_JSON_STRING) return fail(r, "'response_format.json_schema.name' must be a string");
+        if (name >= 0 && t[name].type != CB_JSON_STRING)
+            return fail_code(r, "response_format.json_schema.name", NULL, "'response_format.json_schema.name' must be a string");
         schema = cb_json_find(r->body, t, js, "schema"); /* absent: any JSON object */
         if (schema >= 0 && t[schema].type == CB_JSON_NULL) schema = -1;
     } else if (!cb_json_str_eq(r->body, &t[type], "json_object")) {
-        return fail(r, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+        return fail_code(r, "response_format.type", NULL,
+                         "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
     }
     if (cb_engine_tokenizer(r->a->engine)->kind == CB_TOKENIZER_NONE)
-        return fail(r, "'response_format' needs a tokenizer, and this model was converted without one");
+        return fail_code(r, "response_format", NULL,
+                         "'response_format' needs a tokenizer, and this model was converted without one");
     char err[384];
-    if (cb_con_compile(&q->con, "", 0, r->body, t, schema, "", 0, err, sizeof err))
-        return fail(r, "'response_format': %s", err);
+    if (cb_con_compile(&q->con, "", 0, r->body, t, schema, "", 0, err, sizeof err)) {
+        /* the param names the refused field, as OpenAI's errors do */
+        cb_app *a = r->a;
+        if (schema < 0) snprintf(a->err_param_text, sizeof a->err_param_text, "response_format");
+        else
+            snprintf(a->err_param_text, sizeof a->err_param_text, "response_format.json_schema.schema%s%s",
+                     q->con.err_at[0] ? "." : "", q->con.err_at);
+        return fail_code(r, a->err_param_text, NULL, "'response_format': %s", err);
+    }
     q->constrained = 1;
     return 0;
 }

@@ -380,6 +380,17 @@ static void begin_choice_chunk(cb_app *a, cb_jw *w, const cb_request *q) {
     cb_jw_int(w, q->choice);
 }
 
+/* A stream chunk's choice after its fields: "finish_reason" (NULL: null),
+ * then the choice and the choices closed; the caller closes the chunk (the
+ * last one adds fields first). */
+static void end_choice_chunk(cb_jw *w, const char *finish_reason) {
+    cb_jw_key(w, "finish_reason");
+    if (finish_reason) cb_jw_str(w, finish_reason);
+    else cb_jw_null(w);
+    cb_jw_end_object(w);
+    cb_jw_end_array(w);
+}
+
 int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token) {
     const cb_request *q = st->req;
     cb_jw w;
@@ -409,10 +420,7 @@ int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, 
             cb_jw_null(&w);
         }
     }
-    cb_jw_key(&w, "finish_reason");
-    cb_jw_null(&w);
-    cb_jw_end_object(&w);
-    cb_jw_end_array(&w);
+    end_choice_chunk(&w, NULL);
     cb_jw_end_object(&w);
     return send_event(a, c, &w);
 }
@@ -430,10 +438,7 @@ int cb_stream_content(cb_app *a, cb_conn *c, const cb_slot *st, const char *text
         cb_jw_key(&w, "logprobs");
         cb_jw_null(&w);
     }
-    cb_jw_key(&w, "finish_reason");
-    cb_jw_null(&w);
-    cb_jw_end_object(&w);
-    cb_jw_end_array(&w);
+    end_choice_chunk(&w, NULL);
     cb_jw_end_object(&w);
     return send_event(a, c, &w);
 }
@@ -466,10 +471,7 @@ int cb_stream_tool_call(cb_app *a, cb_conn *c, const cb_slot *st, int index, con
         cb_jw_end_object(&w);
         cb_jw_key(&w, "logprobs");
         cb_jw_null(&w);
-        cb_jw_key(&w, "finish_reason");
-        cb_jw_null(&w);
-        cb_jw_end_object(&w);
-        cb_jw_end_array(&w);
+        end_choice_chunk(&w, NULL);
         cb_jw_end_object(&w);
         int r = send_event(a, c, &w);
         if (r != CB_CONN_OK) return r;
@@ -491,10 +493,7 @@ int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st) {
     }
     cb_jw_key(&w, "logprobs");
     cb_jw_null(&w);
-    cb_jw_key(&w, "finish_reason");
-    cb_jw_str(&w, st->finish_reason);
-    cb_jw_end_object(&w);
-    cb_jw_end_array(&w);
+    end_choice_chunk(&w, st->finish_reason);
     write_expert_activations(a, &w, st);
     if (q->trace) write_trace(a, &w, st);
     cb_jw_end_object(&w);

@@ -260,6 +260,8 @@ int32_t cb_sample_draw(cb_sampler *s, const cb_candidates *c, cb_rng *rng, const
     return last;
 }
 
+void cb_sample_best(cb_sampler *s, int k, int32_t *ids) { cb_topk_f32(s->work, s->vocab, k, ids); }
+
 int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
                   int n_history, cb_rng *rng) {
     cb_candidates c;

@@ -65,6 +65,10 @@ void cb_sample_candidates(cb_sampler *s, const float *logits, const cb_sampling 
  * among the candidates where only[id] != 0, renormalised, -1 if none has
  * weight. */
 int32_t cb_sample_draw(cb_sampler *s, const cb_candidates *c, cb_rng *rng, const uint8_t *only);
+/* After greedy candidates (n == 0): the k best tokens by their penalised
+ * logits, best first, in cb_sample's order (ids[0] is top); k SIMD passes
+ * over the vocabulary, no selection. */
+void cb_sample_best(cb_sampler *s, int k, int32_t *ids);
 
 /* cb_sample with only the tokens where allowed[id] != 0: the others' logits
  * are -inf before penalties, temperature, top-k, top-p and min-p, so the
