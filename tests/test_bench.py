@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from colibri_build.bench import kv_cell
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -63,6 +64,30 @@ def test_bench_reports_all_figures(tmp_path):
     row = next(line for line in done.stdout.splitlines() if line.startswith("| tiny | q8_0 |"))
     assert f"| {step['p99_over_p50']:.2f} |" in row
     assert f"; a step {batch['decode_over_read']:.0%} of its bytes' rate |" in row
+
+
+def test_bench_runs_the_three_architectures_shapes(tmp_path):
+    """A quick bench of small shapes of the Gemma 4, gpt-oss (MXFP4 experts)
+    and DeepSeek-V3 (MLA) layouts (PRESET@ARCH): each runs, the C engine counts the same weight
+    bytes a token as the toolkit (colibri-decode-bench's figure), and the
+    table gives the KV cache a token."""
+    specs = ["tiny@gemma4", "tiny@gpt_oss", "small@deepseek_v3"]
+    args = ["bench", "--presets", ",".join(specs), "--dtypes", "q8_0", "--models-dir", tmp_path / "models",
+            "--out", tmp_path / "out", "--quick", "--repeats", "1"]
+    if MEMBW.is_file():
+        args += ["--membw", MEMBW]
+    done = run_cli(*args)
+    results = json.loads((tmp_path / "out" / "bench.json").read_text())
+    for spec in specs:
+        run = results["runs"][f"{spec}:q8_0"]
+        assert run["decode_tok_s"]["median"] > 0
+        assert run["paired_decode"]["active_bytes_per_token"] == run["active_bytes_per_token"]
+        kv = run["kv_bytes_per_token"]
+        row = next(line for line in done.stdout.splitlines() if line.startswith(f"| {spec} | q8_0 |"))
+        assert row.rstrip().endswith(f"| {kv_cell(kv)} |")
+    cfg = json.loads((tmp_path / "models" / "small-deepseek_v3-q80" / "model-config.json").read_text())
+    assert results["runs"]["small@deepseek_v3:q8_0"]["kv_bytes_per_token"]["total"] == \
+        cfg["layers"] * 4 * (cfg["mla"]["kv_lora_rank"] + cfg["head_dim"])
 
 
 def test_step_spread_prints_its_percentiles(tiny_model):

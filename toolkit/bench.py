@@ -31,8 +31,8 @@ from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype, w
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
 LLAMA_CPP = {"bench-olmoe": {"decode": 63, "prefill": 156, "ttft_ms": 139},
              "bench-mixtral": {"decode": 49, "prefill": 111, "ttft_ms": 194}}
-ARCH_OF = {"bench-olmoe": "olmoe", "bench-mixtral": "mixtral", "bench-deepseek": "deepseek_v3", "small": "mixtral",
-           "tiny": "mixtral"}
+ARCH_OF = {"bench-olmoe": "olmoe", "bench-mixtral": "mixtral", "bench-deepseek": "deepseek_v3",
+           "bench-gemma4": "gemma4", "bench-gptoss": "gpt_oss", "small": "mixtral", "tiny": "mixtral"}
 MEMBW_KERNELS = ("sum4", "sum8pf", "2stream", "f16dot")
 
 
@@ -76,6 +76,44 @@ def active_bytes_per_token(model: Path) -> int:
     for layer, nbytes in expert_bytes.items():
         total += nbytes * cfg["top_k"] // cfg["experts"]  # experts are equal in size
     return total
+
+
+def kv_bytes_per_token(model: Path, elem_bytes: int = 4) -> dict:
+    """The KV cache one token adds (the server's default f32 cache; f16
+    halves it), from the header's per-layer shapes: K and V of each KV
+    head, or for MLA the latent and the rope key alone (shared by every
+    head, cb_engine_open's cache). A sliding layer adds as much, but keeps
+    only its window's. Also what full K and V of every head would take,
+    which MLA's compressed cache avoids."""
+    header = read_header(model / json.loads((model / "model-config.json").read_text())["weights"]["file"])
+    d = header["dims"]
+    per_layer, kinds = [], []
+    for ld in header["layers"]:
+        if d["kv_lora_rank"]:
+            per_layer.append((d["kv_lora_rank"] + ld["head_dim"]) * elem_bytes)
+            kinds.append(f"latent {d['kv_lora_rank']} + rope key {ld['head_dim']}")
+        else:
+            per_layer.append(2 * ld["kv_heads"] * ld["head_dim"] * elem_bytes)
+            kinds.append(f"K+V {ld['kv_heads']}x{ld['head_dim']}" + (f", window {ld['window']}" if ld["window"] else ""))
+    out = {"per_layer": per_layer, "total": sum(per_layer), "elem_bytes": elem_bytes,
+           "layer_kinds": kinds,
+           "sliding_layers": sum(1 for ld in header["layers"] if ld["window"])}
+    if d["kv_lora_rank"]:  # uncompressed: K = nope + rope, V, for each of the heads
+        out["uncompressed_total"] = d["n_layers"] * d["n_heads"] * (
+            d["qk_nope_dim"] + d["head_dim"] + d["v_head_dim"]) * elem_bytes
+    return out
+
+
+def kv_text(kv: dict) -> str:
+    """One line: each distinct layer shape's bytes a token, and the total."""
+    groups: dict[tuple[str, int], int] = {}
+    for kind, n in zip(kv["layer_kinds"], kv["per_layer"]):
+        groups[(kind, n)] = groups.get((kind, n), 0) + 1
+    parts = ", ".join(f"{count} layers x {n} B ({kind})" for (kind, n), count in groups.items())
+    text = f"KV cache per token (f32): {parts} = {kv['total']} B"
+    if "uncompressed_total" in kv:
+        text += f"; full K and V of every head would be {kv['uncompressed_total']} B"
+    return text
 
 
 def batch_bytes_ratio(model: Path, batch: int) -> float:
@@ -346,7 +384,8 @@ def specialisation_ratio(srv: "Server", generic_exe: Path, model: Path, threads:
 
 def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBandwidth, quick: bool,
             generic_exe: Path | None = None, decode_bench: Path | None = None) -> dict:
-    res: dict = {"active_bytes_per_token": active_bytes_per_token(model)}
+    res: dict = {"active_bytes_per_token": active_bytes_per_token(model), "kv_bytes_per_token": kv_bytes_per_token(model)}
+    log(f"{model.name}: {res['active_bytes_per_token']} weight bytes a token; {kv_text(res['kv_bytes_per_token'])}")
     if decode_bench:  # before the server starts: the two must not share the cores
         res["paired_decode"] = paired_decode(decode_bench, model, threads, 32 if quick else 256)
         res["paired_batch_8"] = paired_batch(decode_bench, model, threads, 16 if quick else 128)
@@ -445,17 +484,33 @@ def current_layout(folder: Path) -> bool:
         tensor_dtype(cfg, name, t.shape) == DTYPE_NAMES[t.dtype] for name, t in header["tensors"].items())
 
 
-def ensure_model(models_dir: Path, preset: str, dtype: str) -> Path:
+def preset_arch(spec: str) -> tuple[str, str]:
+    """A --presets entry: a synth preset (the bench-* ones carry their
+    architecture, the others are Mixtral-style), or PRESET@ARCH for a
+    preset's dimensions in another architecture's layout (tiny@gpt_oss:
+    the tests' small shapes of the bench's architectures)."""
+    from .synth import ARCHITECTURES, PRESETS
+    preset, _, arch = spec.partition("@")
+    if preset not in PRESETS:
+        raise ModelError(f"bench: unknown preset '{preset}'; expected one of {', '.join(PRESETS)} (or PRESET@ARCH)")
+    arch = arch or ARCH_OF.get(preset, "mixtral")
+    if arch not in ARCHITECTURES:
+        raise ModelError(f"bench: unknown architecture '{arch}' in '{spec}'; expected one of {', '.join(ARCHITECTURES)}")
+    return preset, arch
+
+
+def ensure_model(models_dir: Path, spec: str, dtype: str) -> Path:
     from . import kquant
     from .synth import synth
-    folder = models_dir / f"{preset}-{dtype.replace('_', '')}"
+    preset, arch = preset_arch(spec)
+    folder = models_dir / f"{spec.replace('@', '-')}-{dtype.replace('_', '')}"
     if not (folder / "model-config.json").is_file() or not current_layout(folder):
         if dtype in kquant.CHOICES:
             log(f"writing {folder} (seeded random K-quant blocks, speed only)")
-            synth_random_blocks(ARCH_OF[preset], preset, folder, dtype)
+            synth_random_blocks(arch, preset, folder, dtype)
         else:
             log(f"synthesising {folder} (seeded random weights; a minute or two)")
-            synth(ARCH_OF[preset], preset, folder, seed=0, dtype=dtype, force=True, progress=True)
+            synth(arch, preset, folder, seed=0, dtype=dtype, force=True, progress=True)
     return folder
 
 
@@ -482,7 +537,7 @@ def synth_random_blocks(arch: str, preset: str, folder: Path, mix: str) -> None:
     values, and quantizing GBs in numpy takes an hour here. The other
     tensors are synth's kind of random floats."""
     from .outputs import check_destination, staged_folder, MODEL_FILES_ORDER
-    from .synth import INIT_STD, make_config
+    from .synth import INIT_STD, make_config, mxfp4_or_float
     from .weights import Stored, expected_shapes, tensor_dtype, write_weights
     cfg = make_config(arch, preset, folder.name, 0, {}, mix)
     rng = np.random.default_rng(0)
@@ -494,8 +549,8 @@ def synth_random_blocks(arch: str, preset: str, folder: Path, mix: str) -> None:
                 yield name, Stored(dtype, shape, random_k_blocks(dtype, shape, rng))
             elif name.endswith(("norm", "norm_1", "norm_2")):
                 yield name, (1 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
-            else:
-                yield name, rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
+            else:  # a gpt-oss-like model's MXFP4 experts as quantized blocks
+                yield name, mxfp4_or_float(cfg, name, rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD))
 
     exists = check_destination(folder, True, "model")
     with staged_folder(folder, exists, MODEL_FILES_ORDER) as tmp:
@@ -520,8 +575,8 @@ def markdown(results: dict) -> str:
             "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms "
             "| ITL P50 / P99 ms alone (P99/P50) "
             "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50); TTFT P50 "
-            "| RSS idle / load / after MiB | cold start ms | specialised / generic decode |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| RSS idle / load / after MiB | cold start ms | specialised / generic decode | KV cache B/token (f32) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in results["runs"].items():
         preset, dtype = key.rsplit(":", 1)
         d, p = r["decode_tok_s"], r["prefill_tok_s"]
@@ -546,10 +601,17 @@ def markdown(results: dict) -> str:
                      f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} ({c['itl_p99_over_p50']:.2f}); {c['ttft_p50_ms']:.0f} | "
                      f"{r['rss_idle_start_mib']:.0f} / "
                      f"{r['rss_under_load_mib']:.0f} / {r['rss_idle_after_mib']:.0f} | {r['cold_start_ms']:.0f} | "
-                     f"{r['specialised_over_generic']:.2f} |")
+                     f"{r['specialised_over_generic']:.2f} | {kv_cell(r.get('kv_bytes_per_token'))} |")
     m = results["machine"]
     return (f"Command: `{results['command']}`  \nMachine: {m['cpu']}, {m['cpus']} CPUs; server threads: "
             f"{results['threads']}; {results['date']}\n\n" + "\n".join(rows) + "\n")
+
+
+def kv_cell(kv: dict | None) -> str:
+    """The table's KV column: the total a token, and for MLA the full K/V it replaces."""
+    if not kv:
+        return "-"
+    return f"{kv['total']:,}" + (f" (full K/V: {kv['uncompressed_total']:,})" if "uncompressed_total" in kv else "")
 
 
 def summary_markdown(results: dict) -> str:
@@ -576,6 +638,8 @@ def summary_markdown(results: dict) -> str:
 def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, threads: int, repeats: int,
         quick: bool, target: str, membw_source: Path | None) -> dict:
     from .build import build, build_generic_server
+    for spec in presets:  # a misspelt preset fails now, not after the builds
+        preset_arch(spec)
     out.mkdir(parents=True, exist_ok=True)
     log(f"building the generic server for {target}")
     generic_exe = build_generic_server(target, out / "build")

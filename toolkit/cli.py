@@ -185,13 +185,15 @@ def release(model, out, target_names, build_dir, strict, force, no_run, verbose)
 
 
 @main.command()
-@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "deepseek_v3"]),
+@click.option("--arch", type=click.Choice(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss",
+                                          "deepseek_v3"]),
               default="mixtral",
               show_default=True, help="architecture of the model")
 @click.option("--dtype", type=click.Choice(["f32", "bf16", "f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q4_k", "q5_k",
                                            "q6_k"]), default="f32",
               show_default=True, help="weight type of the matrices (q4_k_m / q5_k_m: convert --dtype's mixture)")
-@click.option("--preset", type=click.Choice(["tiny", "small", "bench-mixtral", "bench-olmoe", "bench-deepseek"]),
+@click.option("--preset", type=click.Choice(["tiny", "small", "bench-mixtral", "bench-olmoe", "bench-deepseek",
+                                            "bench-gemma4", "bench-gptoss"]),
               default="tiny",
               show_default=True, help="dimensions (bench-*: the speed benchmark's models, GBs)")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -252,7 +254,9 @@ def convert(hf_dir, out_dir, dtype, name, context_length, batch_slots, allow_fie
 
 @main.command()
 @click.option("--presets", default="bench-olmoe,bench-mixtral", show_default=True,
-              help="comma-separated synth presets (small: a quick smoke run)")
+              help="comma-separated synth presets (small: a quick smoke run; bench-gemma4, bench-gptoss, "
+                   "bench-deepseek: those architectures' shapes; PRESET@ARCH: a preset's dimensions in an "
+                   "architecture's layout, e.g. tiny@gpt_oss)")
 @click.option("--dtypes", default="q8_0,q4_0,f16,q4_k_m,q6_k", show_default=True,
               help="comma-separated weight types (K-quant ones: random valid blocks, speed only)")
 @click.option("--models-dir", type=click.Path(path_type=Path), default=Path("models"), show_default=True,

@@ -48,6 +48,30 @@ def mxfp4_from_oai(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return np.concatenate([scales[..., None], qs], axis=-1).reshape(rows, groups * GGML_BLOCKS["mxfp4"][1])
 
 
+def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
+    """[..., cols] float -> GGML's MXFP4 blocks [rows, cols / 32 * 17] (for
+    synth's gpt-oss-like models; checkpoints' MXFP4 is moved, not made, by
+    mxfp4_from_oai). Each block's exponent puts its largest magnitude in
+    [8, 16) of the doubled codes (the checkpoints' floor(log2(max)) - 2), each
+    weight rounded to the nearest code, 12 at most; an all-zero block gets
+    exponent 0."""
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] % QK:
+        raise ValueError(f"mxfp4 needs rows whose length is a multiple of {QK}, got {x.shape[-1]}")
+    blocks = x.reshape(-1, QK)
+    amax = np.abs(blocks).max(axis=1)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2 + 127, 0)
+    e = np.clip(e, 0, 254).astype(np.int32)
+    scaled = blocks / np.ldexp(np.float32(1), e - 128)[:, None].astype(np.float32)
+    # Midpoints of the magnitudes 0, 1, 2, 3, 4, 6, 8, 12: the index of the nearest.
+    codes = np.searchsorted(np.array([0.5, 1.5, 2.5, 3.5, 5, 7, 10], np.float32), np.abs(scaled)).astype(np.uint8)
+    codes |= np.where((scaled < 0) & (codes > 0), 8, 0).astype(np.uint8)
+    qs = codes[:, :16] | (codes[:, 16:] << 4)
+    rows = blocks.shape[0] * QK // x.shape[-1]
+    return np.concatenate([e.astype(np.uint8)[:, None], qs], axis=1).reshape(rows, -1)
+
+
 def base_dtype(dtype: str) -> str:
     return X4.get(dtype, dtype)
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 import numpy as np
 
-from . import config as config_mod, kquant
+from . import config as config_mod, kquant, quant
 from .errors import ConfigError
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
-from .weights import ROPE_TENSORS, expected_shapes, write_weights
+from .weights import ROPE_TENSORS, Stored, expected_shapes, tensor_dtype, write_weights
 
-ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "deepseek_v3")
+ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss", "deepseek_v3")
 
 # What each architecture adds to the shared shape, as model-config fields.
 ARCH_FEATURES = {
@@ -25,6 +25,8 @@ ARCH_FEATURES = {
     "olmoe": {"router": "softmax_topk", "attention": {"qk_norm": "whole"}},
     "gemma4": {"router": "softmax_topk_renorm", "block": "gemma4", "ffn_act": "gelu_tanh", "logit_softcap": 30.0,
                "tie_word_embeddings": True},
+    "gpt_oss": {"router": "topk_softmax", "router_bias": True, "expert_bias": True, "ffn_act": "swiglu_oai",
+                "swiglu": {"alpha": 1.702, "limit": 7.0}},
     "deepseek_v3": {"router": "sigmoid_topk_renorm", "router_bias": True, "routed_scaling_factor": 2.5,
                     "shared_experts": 1},
 }
@@ -46,6 +48,28 @@ def gemma4_features(dims: dict) -> dict:
                       "sliding": {"window": max(4, dims["context_length"] // 16), "head_dim": d,
                                   "kv_heads": dims["kv_heads"], "rope_theta": 10000.0}},
     }
+
+def gpt_oss_features(dims: dict) -> dict:
+    """gpt-oss's layout on a preset's shape: sliding and full layers
+    alternating (sliding first), the window 128 as in the released models
+    (at most a quarter of the context), q/k/v/o biases, attention sinks,
+    YaRN RoPE (factor 32 over 4096 positions, theta 150000), and the routed
+    experts in MXFP4 as the checkpoints keep them (the rest in the model's
+    weight type)."""
+    n = dims["layers"]
+    return {
+        "layer_types": ["sliding" if i % 2 == 0 else "full" for i in range(n)],
+        "attention": {"qkv_bias": True, "o_bias": True, "sinks": True,
+                      "sliding": {"window": min(128, max(4, dims["context_length"] // 4)),
+                                  "head_dim": dims.get("head_dim") or dims["hidden_size"] // dims["heads"],
+                                  "kv_heads": dims["kv_heads"], "rope_theta": 150000.0}},
+    }
+
+
+GPT_OSS_ROPE = {"theta": 150000.0, "scaling": {"type": "yarn", "factor": 32.0, "attention_factor": 1.3465735902799727,
+                                               "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                                               "beta_slow": 1.0, "truncate": False}}
+
 
 def deepseek_features(dims: dict) -> dict:
     """DeepSeek-V3's layout on a preset's shape, in its proportions (head
@@ -85,6 +109,16 @@ PRESETS = {
     # in 8 groups, a shared expert, the first layer dense.
     "bench-deepseek": dict(layers=16, hidden_size=1024, heads=16, kv_heads=16, experts=64, top_k=8,
                            expert_ffn_size=512, vocab_size=32000, context_length=1024),
+    # Gemma 4 26B-A4B's layout (synth --arch gemma4) scaled down: 5 sliding
+    # layers (head 128, 4 KV heads) to 1 full (head 256, 2 KV heads, k = v),
+    # 64 experts top-8 of a quarter of hidden (26B: 128 top-8, I 704 of H
+    # 2816) beside a dense MLP of twice their size, tied embeddings.
+    "bench-gemma4": dict(layers=16, hidden_size=1024, heads=8, kv_heads=4, experts=64, top_k=8,
+                         expert_ffn_size=256, vocab_size=32000, context_length=1024),
+    # gpt-oss-20b's layout (synth --arch gpt_oss) scaled down: head 64, 8
+    # query heads a KV head, 32 experts top-4 as wide as hidden, in MXFP4.
+    "bench-gptoss": dict(layers=16, hidden_size=1024, heads=16, kv_heads=2, experts=32, top_k=4,
+                         expert_ffn_size=1024, vocab_size=32000, context_length=1024),
 }
 
 INIT_STD = 0.02  # transformers' initializer_range for these families
@@ -101,6 +135,8 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
         features.update(gemma4_features(dims))
         dims.pop("head_dim", None)
         dims.pop("kv_heads")
+    if arch == "gpt_oss":
+        features.update(gpt_oss_features(dims))
     if arch == "deepseek_v3":
         features.update(deepseek_features(dims))
         dims.pop("head_dim", None)
@@ -116,7 +152,8 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
         **dims,
         **features,
         "norm_eps": 1e-5,
-        "rope": {"theta": 1e6, "partial_rotary_factor": 0.25} if arch == "gemma4" else {"theta": 10000.0},
+        "rope": ({"theta": 1e6, "partial_rotary_factor": 0.25} if arch == "gemma4" else
+                 dict(GPT_OSS_ROPE) if arch == "gpt_oss" else {"theta": 10000.0}),
         "batch_slots": 8,
         "weights": {"file": "weights.cbw", "dtype": "f32" if dtype in kquant.CHOICES else dtype},
         "tokenizer": tokenizer or {"kind": "bytes", **BYTE_SPECIALS, "chat_roles": dict(BYTE_CHAT_ROLES)},
@@ -125,6 +162,11 @@ def make_config(arch: str, preset: str, name: str, seed: int, overrides: dict, d
     cfg = config_mod.validate(cfg, source=f"synth preset '{preset}'")
     if dtype in kquant.CHOICES:  # a K-quant mixture: each matrix's type by convert --dtype's rule
         cfg["weights"].update(kquant.plan(cfg, dtype, expected_shapes(cfg)))
+        cfg = config_mod.validate(cfg, source=f"synth preset '{preset}'")
+    if arch == "gpt_oss":  # the experts in MXFP4 whatever the rest is, as convert keeps a checkpoint's
+        types = cfg["weights"].setdefault("tensor_dtypes", {})
+        types.update({f"blk.{layer}.expert.*.{role}": "mxfp4" for layer in range(cfg["layers"])
+                      for role in ("gate", "up", "down")})
         cfg = config_mod.validate(cfg, source=f"synth preset '{preset}'")
     return cfg
 
@@ -138,7 +180,16 @@ def random_tensors(cfg: dict, seed: int):
             # Near 1, not exactly: a norm weight read from the wrong place shows.
             yield name, (1 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         else:
-            yield name, rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
+            yield name, mxfp4_or_float(cfg, name, rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD))
+
+
+def mxfp4_or_float(cfg: dict, name: str, x: np.ndarray):
+    """x, or its MXFP4 blocks where the config keeps the matrix in MXFP4
+    (a gpt-oss-like model's experts): write_weights quantizes the other
+    types itself, MXFP4 it only takes as blocks."""
+    if x.ndim == 2 and tensor_dtype(cfg, name, x.shape) == "mxfp4":
+        return Stored("mxfp4", x.shape, quant.quantize_mxfp4(x).tobytes())
+    return x
 
 
 def synth(arch: str, preset: str, out: Path, seed: int = 0, name: str | None = None,

@@ -54,17 +54,28 @@ static inline __m256i codebook(const int8_t values[16]) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
 }
 
+/* 2^(e - 128) for every E8M0 byte (e < 2: subnormal). Broadcast from
+ * memory, and dx widened in a vector, a block's scales take no branch and
+ * no move from an integer register (the scale steps, not the integer sums,
+ * were most of this kernel's cost). d * dx is exact (a power of two), so
+ * the bits are those of the scalar-scale form. */
+#define E8M0(e) {(e) < 2 ? 0x00200000u << (e) : (uint32_t)((e) - 1) << 23}
+#define E8M0_4(e) E8M0(e), E8M0((e) + 1), E8M0((e) + 2), E8M0((e) + 3)
+#define E8M0_16(e) E8M0_4(e), E8M0_4((e) + 4), E8M0_4((e) + 8), E8M0_4((e) + 12)
+static const union { uint32_t bits; float f; } e8m0_half_table[256] = {
+    E8M0_16(0),   E8M0_16(16),  E8M0_16(32),  E8M0_16(48),  E8M0_16(64),  E8M0_16(80),  E8M0_16(96),  E8M0_16(112),
+    E8M0_16(128), E8M0_16(144), E8M0_16(160), E8M0_16(176), E8M0_16(192), E8M0_16(208), E8M0_16(224), E8M0_16(240)};
+
 /* mxfp4 (E8M0 scale): float sums per block (not the bit-exact lanes). */
 static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_mxfp4 *b = w;
     const __m256i book = codebook(cb_mxfp4_values);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / CB_QK; i++) {
-        const uint32_t bits = b[i].e < 2 ? 0x00200000u << b[i].e : (uint32_t)(b[i].e - 1) << 23; /* 2^(e - 128) */
-        float d;
-        memcpy(&d, &bits, sizeof d);
+        const __m256 d = _mm256_mul_ps(_mm256_broadcast_ss(&e8m0_half_table[b[i].e].f),
+                                       _mm256_cvtph_ps(_mm_set1_epi16((short)x[i].d)));
         const __m256i q = _mm256_shuffle_epi8(book, nibbles16(b[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * _cvtsh_ss(x[i].d)), f32(dot_signed(q, load32(x[i].qs))), acc);
+        acc = _mm256_fmadd_ps(d, f32(dot_signed(q, load32(x[i].qs))), acc);
     }
     return hsum(acc);
 }
