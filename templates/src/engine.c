@@ -160,6 +160,9 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(proj, B * H);
     TAKE(scores, (size_t)n_threads * CB_ATTN_BLOCK * ctx);
     TAKE(mix_part, (size_t)n_threads * widest_head);
+    const size_t chunk_parts = e->attn_max_chunks > 1 ? (size_t)e->attn_max_chunks * e->attn_part_width : 0;
+    TAKE(attn_scratch, (size_t)n_threads * CB_ATTN_BLOCK * chunk_parts);
+    TAKE(attn_part, (size_t)CB_ATTN_SPLIT_ITEMS * d->n_heads * chunk_parts);
     TAKE(attn_runs, B + 1);
     TAKE(router_logits, B * E);
     TAKE(routing, B * d->n_layers * k);
@@ -387,6 +390,9 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
                  path, CB_QK);
         goto fail;
     }
+    e->attn_chunk = cb_attn_chunk_size(d->context_len);
+    e->attn_max_chunks = cb_attn_chunks(e, (int)d->context_len);
+    e->attn_part_width = max_int(e->widest_head, (int)d->kv_lora_rank) + 2;
     e->kv_slot_bytes = kv_slot_bytes(e, NULL);
     e->v_slot_bytes = d->kv_lora_rank ? 0 : e->kv_slot_bytes;
     carve(e, n_threads);
