@@ -79,7 +79,7 @@ def sha256_file(path: Path) -> str:
 
 def memory_budget(cfg: config_mod.ModelConfig, max_memory: int = 0) -> dict:
     """build-info.json's "memory": what the server needs (memory.budget),
-    served as built (its slots, f32 KV cache) with one thread per CPU of this
+    served as built (its slots, the default KV cache) with one thread per CPU of this
     machine (the server's default; each thread adds arena_bytes_per_thread
     of attention scores). The server prints its own figures at start-up.
     Refuses a max_memory that one slot does not fit in."""

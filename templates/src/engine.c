@@ -347,7 +347,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     if (e->n_slots > CB_MAX_SLOTS) e->n_slots = CB_MAX_SLOTS;
 #endif
     e->max_batch = CB_MAX_BATCH;
-    e->kv_f16 = kv == CB_KV_F16;
+    e->kv_f16 = kv == CB_KV_F16 || (kv == CB_KV_AUTO && d->weight_dtype != CB_F32);
     if (size_rings(e, path, err, err_len) != 0) goto fail;
     /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
     double kv_bytes = 0;
@@ -462,6 +462,7 @@ size_t cb_engine_kv_bytes(const cb_engine *e) {
     return (size_t)e->n_slots * (e->kv_slot_bytes + e->v_slot_bytes);
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
+const char *cb_engine_kv_name(const cb_engine *e) { return e->kv_f16 ? "f16" : "f32"; }
 
 void cb_engine_memory(const cb_engine *e, cb_memory_budget *m) {
     cb_weight_bytes b;
