@@ -34,6 +34,7 @@ cdef extern from "engine.h" nogil:
         int32_t token, slot, pos, want_logits, rope_len
     cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, int kv, char *err, size_t err_len)
     size_t cb_engine_kv_bytes(const cb_engine *e)
+    const char *cb_engine_kv_name(const cb_engine *e)
     void cb_engine_close(cb_engine *e)
     const cb_dims *cb_engine_dims(const cb_engine *e)
     int cb_engine_max_batch(const cb_engine *e)
@@ -261,7 +262,8 @@ cdef class Tokenizer:
 
 cdef class Engine:
     """Engine(model_dir, threads=0, kv_cache="f32"): a model folder loaded in-process
-    (kv_cache "f16" keeps the KV cache in float16).
+    (kv_cache "f16" keeps the KV cache in float16; "auto" as the server does
+    unless told: f16, f32 for f32 weights).
 
     forward(token_ids) -> float32 logits [len(token_ids), vocab]
     generate(prompt, max_tokens) -> generated text (greedy)
@@ -285,10 +287,10 @@ cdef class Engine:
         cdef char err[1024]
         err[0] = 0
         self._lock = threading.RLock()
-        if kv_cache not in ("f32", "f16"):
-            raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32' or 'f16'")
+        if kv_cache not in ("f32", "f16", "auto"):
+            raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32', 'f16' or 'auto'")
         path = str(model_dir).encode()
-        self.e = cb_engine_open(path, threads, 1, 1 if kv_cache == "f16" else 0, err, sizeof(err))
+        self.e = cb_engine_open(path, threads, 1, ("f32", "f16", "auto").index(kv_cache), err, sizeof(err))
         if self.e == NULL:
             raise EngineError(err.decode(errors="replace"))
         self.max_batch = cb_engine_max_batch(self.e)
@@ -334,6 +336,12 @@ cdef class Engine:
     def kv_cache_bytes(self):
         with self._lock:
             return cb_engine_kv_bytes(self._live())
+
+    @property
+    def kv_cache(self):
+        """"f32" or "f16": what the KV cache holds ("auto" resolved)."""
+        with self._lock:
+            return cb_engine_kv_name(self._live()).decode()
 
     @property
     def memory(self):

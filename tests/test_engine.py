@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from colibri_build import Engine
+from colibri_build import Engine, memory
 from colibri_build.weights import load_tensors
 from conftest import synth_model
 from reference import forward as reference_forward
@@ -106,6 +106,16 @@ def test_f16_kv_cache_halves_memory_and_stays_close(tiny_model, reference):
     assert generated[0] == int(np.argmax(logits[-1]))
     with pytest.raises(Exception, match="kv_cache"):
         Engine(tiny_model, kv_cache="f8")
+
+
+def test_kv_cache_auto_is_f32_for_f32_weights_only(workdir, tiny_model):
+    """The server's default (CB_KV_AUTO): float16 keys and values, but float32
+    for float32 weights, whose 1e-4 parity bound float16 would break."""
+    assert Engine(tiny_model, kv_cache="auto").kv_cache == "f32" == Engine(tiny_model).kv_cache
+    q8 = synth_model(workdir, "tiny-q8", "--dtype", "q8_0")
+    auto, f32 = Engine(q8, kv_cache="auto"), Engine(q8, kv_cache="f32")
+    assert auto.kv_cache == "f16" and auto.kv_cache_bytes * 2 == f32.kv_cache_bytes
+    assert memory.budget(q8, 2, 1, 64)["kv_cache"] == "f16" and memory.budget(tiny_model, 2, 1, 64)["kv_cache"] == "f32"
 
 
 def test_other_shapes_match_reference(workdir):

@@ -39,7 +39,7 @@ def config(model: Path) -> dict:
     return json.loads((model / "model-config.json").read_text())
 
 
-def expected(model: Path, threads: int, slots: int | None = None, kv: str = "f32") -> dict:
+def expected(model: Path, threads: int, slots: int | None = None, kv: str = "auto") -> dict:
     cfg = config(model)
     return memory.budget(model, threads, slots or cfg["batch_slots"], cfg["max_batch_tokens"], kv)
 

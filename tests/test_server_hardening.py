@@ -198,6 +198,11 @@ def test_kv_cache_f16_halves_the_reserved_cache(server_exe, tiny_model):
         finally:
             stop_checked(srv)
     assert reserved["f16"] * 2 == pytest.approx(reserved["f32"], rel=1e-3)
+    srv = RunningServer(server_exe, tiny_model)  # unless told: f32 for f32 weights (f16 for others: test_engine)
+    try:
+        assert f"KV cache f32 {reserved['f32']:.1f} MiB" in srv.startup
+    finally:
+        stop_checked(srv)
     bad = subprocess.run([str(server_exe), "--model", str(tiny_model), "--kv-cache", "f8"], capture_output=True,
                          text=True, timeout=30)
     assert bad.returncode == 2 and "--kv-cache: got 'f8', expected f32 or f16" in bad.stderr

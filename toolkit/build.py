@@ -79,15 +79,16 @@ def sha256_file(path: Path) -> str:
 
 def memory_budget(cfg: config_mod.ModelConfig, max_memory: int = 0) -> dict:
     """build-info.json's "memory": what the server needs (memory.budget),
-    served as built (its slots, f32 KV cache) with one thread per CPU of this
+    served as built (its slots, the default KV cache) with one thread per CPU of this
     machine (the server's default; each thread adds arena_bytes_per_thread
     of attention scores). The server prints its own figures at start-up.
     Refuses a max_memory that one slot does not fit in."""
     threads = os.cpu_count() or 1
     m = memory_mod.budget(cfg.folder, threads, cfg["batch_slots"], cfg["max_batch_tokens"], cfg=cfg.data)
     sliding = cfg["attention"]["sliding"] or {}
-    m["arena_bytes_per_thread"] = memory_mod.arena_bytes_per_thread({"context_len": cfg["context_length"]},
-                                                                    max(cfg["head_dim"], sliding.get("head_dim", 0)))
+    m["arena_bytes_per_thread"] = memory_mod.arena_bytes_per_thread(
+        {"context_len": cfg["context_length"], "kv_lora_rank": (cfg.data.get("mla") or {}).get("kv_lora_rank", 0)},
+        max(cfg["head_dim"], sliding.get("head_dim", 0)))
     m["max_memory_bytes"] = max_memory or None
     if max_memory:
         if m["least_bytes"] > max_memory:

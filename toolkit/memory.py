@@ -31,6 +31,9 @@ _ATTN_BLOCK = 4         # CB_ATTN_BLOCK (kernels.h): queries a worker scores at 
 _QK = 32                # CB_QK
 _BLOCK_GEMMA4 = 1       # enum cb_block: its layer types may each have a RoPE of their own
 GENERIC_MAX_BATCH = 64  # CB_MAX_BATCH of the generic build (render.py)
+_ATTN_MIN_CHUNK = 256   # CB_ATTN_MIN_CHUNK (engine_internal.h): long attention's chunks of positions
+_ATTN_MAX_CHUNKS = 32   # CB_ATTN_MAX_CHUNKS
+_ATTN_SPLIT_ITEMS = 8   # CB_ATTN_SPLIT_ITEMS: queries a step spreads over the threads by chunk
 
 
 def weight_bytes(model: Path, cfg: dict | None = None) -> dict:
@@ -92,6 +95,16 @@ def kv_bytes_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None
     return sum(kv_split_per_slot(d, kv, layers, max_batch))
 
 
+def attn_chunk_parts(d: dict, widest_head: int) -> int:
+    """Floats of one head's chunk partials over a whole context
+    (cb_attn_chunk_size in attn_split.c, attn_max_chunks x attn_part_width
+    in cb_engine_open); 0 where no query is ever cut."""
+    ctx = d["context_len"]
+    chunk = max(_ATTN_MIN_CHUNK, ((ctx + _ATTN_MAX_CHUNKS - 1) // _ATTN_MAX_CHUNKS + 15) // 16 * 16)
+    chunks = (ctx + chunk - 1) // chunk
+    return chunks * (max(widest_head, d.get("kv_lora_rank", 0)) + 2) if chunks > 1 else 0
+
+
 def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: list[dict] | None = None,
                 slots: int = 1) -> int:
     """The engine's arena less the KV cache (kv_total bytes, every slot's):
@@ -132,6 +145,8 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, widest_head), _F32),
         (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
         (B * q_dim, _F32), (B * H, _F32), (threads * _ATTN_BLOCK * ctx, _F32), (threads * widest_head, _F32),
+        (threads * _ATTN_BLOCK * attn_chunk_parts(d, widest_head), _F32),
+        (_ATTN_SPLIT_ITEMS * d["n_heads"] * attn_chunk_parts(d, widest_head), _F32),
         (B + 1, _I32),
         (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),
         (B * (k + 1), _F32), (E + 1, _FFN_UNIT), (B * (k + 1) * ffn_max, _F32), (B * (k + 1) * ffn_max, _F32),
@@ -166,16 +181,24 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
 
 
 def arena_bytes_per_thread(d: dict, widest_head: int = 0) -> int:
-    """What each compute thread adds to the arena: its attention scores, and
-    a head's floats for a wrapped ring's second part."""
-    return _ATTN_BLOCK * d["context_len"] * _F32 + widest_head * _F32
+    """What each compute thread adds to the arena: its attention scores, a
+    head's floats for a wrapped ring's second part, and its chunk partials
+    of long attention."""
+    return (_ATTN_BLOCK * d["context_len"] + widest_head + _ATTN_BLOCK * attn_chunk_parts(d, widest_head)) * _F32
 
 
-def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "f32", cfg: dict | None = None) -> dict:
+def default_kv(d: dict) -> str:
+    """The server's KV cache type unless told (CB_KV_AUTO in engine.h): f16,
+    f32 for f32 weights."""
+    return "f32" if d["weight_dtype"] == 0 else "f16"
+
+
+def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "auto", cfg: dict | None = None) -> dict:
     """What cb_engine_memory() reports for the model served with these
-    threads, slots, batch and KV cache type."""
+    threads, slots, batch and KV cache type ("auto": the server's default)."""
     w = weight_bytes(model, cfg)
     d, layers = w["dims"], w["layers"]
+    kv = default_kv(d) if kv == "auto" else kv
     full, sliding = kv_split_per_slot(d, kv, layers, max_batch)
     per_slot = full + sliding
     arena = arena_bytes(d, threads, max_batch, per_slot * slots, layers, slots)

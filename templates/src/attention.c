@@ -18,7 +18,20 @@ typedef struct {
     const int32_t *runs; /* run r: items runs[r] .. runs[r+1] - 1 */
     int n_runs, n_tasks;
     int heads_per_job; /* CB_ATTN_BLOCK where a GQA group's heads go together, else 1 */
+    /* Runs of one query over several chunks whose chunks are jobs of their
+     * own (attn_split.c): jobs from split_first[s] are run split_run[s]'s
+     * (chunk, heads), after the n_runs * heads / heads_per_job others. */
+    int n_split, split_run[CB_ATTN_SPLIT_ITEMS], split_first[CB_ATTN_SPLIT_ITEMS + 1];
 } attn_task;
+
+/* The cached positions item it attends in a layer, of KV head kvh. */
+static cb_kv_span item_span(cb_engine *e, int layer, const cb_batch_item *it, int kvh) {
+    const cb_layer_desc *ld = &e->w.layer_desc[layer];
+    const int hd = (int)ld->head_dim;
+    const int start = ld->window && it->pos + 1 > (int)ld->window ? it->pos + 1 - (int)ld->window : 0;
+    return (cb_kv_span){cache_head(e, e->k_cache, it->slot, layer, kvh), cache_head(e, e->v_cache, it->slot, layer, kvh),
+                        (size_t)hd, hd, hd, (int)kv_rows(e, layer), start, it->pos + 1 - start};
+}
 
 /* Items split into runs: up to CB_ATTN_BLOCK consecutive items of one slot
  * at consecutive positions (a prompt chunk), which can attend together. */
@@ -113,12 +126,40 @@ static void attend_task(void *p, int task, int worker) {
     const float scale = attn_scale(d, hd);
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * ctx;
     float *part = e->mix_part + (size_t)worker * e->widest_head;
+    const int base = t->n_runs * per_run, group = (int)(d->n_heads / ld->n_kv_heads);
     int begin, end;
-    cb_split(t->n_runs * per_run, task, t->n_tasks, &begin, &end);
+    cb_split(t->split_first[t->n_split], task, t->n_tasks, &begin, &end);
     for (int job = begin; job < end; job++) {
+        if (job >= base) { /* one chunk of a split run's heads */
+            int sp = 0;
+            while (job >= t->split_first[sp + 1]) sp++;
+            const int local = job - t->split_first[sp], h = local % per_run * t->heads_per_job, i = t->runs[t->split_run[sp]];
+            const cb_kv_span span = item_span(e, t->layer, &t->items[i], h / group);
+            cb_attn_split_chunk(e, &span, e->q + (size_t)i * q_dim + (size_t)h * hd, (size_t)hd, t->heads_per_job, h, sp,
+                                local / per_run, scale, worker);
+            continue;
+        }
         const int r = job / per_run, h0 = job % per_run * t->heads_per_job, i0 = t->runs[r], m = t->runs[r + 1] - i0;
-        const int kvh = h0 / (int)(d->n_heads / ld->n_kv_heads);
+        const int kvh = h0 / group;
         const cb_batch_item *it = &t->items[i0];
+        int split = 0;
+        for (int sp = 0; sp < t->n_split; sp++) split |= t->split_run[sp] == r;
+        if (split) continue;
+        if (cb_attn_chunks(e, item_span(e, t->layer, &t->items[i0 + m - 1], kvh).n) > 1) {
+            /* Some query past one chunk: each query in turn, the same bits
+             * as one-query kernels and split runs give. */
+            const float *sinks = e->w.layers[t->layer].sinks;
+            for (int i = i0; i < i0 + m; i++) {
+                const cb_kv_span span = item_span(e, t->layer, &t->items[i], kvh);
+                if (cb_attn_chunks(e, span.n) > 1)
+                    cb_attn_long(e, &span, e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, t->heads_per_job, scale,
+                                 sinks ? sinks + h0 : NULL, e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
+                                 worker);
+                else
+                    for (int h = h0; h < h0 + t->heads_per_job; h++) attend_one(e, t->layer, &t->items[i], i, h, scores, part);
+            }
+            continue;
+        }
         const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
         const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
 #ifdef cb_attn_scores4
@@ -158,6 +199,37 @@ static void attend_task(void *p, int task, int worker) {
         (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
 #endif
         for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part);
+    }
+}
+
+/* Runs of one query past one chunk, up to CB_ATTN_SPLIT_ITEMS of them,
+ * become (chunk, heads) jobs: a decode step's few queries then spread over
+ * every thread however few heads they have. */
+static void mark_split_runs(cb_engine *e, attn_task *t) {
+    const int per_run = (int)CB_DIMS(e)->n_heads / t->heads_per_job;
+    for (int r = 0; r < t->n_runs && t->n_split < CB_ATTN_SPLIT_ITEMS; r++) {
+        if (t->runs[r + 1] - t->runs[r] != 1) continue;
+        const int chunks = cb_attn_chunks(e, item_span(e, t->layer, &t->items[t->runs[r]], 0).n);
+        if (chunks < 2) continue;
+        t->split_run[t->n_split] = r;
+        t->split_first[t->n_split + 1] = t->split_first[t->n_split] + chunks * per_run;
+        t->n_split++;
+    }
+}
+
+/* A split run's heads, their chunks combined. */
+static void combine_task(void *p, int task, int worker) {
+    (void)worker;
+    const attn_task *t = p;
+    cb_engine *e = t->e;
+    const int nh = (int)CB_DIMS(e)->n_heads, hd = (int)e->w.layer_desc[t->layer].head_dim;
+    const float *sinks = e->w.layers[t->layer].sinks;
+    int begin, end;
+    cb_split(t->n_split * nh, task, t->n_tasks, &begin, &end);
+    for (int u = begin; u < end; u++) {
+        const int sp = u / nh, h = u % nh, i = t->runs[t->split_run[sp]];
+        cb_attn_split_combine(e, sp, h, item_span(e, t->layer, &t->items[i], 0).n, hd, sinks ? sinks + h : NULL,
+                              e->attn + (size_t)i * nh * hd + (size_t)h * hd);
     }
 }
 
@@ -243,8 +315,15 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     const int n_runs = find_runs(items, n, e->attn_runs);
     const int per = heads_per_job(d, L->desc, n_runs, cb_threadpool_size(e->pool));
     const int jobs = n_runs * (int)d->n_heads / per, most = 8 * cb_threadpool_size(e->pool);
-    attn_task task = {e, layer, items, e->attn_runs, n_runs, jobs < most ? jobs : most, per};
+    attn_task task = {e, layer, items, e->attn_runs, n_runs, 0, per, 0, {0}, {jobs}};
+    mark_split_runs(e, &task);
+    task.n_tasks = task.split_first[task.n_split] < most ? task.split_first[task.n_split] : most;
     cb_threadpool_run(e->pool, attend_task, &task, task.n_tasks);
+    if (task.n_split) {
+        const int units = task.n_split * (int)d->n_heads;
+        task.n_tasks = units < most ? units : most;
+        cb_threadpool_run(e->pool, combine_task, &task, task.n_tasks);
+    }
     const cb_act aa = cb_activations(e, e->attn, q_dim, n, q_dim, e->xq, e->xq_stride);
     if (L->attn_post_norm) {
         const cb_mm_part wo = {&L->wo, e->proj, H, CB_SET};

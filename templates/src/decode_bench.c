@@ -190,7 +190,7 @@ int main(int argc, char **argv) {
     }
     if (batch > 1) return batch_bench(model, pairs, threads, batch);
     char err[512];
-    cb_engine *e = cb_engine_open(model, threads, 1, CB_KV_F32, err, sizeof err);
+    cb_engine *e = cb_engine_open(model, threads, 1, CB_KV_AUTO, err, sizeof err); /* the server's default */
     if (!e) {
         fprintf(stderr, "colibri-decode-bench: %s\n", err);
         return 1;

@@ -163,6 +163,9 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(proj, B * H);
     TAKE(scores, (size_t)n_threads * CB_ATTN_BLOCK * ctx);
     TAKE(mix_part, (size_t)n_threads * widest_head);
+    const size_t chunk_parts = e->attn_max_chunks > 1 ? (size_t)e->attn_max_chunks * e->attn_part_width : 0;
+    TAKE(attn_scratch, (size_t)n_threads * CB_ATTN_BLOCK * chunk_parts);
+    TAKE(attn_part, (size_t)CB_ATTN_SPLIT_ITEMS * d->n_heads * chunk_parts);
     TAKE(attn_runs, B + 1);
     TAKE(router_logits, B * E);
     TAKE(routing, B * d->n_layers * k);
@@ -356,7 +359,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     if (e->n_slots > CB_MAX_SLOTS) e->n_slots = CB_MAX_SLOTS;
 #endif
     e->max_batch = CB_MAX_BATCH;
-    e->kv_f16 = kv == CB_KV_F16;
+    e->kv_f16 = kv == CB_KV_F16 || (kv == CB_KV_AUTO && d->weight_dtype != CB_F32);
     if (size_rings(e, path, err, err_len) != 0) goto fail;
     /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
     double kv_bytes = 0;
@@ -399,6 +402,9 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
                  path, CB_QK);
         goto fail;
     }
+    e->attn_chunk = cb_attn_chunk_size(d->context_len);
+    e->attn_max_chunks = cb_attn_chunks(e, (int)d->context_len);
+    e->attn_part_width = max_int(e->widest_head, (int)d->kv_lora_rank) + 2;
     e->kv_slot_bytes = kv_slot_bytes(e, NULL);
     e->v_slot_bytes = d->kv_lora_rank ? 0 : e->kv_slot_bytes;
     carve(e, n_threads);
@@ -469,6 +475,7 @@ size_t cb_engine_kv_bytes(const cb_engine *e) {
     return (size_t)e->n_slots * (e->kv_slot_bytes + e->v_slot_bytes);
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
+const char *cb_engine_kv_name(const cb_engine *e) { return e->kv_f16 ? "f16" : "f32"; }
 
 void cb_engine_memory(const cb_engine *e, cb_memory_budget *m) {
     cb_weight_bytes b;

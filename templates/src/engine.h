@@ -27,8 +27,12 @@ typedef struct {
 } cb_batch_item;
 
 /* What the KV cache holds: float32 (transformers' numbers) or float16 (half
- * the memory and half the bytes each attention step reads). */
-enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1 };
+ * the memory and half the bytes each attention step reads). AUTO: float16,
+ * but float32 for float32 weights, whose parity bound with transformers
+ * (1e-4 relative, docs/models.md) float16 keys and values break (2.2e-4 to
+ * 9.1e-4 on the tiny_moe references) where reduced-precision weights' bounds
+ * (1e-2, or greedy agreement) hold with them. */
+enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1, CB_KV_AUTO = 2 };
 
 /* Opens the model folder: reads model-config.json, maps (does not read) the
  * weights file it names, refuses a header whose shape differs from the
@@ -45,6 +49,8 @@ const cb_dims *cb_engine_dims(const cb_engine *e);
 /* Bytes of the KV cache of every slot (reserved at open; pages are touched
  * as positions fill). */
 size_t cb_engine_kv_bytes(const cb_engine *e);
+/* "f16" or "f32": what the KV cache holds (CB_KV_AUTO resolved). */
+const char *cb_engine_kv_name(const cb_engine *e);
 int cb_engine_n_slots(const cb_engine *e);
 /* 1 when a token at pos in slot finds every earlier position it reads in
  * the cache: always, but where sliding-window layers keep a ring of the

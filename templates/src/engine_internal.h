@@ -32,6 +32,12 @@ struct cb_engine {
     float *scores;             /* per worker [n_threads][CB_ATTN_BLOCK][context] */
     float *mix_part;           /* per worker [n_threads][widest head]: a wrapped ring's second segment */
     int32_t *attn_runs;        /* a layer's runs of items attending together [B+1] */
+    /* Long attention in chunks of positions (attn_split.c): */
+    int attn_chunk;            /* positions a chunk (cb_attn_chunk_size of the context) */
+    int attn_max_chunks;       /* chunks of a whole context; 1: no query is ever cut */
+    int attn_part_width;       /* a chunk's partial: the widest mix (a head, MLA's latent) + max + sum */
+    float *attn_scratch;       /* per worker [n_threads][CB_ATTN_BLOCK][max_chunks][part_width] */
+    float *attn_part;          /* split items' [CB_ATTN_SPLIT_ITEMS][n_heads][max_chunks][part_width] */
     float *router_logits;      /* [B][E] */
     int32_t *routing;          /* chosen experts [B][L][top_k] */
     float *route_w;            /* their weights, current layer [B][top_k] */
@@ -175,6 +181,37 @@ static inline void cb_rope_rows(const cb_engine *e, int layer, int i, int pos, c
 }
 
 void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
+
+/* Long attention (attn_split.c): a query over more than attn_chunk
+ * positions is worked out in chunks, combined in chunk order. */
+#define CB_ATTN_MIN_CHUNK 256
+#define CB_ATTN_MAX_CHUNKS 32
+#define CB_ATTN_SPLIT_ITEMS 8 /* queries a step may spread over the threads by chunk; the rest one job each */
+int cb_attn_chunk_size(uint32_t context);
+static inline int cb_attn_chunks(const cb_engine *e, int n) { return (n + e->attn_chunk - 1) / e->attn_chunk; }
+/* The cached rows a query attends: positions start .. start+n-1 in rows
+ * (start + p) % rows, stride elements apart; kd elements scored, the first
+ * vd mixed (MLA: the latent of the same rows). */
+typedef struct {
+    const uint8_t *k, *v;
+    size_t stride;
+    int kd, vd, rows, start, n;
+} cb_kv_span;
+/* Chunk c's partial of heads (1, or CB_ATTN_BLOCK sharing the rows)
+ * queries q + j * q_stride: part + j * part_stride gets [vd] o, then m, s.
+ * scores: [heads][attn_chunk] scratch; tmp: [vd] scratch for a ring's wrap. */
+void cb_attn_partial(const cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int c,
+                     float scale, float *scores, float *tmp, float *part, size_t part_stride);
+/* out[vd] from chunks partials chunk_stride floats apart (sink: gpt-oss's extra softmax column, or NULL). */
+void cb_attn_combine(const float *part, size_t chunk_stride, int chunks, int vd, const float *sink, float *out);
+/* Every chunk in turn in one job, then combined: out + j * out_stride for head j. */
+void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, float scale,
+                  const float *sinks, float *out, size_t out_stride, int worker);
+/* One chunk of split item `split` (< CB_ATTN_SPLIT_ITEMS), heads from h0, into attn_part. */
+void cb_attn_split_chunk(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int h0, int split,
+                         int c, float scale, int worker);
+/* Head h of split item `split` over n positions combined into out. */
+void cb_attn_split_combine(const cb_engine *e, int split, int h, int n, int vd, const float *sink, float *out);
 /* DeepSeek-V3's multi-head latent attention over the compressed cache (mla.c). */
 void cb_mla_layer(cb_engine *e, int layer, const cb_batch_item *items, int n);
 /* Elements one token caches in a layer: MLA's latent and rope key, else K (the same again for V). */

@@ -39,7 +39,8 @@ static void usage(FILE *out) {
             "  --grace-ms N              on SIGTERM/SIGINT, let running requests finish this long (default 5000)\n"
             "  --step-tokens N           most tokens a step carries while requests decode, prompt tokens filling\n"
             "                            what decoding leaves; 0: no limit (default: the slot count)\n"
-            "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory (default f32)\n"
+            "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory and the bytes attention\n"
+            "                            reads (default f16, f32 for f32 weights: their parity bound)\n"
             "  --no-prefix-cache         compute every prompt whole: never start a request after the tokens a free\n"
             "                            slot's KV cache holds from its last request (the answer is the same)\n"
             "  --max-memory SIZE         RAM to fit in (512M, 8G, 8GiB or bytes; K/M/G/T are powers of 1024):\n"
@@ -330,7 +331,7 @@ int main(int argc, char **argv) {
     int metrics_public = 0, help = 0, no_prefix_cache = 0;
     size_t max_memory = CB_DEFAULT_MAX_MEMORY;
     int request_timeout = 10000, idle_timeout = 30000, grace_ms = 5000, step_tokens = -1;
-    enum cb_kv_type kv = CB_KV_F32;
+    enum cb_kv_type kv = CB_KV_AUTO;
     const char *cors[CB_MAX_CORS_ORIGINS];
     int n_cors = 0;
     for (int i = 1; i < argc; i++) {
@@ -424,9 +425,11 @@ int main(int argc, char **argv) {
 #if CB_SPECIALISED
             const cb_dims *d = &cb_compiled_dims;
             char slot[32];
-            printf("memory: the KV cache takes %s a slot (%u tokens, f32; half with --kv-cache f16); give --model DIR "
+            const int f32 = d->weight_dtype == CB_F32; /* CB_KV_AUTO's choice */
+            printf("memory: the KV cache takes %s a slot (%u tokens, %s; --kv-cache %s: %s); give --model DIR "
                    "with --help for the whole budget (weights, KV cache, arena)\n",
-                   size_text(CB_KV_ELEMENTS_PER_SLOT * sizeof(float), slot, sizeof slot), d->context_len);
+                   size_text(CB_KV_ELEMENTS_PER_SLOT * (f32 ? 4 : 2), slot, sizeof slot), d->context_len,
+                   f32 ? "f32" : "f16", f32 ? "f16" : "f32", f32 ? "half" : "twice");
 #else
             printf("memory: give --model DIR with --help for the model's budget (weights, KV cache, arena)\n");
 #endif
@@ -521,14 +524,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "colibri-server: model %s (%u layers, %u experts top-%u), %d slots, queue %d, kernels %s, "
             "KV cache %s %.1f MiB%s\n",
             cb_engine_model_name(engine), d->n_layers, d->n_experts, d->top_k, n_slots,
-            opt.queue_cap, CB_KERNELS_NAME, kv == CB_KV_F16 ? "f16" : "f32",
+            opt.queue_cap, CB_KERNELS_NAME, cb_engine_kv_name(engine),
             (double)cb_engine_kv_bytes(engine) / (1 << 20), api_key ? ", API key required" : "");
     if (!model) fprintf(stderr, "colibri-server: serving the model %s carries\n", cb_self_exe_path());
     print_memory(&budget);
     if (d->kv_lora_rank) /* MLA: what makes its cache small, as a figure to check */
         fprintf(stderr, "colibri-server: KV cache: %zu bytes a token a slot (MLA: the latent of %u and the rope key "
                 "of %u per layer, %u layers, %s)\n", budget.kv_per_slot / d->context_len, d->kv_lora_rank,
-                d->head_dim, d->n_layers, kv == CB_KV_F16 ? "f16" : "f32");
+                d->head_dim, d->n_layers, cb_engine_kv_name(engine));
     print_memory_limit(&budget, max_memory);
     fprintf(stderr, "colibri-server: listening on http://%s:%d\n", host, cb_netloop_port(loop));
 

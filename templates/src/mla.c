@@ -104,7 +104,19 @@ typedef struct {
     cb_engine *e;
     int layer, per_job, n_jobs, n_tasks;
     const cb_batch_item *items;
+    /* Items past one chunk whose chunks are jobs of their own (attn_split.c):
+     * jobs from split_first[s] are item split_item[s]'s (chunk, heads). */
+    int n_split, split_item[CB_ATTN_SPLIT_ITEMS], split_first[CB_ATTN_SPLIT_ITEMS + 1];
 } mla_attn_job;
+
+/* A slot's cached rows of a layer as one query's positions 0..n-1: the
+ * whole row scored, its latent mixed. */
+static cb_kv_span latent_span(const cb_engine *e, int slot, int layer, int n) {
+    const cb_dims *d = CB_DIMS(e);
+    const int r = (int)d->kv_lora_rank, c = r + (int)d->head_dim;
+    const uint8_t *rows = latent_rows(e, slot, layer);
+    return (cb_kv_span){rows, rows, (size_t)c, c, r, (int)d->context_len, 0, n};
+}
 
 /* Jobs are (item, per_job heads): each head's softmax(q . rows * scale)
  * over positions 0..pos, mixing the rows' latent part into attn. */
@@ -117,13 +129,32 @@ static void mla_attend_task(void *p, int task, int worker) {
     const float scale = d->attn_scale > 0 ? d->attn_scale : 1.0f / sqrtf((float)(d->qk_nope_dim + d->head_dim));
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * ctx;
     int begin, end;
-    cb_split(t->n_jobs, task, t->n_tasks, &begin, &end);
+    cb_split(t->split_first[t->n_split], task, t->n_tasks, &begin, &end);
     const int groups = nh / t->per_job;
     for (int job = begin; job < end; job++) {
+        if (job >= t->n_jobs) { /* one chunk of a split item's heads */
+            int sp = 0;
+            while (job >= t->split_first[sp + 1]) sp++;
+            const int local = job - t->split_first[sp], h = local % groups * t->per_job;
+            const cb_batch_item *it = &t->items[t->split_item[sp]];
+            const cb_kv_span span = latent_span(e, it->slot, t->layer, it->pos + 1);
+            cb_attn_split_chunk(e, &span, e->mla_q + ((size_t)t->split_item[sp] * nh + h) * c, (size_t)c, t->per_job, h, sp,
+                                local / groups, scale, worker);
+            continue;
+        }
         const int i = job / groups, h0 = job % groups * t->per_job, n = t->items[i].pos + 1;
         const uint8_t *rows = latent_rows(e, t->items[i].slot, t->layer);
         const float *q = e->mla_q + (size_t)i * nh * c + (size_t)h0 * c;
         float *out = e->attn + (size_t)i * nh * r + (size_t)h0 * r;
+        if (cb_attn_chunks(e, n) > 1) {
+            int split = 0;
+            for (int sp = 0; sp < t->n_split; sp++) split |= t->split_item[sp] == i;
+            if (!split) {
+                const cb_kv_span span = latent_span(e, t->items[i].slot, t->layer, n);
+                cb_attn_long(e, &span, q, (size_t)c, t->per_job, scale, NULL, out, (size_t)r, worker);
+            }
+            continue;
+        }
 #ifdef cb_attn_scores4
         if (t->per_job == CB_ATTN_BLOCK) { /* four heads score each cached row read once */
             if (e->kv_f16) cb_attn_scores4_f16(q, c, (const cb_half *)rows, c, n, c, scale, scores, ctx, 0);
@@ -143,6 +174,20 @@ static void mla_attend_task(void *p, int task, int worker) {
             if (e->kv_f16) cb_attn_mix_f16(out + j * r, scores, (const cb_half *)rows, c, n, r);
             else cb_attn_mix(out + j * r, scores, (const float *)rows, c, n, r);
         }
+    }
+}
+
+/* A split item's heads, their chunks combined. */
+static void mla_combine_task(void *p, int task, int worker) {
+    (void)worker;
+    const mla_attn_job *t = p;
+    const cb_engine *e = t->e;
+    const int nh = (int)CB_DIMS(e)->n_heads, r = (int)CB_DIMS(e)->kv_lora_rank;
+    int begin, end;
+    cb_split(t->n_split * nh, task, t->n_tasks, &begin, &end);
+    for (int u = begin; u < end; u++) {
+        const int sp = u / nh, h = u % nh, i = t->split_item[sp];
+        cb_attn_split_combine(e, sp, h, t->items[i].pos + 1, r, NULL, e->attn + ((size_t)i * nh + h) * r);
     }
 }
 
@@ -173,8 +218,21 @@ void cb_mla_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
     if (nh % CB_ATTN_BLOCK == 0) per_job = CB_ATTN_BLOCK;
 #endif
     const int jobs = n * (nh / per_job), most = 8 * cb_threadpool_size(e->pool);
-    mla_attn_job job = {e, layer, per_job, jobs, jobs < most ? jobs : most, items};
+    mla_attn_job job = {e, layer, per_job, jobs, 0, items, 0, {0}, {jobs}};
+    for (int i = 0; i < n && job.n_split < CB_ATTN_SPLIT_ITEMS; i++) {
+        const int chunks = cb_attn_chunks(e, items[i].pos + 1);
+        if (chunks < 2) continue;
+        job.split_item[job.n_split] = i;
+        job.split_first[job.n_split + 1] = job.split_first[job.n_split] + chunks * (nh / per_job);
+        job.n_split++;
+    }
+    job.n_tasks = job.split_first[job.n_split] < most ? job.split_first[job.n_split] : most;
     cb_threadpool_run(e->pool, mla_attend_task, &job, job.n_tasks);
+    if (job.n_split) {
+        const int units = job.n_split * nh;
+        job.n_tasks = units < most ? units : most;
+        cb_threadpool_run(e->pool, mla_combine_task, &job, job.n_tasks);
+    }
     /* Each head's latent mix to its v: q[i][h][0:v] = W_UV,h attn[i][h]. */
     const cb_act at = cb_activations(e, e->attn, nh * r, n, nh * r, e->xq, e->xq_stride);
     head_matmul(e, &L->wv_b, nh, &at, r, n, e->q, nh * vd, vd);

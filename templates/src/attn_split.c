@@ -1,0 +1,137 @@
+/* Long attention in chunks of positions (flash-decoding): a query's
+ * positions are cut into chunks of e->attn_chunk, each chunk gives a partial
+ * softmax (its max m, its sum s of exp(score - m), and its unnormalised
+ * mix o = sum exp(score - m) V), and the chunks are combined in chunk order:
+ *   M = max(m_c, sink); out = sum_c exp(m_c - M) o_c / (sum_c exp(m_c - M) s_c + exp(sink - M)).
+ * The cut depends on the number of positions only, never on threads or on
+ * the batch, and a chunk's partial is the same bits whichever worker works
+ * it out, so a decode step may spread one query's chunks over the threads
+ * (cb_attn_split_*) or one job may work them in turn: the same result. A
+ * query over at most one chunk's positions keeps the one-pass softmax. */
+#include <math.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "kernels/kernels.h"
+
+int cb_attn_chunk_size(uint32_t context) {
+    /* At least CB_ATTN_MIN_CHUNK positions (a chunk's fixed costs, the
+     * combine's hd floats, stay small against its rows), at most
+     * CB_ATTN_MAX_CHUNKS chunks (the partials' buffers stay small). */
+    uint32_t ch = (context + CB_ATTN_MAX_CHUNKS - 1) / CB_ATTN_MAX_CHUNKS;
+    ch = (ch + 15) / 16 * 16;
+    return (int)(ch < CB_ATTN_MIN_CHUNK ? CB_ATTN_MIN_CHUNK : ch);
+}
+
+/* The largest of x[0..n) and the sum of x[0..n), in eight lanes (element i
+ * in lane i % 8) so that the compiler vectorises them; n > 0. */
+static float max_of(const float *x, int n) {
+    float l[8];
+    for (int j = 0; j < 8; j++) l[j] = x[0];
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) l[j] = x[i + j] > l[j] ? x[i + j] : l[j];
+    for (int j = 0; i < n; i++, j++) l[j] = x[i] > l[j] ? x[i] : l[j];
+    float m = l[0];
+    for (int j = 1; j < 8; j++) m = l[j] > m ? l[j] : m;
+    return m;
+}
+
+static float sum_of(const float *x, int n) {
+    float l[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) l[j] += x[i + j];
+    for (int j = 0; i < n; i++, j++) l[j] += x[i];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+static void scores_of(const cb_engine *e, const float *q, size_t q_stride, int heads, const uint8_t *k, size_t stride,
+                      int n, int kd, float scale, float *scores, size_t s_stride) {
+#ifdef cb_attn_scores4
+    if (heads == CB_ATTN_BLOCK) { /* each K row read once for the four */
+        if (e->kv_f16) cb_attn_scores4_f16(q, q_stride, (const cb_half *)k, stride, n, kd, scale, scores, s_stride, 0);
+        else cb_attn_scores4(q, q_stride, (const float *)k, stride, n, kd, scale, scores, s_stride, 0);
+        return;
+    }
+#endif
+    for (int j = 0; j < heads; j++) {
+        if (e->kv_f16) cb_attn_scores_f16(q + j * q_stride, (const cb_half *)k, stride, n, kd, scale, scores + j * s_stride);
+        else cb_attn_scores(q + j * q_stride, (const float *)k, stride, n, kd, scale, scores + j * s_stride);
+    }
+}
+
+static void mix_of(const cb_engine *e, float *out, const float *w, const uint8_t *v, size_t stride, int n, int vd) {
+    if (e->kv_f16) cb_attn_mix_f16(out, w, (const cb_half *)v, stride, n, vd);
+    else cb_attn_mix(out, w, (const float *)v, stride, n, vd);
+}
+
+void cb_attn_partial(const cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int c,
+                     float scale, float *scores, float *tmp, float *part, size_t part_stride) {
+    const int ch = e->attn_chunk, p0 = c * ch, len = s->n - p0 < ch ? s->n - p0 : ch;
+    const int r0 = (s->start + p0) % s->rows, n1 = r0 + len <= s->rows ? len : s->rows - r0; /* rows before the wrap */
+    const size_t row = s->stride * kv_element(e);
+    scores_of(e, q, q_stride, heads, s->k + r0 * row, s->stride, n1, s->kd, scale, scores, (size_t)ch);
+    if (n1 < len) scores_of(e, q, q_stride, heads, s->k, s->stride, len - n1, s->kd, scale, scores + n1, (size_t)ch);
+    for (int j = 0; j < heads; j++) {
+        float *w = scores + (size_t)j * ch, *o = part + j * part_stride;
+        const float m = max_of(w, len);
+        cb_exp_shifted(w, len, m, 1.0f);
+        mix_of(e, o, w, s->v + r0 * row, s->stride, n1, s->vd);
+        if (n1 < len) {
+            mix_of(e, tmp, w + n1, s->v, s->stride, len - n1, s->vd);
+            cb_axpy(o, 1.0f, tmp, s->vd);
+        }
+        o[s->vd] = m;
+        o[s->vd + 1] = sum_of(w, len);
+    }
+}
+
+void cb_attn_combine(const float *part, size_t chunk_stride, int chunks, int vd, const float *sink, float *out) {
+    float most = sink ? *sink : part[vd];
+    for (int c = 0; c < chunks; c++) {
+        const float m = part[c * chunk_stride + vd];
+        most = m > most ? m : most;
+    }
+    float w[CB_ATTN_MAX_CHUNKS], total = sink ? cb_expf(*sink - most) : 0.0f;
+    for (int c = 0; c < chunks; c++) {
+        w[c] = cb_expf(part[c * chunk_stride + vd] - most);
+        total += w[c] * part[c * chunk_stride + vd + 1];
+    }
+    memset(out, 0, sizeof(float) * vd);
+    for (int c = 0; c < chunks; c++) cb_axpy(out, w[c] / total, part + c * chunk_stride, vd);
+}
+
+void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, float scale,
+                  const float *sinks, float *out, size_t out_stride, int worker) {
+    const int chunks = cb_attn_chunks(e, s->n);
+    const size_t pw = (size_t)e->attn_part_width;
+    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *tmp = e->mix_part + (size_t)worker * e->widest_head;
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
+    /* part: [heads][chunks][pw] */
+    for (int c = 0; c < chunks; c++)
+        cb_attn_partial(e, s, q, q_stride, heads, c, scale, scores, tmp, part + c * pw, (size_t)e->attn_max_chunks * pw);
+    for (int j = 0; j < heads; j++)
+        cb_attn_combine(part + (size_t)j * e->attn_max_chunks * pw, pw, chunks, s->vd, sinks ? sinks + j : NULL,
+                        out + j * out_stride);
+}
+
+/* The split items' partials: [CB_ATTN_SPLIT_ITEMS][n_heads][attn_max_chunks][pw]. */
+static float *split_part(const cb_engine *e, int split, int h) {
+    const size_t pw = (size_t)e->attn_part_width;
+    return e->attn_part + ((size_t)split * CB_DIMS(e)->n_heads + h) * e->attn_max_chunks * pw;
+}
+
+void cb_attn_split_chunk(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int h0, int split,
+                         int c, float scale, int worker) {
+    const size_t pw = (size_t)e->attn_part_width;
+    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *tmp = e->mix_part + (size_t)worker * e->widest_head;
+    cb_attn_partial(e, s, q, q_stride, heads, c, scale, scores, tmp, split_part(e, split, h0) + c * pw,
+                    (size_t)e->attn_max_chunks * pw);
+}
+
+void cb_attn_split_combine(const cb_engine *e, int split, int h, int n, int vd, const float *sink, float *out) {
+    cb_attn_combine(split_part(e, split, h), (size_t)e->attn_part_width, cb_attn_chunks(e, n), vd, sink, out);
+}

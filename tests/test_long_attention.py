@@ -1,0 +1,115 @@
+"""Long attention (templates/src/attn_split.c): a query over more than one
+chunk of positions (256 here, for contexts up to 8k) is worked out chunk by
+chunk and the chunks' partial softmaxes combined in chunk order; a decode
+step spreads its chunks over the threads. Checked: transformers' logits for
+prompts past several chunks (each attention kind: GQA, gpt-oss's sinks, a
+sliding window wider than a chunk whose ring wraps, DeepSeek-V3's latent
+attention), and the same bits with 1 or 3 threads and whether positions come
+in a whole prompt (one job works a query's chunks in turn) or one at a time,
+as decoded tokens do (its chunks spread over the threads)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from colibri_build import Engine
+from colibri_build.convert import convert
+from conftest import run_cli
+from tiny_moe import TINY_MOE, needs_testdata, relative_error
+
+LONG = 700  # positions: queries past 256 and 512 take 2 and 3 chunks
+
+
+# Queries scaled up (the chunks' maxima differ more) and a prompt of runs of
+# one token (the chunks' mixes differ): over a random prompt every chunk's
+# mix is about the same average, and a combine that weighed chunks wrongly
+# would pass (ignoring the maxima moved logits by 2e-6; here by 4, at 8x).
+SHARPEN = 4.0
+QUERY_TENSORS = ("q_proj.weight", "q_proj.bias", "q_b_proj.weight", "q_norm.weight")
+
+
+def prompt(n: int) -> list[int]:
+    """Runs of 97 positions of one token, every fifth position random."""
+    return [(p // 97) * 37 % 250 + 1 if p % 5 else random.Random(p).randrange(1, 256) for p in range(n)]
+
+
+def tiny_copy(tmp_path, arch: str, **config) -> tuple:
+    """The shared tiny checkpoint of arch, its config.json fields changed and
+    its queries sharpened."""
+    from safetensors.numpy import load_file, save_file
+    hf = tmp_path / f"hf-{arch}"
+    hf.mkdir()
+    cfg = json.loads((TINY_MOE / arch / "config.json").read_text())
+    cfg.update(config)
+    (hf / "config.json").write_text(json.dumps(cfg))
+    for f in (TINY_MOE / arch).iterdir():
+        if f.suffix == ".safetensors":
+            tensors = load_file(f)
+            save_file({k: v * np.float32(SHARPEN) if k.endswith(QUERY_TENSORS) else v for k, v in tensors.items()},
+                      hf / f.name, metadata={"format": "pt"})
+    return hf, convert(hf, tmp_path / f"cb-{arch}", progress=False)
+
+
+# arch, config changes: gemma4's window 300 is wider than a chunk, and its
+# ring (window + 63 rows) wraps inside chunks past position 363.
+CASES = [("mixtral", dict(max_position_embeddings=2048)), ("gpt_oss", {}),
+         ("gemma4", dict(max_position_embeddings=2048, sliding_window=300)), ("deepseek_v3", {})]
+
+
+@needs_testdata
+@pytest.mark.parametrize("arch,config", CASES, ids=[c[0] for c in CASES])
+def test_long_prompts_match_transformers(tmp_path, arch, config):
+    pytest.importorskip("transformers")
+    import torch
+    import transformers
+    torch.set_num_threads(1)
+    hf, model_dir = tiny_copy(tmp_path, arch, **config)
+    engine = Engine(model_dir, threads=2)
+    assert engine.dims["context_length"] > LONG
+    ids = prompt(LONG)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].float().numpy()
+    got = engine.forward(ids)
+    errors = [relative_error(got[p], expected[p]) for p in range(LONG)]
+    print(f"{arch}: max relative error {max(errors):.2e} (positions past 512: {max(errors[512:]):.2e})")
+    # test_parity's F32 bound, at every position, those over 2 and 3 chunks included
+    assert max(errors) < 1e-4, (int(np.argmax(errors)), max(errors))
+
+
+def assert_same_bits(model_dir, kv: str, n: int) -> None:
+    ids = prompt(n)
+    one, three = Engine(model_dir, threads=1, kv_cache=kv), Engine(model_dir, threads=3, kv_cache=kv)
+    whole = one.forward(ids)
+    assert np.array_equal(three.forward(ids), whole)
+    # The last 40 positions one at a time (a decode step each: its chunks
+    # are jobs of their own), after a prompt cut at an odd place.
+    for engine in (one, three):
+        engine.forward(ids[:n - 41])
+        engine.forward(ids[n - 41:n - 40], start=n - 41)
+        steps = np.concatenate([engine.forward(ids[p:p + 1], start=p) for p in range(n - 40, n)])
+        bad = np.flatnonzero((steps != whole[n - 40:]).any(axis=1))
+        assert bad.size == 0, f"positions {(bad + n - 40).tolist()[:8]} differ"
+
+
+@needs_testdata
+@pytest.mark.parametrize("arch,config", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_long_positions_do_not_depend_on_threads_or_steps(tmp_path, arch, config, kv):
+    _, model_dir = tiny_copy(tmp_path, arch, **config)
+    assert_same_bits(model_dir, kv, LONG)
+
+
+def test_gqa_groups_of_four_heads_do_not_change_the_bits(workdir):
+    """8 heads on 2 KV heads: a job scores four heads against each K row of a
+    chunk read once (f32 weights: q8_0 activations would round away a last
+    bit of difference in the attention's output)."""
+    folder = workdir / "models" / "long-gqa4"
+    if not (folder / "model-config.json").exists():
+        run_cli("synth", "--arch", "mixtral", "--dtype", "f32", "--seed", "5", "--hidden-size", "128", "--heads", "8",
+                "--kv-heads", "2", "--context-length", "1024", folder)
+    assert_same_bits(folder, "f16", LONG)
