@@ -61,7 +61,7 @@ static const uint8_t pick6[4][32] __attribute__((aligned(32))) = {
 
 /* Q6_K, each row as kquants_avx2.c dot_q6_k. */
 static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
-    const __m256i low4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
+    const __m256i low4 = _mm256_set1_epi8(0xF), bits45 = _mm256_set1_epi8(0x30);
     const int nb = n / CB_QK_K;
     const size_t share = prefetch_share(row_bytes, nb);
     __m128 s = _mm_setzero_ps();
@@ -81,14 +81,14 @@ static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
             for (int half = 0; half < 2; half++) {
                 const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
                 const __m256i h = load32(b->qh + 32 * half);
+                /* 2 bits of h to bits 4..5: shifted in 16-bit lanes and
+                 * masked, so no bit crosses into a byte's bits 4..5. */
                 const __m256i u[4] = {
-                    _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
+                    _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
+                    _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45)),
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4)),
+                                    _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45)),
                 };
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
