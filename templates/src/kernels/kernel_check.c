@@ -276,6 +276,52 @@ static int check_block_types(int f, int *cases, double *worst) {
     return own;
 }
 
+/* The q8_k types through cb_matmul_tile, as the engine calls it: rows of a
+ * 15-row matrix in ranges that start and end off a multiple of four, two
+ * tokens (so four-row kernels, where the target has them, meet the one-row
+ * loop for the rest, and prefetch rows ahead in the longer ranges), each
+ * result bit for bit the scalar reference's for its row and token. Returns 1
+ * on a mismatch. */
+#define K_ROWS 15
+static int check_k_rows(int *cases) {
+    static uint8_t rows[K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
+    static cb_block_q8_k xk[2][BLOCK_N_MAX / CB_QK_K];
+    static float y[2][K_ROWS];
+    static const int ranges[][2] = {{0, 15}, {0, 4}, {1, 14}, {2, 6}, {3, 5}};
+    for (int t = 0; t < N_BLOCK_TYPES; t++) {
+        const uint32_t dtype = block_types[t].dtype;
+        if (!cb_wants_q8_k(dtype)) continue;
+        for (int n = CB_QK_K; n <= BLOCK_N_MAX; n *= 2) {
+            const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
+            for (int r = 0; r < K_ROWS; r++) {
+                random_block_row(t, n);
+                memcpy(rows + r * row_bytes, block_row, row_bytes);
+            }
+            for (int tok = 0; tok < 2; tok++) {
+                for (int i = 0; i < n; i++) block_x[i] = uniform() * (i % 9 == 0 ? 4.0f : 1.0f);
+                cb_quantize_row_q8_k(block_x, xk[tok], n);
+            }
+            const cb_tensor W = {rows, dtype, K_ROWS, (uint32_t)n};
+            const cb_act A = {NULL, NULL, 0, 0, &xk[0][0], BLOCK_N_MAX / CB_QK_K};
+            for (int k = 0; k < (int)(sizeof ranges / sizeof ranges[0]); k++) {
+                const int r0 = ranges[k][0], r1 = ranges[k][1];
+                cb_matmul_tile(&W, r0, r1, &A, NULL, 2, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
+                for (int tok = 0; tok < 2; tok++)
+                    for (int r = r0; r < r1; r++) {
+                        const float want = cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[tok], n);
+                        if (memcmp(&y[tok][r], &want, sizeof want) != 0) {
+                            printf("  %s n=%d rows [%d, %d) row %d token %d: got %.9g, reference %.9g\n",
+                                   block_types[t].name, n, r0, r1, r, tok, y[tok][r], want);
+                            return 1;
+                        }
+                        (*cases)++;
+                    }
+            }
+        }
+    }
+    return 0;
+}
+
 /* Attention of one head over cached rows, float or float16: scores within
  * the dot tolerance of the scalar ones and the same for a position whatever
  * n is, the weighted sum of V bit for bit (per element the same FMA chain),
@@ -667,6 +713,12 @@ int main(void) {
                    "worst relative error %.2e)\n", block_families[f].name, own < 0 ? "FAILED" : "ok", own < 0 ? 0 : own,
                    N_BLOCK_TYPES, cases, worst);
         failed |= own < 0;
+    }
+    {
+        int cases = 0, bad = check_k_rows(&cases);
+        printf("kernel-check q8_k matrices: %s (q4_k, q5_k, q6_k through cb_matmul_tile; %d results bit for bit the "
+               "scalar reference)\n", bad ? "FAILED" : "ok", cases);
+        failed |= bad;
     }
     {
         int cases = 0, bad = 0;

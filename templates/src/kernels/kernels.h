@@ -157,6 +157,16 @@ cb_dot_k_fn cb_dot_k_neon(uint32_t dtype);
 cb_dot_block_fn cb_dot_block_avx512(uint32_t dtype);
 cb_dot_k_fn cb_dot_k_avx512(uint32_t dtype);
 #endif
+/* Four rows (row_bytes apart) . x on q8_k at once: out[i] bit for bit what
+ * the one-row kernel gives for row i; next: the following four rows,
+ * prefetched meanwhile (or NULL). cb_dot4_k: NULL for a type the family has
+ * none for (kernels/kquants4_avx2.c); defined where a family has any. */
+typedef void (*cb_dot4_k_fn)(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                             const void *next);
+#if CB_KERNELS_AVX2
+cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype);
+#define cb_dot4_k cb_dot4_k_avx2
+#endif
 /* A family's kernels by dtype: each of kquants.c, kquants_avx2.c and
  * kquants_neon.c defines static dot_<type> functions under the same names
  * and dispatches through these (one table for all of them). */

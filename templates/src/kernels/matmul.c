@@ -189,6 +189,25 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
      * stream, which the hardware prefetcher follows), each token's pass
      * after the first reading it from L1. */
     const cb_dot_k_fn k_dot = cb_dot_k(W->dtype);
+#ifdef cb_dot4_k
+    /* Four rows at a time where the family has a kernel for the type (the
+     * rows' per-super-block work shared: kquants4_avx2.c), the rest below. */
+    const cb_dot4_k_fn k_dot4 = k_dot ? cb_dot4_k(W->dtype) : NULL;
+    if (k_dot4) {
+        const int ahead = r + PREFETCH_ROWS < r1 ? r + PREFETCH_ROWS : r1;
+        for (const uint8_t *p = w + (size_t)r * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64) cb_prefetch(p);
+        for (; r + 4 <= r1; r += 4) {
+            const void *rows = w + (size_t)r * row_bytes;
+            const void *next = r + PREFETCH_ROWS + 4 <= r1 ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
+            for (int t = 0; t < n_tok; t++) {
+                float d[4];
+                k_dot4(rows, row_bytes, A->k + (size_t)(in ? in[t] : t) * A->k_stride, cols, d, t ? NULL : next);
+                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
+                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
+            }
+        }
+    }
+#endif
     if (k_dot) {
         for (; r < r1; r++) {
             const void *row = w + (size_t)r * row_bytes;

@@ -1,0 +1,113 @@
+/* Four rows at a time of the types on q8_k activations, AVX2: q6_k, whose
+ * one-row kernel (kquants_avx2.c) pays a super-block's fixed work (its int32
+ * lanes summed, its float step) and a call per row; here four rows' lanes
+ * are reduced by one tree and their float steps are one four-lane
+ * cb_kq_step. Row i's result is bit for bit the one-row kernel's (and so the
+ * scalar reference's): the integer sums are exact, and each lane takes the
+ * scalar step's operations in its order. q4_k and q5_k stay one row at a
+ * time: four-row forms of them, written the same way, were no faster. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* cb_kq_step on four lanes: s + dx * (d * sum - dmin * mins). */
+static inline __m128 kq_step4(__m128 s, float dx, __m128 d, __m128i sum, __m128 dmin, __m128i mins) {
+    const __m128 vdx = _mm_set1_ps(dx);
+#if defined(__FMA__)
+    return _mm_fnmadd_ps(_mm_mul_ps(vdx, dmin), _mm_cvtepi32_ps(mins),
+                         _mm_fmadd_ps(_mm_mul_ps(vdx, d), _mm_cvtepi32_ps(sum), s));
+#else
+    const __m128 a = _mm_mul_ps(_mm_mul_ps(vdx, d), _mm_cvtepi32_ps(sum));
+    const __m128 b = _mm_mul_ps(_mm_mul_ps(vdx, dmin), _mm_cvtepi32_ps(mins));
+    return _mm_sub_ps(_mm_add_ps(s, a), b);
+#endif
+}
+
+/* The sums of each of four vectors' eight int32 lanes, as four lanes. */
+static inline __m128i hsum4_i32(const __m256i v[4]) {
+    __m128i h[4];
+    for (int r = 0; r < 4; r++) h[r] = _mm_add_epi32(_mm256_castsi256_si128(v[r]), _mm256_extracti128_si256(v[r], 1));
+    return _mm_hadd_epi32(_mm_hadd_epi32(h[0], h[1]), _mm_hadd_epi32(h[2], h[3]));
+}
+
+/* Four fp16 fields (at p[r] + off) as floats. */
+static inline __m128 halves4(const uint8_t *const p[4], size_t off) {
+    uint16_t h[4];
+    for (int r = 0; r < 4; r++) memcpy(&h[r], p[r] + off, 2);
+    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h));
+}
+
+/* The next four rows' bytes (they follow these rows in memory: one
+ * stretch), spread over the super-blocks: share bytes per super-block. */
+static inline size_t prefetch_share(size_t row_bytes, int nb) { return (4 * row_bytes / (size_t)nb + 63) / 64 * 64; }
+static inline void prefetch_next(const void *next, size_t share, int i) {
+    if (!next) return;
+    const uint8_t *p = (const uint8_t *)next + (size_t)i * share;
+    for (size_t o = 0; o < share; o += 64) cb_prefetch(p + o);
+}
+
+/* Shuffles putting word 2k of a lane's scales in every word of the low lane
+ * and word 2k + 1 in every word of the high one (kquants_avx2.c's q6_pick). */
+static const uint8_t pick6[4][32] __attribute__((aligned(32))) = {
+#define PICK(k) {4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k, 4 * k + 1,  \
+                 4 * k, 4 * k + 1, 4 * k, 4 * k + 1, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3,  \
+                 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3, 4 * k + 2, 4 * k + 3}
+    PICK(0), PICK(1), PICK(2), PICK(3)
+#undef PICK
+};
+
+/* Q6_K, each row as kquants_avx2.c dot_q6_k. */
+static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    const __m256i low4 = _mm256_set1_epi8(0xF), bits45 = _mm256_set1_epi8(0x30);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q6_k);
+        const __m256i bsums = load32(x->bsums);
+        __m256i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q6_k *b = (const cb_block_q6_k *)blk[r];
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+            const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+            __m256i a = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
+                const __m256i h = load32(b->qh + 32 * half);
+                /* 2 bits of h to bits 4..5: shifted in 16-bit lanes and
+                 * masked, so no bit crosses into a byte's bits 4..5. */
+                const __m256i u[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
+                    _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45)),
+                };
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(pick6[k]));
+                    a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], load32(x->qs + 128 * half + 32 * k)),
+                                                              sc));
+                }
+            }
+            acc[r] = a;
+        }
+        const __m128 zero = _mm_setzero_ps();
+        s = kq_step4(s, x->d, halves4(blk, offsetof(cb_block_q6_k, d)), hsum4_i32(acc), zero, _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q6_K: return dot4_q6_k;
+    }
+    return NULL;
+}
