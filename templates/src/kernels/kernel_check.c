@@ -563,10 +563,24 @@ static int check_tokens_kernels(int *cases) {
                 cb_dot4_q8_0(rows8, sizeof rows8[0], toks[t], n, want, NULL);
                 if (!same("dot4_tokens_q8_0", nb, t, got + 4 * t, want, 4)) return 1;
             }
+#endif
+#ifdef cb_dot4_tokens_x4_q8_0
             cb_dot4_tokens_x4_q8_0(group8, xs, n_tok, n, got);
             for (int t = 0; t < n_tok; t++) {
                 cb_dot4_x4_q8_0(group8, toks[t], n, want);
                 if (!same("dot4_tokens_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+            if (n_tok == CASE_TOKENS) { /* past one call's token chunk (64), the tokens repeating */
+                static const cb_block_q8_0 *many[3 * CASE_TOKENS + 10];
+                static float got_many[4 * (3 * CASE_TOKENS + 10)];
+                const int n_many = 3 * CASE_TOKENS + 10;
+                for (int t = 0; t < n_many; t++) many[t] = toks[t % CASE_TOKENS];
+                cb_dot4_tokens_x4_q8_0(group8, many, n_many, n, got_many);
+                for (int t = 0; t < n_many; t++) {
+                    cb_dot4_x4_q8_0(group8, many[t], n, want);
+                    if (!same("dot4_tokens_q8_0x4, many tokens", nb, t, got_many + 4 * t, want, 4)) return 1;
+                }
+                *cases += n_many;
             }
 #endif
             /* f16 and bf16 rows of odd widths too: the scalar tail. */
@@ -707,8 +721,10 @@ int main(void) {
 #ifdef cb_dot4_tokens_q4_0
     {
         int cases = 0, bad = check_tokens_kernels(&cases);
-#ifdef cb_dot4_tokens_q8_0
+#if defined(cb_dot4_tokens_q8_0)
         const char *which = "q8_0, q4_0, f16, bf16";
+#elif defined(cb_dot4_tokens_x4_q8_0)
+        const char *which = "q8_0x4, q4_0, f16, bf16";
 #else
         const char *which = "q4_0, f16, bf16";
 #endif

@@ -50,7 +50,10 @@ static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
     const int x4 = dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
     if (n_tok < (x4 ? 16 : 8)) return 0;
 #ifdef cb_dot4_tokens_q8_0
-    if (dtype == CB_Q8_0 || dtype == CB_Q8_0X4) return 1;
+    if (dtype == CB_Q8_0) return 1;
+#endif
+#ifdef cb_dot4_tokens_x4_q8_0
+    if (dtype == CB_Q8_0X4) return 1;
 #endif
 #ifdef cb_dot4_tokens_q4_0
     if (dtype == CB_Q4_0 || dtype == CB_Q4_0X4) return 1;
@@ -63,6 +66,8 @@ static void dot4_tokens(uint32_t dtype, const void *rows, size_t row_bytes, cons
     switch (dtype) {
 #ifdef cb_dot4_tokens_q8_0
     case CB_Q8_0: cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, next); break;
+#endif
+#ifdef cb_dot4_tokens_x4_q8_0
     case CB_Q8_0X4: cb_dot4_tokens_x4_q8_0(rows, xs, tn, cols, d); break;
 #endif
     case CB_Q4_0: cb_dot4_tokens_q4_0(rows, row_bytes, xs, tn, cols, d, next); break;
