@@ -602,6 +602,30 @@ static int check_tokens_kernels(int *cases) {
 }
 #endif
 
+#if defined(cb_dot4_tokens_x4_q8_0) && !defined(cb_dot4_tokens_q4_0)
+/* A target whose only multi-token kernel is the q8_0x4 one (NEON dotprod):
+ * against the one-token kernel, token by token, for token counts across its
+ * tiles (1..19, and 67). */
+static int check_tokens_kernels(int *cases) {
+    static const cb_block_q8_0 *many[3 * CASE_TOKENS + 10];
+    static float got[4 * (3 * CASE_TOKENS + 10)];
+    for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
+        const int n = fill_case(nb);
+        for (int t = 0; t < 3 * CASE_TOKENS + 10; t++) many[t] = toks[t % CASE_TOKENS];
+        for (int n_tok = 1; n_tok <= 3 * CASE_TOKENS + 10; n_tok += n_tok < CASE_TOKENS ? 3 : 3 * CASE_TOKENS + 10) {
+            float want[4];
+            cb_dot4_tokens_x4_q8_0(group8, many, n_tok, n, got);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q8_0(group8, many[t], n, want);
+                if (!same("dot4_tokens_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+            *cases += n_tok;
+        }
+    }
+    return 0;
+}
+#endif
+
 /* x4 groups (dims.h) built from four GGML rows: the x4 reference agrees
  * with the row reference to float rounding (it sums in another order), and
  * the family's x4 kernels give the x4 reference's bits, so an x4 matrix gives
@@ -718,6 +742,14 @@ int main(void) {
                worst_ulp, simd);
         failed |= bad;
     }
+#if defined(cb_dot4_tokens_x4_q8_0) && !defined(cb_dot4_tokens_q4_0)
+    {
+        int cases = 0, bad = check_tokens_kernels(&cases);
+        printf("kernel-check tokens kernels: %s (q8_0x4; %d token rows, bit for bit the one-token kernel)\n",
+               bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
+#endif
 #ifdef cb_dot4_tokens_q4_0
     {
         int cases = 0, bad = check_tokens_kernels(&cases);
