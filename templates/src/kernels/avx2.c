@@ -523,10 +523,12 @@ static inline __attribute__((always_inline)) __m256i gemm_ints(__m256i abs_w, co
 static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pack, const uint8_t *blk, int kb,
                                                             const cb_block_q8_0 *const *x, const float *dx, int nt,
                                                             __m256 (*acc)[2]) {
-    __m256 a[GEMM_TOKENS][2];
+    __m256 a[GEMM_TOKENS][2]; /* in registers: the token loops unrolled */
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) a[t][0] = acc[t][0], a[t][1] = acc[t][1];
     for (int b = 0; b < kb; b++, blk += 4 * sizeof(cb_block_q8_0)) {
         const gemm_block *p = &pack[b];
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const __m256i xlo = half_of(x[t][b].qs), xhi = half_of(x[t][b].qs + 16);
             const __m256 d = _mm256_broadcast_ss(&dx[t * BLOCKS_AT_ONCE + b]);
@@ -536,6 +538,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pa
             a[t][1] = _mm256_fmadd_ps(_mm256_mul_ps(p->dw23, d), _mm256_cvtepi32_ps(i23), a[t][1]);
         }
     }
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) acc[t][0] = a[t][0], acc[t][1] = a[t][1];
 }
 
