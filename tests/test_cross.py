@@ -172,7 +172,7 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
     assert "kernel-check x4 groups: ok" in done.stdout, done.stdout
     assert "kernel-check exp: ok" in done.stdout, done.stdout
     assert "kernel-check activation quantizer: ok" in done.stdout, done.stdout
-    if "avx2" in families:
+    if "avx2" in families or name == "linux-aarch64-dotprod":
         assert "kernel-check tokens kernels: ok" in done.stdout, done.stdout
     if "avx2" in families or "neon" in families:
         assert "kernel-check attention, four queries: ok" in done.stdout, done.stdout
@@ -189,6 +189,12 @@ def test_kernel_bench_prints_every_case(built, workdir, tiny_model):
     subprocess.run([toolchain.ninja_exe(), "-C", str(build), "colibri-kernel-bench"], check=True, capture_output=True)
     done = subprocess.run([str(build / "colibri-kernel-bench"), "--quick"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    # The int8 peak and the prompt case measured beside it, as fractions of it.
+    peak = re.search(r"kernel-bench int8 peak: (\d+\.\d) GMAC/s \((\S+); per CPU second\)", done.stdout)
+    assert peak and float(peak.group(1)) > 0, done.stdout
+    prompt = re.search(r"kernel-bench q8_0x4 prompt from L2: 64 tokens (\d+\.\d) GMAC/s \((\d+)% of peak\), "
+                       r"one token at a time (\d+\.\d) GMAC/s", done.stdout)
+    assert prompt and float(prompt.group(1)) > 0 and float(prompt.group(3)) > 0, done.stdout
     for dtype in ("q8_0x4", "q4_0x4", "q8_0", "q4_0", "f16"):
         hot = re.search(rf"kernel-bench {dtype} +from L2:(.*)", done.stdout)
         assert hot and len(re.findall(r"(\d+\.\d) GB/s", hot.group(1))) == 4, done.stdout

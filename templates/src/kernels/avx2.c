@@ -497,6 +497,94 @@ void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x
 }
 #endif
 
+#if !VNNI
+/* A q8_0x4 group over many tokens without VNNI (prompts): a small GEMM.
+ * Signed x signed bytes need maddubs' sign trick, |w| . (x * sign(w)); |w|
+ * and the pairs' scales depend on the weights alone, so they are packed
+ * once per block for every token, and a token costs per pair of rows and
+ * block two sign, two maddubs, two madd, an add, a conversion, a scale and
+ * an fma. Tokens go GEMM_TOKENS at a time (independent accumulators, each
+ * weight block loaded once for them). Every (row, token) sums the integer
+ * lanes, scales and float order of dot4_x4, so the bits are its. */
+#define GEMM_TOKENS 4
+typedef struct {
+    __m256i abs_lo01, abs_lo23, abs_hi01, abs_hi23;
+    __m256 dw01, dw23;
+} gemm_block;
+
+static inline __attribute__((always_inline)) __m256i gemm_ints(__m256i abs_w, const uint8_t *w, __m256i x) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)w);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, raw)), _mm256_set1_epi16(1));
+}
+
+/* nt (<= GEMM_TOKENS, a constant where inlined) tokens over kb packed blocks
+ * of the group (blk: its first block's bytes); dx: the tokens' scales,
+ * BLOCKS_AT_ONCE apart. */
+static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pack, const uint8_t *blk, int kb,
+                                                            const cb_block_q8_0 *const *x, const float *dx, int nt,
+                                                            __m256 (*acc)[2]) {
+    __m256 a[GEMM_TOKENS][2]; /* in registers: the token loops unrolled */
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) a[t][0] = acc[t][0], a[t][1] = acc[t][1];
+    for (int b = 0; b < kb; b++, blk += 4 * sizeof(cb_block_q8_0)) {
+        const gemm_block *p = &pack[b];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const __m256i xlo = half_of(x[t][b].qs), xhi = half_of(x[t][b].qs + 16);
+            const __m256 d = _mm256_broadcast_ss(&dx[t * BLOCKS_AT_ONCE + b]);
+            const __m256i i01 = _mm256_add_epi32(gemm_ints(p->abs_lo01, blk + 8, xlo), gemm_ints(p->abs_hi01, blk + 72, xhi));
+            const __m256i i23 = _mm256_add_epi32(gemm_ints(p->abs_lo23, blk + 40, xlo), gemm_ints(p->abs_hi23, blk + 104, xhi));
+            a[t][0] = _mm256_fmadd_ps(_mm256_mul_ps(p->dw01, d), _mm256_cvtepi32_ps(i01), a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(_mm256_mul_ps(p->dw23, d), _mm256_cvtepi32_ps(i23), a[t][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) acc[t][0] = a[t][0], acc[t][1] = a[t][1];
+}
+
+void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    enum { CHUNK_TOKENS = 64 };
+    const int nb = n / CB_QK;
+    const uint8_t *g = group;
+    gemm_block pack[BLOCKS_AT_ONCE];
+    __m256 acc[CHUNK_TOKENS][2];
+    float dx[GEMM_TOKENS * BLOCKS_AT_ONCE];
+    for (int t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
+        const int tn = n_tok - t0 < CHUNK_TOKENS ? n_tok - t0 : CHUNK_TOKENS;
+        for (int t = 0; t < tn; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
+            const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
+            const uint8_t *blk0 = g + (size_t)b0 * 4 * sizeof(cb_block_q8_0);
+            for (int b = 0; b < bn; b++) {
+                const uint8_t *blk = blk0 + (size_t)b * 4 * sizeof(cb_block_q8_0);
+                if (t0 == 0) { /* the first pass streams the group */
+                    _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
+                    _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+                }
+                const x4_halves h = load_halves(blk, 0);
+                pack[b].abs_lo01 = _mm256_abs_epi8(h.lo01), pack[b].abs_lo23 = _mm256_abs_epi8(h.lo23);
+                pack[b].abs_hi01 = _mm256_abs_epi8(h.hi01), pack[b].abs_hi23 = _mm256_abs_epi8(h.hi23);
+                const __m256 d8 = group_scales(blk);
+                pack[b].dw01 = pair_scales(d8, 0), pack[b].dw23 = pair_scales(d8, 1);
+            }
+            for (int t = 0; t < tn; t += GEMM_TOKENS) {
+                const int nt = tn - t < GEMM_TOKENS ? tn - t : GEMM_TOKENS;
+                const cb_block_q8_0 *xt[GEMM_TOKENS];
+                for (int k = 0; k < nt; k++) {
+                    xt[k] = x[t0 + t + k] + b0;
+                    for (int b = 0; b < bn; b++) dx[k * BLOCKS_AT_ONCE + b] = _cvtsh_ss(xt[k][b].d);
+                }
+                if (nt == GEMM_TOKENS) gemm_tile(pack, blk0, bn, xt, dx, GEMM_TOKENS, acc + t);
+                else if (nt == 3) gemm_tile(pack, blk0, bn, xt, dx, 3, acc + t);
+                else if (nt == 2) gemm_tile(pack, blk0, bn, xt, dx, 2, acc + t);
+                else gemm_tile(pack, blk0, bn, xt, dx, 1, acc + t);
+            }
+        }
+        for (int t = 0; t < tn; t++) store_rows(acc[t][0], acc[t][1], out + (size_t)(t0 + t) * 4);
+    }
+}
+#endif
+
 /* One f16 or bf16 row over several tokens, four at a time: the row is
  * widened once per 16 elements for all four; per token the accumulators,
  * reduction and tail of dot_half, so results are the one-token kernels' bit

@@ -14,12 +14,23 @@
 #include "kernels.h"
 #include "platform/cpu_features.h"
 #include "platform/platform.h"
+#ifdef _WIN32
+#include <windows.h>
+#else
+#include <time.h>
+#endif
+#if CB_KERNELS_AVX2
+#include <immintrin.h>
+#elif CB_KERNELS_DOTPROD
+#include <arm_neon.h>
+#endif
 
 #define COLS 1024
 #define HOT_ROWS 128
 #define COLD_BYTES ((size_t)512 << 20)
 #define MAX_TOKENS 8
 #define COLD_TOKENS 16
+#define GEMM_TOKENS_MAX 64 /* a prompt chunk's tokens for one expert */
 
 static const struct {
     const char *name;
@@ -97,14 +108,133 @@ static double rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y, dou
     return (double)bytes * passes / (double)elapsed;
 }
 
+/* This thread's CPU time in ns: the prompt case and the peak are timed so,
+ * as a machine shared with other work gives a thread only part of a core
+ * (wall time would measure the share, not the kernels). */
+static uint64_t cpu_ns(void) {
+#ifdef _WIN32
+    FILETIME created, exited, kernel, user;
+    GetThreadTimes(GetCurrentThread(), &created, &exited, &kernel, &user);
+    return ((uint64_t)user.dwHighDateTime << 32 | user.dwLowDateTime) * 100;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+/* One core's int8 dot-product peak, in GMAC/s (1e9 int8 multiply-adds a
+ * second): eight independent chains of nothing but the instructions one
+ * signed 32-byte dot product takes on this target, operands in registers
+ * (an empty asm makes them opaque, so nothing is hoisted): AVX2 vpsignb,
+ * vpmaddubsw, vpmaddwd, vpaddd (32 products); AVX-512 VNNI or AVX-VNNI one
+ * vpdpbusd (32); NEON dotprod one sdot (16). 0 where the target has none. */
+#define PEAK_CHAINS 8
+static double int8_peak(double seconds, const char **mix) {
+#if CB_KERNELS_AVX2
+    /* 8 accumulators and 3 operands: no spills in 16 registers */
+    __m256i acc[PEAK_CHAINS], a = _mm256_set1_epi8(-5), b = _mm256_set1_epi8(3);
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm256_setzero_si256();
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+    *mix = "vpdpbusd";
+    const int macs = 32;
+#else
+    *mix = "vpsignb+vpmaddubsw+vpmaddwd+vpaddd";
+    const int macs = 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
+    uint64_t iters = 0, elapsed;
+    const uint64_t start = cpu_ns();
+    do {
+        for (int k = 0; k < 1024; k++) {
+            for (int i = 0; i < PEAK_CHAINS; i++) {
+                __asm__ volatile("" : "+x"(b)); /* a new b for every chain: nothing to share or hoist */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+                acc[i] = _mm256_dpbusd_epi32(acc[i], a, b);
+#elif defined(__AVXVNNI__)
+                acc[i] = _mm256_dpbusd_avx_epi32(acc[i], a, b);
+#else
+                acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(b, a)), ones));
+#endif
+            }
+        }
+        iters += 1024;
+        elapsed = cpu_ns() - start;
+    } while (elapsed < (uint64_t)(seconds * 1e9));
+    int32_t sink[8];
+    __m256i all = acc[0];
+    for (int i = 1; i < PEAK_CHAINS; i++) all = _mm256_xor_si256(all, acc[i]);
+    _mm256_storeu_si256((__m256i *)sink, all);
+    if (sink[0] == 12345) printf(" ");
+    return (double)iters * PEAK_CHAINS * macs / (double)elapsed;
+#elif CB_KERNELS_DOTPROD
+    int32x4_t acc[PEAK_CHAINS];
+    int8x16_t a[PEAK_CHAINS], b = vdupq_n_s8(3);
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = vdupq_n_s32(0), a[i] = vdupq_n_s8((int8_t)(i - 4));
+    *mix = "sdot";
+    uint64_t iters = 0, elapsed;
+    const uint64_t start = cpu_ns();
+    do {
+        for (int k = 0; k < 1024; k++) {
+            for (int i = 0; i < PEAK_CHAINS; i++) {
+                __asm__ volatile("" : "+w"(b));
+                acc[i] = vdotq_s32(acc[i], a[i], b);
+            }
+        }
+        iters += 1024;
+        elapsed = cpu_ns() - start;
+    } while (elapsed < (uint64_t)(seconds * 1e9));
+    int32x4_t all = acc[0];
+    for (int i = 1; i < PEAK_CHAINS; i++) all = veorq_s32(all, acc[i]);
+    if (vgetq_lane_s32(all, 0) == 12345) printf(" ");
+    return (double)iters * PEAK_CHAINS * 16 / (double)elapsed;
+#else
+    (void)seconds;
+    *mix = "none";
+    return 0;
+#endif
+}
+
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* GMAC/s of cb_matmul_tile over n_tok tokens of W (what prefill's expert
+ * matrices see): rows x cols x tokens multiply-adds a pass, CPU time. */
+static double gemm_rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y, double seconds) {
+    cb_matmul_tile(W, 0, (int)W->rows, A, NULL, n_tok, Y, (int)W->rows, NULL, CB_SET, NULL); /* warm */
+    const uint64_t start = cpu_ns();
+    uint64_t passes = 0, elapsed;
+    do {
+        cb_matmul_tile(W, 0, (int)W->rows, A, NULL, n_tok, Y, (int)W->rows, NULL, CB_SET, NULL);
+        passes++;
+        elapsed = cpu_ns() - start;
+    } while (elapsed < (uint64_t)(seconds * 1e9));
+    return (double)passes * W->rows * W->cols * n_tok / (double)elapsed;
+}
+
 int main(int argc, char **argv) {
     cb_cpu_require("colibri-kernel-bench");
+    /* --quick: each case briefly (a smoke test); --prompt [TOKENS]: the
+     * peak and the prompt case only (TOKENS: 1..64, default 64). */
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const int prompt_only = argc > 1 && strcmp(argv[1], "--prompt") == 0;
+    int prompt_tokens = prompt_only && argc > 2 ? atoi(argv[2]) : GEMM_TOKENS_MAX;
+    if (prompt_tokens < 1 || prompt_tokens > GEMM_TOKENS_MAX) {
+        fprintf(stderr, "colibri-kernel-bench: --prompt TOKENS: got %s, expected 1..%d\n", argv[2], GEMM_TOKENS_MAX);
+        return 2;
+    }
     const double seconds = quick ? 0.01 : 0.3;
-    static float xf[COLD_TOKENS][COLS];
-    static cb_block_q8_0 xq[COLD_TOKENS][COLS / CB_QK];
-    static cb_block_q8_k xk[COLD_TOKENS][COLS / CB_QK_K];
-    for (int t = 0; t < COLD_TOKENS; t++) {
+    static float xf[GEMM_TOKENS_MAX][COLS];
+    static cb_block_q8_0 xq[GEMM_TOKENS_MAX][COLS / CB_QK];
+    static cb_block_q8_k xk[GEMM_TOKENS_MAX][COLS / CB_QK_K];
+    for (int t = 0; t < GEMM_TOKENS_MAX; t++) {
         for (int c = 0; c < COLS; c++) xf[t][c] = uniform();
         cb_quantize_row_q8_0(xf[t], xq[t], COLS);
         cb_quantize_row_q8_k(xf[t], xk[t], COLS);
@@ -114,6 +244,7 @@ int main(int argc, char **argv) {
     size_t most_rows = HOT_ROWS; /* Y holds a row of outputs per token and weight row */
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
         if (cold_rows(types[k].dtype, cold_bytes) > most_rows) most_rows = cold_rows(types[k].dtype, cold_bytes);
+    if (most_rows * COLD_TOKENS < (size_t)HOT_ROWS * GEMM_TOKENS_MAX) most_rows = (size_t)HOT_ROWS * GEMM_TOKENS_MAX / COLD_TOKENS;
     float *Y = cb_aligned_alloc(sizeof(float) * COLD_TOKENS * most_rows);
     uint8_t *hot = cb_aligned_alloc(cb_row_bytes(CB_F16, COLS) * HOT_ROWS);
     if (!Y || !hot) {
@@ -121,6 +252,42 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("kernel-bench: target %s, one core, %d columns\n", CB_TARGET_NAME, COLS);
+    {
+        /* Prompts: a chunk's tokens of one expert over its rows (q8_0x4, from
+         * L2) through cb_matmul_tile, and the same one token at a time (the
+         * four-row kernel, the path before the GEMM), interleaved with the
+         * peak, rounds apart; medians (the machine may be shared). */
+        enum { ROUNDS = 7 };
+        const char *mix;
+        double peak[ROUNDS], gemm[ROUNDS], looped[ROUNDS];
+        const int n_tok = prompt_tokens;
+        fill(hot, CB_Q8_0X4, CB_Q8_0, HOT_ROWS);
+        const cb_tensor W = {hot, CB_Q8_0X4, HOT_ROWS, COLS};
+        const size_t group_bytes = 4 * cb_row_bytes(CB_Q8_0X4, COLS);
+        for (int k = 0; k < ROUNDS; k++) {
+            peak[k] = int8_peak(seconds / 2, &mix);
+            gemm[k] = gemm_rate(&W, &A, n_tok, Y, seconds / 2);
+            uint64_t passes = 0, elapsed;
+            const uint64_t start = cpu_ns();
+            do {
+                for (int g = 0; g < HOT_ROWS / 4; g++)
+                    for (int t = 0; t < n_tok; t++)
+                        cb_dot4_x4_q8_0(hot + g * group_bytes, xq[t], COLS, Y + (size_t)t * HOT_ROWS + 4 * g);
+                passes++;
+                elapsed = cpu_ns() - start;
+            } while (elapsed < (uint64_t)(seconds / 2 * 1e9));
+            looped[k] = (double)passes * HOT_ROWS * COLS * n_tok / (double)elapsed;
+        }
+        const double p = median(peak, ROUNDS), g = median(gemm, ROUNDS), l = median(looped, ROUNDS);
+        printf("kernel-bench int8 peak: %.1f GMAC/s (%s; per CPU second)\n", p, mix);
+        printf("kernel-bench q8_0x4 prompt from L2: %d tokens %.1f GMAC/s (%.0f%% of peak), one token at a time %.1f "
+               "GMAC/s (%.0f%%)\n", n_tok, g, p > 0 ? 100 * g / p : 0.0, l, p > 0 ? 100 * l / p : 0.0);
+    }
+    if (prompt_only) {
+        cb_aligned_free(hot);
+        cb_aligned_free(Y);
+        return 0;
+    }
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         fill(hot, types[k].dtype, types[k].base, HOT_ROWS);
         const cb_tensor W = {hot, types[k].dtype, HOT_ROWS, COLS};

@@ -613,10 +613,24 @@ static int check_tokens_kernels(int *cases) {
                 cb_dot4_q8_0(rows8, sizeof rows8[0], toks[t], n, want, NULL);
                 if (!same("dot4_tokens_q8_0", nb, t, got + 4 * t, want, 4)) return 1;
             }
+#endif
+#ifdef cb_dot4_tokens_x4_q8_0
             cb_dot4_tokens_x4_q8_0(group8, xs, n_tok, n, got);
             for (int t = 0; t < n_tok; t++) {
                 cb_dot4_x4_q8_0(group8, toks[t], n, want);
                 if (!same("dot4_tokens_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+            if (n_tok == CASE_TOKENS) { /* past one call's token chunk (64), the tokens repeating */
+                static const cb_block_q8_0 *many[3 * CASE_TOKENS + 10];
+                static float got_many[4 * (3 * CASE_TOKENS + 10)];
+                const int n_many = 3 * CASE_TOKENS + 10;
+                for (int t = 0; t < n_many; t++) many[t] = toks[t % CASE_TOKENS];
+                cb_dot4_tokens_x4_q8_0(group8, many, n_many, n, got_many);
+                for (int t = 0; t < n_many; t++) {
+                    cb_dot4_x4_q8_0(group8, many[t], n, want);
+                    if (!same("dot4_tokens_q8_0x4, many tokens", nb, t, got_many + 4 * t, want, 4)) return 1;
+                }
+                *cases += n_many;
             }
 #endif
             /* f16 and bf16 rows of odd widths too: the scalar tail. */
@@ -632,6 +646,30 @@ static int check_tokens_kernels(int *cases) {
                 if (!same("dot_bf16_tokens", nb, t, got + t, want, 1)) return 1;
             }
             *cases += 4 * n_tok;
+        }
+    }
+    return 0;
+}
+#endif
+
+#if defined(cb_dot4_tokens_x4_q8_0) && !defined(cb_dot4_tokens_q4_0)
+/* A target whose only multi-token kernel is the q8_0x4 one (NEON dotprod):
+ * against the one-token kernel, token by token, for token counts across its
+ * tiles (1..19, and 67). */
+static int check_tokens_kernels(int *cases) {
+    static const cb_block_q8_0 *many[3 * CASE_TOKENS + 10];
+    static float got[4 * (3 * CASE_TOKENS + 10)];
+    for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
+        const int n = fill_case(nb);
+        for (int t = 0; t < 3 * CASE_TOKENS + 10; t++) many[t] = toks[t % CASE_TOKENS];
+        for (int n_tok = 1; n_tok <= 3 * CASE_TOKENS + 10; n_tok += n_tok < CASE_TOKENS ? 3 : 3 * CASE_TOKENS + 10) {
+            float want[4];
+            cb_dot4_tokens_x4_q8_0(group8, many, n_tok, n, got);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q8_0(group8, many[t], n, want);
+                if (!same("dot4_tokens_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+            *cases += n_tok;
         }
     }
     return 0;
@@ -760,11 +798,21 @@ int main(void) {
                worst_ulp, simd);
         failed |= bad;
     }
+#if defined(cb_dot4_tokens_x4_q8_0) && !defined(cb_dot4_tokens_q4_0)
+    {
+        int cases = 0, bad = check_tokens_kernels(&cases);
+        printf("kernel-check tokens kernels: %s (q8_0x4; %d token rows, bit for bit the one-token kernel)\n",
+               bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
+#endif
 #ifdef cb_dot4_tokens_q4_0
     {
         int cases = 0, bad = check_tokens_kernels(&cases);
-#ifdef cb_dot4_tokens_q8_0
+#if defined(cb_dot4_tokens_q8_0)
         const char *which = "q8_0, q4_0, f16, bf16";
+#elif defined(cb_dot4_tokens_x4_q8_0)
+        const char *which = "q8_0x4, q4_0, f16, bf16";
 #else
         const char *which = "q4_0, f16, bf16";
 #endif

@@ -315,6 +315,10 @@ void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8
 #define cb_dot4_tokens_q8_0 cb_dot4_tokens_q8_0_avx2
 void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
 #define cb_dot4_tokens_x4_q8_0 cb_dot4_tokens_q8_0x4_avx2
+#else
+/* Without VNNI: a GEMM of the group and the tokens (prompts), the same bits. */
+void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
+#define cb_dot4_tokens_x4_q8_0 cb_gemm_q8_0x4_avx2
 #endif
 void cb_dot_f16_tokens_avx2(const cb_half *w, const float *const *x, int n_tok, int n, float *out);
 void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok, int n, float *out);
@@ -402,6 +406,9 @@ void cb_attn_mix4_f16_neon(float *out, size_t out_stride, const float *w, size_t
 #if CB_KERNELS_DOTPROD
 float cb_dot_q8_0_dotprod(const cb_block_q8_0 *w, const cb_block_q8_0 *x, int n);
 float cb_dot_q4_0_dotprod(const cb_block_q4_0 *w, const cb_block_q8_0 *x, int n);
+/* A q8_0x4 group over many tokens (prompts), the x4 kernel's bits. */
+void cb_gemm_q8_0x4_dotprod(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
+#define cb_dot4_tokens_x4_q8_0 cb_gemm_q8_0x4_dotprod
 #endif
 #if CB_KERNELS_AVX512
 #define cb_dot_f32 cb_dot_f32_avx512

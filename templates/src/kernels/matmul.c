@@ -33,7 +33,7 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
     return 0;
 }
 
-#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
+#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0) || defined(cb_dot4_tokens_x4_q8_0)
 /* 1 when a multi-token kernel of this target beats looping the one-token
  * kernel over n_tok tokens (both give the same bits). Weights mostly come
  * from memory (experts, and a batch step's dense matrices), and there the
@@ -50,7 +50,10 @@ static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
     const int x4 = dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
     if (n_tok < (x4 ? 16 : 8)) return 0;
 #ifdef cb_dot4_tokens_q8_0
-    if (dtype == CB_Q8_0 || dtype == CB_Q8_0X4) return 1;
+    if (dtype == CB_Q8_0) return 1;
+#endif
+#ifdef cb_dot4_tokens_x4_q8_0
+    if (dtype == CB_Q8_0X4) return 1;
 #endif
 #ifdef cb_dot4_tokens_q4_0
     if (dtype == CB_Q4_0 || dtype == CB_Q4_0X4) return 1;
@@ -60,13 +63,18 @@ static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
 
 static void dot4_tokens(uint32_t dtype, const void *rows, size_t row_bytes, const cb_block_q8_0 *const *xs, int tn,
                         int cols, float *d, const void *next) {
+    (void)row_bytes, (void)next; /* GGML rows' tokens kernels only on some targets */
     switch (dtype) {
 #ifdef cb_dot4_tokens_q8_0
     case CB_Q8_0: cb_dot4_tokens_q8_0(rows, row_bytes, xs, tn, cols, d, next); break;
+#endif
+#ifdef cb_dot4_tokens_x4_q8_0
     case CB_Q8_0X4: cb_dot4_tokens_x4_q8_0(rows, xs, tn, cols, d); break;
 #endif
+#ifdef cb_dot4_tokens_q4_0
     case CB_Q4_0: cb_dot4_tokens_q4_0(rows, row_bytes, xs, tn, cols, d, next); break;
     case CB_Q4_0X4: cb_dot4_tokens_x4_q4_0(rows, xs, tn, cols, d); break;
+#endif
     }
 }
 #endif
@@ -117,7 +125,7 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         const int ahead = x4 ? r0 : r0 + PREFETCH_ROWS < (int)W->rows ? r0 + PREFETCH_ROWS : (int)W->rows;
         for (const uint8_t *p = w + (size_t)r0 * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64)
             cb_prefetch(p);
-#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0)
+#if defined(cb_dot4_tokens_q8_0) || defined(cb_dot4_tokens_q4_0) || defined(cb_dot4_tokens_x4_q8_0)
         if (tokens_kernel_pays(W->dtype, n_tok)) {
             /* STAGE_ROWS rows for each group of tokens, each token's results
              * written a cache line at a time, the lines asked for (to write)

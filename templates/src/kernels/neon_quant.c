@@ -133,6 +133,51 @@ void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float
     dot4_x4(group, x, n, out, 1);
 }
 
+#if CB_KERNELS_DOTPROD
+/* A q8_0x4 group over many tokens (prompts): the group's four rows of a
+ * block are loaded once for GEMM_TOKENS tokens, each token's row sums the
+ * SDOT lanes, scales and float order of dot4_x4, so the bits are its. */
+#define GEMM_TOKENS 4
+static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
+                                                            int nt, float *out) {
+    float32x4_t acc[GEMM_TOKENS][4];
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < 4; i++) acc[t][i] = vdupq_n_f32(0);
+    for (int b = 0; b < nb; b++, g += 4 * sizeof(cb_block_q8_0)) {
+        const float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g)));
+        int8x16_t lo[4], hi[4];
+        for (int i = 0; i < 4; i++)
+            lo[i] = vld1q_s8((const int8_t *)g + 8 + 16 * i), hi[i] = vld1q_s8((const int8_t *)g + 72 + 16 * i);
+        for (int t = 0; t < nt; t++) {
+            const int8x16_t xlo = vld1q_s8(x[t][b].qs), xhi = vld1q_s8(x[t][b].qs + 16);
+            const float32x4_t d = vmulq_n_f32(dw, half(x[t][b].d));
+#define ROW(i) \
+            acc[t][i] = vfmaq_laneq_f32(acc[t][i], vcvtq_f32_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo[i], xlo), hi[i], xhi)), d, i)
+            ROW(0);
+            ROW(1);
+            ROW(2);
+            ROW(3);
+#undef ROW
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < 4; i++) {
+            const float32x4_t p = vpaddq_f32(acc[t][i], acc[t][i]);
+            out[t * 4 + i] = vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
+        }
+}
+
+void cb_gemm_q8_0x4_dotprod(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    for (int t = 0; t < n_tok; t += GEMM_TOKENS) {
+        const int nt = n_tok - t < GEMM_TOKENS ? n_tok - t : GEMM_TOKENS;
+        if (nt == GEMM_TOKENS) gemm_tile(group, n / CB_QK, x + t, GEMM_TOKENS, out + 4 * t);
+        else if (nt == 3) gemm_tile(group, n / CB_QK, x + t, 3, out + 4 * t);
+        else if (nt == 2) gemm_tile(group, n / CB_QK, x + t, 2, out + 4 * t);
+        else gemm_tile(group, n / CB_QK, x + t, 1, out + 4 * t);
+    }
+}
+#endif
+
 /* The engine's activation quantizer: cb_quantize_row_q8_0's bytes. FCVTAS
  * rounds half away from zero like roundf; FMAXNM skips a NaN like fmaxf. */
 void cb_quantize_row_q8_0_neon(const float *x, cb_block_q8_0 *y, int n) {
