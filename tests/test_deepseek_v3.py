@@ -16,7 +16,7 @@ import pytest
 from colibri_build import Engine
 from colibri_build.convert import convert
 
-from tiny_moe import TINY_MOE, needs_testdata, relative_error, transformers_reference
+from tiny_moe import TINY_MOE, check_built_server, needs_testdata, relative_error, transformers_reference
 
 TINY = TINY_MOE / "deepseek_v3"
 
@@ -209,31 +209,11 @@ def test_built_server_gives_transformers_tokens_and_prints_the_latent_cache(tmp_
     """The tiny_moe DeepSeek-V3 through a built colibri-server: it says the
     KV cache takes the latent and rope key a token, gives transformers'
     greedy ids, and prompts sent together get the answers each got alone."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from conftest import RunningServer, build_server
     model_dir = convert(TINY, tmp_path / "deepseek_v3", context_length=128, progress=False)
-    dist = build_server(tmp_path, model_dir, "native")
-    server = RunningServer(dist / "colibri-server", model_dir, "--threads", "2")
-    ids = [int(t) for t in np.load(TINY / "ref" / "input_ids.npy")]
-
-    def ask(prompt):
-        body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "ignore_eos": True,
-                                               "logprobs": 3, "colibri_trace": True}).json()
-        return {"tokens": body["colibri_trace"]["completion_tokens"], "logprobs": body["choices"][0]["logprobs"],
-                "experts": body["expert_activations"]}
-    try:
-        # 2 layers x (16 + 8) floats
-        assert "KV cache: 192 bytes a token a slot (MLA: the latent of 16 and the rope key of 8" in server.startup
-        assert ask(ids)["tokens"] == np.load(TINY / "ref" / "greedy_ids.npy").tolist()
-        prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(8)]
-        alone = [ask(p) for p in prompts]
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            together = list(pool.map(ask, prompts))
-    finally:
-        server.stop()
-    for i, (a, b) in enumerate(zip(alone, together)):
-        assert a == b, f"prompt {i} differs when batched"
+    prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(8)]
+    startup = check_built_server(tmp_path, TINY, model_dir, prompts)
+    # 2 layers x (16 + 8) floats
+    assert "KV cache: 192 bytes a token a slot (MLA: the latent of 16 and the rope key of 8" in startup
 
 
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])

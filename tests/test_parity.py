@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 from colibri_build import Engine  # noqa: E402
 from colibri_build.convert import convert  # noqa: E402
 from hf_models import make_checkpoint, reference_greedy, reference_logits  # noqa: E402
+from tiny_moe import check_built_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -185,31 +186,10 @@ def test_windowed_models_built_server_gives_transformers_tokens_and_batches_bit_
     than the window sent at once get the answers (tokens, top logprobs,
     experts) each got alone, prompts that wrap the sliding layers' ring
     (window + 63 positions) among them."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from conftest import RunningServer, build_server
     ref = TINY_MOE / name
     model_dir = convert(ref, tmp_path / name, progress=False)
-    dist = build_server(tmp_path, model_dir, "native")
-    server = RunningServer(dist / "colibri-server", model_dir, "--threads", "2")
-    ids = [int(t) for t in np.load(ref / "ref" / "input_ids.npy")]
-
-    def ask(prompt):
-        body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "ignore_eos": True,
-                                               "logprobs": 3, "colibri_trace": True}).json()
-        return {"tokens": body["colibri_trace"]["completion_tokens"], "logprobs": body["choices"][0]["logprobs"],
-                "experts": body["expert_activations"]}
-    try:
-        assert ask(ids)["tokens"] == np.load(ref / "ref" / "greedy_ids.npy").tolist()
-        ring = re.search(r"sliding-window layers \S+ \S+ \(a ring of (\d+) positions for a window of (\d+)\)",
-                         server.startup)
-        assert ring and int(ring[1]) == int(ring[2]) + 63, server.startup
-        prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(6)]
-        prompts += [[(5 * j + i) % 250 + 1 for j in range(n)] for i, n in enumerate((150, 200))]
-        alone = [ask(p) for p in prompts]
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            together = list(pool.map(ask, prompts))
-    finally:
-        server.stop()
-    for i, (a, b) in enumerate(zip(alone, together)):
-        assert a == b, f"prompt {i} differs when batched"
+    prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(6)]
+    prompts += [[(5 * j + i) % 250 + 1 for j in range(n)] for i, n in enumerate((150, 200))]
+    startup = check_built_server(tmp_path, ref, model_dir, prompts)
+    ring = re.search(r"sliding-window layers \S+ \S+ \(a ring of (\d+) positions for a window of (\d+)\)", startup)
+    assert ring and int(ring[1]) == int(ring[2]) + 63, startup

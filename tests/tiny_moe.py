@@ -41,3 +41,32 @@ def transformers_reference(model, ids, n_greedy, routers, sort=False):
         for _ in range(n_greedy):
             seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
     return logits, chosen, seq[len(ids):]
+
+
+def check_built_server(tmp_path, ref: Path, model_dir: Path, prompts) -> str:
+    """Builds colibri-server for model_dir (converted from ref) and asserts
+    it gives transformers' greedy ids for ref's prompt, and that prompts
+    sent at once get the answers (tokens, top logprobs, experts) each got
+    alone. Returns what the server printed at startup."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import RunningServer, build_server
+    dist = build_server(tmp_path, model_dir, "native")
+    server = RunningServer(dist / "colibri-server", model_dir, "--threads", "2")
+    ids = [int(t) for t in np.load(ref / "ref" / "input_ids.npy")]
+
+    def ask(prompt):
+        body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "ignore_eos": True,
+                                               "logprobs": 3, "colibri_trace": True}).json()
+        return {"tokens": body["colibri_trace"]["completion_tokens"], "logprobs": body["choices"][0]["logprobs"],
+                "experts": body["expert_activations"]}
+    try:
+        assert ask(ids)["tokens"] == np.load(ref / "ref" / "greedy_ids.npy").tolist()
+        alone = [ask(p) for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(ask, prompts))
+    finally:
+        server.stop()
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert a == b, f"prompt {i} differs when batched"
+    return server.startup

@@ -89,40 +89,59 @@ class ModelConfig:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+# What a model config may leave out and the value it then takes, in the order
+# the keys are added (converters write the filled-in dict as it is). A callable
+# reads the config for its value; a dict is a nested section with defaults of its own.
+_DEFAULTS = {
+    "head_dim": lambda d: d["hidden_size"] // d["heads"],
+    "shared_experts": 0,
+    "shared_expert_ffn_size": 0,
+    "batch_slots": 8,
+    "max_batch_tokens": 64,
+    "shared_expert_gate": False,
+    "dense_layers": [],
+    "dense_ffn_size": 0,
+    "tie_word_embeddings": False,
+    "attention": {
+        "qkv_bias": False,
+        "qk_norm": "none",
+        "clip_qkv": None,
+        "v_norm": False,
+        "k_eq_v": False,
+        "scale": None,
+        "sliding": None,
+        "o_bias": False,
+        "sinks": False,
+    },
+    "router_bias": False,
+    "expert_bias": False,
+    "swiglu": None,
+    "mla": None,
+    "router_groups": None,
+    "routed_scaling_factor": None,
+    "layer_types": lambda d: ["full"] * d["layers"],
+    "block": "pre_norm",
+    "ffn_act": "silu",
+    "embed_scale": None,
+    "logit_softcap": None,
+}
+# rope is required, so its defaults fill in only what it holds.
+_ROPE_DEFAULTS = {"scaling": None, "partial_rotary_factor": 1}
+
+
+def _set_defaults(target: dict, defaults: dict) -> None:
+    for key, default in defaults.items():
+        if isinstance(default, dict):
+            _set_defaults(target.setdefault(key, {}), default)
+        else:
+            # computed even where the key is set, as a plain setdefault argument is
+            target.setdefault(key, default(target) if callable(default) else copy.deepcopy(default))
+
+
 def fill_defaults(data: dict) -> dict:
     data = copy.deepcopy(data)
-    data.setdefault("head_dim", data["hidden_size"] // data["heads"])
-    data.setdefault("shared_experts", 0)
-    data.setdefault("shared_expert_ffn_size", 0)
-    data.setdefault("batch_slots", 8)
-    data.setdefault("max_batch_tokens", 64)
-    data.setdefault("shared_expert_gate", False)
-    data.setdefault("dense_layers", [])
-    data.setdefault("dense_ffn_size", 0)
-    data.setdefault("tie_word_embeddings", False)
-    att = data.setdefault("attention", {})
-    att.setdefault("qkv_bias", False)
-    att.setdefault("qk_norm", "none")
-    att.setdefault("clip_qkv", None)
-    att.setdefault("v_norm", False)
-    att.setdefault("k_eq_v", False)
-    att.setdefault("scale", None)
-    att.setdefault("sliding", None)
-    att.setdefault("o_bias", False)
-    att.setdefault("sinks", False)
-    data.setdefault("router_bias", False)
-    data.setdefault("expert_bias", False)
-    data.setdefault("swiglu", None)
-    data.setdefault("mla", None)
-    data.setdefault("router_groups", None)
-    data.setdefault("routed_scaling_factor", None)
-    data.setdefault("layer_types", ["full"] * data["layers"])
-    data.setdefault("block", "pre_norm")
-    data.setdefault("ffn_act", "silu")
-    data.setdefault("embed_scale", None)
-    data.setdefault("logit_softcap", None)
-    data["rope"].setdefault("scaling", None)
-    data["rope"].setdefault("partial_rotary_factor", 1)
+    _set_defaults(data, _DEFAULTS)
+    _set_defaults(data["rope"], _ROPE_DEFAULTS)
     return data
 
 

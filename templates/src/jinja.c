@@ -698,26 +698,19 @@ static node *parse_not(cb_jinja *t) {
     }
     return parse_compare(t);
 }
-static node *parse_and(cb_jinja *t) {
-    node *x = parse_not(t);
-    while (is_name(peek(t), "and")) {
+/* operand (kw operand)*, left-associative: the and and or chains. */
+static node *parse_chain(cb_jinja *t, const char *kw, int type, node *(*operand)(cb_jinja *)) {
+    node *x = operand(t);
+    while (is_name(peek(t), kw)) {
         int line = next_tok(t)->line;
-        node *y = new_node(t, E_AND, line);
-        y->a = x, y->b = parse_not(t);
+        node *y = new_node(t, type, line);
+        y->a = x, y->b = operand(t);
         x = y;
     }
     return x;
 }
-static node *parse_or(cb_jinja *t) {
-    node *x = parse_and(t);
-    while (is_name(peek(t), "or")) {
-        int line = next_tok(t)->line;
-        node *y = new_node(t, E_OR, line);
-        y->a = x, y->b = parse_and(t);
-        x = y;
-    }
-    return x;
-}
+static node *parse_and(cb_jinja *t) { return parse_chain(t, "and", E_AND, parse_not); }
+static node *parse_or(cb_jinja *t) { return parse_chain(t, "or", E_OR, parse_and); }
 static node *parse_expr(cb_jinja *t) {
     if (++t->depth > MAX_PARSE_DEPTH) perr(t, peek(t)->line, "expressions nested too deeply");
     node *x = parse_or(t);
@@ -2385,6 +2378,38 @@ static jv attr_path(cb_jrender *r, jv v, jv path, int line) {
     return v;
 }
 
+/* The int and float filters' reading of a string: 1 and its number where
+ * strtod reads one from its start (at most 63 bytes of it), else 0. */
+static int str_number(jv v, double *d) {
+    if (v.t != V_STR) return 0;
+    char buf[64];
+    size_t k = v.n < 63 ? v.n : 63;
+    memcpy(buf, v.u.s, k), buf[k] = 0;
+    char *end;
+    *d = strtod(buf, &end);
+    return end != buf;
+}
+
+/* Stable insertion sort for the sort and dictsort filters: by column col of
+ * each item (a (key, value) pair) when col >= 0, else by attribute attr
+ * (none: the item itself); strings compare lower-cased unless case_sensitive. */
+static void sort_list(cb_jrender *r, jlist *l, int col, jv attr, int case_sensitive, int reverse, int line) {
+    for (size_t i = 1; i < l->n; i++)
+        for (size_t j = i; j > 0; j--) {
+            jv x = l->v[j - 1], y = l->v[j];
+            if (col >= 0) x = x.u.l->v[col], y = y.u.l->v[col];
+            else if (attr.t != V_NONE) x = attr_path(r, x, attr, line), y = attr_path(r, y, attr, line);
+            if (!case_sensitive) {
+                if (x.t == V_STR) x = str_case(r, x, 0);
+                if (y.t == V_STR) y = str_case(r, y, 0);
+            }
+            int c = cmp(r, x, y, line);
+            if (reverse ? c >= 0 : c <= 0) break;
+            jv tmp = l->v[j];
+            l->v[j] = l->v[j - 1], l->v[j - 1] = tmp;
+        }
+}
+
 static jv run_filter(cb_jrender *r, const char *name, size_t n, jv v, const args *a, int line, frame *f) {
     jv none = mk_none();
     (void)f;
@@ -2462,20 +2487,7 @@ static jv run_filter(cb_jrender *r, const char *name, size_t n, jv v, const args
             int case_sensitive = truthy(arg(a, 0, "case_sensitive", mk_bool(0)));
             jv by = arg(a, 1, "by", mk_str("key", 3));
             int reverse = truthy(arg(a, 2, "reverse", mk_bool(0)));
-            int col = str_eq(by, "value", 5);
-            jlist *l = out.u.l;
-            for (size_t i = 1; i < l->n; i++)
-                for (size_t j = i; j > 0; j--) {
-                    jv x = l->v[j - 1].u.l->v[col], y = l->v[j].u.l->v[col];
-                    if (!case_sensitive) {
-                        if (x.t == V_STR) x = str_case(r, x, 0);
-                        if (y.t == V_STR) y = str_case(r, y, 0);
-                    }
-                    int c = cmp(r, x, y, line);
-                    if (reverse ? c >= 0 : c <= 0) break;
-                    jv tmp = l->v[j];
-                    l->v[j] = l->v[j - 1], l->v[j - 1] = tmp;
-                }
+            sort_list(r, out.u.l, str_eq(by, "value", 5), none, case_sensitive, reverse, line);
         }
         return out;
     }
@@ -2520,19 +2532,7 @@ static jv run_filter(cb_jrender *r, const char *name, size_t n, jv v, const args
         }
         if (IS("unique")) return out;
         jlist *l = out.u.l;
-        for (size_t i = 1; i < l->n; i++)
-            for (size_t j = i; j > 0; j--) {
-                jv x = attr.t == V_NONE ? l->v[j - 1] : attr_path(r, l->v[j - 1], attr, line);
-                jv y = attr.t == V_NONE ? l->v[j] : attr_path(r, l->v[j], attr, line);
-                if (!case_sensitive) {
-                    if (x.t == V_STR) x = str_case(r, x, 0);
-                    if (y.t == V_STR) y = str_case(r, y, 0);
-                }
-                int c = cmp(r, x, y, line);
-                if (reverse ? c >= 0 : c <= 0) break;
-                jv tmp = l->v[j];
-                l->v[j] = l->v[j - 1], l->v[j - 1] = tmp;
-            }
+        sort_list(r, l, -1, attr, case_sensitive, reverse, line);
         if (IS("sort")) return out;
         if (!l->n) return mk_undef(NULL);
         return IS("min") ? l->v[0] : l->v[l->n - 1];
@@ -2574,29 +2574,15 @@ static jv run_filter(cb_jrender *r, const char *name, size_t n, jv v, const args
         return out;
     }
     if (IS("int")) {
+        double d;
         if (v.t == V_INT || v.t == V_BOOL) return mk_int(v.u.i);
         if (v.t == V_FLOAT) return mk_int((int64_t)v.u.f);
-        if (v.t == V_STR) {
-            char buf[64];
-            size_t k = v.n < 63 ? v.n : 63;
-            memcpy(buf, v.u.s, k), buf[k] = 0;
-            char *end;
-            double d = strtod(buf, &end);
-            return end != buf ? mk_int((int64_t)d) : arg(a, 0, "default", mk_int(0));
-        }
-        return arg(a, 0, "default", mk_int(0));
+        return str_number(v, &d) ? mk_int((int64_t)d) : arg(a, 0, "default", mk_int(0));
     }
     if (IS("float")) {
+        double d;
         if (is_num(v)) return mk_float(num(v));
-        if (v.t == V_STR) {
-            char buf[64];
-            size_t k = v.n < 63 ? v.n : 63;
-            memcpy(buf, v.u.s, k), buf[k] = 0;
-            char *end;
-            double d = strtod(buf, &end);
-            return end != buf ? mk_float(d) : arg(a, 0, "default", mk_float(0));
-        }
-        return arg(a, 0, "default", mk_float(0));
+        return str_number(v, &d) ? mk_float(d) : arg(a, 0, "default", mk_float(0));
     }
     if (IS("abs")) {
         if (!is_num(v)) rfail(r, CB_JINJA_ERROR, line, "bad operand type for abs(): '%s'", type_name(v));

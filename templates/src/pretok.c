@@ -110,6 +110,31 @@ static size_t newline_or_space_run(const uint8_t *s, size_t len, size_t i) {
     return space_run(s, len, i);
 }
 
+/* \p{N}{1,max} at i (s[i] starts a number): its end. */
+static size_t digit_run(const uint8_t *s, size_t len, size_t i, int max_digits) {
+    size_t j = i;
+    for (int d = 0; d < max_digits && j < len; d++) {
+        size_t nd;
+        if (!IS_N(cls_at(s, len, j, &nd))) break;
+        j += nd;
+    }
+    return j;
+}
+
+/* The tail Llama 3 and o200k share:  ?[^\s\p{L}\p{N}]+[\r\n]* (o200k,
+ * slash set: [\r\n/]*), else \s*[\r\n]+|\s+(?!\S)|\s+ . */
+static size_t punct_or_space_run(const uint8_t *s, size_t len, size_t i, int slash) {
+    size_t j = (s[i] == ' ' && i + 1 < len) ? i + 1 : i;
+    size_t n1;
+    uint32_t c1 = cls_at(s, len, j, &n1);
+    if (!IS_S(c1) && !IS_L(c1) && !IS_N(c1)) {
+        RUN(!IS_S(c) && !IS_L(c) && !IS_N(c));
+        while (j < len && (s[j] == '\r' || s[j] == '\n' || (slash && s[j] == '/'))) j++;
+        return j;
+    }
+    return newline_or_space_run(s, len, i);
+}
+
 static size_t gpt2_next(const uint8_t *s, size_t len, size_t i) {
     size_t n, j;
     size_t k = contraction(s, len, i, 0);
@@ -150,27 +175,8 @@ static size_t llama3_next(const uint8_t *s, size_t len, size_t i, int max_digits
             return j;
         }
     }
-    /* \p{N}{1,max} */
-    if (IS_N(c0)) {
-        for (int d = 0; d < max_digits && j < len; d++) {
-            size_t nd;
-            if (!IS_N(cls_at(s, len, j, &nd))) break;
-            j += nd;
-        }
-        return j;
-    }
-    /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
-    j = (s[i] == ' ' && i + 1 < len) ? i + 1 : i;
-    {
-        size_t n1;
-        uint32_t c1 = cls_at(s, len, j, &n1);
-        if (!IS_S(c1) && !IS_L(c1) && !IS_N(c1)) {
-            RUN(!IS_S(c) && !IS_L(c) && !IS_N(c));
-            while (j < len && (s[j] == '\r' || s[j] == '\n')) j++;
-            return j;
-        }
-    }
-    return newline_or_space_run(s, len, i);
+    if (IS_N(c0)) return digit_run(s, len, i, max_digits);
+    return punct_or_space_run(s, len, i, 0);
 }
 
 /* ---- o200k (gpt-oss) ---- */
@@ -207,7 +213,7 @@ static size_t o200k_uw2(const uint8_t *s, size_t len, size_t a) {
 }
 
 static size_t o200k_next(const uint8_t *s, size_t len, size_t i) {
-    size_t n0, j;
+    size_t n0;
     uint32_t c0 = cls_at(s, len, i, &n0);
     int prefix = s[i] != '\r' && s[i] != '\n' && !IS_L(c0) && !IS_N(c0);
     /* the two letter alternatives, each with then without the prefix */
@@ -219,27 +225,8 @@ static size_t o200k_next(const uint8_t *s, size_t len, size_t i) {
             if (e > a) return e + contraction(s, len, e, 1);
         }
     }
-    if (IS_N(c0)) {
-        j = i;
-        for (int d = 0; d < 3 && j < len; d++) {
-            size_t nd;
-            if (!IS_N(cls_at(s, len, j, &nd))) break;
-            j += nd;
-        }
-        return j;
-    }
-    /*  ?[^\s\p{L}\p{N}]+[\r\n/]* */
-    j = (s[i] == ' ' && i + 1 < len) ? i + 1 : i;
-    {
-        size_t n1;
-        uint32_t c1 = cls_at(s, len, j, &n1);
-        if (!IS_S(c1) && !IS_L(c1) && !IS_N(c1)) {
-            RUN(!IS_S(c) && !IS_L(c) && !IS_N(c));
-            while (j < len && (s[j] == '\r' || s[j] == '\n' || s[j] == '/')) j++;
-            return j;
-        }
-    }
-    return newline_or_space_run(s, len, i);
+    if (IS_N(c0)) return digit_run(s, len, i, 3);
+    return punct_or_space_run(s, len, i, 1);
 }
 
 /* ---- DeepSeek-V3 ---- */
