@@ -125,8 +125,9 @@ def preset_dims(preset: str, layers: int | None) -> dict:
     return {**PRESETS[preset], **({"layers": layers} if layers else {})}
 
 
-def write_checkpoint(preset: str, folder: Path, seed: int, layers: int | None) -> None:
-    dims, arch = preset_dims(preset, layers), ARCH_OF[preset]
+def write_checkpoint(arch: str, dims: dict, folder: Path, seed: int) -> None:
+    """A Hugging Face folder of arch ('olmoe' or 'mixtral') with dims
+    (synth.PRESETS' fields) and the SentencePiece tokenizer."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config(arch, dims), indent=2) + "\n")
     if not SPM.is_file():
@@ -174,7 +175,7 @@ def make(preset: str, types: list[str], llama: Path, out: Path, base: str, seed:
     base_file = work / f"{stem}-{TYPES[base]}.gguf"
     try:
         if not base_file.is_file():
-            write_checkpoint(preset, hf, seed, layers)
+            write_checkpoint(ARCH_OF[preset], preset_dims(preset, layers), hf, seed)
             argv = ["convert_hf_to_gguf.py", str(hf), "--outfile", str(base_file), "--outtype", base]
             run([sys.executable, "-c", CONVERT.format(src=str(llama / "src"), argv=argv)],
                 f"convert_hf_to_gguf.py --outtype {base}")
