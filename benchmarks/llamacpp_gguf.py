@@ -10,7 +10,8 @@ user would make a GGUF file:
         [--llama-cpp ~/.cache/colibri/llama.cpp-0.3.36] [--out models/gguf] [--base f16|q8_0]
 
 Writes OUT/PRESET-TYPE.gguf (e.g. models/gguf/bench-olmoe-Q4_K_M.gguf); a file
-already there is kept. --base q8_0 converts straight to Q8_0 and makes the
+already there is kept, and an OUT/PRESET-F16.gguf (--types f16) is used as
+the base instead of converting again. --base q8_0 converts straight to Q8_0 and makes the
 K-quants from it (llama-quantize --allow-requantize): 3.5 GB less disk at
 the peak than the F16 intermediate, and the same tensor types (the values,
 random anyway, are rounded twice). The speed of a file depends on its types
@@ -172,7 +173,9 @@ def make(preset: str, types: list[str], llama: Path, out: Path, base: str, seed:
     out.mkdir(parents=True, exist_ok=True)
     work = out / f".{stem}-work"
     hf = work / "hf"
-    base_file = work / f"{stem}-{TYPES[base]}.gguf"
+    base_file = out / f"{stem}-{TYPES[base]}.gguf"  # kept from an earlier run, or made below
+    if not base_file.is_file():
+        base_file = work / base_file.name
     try:
         if not base_file.is_file():
             write_checkpoint(ARCH_OF[preset], preset_dims(preset, layers), hf, seed)
@@ -180,10 +183,11 @@ def make(preset: str, types: list[str], llama: Path, out: Path, base: str, seed:
             run([sys.executable, "-c", CONVERT.format(src=str(llama / "src"), argv=argv)],
                 f"convert_hf_to_gguf.py --outtype {base}")
             shutil.rmtree(hf)
-        for t, path in missing.items():
+        # The base type last: its file is moved, not copied (GBs).
+        for t, path in sorted(missing.items(), key=lambda item: item[0] == base):
             tmp = path.with_name(path.name + ".part")
             if t == base:
-                shutil.copyfile(base_file, tmp)
+                shutil.move(base_file, tmp)
             else:
                 extra = ["--allow-requantize"] if base != "f16" else []
                 run([str(llama / "bin" / "llama-quantize"), *extra, str(base_file), str(tmp), TYPES[t], str(threads)],
