@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "q3_scales_x86.h"
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -318,21 +319,6 @@ static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) {
         s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, _cvtsh_ss(b->dmin), mins);
     }
     return s;
-}
-
-/* Q3_K's 16 6-bit scales less 32, as bytes: group g's low nibble from byte
- * g % 8 (high nibble for g >= 8), top 2 bits from byte 8 + g % 4 at bit
- * 2 (g / 4); four groups to a word (a vector built from words: stored
- * bytes read back as a vector would stall store forwarding). */
-static inline __m128i q3_scales(const uint8_t s[12]) {
-    uint32_t a[3];
-    memcpy(a, s, 12);
-    const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
-    const __m128i v = _mm_setr_epi32((int)((a[0] & lo4) | (a[2] & hi2) << 4),
-                                     (int)((a[1] & lo4) | ((a[2] >> 2) & hi2) << 4),
-                                     (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
-                                     (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
 /* Q3_K on q8_k: u = low 2 bits | 3rd bit << 2 (0..7), q = u - 4, so the

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "q3_scales_x86.h"
 
 #if defined(__AVX512VNNI__) || defined(CB_AVX512_VNNI_FORM)
 #define KQ_VNNI 1
@@ -293,18 +294,6 @@ static float dot_q2_k(const void *w, const cb_block_q8_k *x, int n) {
                        with_bsums(mn, x->bsums));
     }
     return s;
-}
-
-/* Q3_K's 16 6-bit scales less 32, as bytes (kquants_avx2.c q3_scales). */
-static inline __m128i q3_scales(const uint8_t s[12]) {
-    uint32_t a[3];
-    memcpy(a, s, 12);
-    const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
-    const __m128i v = _mm_setr_epi32((int)((a[0] & lo4) | (a[2] & hi2) << 4),
-                                     (int)((a[1] & lo4) | ((a[2] >> 2) & hi2) << 4),
-                                     (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
-                                     (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
 static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
