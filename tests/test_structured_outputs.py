@@ -207,8 +207,9 @@ def test_sweep_under_sanitizers(asan_server_dist, tiny_model):
     srv = RunningServer(asan_server_dist / "colibri-server", tiny_model, "--threads", "1")
     try:
         sweep(srv, 40, seed=3, top_p=True)
-        for schema, fragment in REFUSED:
-            assert fragment in srv.post("/v1/chat/completions", body_for(schema, 0)).json()["error"]["message"]
+        for schema, fragment, param in REFUSED:
+            error = srv.post("/v1/chat/completions", body_for(schema, 0)).json()["error"]
+            assert fragment in error["message"] and error["param"] == param
     finally:
         stop_checked(srv)
 
