@@ -111,7 +111,10 @@ def main() -> None:
         free = statistics.median(rates[(sname, "free")])
         free_cpu = cpu[(sname, "free")][0] / cpu[(sname, "free")][1]
         for mode in MODES:
-            got = rates[(sname, mode)]
+            got = rates.get((sname, mode))
+            if not got:  # e.g. greedy json_object on a random model: "{}" every time
+                print(f"| {sname} | {mode} | - (every document a single token: no decode step) | - | - | - |")
+                continue
             r = statistics.median(got)
             per = cpu[(sname, mode)][0] / cpu[(sname, mode)][1]
             print(f"| {sname} | {mode} | {r:.1f} ({min(got):.1f}-{max(got):.1f}, {len(got)}) | "
