@@ -1452,6 +1452,14 @@ int cb_con_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, 
     return n;
 }
 
+/* A draw over many candidates reads them all: one try, but four in string
+ * or free key text, where most tokens fit and a failed draw would cost a
+ * mask over nearly the whole vocabulary. */
+int cb_con_draw_tries(const cb_con_schema *c, const cb_con_state *s, int n, int all) {
+    if (!all && n <= 64) return 8;
+    return mostly_open(c, s) ? 4 : 1;
+}
+
 int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, cb_sampler *smp,
                       const float *logits, const cb_sampling *p, const int32_t *history, int n_history,
                       cb_rng *rng, int budget, int strip_space) {
@@ -1465,8 +1473,7 @@ int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
      * the full mask is only needed when the model wants something invalid. */
     cb_candidates cand;
     cb_sample_candidates(smp, logits, p, history, n_history, &cand);
-    /* A draw over many candidates reads them all: one try there. */
-    const int tries = cand.n == 0 || cand.all || cand.n > 64 ? 1 : 8;
+    const int tries = cand.n == 0 ? 1 : cb_con_draw_tries(c, s, cand.n, cand.all);
     for (int i = 0; i < tries; i++) {
         int32_t t = cb_sample_draw(smp, &cand, rng, NULL);
         if (token_fits(v, c, s, t, strip_space, budget_left, after)) return t;

@@ -164,6 +164,9 @@ int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
  * by one): v->allowed[id] for every token, their ids ascending in
  * v->allowed_ids; returns how many. budget and strip_space as there. */
 int cb_con_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, int budget, int strip_space);
+/* How many draws cb_con_sample tries from the sampler's own candidates (n of
+ * them, all: the whole vocabulary) before it builds the mask. */
+int cb_con_draw_tries(const cb_con_schema *c, const cb_con_state *s, int n, int all);
 /* Advances s by token id (its bytes; the first text token's leading space
  * dropped when strip_space). 1, or 0 if it does not fit (s unchanged). */
 int cb_con_advance(cb_con_vocab *v, const cb_con_schema *c, cb_con_state *s, int32_t id, int strip_space);

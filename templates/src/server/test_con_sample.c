@@ -103,7 +103,7 @@ static int32_t reference_sample(const cb_con_state *s, const cb_sampling *p, con
             if (mask[i] && (best < 0 || cb_ranks_before(smp.work[i], i, smp.work[best], best))) best = i;
         return best;
     }
-    const int tries = cand.all || cand.n > 64 ? 1 : 8;
+    const int tries = cb_con_draw_tries(&schema, s, cand.n, cand.all);
     for (int i = 0; i < tries; i++) {
         int32_t t = cb_sample_draw(&smp, &cand, rng, NULL);
         if (t >= 0 && mask[t]) return t;
