@@ -1,9 +1,10 @@
 """DeepSeek-V3 against transformers 5.23: the shared tiny_moe reference (both
 config spellings) and random checkpoints of shapes of our own (with and
 without q LoRA, expert groups 1-8, dense layers 0-2, rope parts 8-32,
-interleaved and half-split RoPE, YaRN with mscale): logits within 1e-4 of the
-largest, the same experts, the same greedy tokens; bf16 and q8_0 within the
-README's tolerances; the KV cache holds the latent and the rope key only."""
+interleaved and half-split RoPE, YaRN with mscale, linear and llama3
+scaling): logits within 1e-4 of the largest, the same experts, the same
+greedy tokens; bf16, f16 and q8_0 within the README's tolerances; the KV cache
+holds the latent and the rope key only."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ VOCAB = 160
 PROMPT = [int(t) for t in np.random.default_rng(11).integers(1, VOCAB, 32)]
 
 
-def make_deepseek(folder: Path, seed: int, parity_init: bool = False, **fields):
+def make_deepseek(folder: Path, seed: int, parity_init: bool = False, max_position_embeddings: int = 256,
+                  **fields):
     """A random DeepseekV3ForCausalLM, saved; routers scaled and correction
     biases drawn so that the choices have clear margins and the bias
     matters. parity_init: test_parity's regime instead (hf_models: std 0.02,
@@ -84,8 +86,9 @@ def make_deepseek(folder: Path, seed: int, parity_init: bool = False, **fields):
     import torch
     import transformers
     torch.manual_seed(seed)
-    cfg = transformers.DeepseekV3Config(vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-6,
-                                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    cfg = transformers.DeepseekV3Config(vocab_size=VOCAB, max_position_embeddings=max_position_embeddings,
+                                        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1,
+                                        eos_token_id=2, pad_token_id=0,
                                         num_key_value_heads=fields["num_attention_heads"], **fields)
     model = transformers.DeepseekV3ForCausalLM._from_config(cfg, attn_implementation="eager")
     gen = torch.Generator().manual_seed(seed)
@@ -151,9 +154,47 @@ def test_own_shapes_match_transformers(checkpoints, tmp_path, shape_id):
     assert relative_error(engine.forward(PROMPT[-1:], start=len(PROMPT) - 1)[-1], logits_ref[-1]) < 1e-4
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+# linear and llama3 on the rope part (yarn: SHAPES; dynamic NTK:
+# test_rope_dynamic.py), interleaved and half-split, with and without q
+# LoRA; the 32-token prompt runs past llama3's original 8 positions.
+ROPE_SCALINGS = [
+    ("linear-noqlora", 0, {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}),
+    ("llama3-qlora-g8k3", 1, {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0, "rope_theta": 1e6}),
+    ("linear-halfsplit", 2, {"rope_type": "linear", "factor": 8.0, "rope_theta": 5e4}),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in ROPE_SCALINGS])
+def test_other_rope_scalings_match_transformers(tmp_path, case):
+    pytest.importorskip("transformers")
+    import torch
+    torch.set_num_threads(1)
+    _, shape, params = next(c for c in ROPE_SCALINGS if c[0] == case)
+    fields = {**SHAPES[shape][1], "rope_parameters": params}
+    model = make_deepseek(tmp_path / "hf", seed=81 + shape, **fields)
+    rotary = model.model.rotary_emb
+    d = fields["qk_rope_head_dim"]
+    plain = 1.0 / (params["rope_theta"] ** (torch.arange(0, d, 2).float() / d))
+    assert rotary.rope_type == params["rope_type"] and not torch.allclose(rotary.inv_freq, plain)
+    logits_ref, chosen, greedy = reference(model, PROMPT, 16)
+    out = convert(tmp_path / "hf", tmp_path / "out", progress=False)
+    engine = Engine(out)
+    assert engine.dims["context_length"] == 256
+    logits = engine.forward(PROMPT)
+    err = relative_error(logits, logits_ref)
+    print(f"deepseek_v3 {case}: max relative logit error {err:.2e}")
+    assert err < 1e-4
+    for layer, ids in chosen.items():
+        np.testing.assert_array_equal(np.sort(engine.last_routing[:, layer, :], -1), ids, err_msg=f"layer {layer}")
+    assert engine.generate_ids(PROMPT, max_tokens=16, stop_at_end=False) == greedy
+    engine.forward(PROMPT[:-1])
+    assert relative_error(engine.forward(PROMPT[-1:], start=len(PROMPT) - 1)[-1], logits_ref[-1]) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "q8_0"])
 def test_reduced_precision(checkpoints, tmp_path, dtype):
-    """bf16 within 1e-2 where the routing agrees (at most 2 flipped
+    """bf16 and f16 within 1e-2 where the routing agrees (at most 2 flipped
     positions); q8_0 picks the F32 greedy continuation's token at 30 of 32
     steps (README's tolerances, in test_parity's regime of weights)."""
     shape_id = "qlora-g4k2-halfsplit-yarn-blockwidths"
@@ -168,7 +209,7 @@ def test_reduced_precision(checkpoints, tmp_path, dtype):
     agree = int((along == np.array(greedy)).sum())
     print(f"{shape_id} {dtype}: max relative error {err:.2e} where routing agrees, {flipped.sum()} positions with "
           f"a flipped expert, greedy continuation {agree}/32")
-    if dtype == "bf16":
+    if dtype in ("bf16", "f16"):
         assert err < 1e-2 and flipped.sum() <= 2
     else:
         assert agree >= 30
@@ -235,7 +276,10 @@ def test_synth_deepseek_model_loads_and_caches_the_latent(tmp_path, dtype):
 @pytest.mark.parametrize("change, words", [
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, "FP8 weights"),
     ({"scoring_func": "softmax"}, "'scoring_func' is 'softmax'"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "RoPE scaling 'llama3' is not implemented"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}}, "rope_scaling.rope_type is 'longrope', which "
+                                                                 "Colibri refuses"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 4.0, "mscale_all_dim": 1.0}},
+     r"rope_scaling.mscale_all_dim \(1.0\) is not a key of RoPE type 'linear'"),
     ({"n_group": 3}, "router_groups"),
 ])
 def test_configs_the_engine_cannot_run_are_refused_by_name(tmp_path, change, words):

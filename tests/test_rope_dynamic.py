@@ -5,8 +5,10 @@ rotated for seq = prompt length), then one call a token with the KV cache
 grows with seq. Random checkpoints with max_position_embeddings 16: a
 24-token prompt past it, and a 10-token prompt whose greedy continuation
 crosses it. F32 logits within 1e-4 of the largest at every position, the
-same greedy ids, through the Python API; the same through the built server,
-whose prefix cache must not reuse keys rotated for another length."""
+same greedy ids, through the Python API (every architecture with one RoPE
+for all layers; DeepSeek-V3's on MLA's rope part); the same through the
+built server, whose prefix cache must not reuse keys rotated for another
+length."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from colibri_build import Engine  # noqa: E402
 from colibri_build.convert import convert  # noqa: E402
 from hf_models import make_checkpoint  # noqa: E402
 from test_rope_scaling import ARCHS, VOCAB  # noqa: E402
-from tiny_moe import relative_error  # noqa: E402
+from tiny_moe import engine_generate, generate_reference, relative_error  # noqa: E402
 
 MAX_POS = 16
 DYNAMIC = {"rope_type": "dynamic", "factor": 4.0}
@@ -31,60 +33,6 @@ COMMON = dict(vocab_size=VOCAB, max_position_embeddings=MAX_POS, rms_norm_eps=1e
 LONG = [int(t) for t in np.random.default_rng(23).integers(3, VOCAB, 24)]  # past MAX_POS from the start
 SHORT = LONG[:10]  # its continuation crosses MAX_POS
 STEPS = 12
-
-
-def fresh(model) -> None:
-    """transformers keeps the longest seq seen on the rotary module; a fresh
-    generate starts from the frequencies the model was built with (Gemma 4:
-    those of each layer type)."""
-    r = model.model.rotary_emb
-    if isinstance(r.rope_type, dict):
-        for kind in r.rope_type:
-            setattr(r, f"{kind}_inv_freq", getattr(r, f"{kind}_original_inv_freq").clone())
-            setattr(r, f"{kind}_max_seq_len_cached", r.original_max_seq_len)
-        return
-    r.inv_freq = r.original_inv_freq.clone()
-    r.max_seq_len_cached = r.original_max_seq_len
-
-
-def reference(model, prompt: list[int], steps: int, dynamic: bool = True) -> tuple[np.ndarray, list[int]]:
-    """Logits at every position (the prompt's from one call, then one a
-    decode step with the cache) and the greedy ids, as generate runs them.
-    dynamic False: the same with the frequencies never updated (plain RoPE)."""
-    import torch
-    fresh(model)
-    kind = model.model.rotary_emb.rope_type
-    if not dynamic:
-        model.model.rotary_emb.rope_type = "default"
-    try:
-        with torch.no_grad():
-            out = model(torch.tensor([prompt]), use_cache=True)
-            rows, ids = [out.logits[0]], []
-            for step in range(steps):
-                ids.append(int(out.logits[0, -1].argmax()))
-                if step == steps - 1:
-                    break
-                pos = len(prompt) + step
-                out = model(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True,
-                            position_ids=torch.tensor([[pos]]))
-                rows.append(out.logits[0])
-    finally:
-        model.model.rotary_emb.rope_type = kind
-        fresh(model)
-    return torch.cat(rows).float().numpy(), ids
-
-
-def engine_run(engine, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
-    """The same through Engine.forward: the prompt in one call, then a call
-    a token (start = its position)."""
-    rows = [engine.forward(prompt)]
-    ids = []
-    for step in range(steps):
-        ids.append(int(rows[-1][-1].argmax()))
-        if step == steps - 1:
-            break
-        rows.append(engine.forward([ids[-1]], start=len(prompt) + step))
-    return np.concatenate(rows), ids
 
 
 def make_dynamic(arch: str, folder, seed: int):
@@ -101,11 +49,15 @@ def make_dynamic(arch: str, folder, seed: int):
             return make_gpt_oss(folder, seed=seed, **fields)
         finally:
             transformers.GptOssConfig.__init__ = real
+    if arch == "deepseek_v3":  # MLA: the rope key and each head's rope part, interleaved pairs
+        from test_deepseek_v3 import SHAPES, make_deepseek
+        fields = {**SHAPES[0][1], "rope_parameters": {**DYNAMIC, "rope_theta": 1e4}}
+        return make_deepseek(folder, seed=seed, max_position_embeddings=MAX_POS, **fields)
     return make_checkpoint(arch, folder, seed=seed, rope_theta=1e4, rope_scaling=dict(DYNAMIC), **COMMON,
                            **ARCHS[arch])
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss", "deepseek_v3"])
 def test_dynamic_ntk_matches_transformers(tmp_path, arch):
     import torch
     torch.set_num_threads(1)
@@ -118,15 +70,15 @@ def test_dynamic_ntk_matches_transformers(tmp_path, arch):
     assert cfg["context_length"] == 4 * MAX_POS  # the length the factor stretches the model to
     engine = Engine(out)
     for prompt in (LONG, SHORT):
-        ref, ref_ids = reference(model, prompt, STEPS)
-        plain, _ = reference(model, prompt, STEPS, dynamic=False)
+        ref, ref_ids = generate_reference(model, prompt, STEPS)
+        plain, _ = generate_reference(model, prompt, STEPS, dynamic=False)
         # The scaling shows: row p is position p; a short prompt's rows keep
         # the plain rotation up to position MAX_POS - 1 (seq = p + 1 <= MAX_POS).
         past = MAX_POS if len(prompt) <= MAX_POS else 0
         assert relative_error(plain[past:], ref[past:]) > 1e-3
         if past:
             assert relative_error(plain[:past], ref[:past]) < 1e-5
-        got, ids = engine_run(engine, prompt, STEPS)
+        got, ids = engine_generate(engine, prompt, STEPS)
         err = relative_error(got, ref)
         print(f"{arch} prompt {len(prompt)}: max relative logit error {err:.2e}")
         assert err < 1e-4
@@ -145,8 +97,8 @@ def test_chunked_prefill_keeps_the_prompt_length(tmp_path):
     engine = Engine(convert(tmp_path / "hf", tmp_path / "out", progress=False))
     prompt = [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 150)]
     assert len(prompt) > engine.dims["context_length"] // 4
-    ref, ref_ids = reference(model, prompt, 4)
-    got, ids = engine_run(engine, prompt, 4)
+    ref, ref_ids = generate_reference(model, prompt, 4)
+    got, ids = engine_generate(engine, prompt, 4)
     assert relative_error(got, ref) < 1e-4 and ids == ref_ids
     from colibri_build import memory
     for threads in (1, 3):  # the carved rows and frequencies, as memory.py counts them
@@ -156,18 +108,20 @@ def test_chunked_prefill_keeps_the_prompt_length(tmp_path):
         assert {k: want[k] for k in got} == got
 
 
-def test_server_matches_and_its_prefix_cache_reuses_only_plain_keys(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_server_matches_and_its_prefix_cache_reuses_only_plain_keys(tmp_path, arch):
     """The built server (chunked prefill, prompt length per item): the
     greedy ids and their logits of transformers for both prompts. Its prefix
     cache (one slot) then: a prompt of 14 sharing 12 tokens with a cached
     24-token prompt (keys rotated for seq 24) reuses nothing and answers as
     a server without the cache; a short prompt continuing a short cached
     text (plain keys) reuses it; a prompt past max_position_embeddings
-    starting with that text reuses nothing."""
+    starting with that text reuses nothing. DeepSeek-V3: the same with
+    MLA's cached rope key."""
     import torch
     from conftest import RunningServer, build_server, stop_checked
     torch.set_num_threads(1)
-    model = make_dynamic("qwen3_moe", tmp_path / "hf", seed=77)
+    model = make_dynamic(arch, tmp_path / "hf", seed=77)
     out = convert(tmp_path / "hf", tmp_path / "out", progress=False)
     exe = build_server(tmp_path, out, "native") / "colibri-server"
 
@@ -183,7 +137,7 @@ def test_server_matches_and_its_prefix_cache_reuses_only_plain_keys(tmp_path):
     fresh = RunningServer(exe, out, "--slots", "1", "--threads", "2", "--no-prefix-cache")
     try:
         for prompt in (LONG, SHORT):
-            ref, ref_ids = reference(model, prompt, STEPS)
+            ref, ref_ids = generate_reference(model, prompt, STEPS)
             got, _ = ask(fresh, prompt)
             assert got["trace"]["completion_tokens"] == ref_ids
             rows = ref[len(prompt) - 1:]

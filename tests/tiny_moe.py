@@ -1,6 +1,8 @@
 """What the architecture parity tests share: the shared tiny_moe
-checkpoints, the relative error they are judged by, and transformers'
-logits, chosen experts and greedy continuation for a prompt."""
+checkpoints, the relative error they are judged by, transformers' logits,
+chosen experts and greedy continuation for a prompt (by full forwards, or
+as one fresh generate runs them: what dynamic NTK RoPE needs), the engine's
+same run, and a built server's check."""
 
 from __future__ import annotations
 
@@ -70,3 +72,57 @@ def check_built_server(tmp_path, ref: Path, model_dir: Path, prompts) -> str:
     for i, (a, b) in enumerate(zip(alone, together)):
         assert a == b, f"prompt {i} differs when batched"
     return server.startup
+
+
+def fresh_rope(model) -> None:
+    """transformers keeps the longest seq seen on the rotary module; a fresh
+    generate starts from the frequencies the model was built with (Gemma 4:
+    those of each layer type)."""
+    r = model.model.rotary_emb
+    if isinstance(r.rope_type, dict):
+        for kind in r.rope_type:
+            setattr(r, f"{kind}_inv_freq", getattr(r, f"{kind}_original_inv_freq").clone())
+            setattr(r, f"{kind}_max_seq_len_cached", r.original_max_seq_len)
+        return
+    r.inv_freq = r.original_inv_freq.clone()
+    r.max_seq_len_cached = r.original_max_seq_len
+
+
+def generate_reference(model, prompt: list[int], steps: int, dynamic: bool = True) -> tuple[np.ndarray, list[int]]:
+    """Logits at every position (the prompt's from one call, then one a
+    decode step with the cache) and the greedy ids, as generate runs them.
+    dynamic False: the same with the frequencies never updated (plain RoPE)."""
+    import torch
+    fresh_rope(model)
+    kind = model.model.rotary_emb.rope_type
+    if not dynamic:
+        model.model.rotary_emb.rope_type = "default"
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([prompt]), use_cache=True)
+            rows, ids = [out.logits[0]], []
+            for step in range(steps):
+                ids.append(int(out.logits[0, -1].argmax()))
+                if step == steps - 1:
+                    break
+                pos = len(prompt) + step
+                out = model(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True,
+                            position_ids=torch.tensor([[pos]]))
+                rows.append(out.logits[0])
+    finally:
+        model.model.rotary_emb.rope_type = kind
+        fresh_rope(model)
+    return torch.cat(rows).float().numpy(), ids
+
+
+def engine_generate(engine, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
+    """The same through Engine.forward: the prompt in one call, then a call
+    a token (start = its position)."""
+    rows = [engine.forward(prompt)]
+    ids = []
+    for step in range(steps):
+        ids.append(int(rows[-1][-1].argmax()))
+        if step == steps - 1:
+            break
+        rows.append(engine.forward([ids[-1]], start=len(prompt) + step))
+    return np.concatenate(rows), ids

@@ -41,8 +41,9 @@ static void place_latent_token(cb_engine *e, void *p, int i) {
     const int r = (int)d->kv_lora_rank, rope = (int)d->head_dim, c = r + rope;
     float *kv = e->k + (size_t)i * c;
     cb_rmsnorm(kv, kv, L->kv_a_norm, r, MLA_NORM_EPS);
-    const size_t off = (size_t)it->pos * (rope / 2);
-    cb_rope_neox(kv + r, 1, rope, e->layer_cos[t->layer] + off, e->layer_sin[t->layer] + off);
+    const float *cos_p, *sin_p; /* the layer's table row, or dynamic NTK's row for this item */
+    cb_rope_rows(e, t->layer, i, it->pos, &cos_p, &sin_p);
+    cb_rope_neox(kv + r, 1, rope, cos_p, sin_p);
     uint8_t *row = latent_rows(e, it->slot, t->layer) + (size_t)it->pos * c * kv_element(e);
     if (e->kv_f16) cb_f32_to_f16(kv, (cb_half *)row, c);
     else memcpy(row, kv, sizeof(float) * c);
@@ -59,8 +60,8 @@ static void place_q_token(cb_engine *e, void *p, int i) {
     const cb_dims *d = CB_DIMS(e);
     const int nh = (int)d->n_heads, r = (int)d->kv_lora_rank, rope = (int)d->head_dim, nope = (int)d->qk_nope_dim;
     const int qk = nope + rope, c = r + rope;
-    const size_t off = (size_t)t->items[i].pos * (rope / 2);
-    const float *cos_p = e->layer_cos[t->layer] + off, *sin_p = e->layer_sin[t->layer] + off;
+    const float *cos_p, *sin_p;
+    cb_rope_rows(e, t->layer, i, t->items[i].pos, &cos_p, &sin_p);
     float *q = e->q + (size_t)i * nh * qk, *qc = e->mla_q + (size_t)i * nh * c;
     for (int h = 0; h < nh; h++) {
         cb_rope_neox(q + (size_t)h * qk + nope, 1, rope, cos_p, sin_p);

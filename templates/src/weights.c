@@ -142,8 +142,8 @@ static int check_layers(const cb_weights_header *h, const cb_layer_desc *desc, c
             why = "an MLA layer has the model's rope head size, one KV head, no window and no k_eq_v";
         else if ((L->rope_dyn_factor != 0.0f || L->rope_dyn_max) &&
                  (!(L->rope_dyn_factor >= 1.0f && L->rope_dyn_factor < 1e6f) || !L->rope_dyn_max ||
-                  L->rope_dyn_max > CB_MAX_SIZE || L->head_dim < 4 || d->kv_lora_rank))
-            why = "dynamic RoPE needs a factor in 1..1e6, max_position_embeddings in 1..2^24, head_dim >= 4, no MLA";
+                  L->rope_dyn_max > CB_MAX_SIZE || L->head_dim < 4))
+            why = "dynamic RoPE needs a factor in 1..1e6, max_position_embeddings in 1..2^24, head_dim >= 4";
         if (why) {
             snprintf(err, err_len, "%s: header: layer %u: %s (window %u, head_dim %u, kv_heads %u, rope_pairs %u)",
                      path, l, why, L->window, L->head_dim, L->n_kv_heads, L->rope_pairs);

@@ -1,34 +1,31 @@
 """DeepSeek-V3 (DeepseekV3ForCausalLM; V3.1, R1 and Kimi K2 share the
 layout): multi-head latent attention with q LoRA (or one q projection, as
-V2-Lite), YaRN with mscale, interleaved RoPE on the rope part, the first
-layers dense, a sigmoid router with a correction bias and group-limited
-top-k, routed scaling, shared experts (ARCHITECTURES.md section 7;
-transformers 5.23 is the truth). FP8 checkpoints are not read."""
+V2-Lite), RoPE scaling (YaRN with mscale, linear, llama3, dynamic NTK) on
+the interleaved rope part, the first layers dense, a sigmoid router with a
+correction bias and group-limited top-k, routed scaling, shared experts
+(ARCHITECTURES.md section 7; transformers 5.23 is the truth). FP8 checkpoints are not read."""
 
 from __future__ import annotations
 
 from ..errors import ConfigError
 from .common import HFConfig
-from .rope import rope_fields, yarn_mscale
+from .rope import context_limit, rope_fields, yarn_mscale
 
 ARCHITECTURE = "deepseek_v3"
 
 
-def _rope(hf: HFConfig, qk_head_dim: int) -> tuple[float, dict | None, float]:
-    """rope_theta, the yarn scaling (None: default RoPE) and the q.k scale,
-    in either spelling (rope.rope_fields reads and checks them)."""
-    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    kind = params.get("rope_type") or params.get("type") or "default"
-    if kind not in ("default", "yarn"):
-        raise ConfigError(f"{hf.source}: RoPE scaling '{kind}' is not implemented for deepseek_v3 (only yarn)")
+def _rope(hf: HFConfig, qk_head_dim: int) -> tuple[dict, float]:
+    """model-config's rope section (rope.rope_fields reads and checks either
+    spelling: default, linear, llama3, yarn, dynamic) and the q.k scale."""
     rope = rope_fields(hf)
     scaling, scale = rope["scaling"], qk_head_dim ** -0.5
     if scaling is None:
-        return rope["theta"], None, scale
-    mscale_all = params.get("mscale_all_dim")
+        return rope, scale
+    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    mscale_all = params.get("mscale_all_dim")  # a key only yarn takes: rope_fields refuses it on the others
     if mscale_all:  # DeepseekV3Attention.scaling (yarn_apply_mscale)
         scale = scale * yarn_mscale(scaling["factor"], mscale_all) ** 2
-    return rope["theta"], scaling, scale
+    return rope, scale
 
 
 def model_fields(hf: HFConfig, context_length: int | None) -> dict:
@@ -54,9 +51,9 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     nope = hf.get("qk_nope_head_dim", required=True)
     if rope % 2:
         raise ConfigError(f"{hf.source}: qk_rope_head_dim {rope} is odd; RoPE rotates pairs")
-    theta, scaling, scale = _rope(hf, nope + rope)
+    rope_section, scale = _rope(hf, nope + rope)
     max_pos = hf.get("max_position_embeddings", default=4096)
-    ctx = min(max_pos, context_length or 4096)
+    ctx = min(context_limit(max_pos, rope_section), context_length or 4096)
     experts = hf.get("n_routed_experts", "num_local_experts", required=True)
     dense = min(hf.get("first_k_dense_replace", default=0) or 0, n_layers)
     shared = hf.get("n_shared_experts", default=0) or 0
@@ -66,7 +63,7 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     return {
         "layers": n_layers, "hidden_size": hidden, "heads": heads, "kv_heads": 1, "head_dim": rope,
         "vocab_size": hf.get("vocab_size", required=True), "norm_eps": hf.get("rms_norm_eps", required=True),
-        "rope": {"theta": theta, "scaling": scaling}, "context_length": ctx,
+        "rope": rope_section, "context_length": ctx,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
         "experts": experts, "top_k": hf.get("num_experts_per_tok", required=True), "expert_ffn_size": expert_ffn,
         "router": "sigmoid_topk_renorm" if hf.get("norm_topk_prob", default=False) else "sigmoid_topk",
