@@ -6,8 +6,9 @@ checkpoints with max_position_embeddings 16 (dynamic) or original 8; a 24-token
 prompt and 12 greedy tokens, as one fresh generate runs them (the prompt
 in one call, then a call a token with the KV cache, which dynamic NTK
 needs): F32 logits within 1e-4 of the largest at every position, the same
-experts, the same greedy ids. What transformers' Gemma 4 cannot run
-(a non-proportional type with partial_rotary_factor < 1) is refused."""
+experts, the same greedy ids, through the Python API and a built server. What
+transformers' Gemma 4 cannot run (a non-proportional type with
+partial_rotary_factor < 1) is refused."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from colibri_build import Engine, memory  # noqa: E402
 from colibri_build.convert import convert, model_config  # noqa: E402
 from colibri_build.errors import ConfigError  # noqa: E402
 from test_gemma4 import SHAPES, make_gemma4  # noqa: E402
-from tiny_moe import engine_generate, generate_reference, relative_error  # noqa: E402
+from tiny_moe import (engine_generate, fresh_rope, generate_reference, relative_error,  # noqa: E402
+                      transformers_reference)
 
 MAX_POS = 16  # with dynamic NTK (context 64); the fixed types' cases take 256 (original 8)
 PROMPT = [int(t) for t in np.random.default_rng(29).integers(3, 192, 24)]
@@ -90,6 +92,13 @@ def test_gemma4_scaled_rope_matches_transformers(tmp_path, case):
     assert (cfg["attention"]["sliding"]["rope_scaling"] or {}).get("type") == \
         kinds[params["sliding_attention"]["rope_type"]]
     engine = Engine(out)
+    # The prompt's experts: one full forward is the prompt's call of generate.
+    routers = {i: layer.router for i, layer in enumerate(model.model.layers)}
+    fresh_rope(model)
+    chosen = transformers_reference(model, PROMPT, 0, routers)[1]
+    engine.forward(PROMPT)
+    for layer, want in chosen.items():
+        np.testing.assert_array_equal(engine.last_routing[:, layer, :], want, err_msg=f"layer {layer}")
     got, ids = engine_generate(engine, PROMPT, STEPS)
     err = relative_error(got, ref)
     print(f"{case}: max relative logit error {err:.2e}")
@@ -126,3 +135,43 @@ def test_what_transformers_cannot_run_is_refused(tmp_path):
     plain = fields({"sliding_attention": sliding, "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
                                                                      "partial_rotary_factor": 0.5}})
     assert "rope_scaling" not in plain["attention"]["sliding"] and plain["rope"]["scaling"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["sliding-yarn-full-proportional-factor", "sliding-dynamic-full-yarn"])
+def test_built_server_matches_transformers(tmp_path, case):
+    """The same through a built colibri-server (specialised on the per-type
+    tables; chunked prefill, each item's prompt length for dynamic NTK):
+    transformers' greedy ids and their logits within 1e-4 of the largest;
+    the prompt sent with a shorter one gets the answer it got alone."""
+    import torch
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import RunningServer, build_server, stop_checked
+    torch.set_num_threads(1)
+    _, base, params = next(c for c in CASES if c[0] == case)
+    model = make(tmp_path / "hf", 40 + [c[0] for c in CASES].index(case), base, params)
+    ref, ref_ids = generate_reference(model, PROMPT, STEPS)
+    out = convert(tmp_path / "hf", tmp_path / "out", progress=False)
+    server = RunningServer(build_server(tmp_path, out, "native") / "colibri-server", out, "--threads", "2")
+
+    def ask(prompt):
+        reply = server.post("/v1/completions", {"prompt": prompt, "max_tokens": STEPS, "ignore_eos": True,
+                                                "logprobs": 2, "colibri_trace": True})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        return {"trace": body["colibri_trace"], "logprobs": body["choices"][0]["logprobs"],
+                "experts": body["expert_activations"]}
+    try:
+        alone = [ask(PROMPT), ask(PROMPT[:10])]
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(ask, [PROMPT, PROMPT[:10]]))
+    finally:
+        stop_checked(server)
+    trace = alone[0]["trace"]
+    assert trace["completion_tokens"] == ref_ids
+    want = ref[len(PROMPT) - 1:][np.arange(STEPS), ref_ids]
+    err = np.abs(np.array(trace["completion_logits"]) - want).max() / np.abs(ref).max()
+    print(f"{case} server: max relative error of the greedy tokens' logits {err:.2e}")
+    assert err < 1e-4
+    assert together == alone
