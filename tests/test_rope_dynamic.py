@@ -35,7 +35,7 @@ SHORT = LONG[:10]  # its continuation crosses MAX_POS
 STEPS = 12
 
 
-def make_dynamic(arch: str, folder, seed: int):
+def make_dynamic(arch: str, folder, seed: int, max_pos: int = MAX_POS):
     if arch == "gpt_oss":
         from test_gpt_oss import SHAPES, make_gpt_oss
         fields = {**SHAPES[0][1], "rope_scaling": dict(DYNAMIC), "sliding_window": 5}
@@ -43,7 +43,7 @@ def make_dynamic(arch: str, folder, seed: int):
         real = transformers.GptOssConfig.__init__
 
         def small_max(self, *a, **kw):  # make_gpt_oss fixes max_position_embeddings at 4096
-            real(self, *a, **{**kw, "max_position_embeddings": MAX_POS})
+            real(self, *a, **{**kw, "max_position_embeddings": max_pos})
         transformers.GptOssConfig.__init__ = small_max
         try:
             return make_gpt_oss(folder, seed=seed, **fields)
@@ -52,9 +52,9 @@ def make_dynamic(arch: str, folder, seed: int):
     if arch == "deepseek_v3":  # MLA: the rope key and each head's rope part, interleaved pairs
         from test_deepseek_v3 import SHAPES, make_deepseek
         fields = {**SHAPES[0][1], "rope_parameters": {**DYNAMIC, "rope_theta": 1e4}}
-        return make_deepseek(folder, seed=seed, max_position_embeddings=MAX_POS, **fields)
-    return make_checkpoint(arch, folder, seed=seed, rope_theta=1e4, rope_scaling=dict(DYNAMIC), **COMMON,
-                           **ARCHS[arch])
+        return make_deepseek(folder, seed=seed, max_position_embeddings=max_pos, **fields)
+    return make_checkpoint(arch, folder, seed=seed, rope_theta=1e4, rope_scaling=dict(DYNAMIC),
+                           **{**COMMON, "max_position_embeddings": max_pos}, **ARCHS[arch])
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss", "deepseek_v3"])
@@ -86,14 +86,14 @@ def test_dynamic_ntk_matches_transformers(tmp_path, arch):
         assert engine.generate_ids(prompt, max_tokens=STEPS, stop_at_end=False) == ref_ids
 
 
-def test_chunked_prefill_keeps_the_prompt_length(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_chunked_prefill_keeps_the_prompt_length(tmp_path, arch):
     """A prompt longer than a forward step (the engine prefills in chunks):
     every chunk is rotated for the whole prompt's length, as transformers'
     one call. A 150-token prompt on a model of max 64, factor 4."""
     import torch
     torch.set_num_threads(1)
-    model = make_checkpoint("qwen3_moe", tmp_path / "hf", seed=91, rope_theta=1e4, rope_scaling=dict(DYNAMIC),
-                            **{**COMMON, "max_position_embeddings": 64}, **ARCHS["qwen3_moe"])
+    model = make_dynamic(arch, tmp_path / "hf", seed=91, max_pos=64)
     engine = Engine(convert(tmp_path / "hf", tmp_path / "out", progress=False))
     prompt = [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 150)]
     assert len(prompt) > engine.dims["context_length"] // 4
