@@ -1,8 +1,9 @@
 """gpt-oss (unquantised experts; MXFP4 ones: test_gpt_oss_mxfp4.py) against
 transformers 5.23: the shared tiny_moe reference (both config spellings) and
-random checkpoints of shapes of our own (sliding windows shorter than the
-prompt, GQA ratios, expert counts, YaRN factors): logits within 1e-4 of the
-largest, the same experts, the same greedy tokens."""
+random checkpoints of shapes of our own (layer patterns, sliding windows
+3-6 shorter than the prompt, GQA ratios 1-8, 4-32 experts top-1..4, head
+sizes 8-16, YaRN factors): logits within 1e-4 of the largest, the same
+experts, the same greedy tokens."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ SHAPES = [
         layer_types=["full_attention", "sliding_attention", "full_attention"],
         rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 64,
                       "beta_fast": 16.0, "beta_slow": 2.0, "truncate": True})),
+    ("pattern-ssfsf-window4-gqa8-e32k2-head8", dict(
+        hidden_size=32, num_hidden_layers=5, num_attention_heads=8, num_key_value_heads=1, head_dim=8,
+        sliding_window=4, num_local_experts=32, num_experts_per_tok=2, intermediate_size=16,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"],
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                      "beta_fast": 32.0, "beta_slow": 1.0})),
 ]
 VOCAB = 160
 PROMPT = [int(t) for t in np.random.default_rng(8).integers(1, VOCAB, 20)]
