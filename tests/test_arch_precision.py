@@ -5,9 +5,10 @@ norms near 1, routers x60, output head x20), a 32-token prompt longer than
 the sliding windows; bf16/f16 logits within 1e-2 of the largest where the
 routing agrees, with at most 2 positions where an expert flipped; q8_0
 picks the F32 greedy continuation's token at 30 of 32 steps. bf16/f16 are
-also held to transformers on the same rounded matrices: Gemma 4's 7-layer
-shape in bf16 is further from F32 than the README's 1e-2 (rounding flips
-experts at 8 positions), but within it of its rounded twin."""
+also held to transformers on the same rounded matrices, within F32's 1e-4
+with no flipped expert: Gemma 4's 7-layer shape in bf16 is further from
+F32 than the README's 1e-2 (rounding flips experts at 8 positions), yet
+the engine runs the rounded model exactly."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def parity_weights(model, folder, routers: tuple, head: str, seed: int) -> None:
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     """arch -> (hf folder, prompt, logits, chosen experts, greedy, model,
-    its routers), built once."""
+    its routers, their parameter names), built once."""
     import torch
     torch.set_num_threads(1)
     made = {}
@@ -76,22 +77,23 @@ def references(tmp_path_factory):
             parity_weights(model, hf, router_names, head, seed=len(arch))
             prompt = [int(t) for t in np.random.default_rng(99).integers(3, vocab, PROMPT_LEN)]
             logits, chosen, greedy = transformers_reference(model, prompt, 32, routers(model), sort=True)
-            made[arch] = hf, prompt, logits, chosen, greedy, model, routers
+            made[arch] = hf, prompt, logits, chosen, greedy, model, routers, router_names
         return made[arch]
     return get
 
 
-def rounded_twin(model, routers, prompt, dtype: str):
-    """transformers' logits and experts with every matrix rounded to dtype
-    (what convert stores; vectors stay f32): what the engine must compute
-    from the reduced-precision file, whatever the rounding did to the model."""
+def rounded_twin(model, routers, router_names: tuple, prompt, dtype: str):
+    """transformers' logits and experts with every matrix but the routers
+    rounded to dtype (what convert stores; routers, norms and biases stay
+    f32): the model the reduced-precision file holds, which the engine must
+    run as exactly as it runs an F32 one, whatever the rounding did."""
     import copy
 
     import torch
     twin = copy.deepcopy(model)
     with torch.no_grad():
-        for _, param in twin.named_parameters():
-            if param.dim() >= 2:
+        for name, param in twin.named_parameters():
+            if param.dim() >= 2 and not name.endswith((*router_names, "_bias")):  # gpt-oss's [E, n] biases
                 param.copy_(param.to(getattr(torch, {"bf16": "bfloat16", "f16": "float16"}[dtype])).float())
     logits, chosen, _ = transformers_reference(twin, prompt, 0, routers(twin), sort=True)
     return logits, chosen
@@ -109,14 +111,14 @@ def compare(engine, prompt, logits_ref, chosen) -> tuple[float, int]:
 
 
 # Where rounding the weights moves this model further than the README's
-# tolerance (measured: the engine is then checked against the rounded twin).
+# tolerance from F32 (the rounded twin still holds it to 1e-4).
 OUTSIDE = {("gemma4", "bf16")}
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "q8_0"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_reduced_precision_within_the_readme_tolerances(references, tmp_path, arch, dtype):
-    hf, prompt, logits_ref, chosen, greedy, model, routers = references(arch)
+    hf, prompt, logits_ref, chosen, greedy, model, routers, router_names = references(arch)
     engine = Engine(convert(hf, tmp_path / "out", dtype=dtype, progress=False))
     err, flipped = compare(engine, prompt, logits_ref, chosen)
     along = engine.forward(prompt + greedy[:-1])[len(prompt) - 1:].argmax(-1)
@@ -126,9 +128,9 @@ def test_reduced_precision_within_the_readme_tolerances(references, tmp_path, ar
     if dtype == "q8_0":
         assert agree >= 30
         return
-    twin_err, twin_flipped = compare(engine, prompt, *rounded_twin(model, routers, prompt, dtype))
+    twin_err, twin_flipped = compare(engine, prompt, *rounded_twin(model, routers, router_names, prompt, dtype))
     print(f"{arch} {dtype}: against transformers on the {dtype}-rounded matrices {twin_err:.2e}, {twin_flipped} "
           "positions with a flipped expert")
-    assert twin_err < 1e-2 and twin_flipped <= 2
+    assert twin_err < 1e-4 and twin_flipped == 0  # F32 parity's bound: weights widened, f32 activations
     if (arch, dtype) not in OUTSIDE:
         assert err < 1e-2 and flipped <= 2
