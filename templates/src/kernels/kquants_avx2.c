@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "q3_scales_x86.h"
+#include "kquants_x86.h"
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -89,23 +89,6 @@ enum { B32_Q4_1, B32_Q5_0, B32_Q5_1, B32_IQ4_NL };
 static const int b32_size[] = {sizeof(cb_block_q4_1), sizeof(cb_block_q5_0), sizeof(cb_block_q5_1),
                                sizeof(cb_block_iq4_nl)};
 static const int b32_qs[] = {4, 6, 8, 2}; /* offsets of qs in the block */
-
-/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
- * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
- * would stall store forwarding. */
-static inline __m256 halves8(const uint8_t *p, size_t size) {
-    uint16_t h[8];
-    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
-    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
-                                          (short)h[6], (short)h[7]));
-}
-
-/* Eight int32 vectors -> their eight totals, vector j's in lane j. */
-static inline __m256i totals8(const __m256i v[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
 
 static inline int32_t total1(__m256i v) {
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
