@@ -49,9 +49,9 @@ static inline void prefetch_next(const void *next, size_t share, int i) {
     for (size_t o = 0; o < share; o += 64) cb_prefetch(p + o);
 }
 
-/* Shuffles putting word c of a row's eight scales in words 0..3 of each
- * lane and word c + 1 in words 4..7: the layout of hadd_epi16 of group c's
- * and group c + 1's pair sums. */
+/* Shuffles putting word 2k of a row's eight scales in words 0..3 of each
+ * lane and word 2k + 1 in words 4..7: the layout of hadd_epi16 of groups
+ * 2k's and 2k + 1's pair sums. */
 static const uint8_t pick4x2[4][32] __attribute__((aligned(32))) = {
 #define A(k) 4 * k, 4 * k + 1
 #define B(k) 4 * k + 2, 4 * k + 3
@@ -107,13 +107,16 @@ static inline __attribute__((always_inline)) void dot4_q45_k(const void *w, size
                 const __m256i q = load32(qs[r] + 16 * c);
                 __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
                 if (q5) { /* bit c of qh to bit 4: shifted in 16-bit lanes, masked to bit 4 */
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(c < 4 ? _mm256_slli_epi16(qh[r], 4 - c) : _mm256_srli_epi16(qh[r], c - 4), bit4));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(c + 1 < 4 ? _mm256_slli_epi16(qh[r], 3 - c) : _mm256_srli_epi16(qh[r], c - 3), bit4));
+                    const __m256i b0 = c < 4 ? _mm256_slli_epi16(qh[r], 4 - c) : _mm256_srli_epi16(qh[r], c - 4);
+                    const __m256i b1 = c + 1 < 4 ? _mm256_slli_epi16(qh[r], 3 - c) : _mm256_srli_epi16(qh[r], c - 3);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit4));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit4));
                 }
                 /* Groups c and c + 1's pair sums added in fours (at most
                  * 4 * 31 * 127, within int16), then one madd with both scales. */
                 const __m256i p = _mm256_hadd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
-                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, _mm256_shuffle_epi8(scales[r], load32(pick4x2[c / 2]))));
+                const __m256i sc = _mm256_shuffle_epi8(scales[r], load32(pick4x2[c / 2]));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, sc));
             }
         }
         const __m128i mins = _mm_hadd_epi32(_mm_hadd_epi32(msum[0], msum[1]), _mm_hadd_epi32(msum[2], msum[3]));
