@@ -544,6 +544,7 @@ cdef extern from "kernels/kernels.h" nogil:
     cb_dot_block_fn cb_dot_block_scalar(uint32_t dtype)
     cb_dot_block_fn cb_dot_block(uint32_t dtype)
     void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n)
+    void cb_quantize_act_q8_k(const float *x, cb_block_q8_k *y, int n)
     ctypedef float (*cb_dot_k_fn)(const void *w, const cb_block_q8_k *x, int n)
     cb_dot_k_fn cb_dot_k_scalar(uint32_t dtype)
     cb_dot_k_fn cb_dot_k(uint32_t dtype)
@@ -605,14 +606,16 @@ def _f32(x):
 def quantize(x, dtype, bint engine=False):
     """One row of float32 -> the C quantizer's bytes (q8_0, q4_0, or q8_k:
     the K types' activations, 292 bytes a 256); with engine=True the
-    engine's (SIMD) activation quantizer for q8_0."""
+    engine's (SIMD) activation quantizer for q8_0 or q8_k."""
     cdef float[::1] xv = _f32(x).ravel()
     cdef int n = xv.shape[0]
     if n % (256 if dtype == "q8_k" else 32):
         raise ValueError("length must be a multiple of 256 for q8_k, else 32")
     out = np.zeros(n // 256 * 292 if dtype == "q8_k" else n // 32 * (34 if dtype == "q8_0" else 18), dtype=np.uint8)
     cdef unsigned char[::1] ov = out
-    if dtype == "q8_k":
+    if dtype == "q8_k" and engine:
+        cb_quantize_act_q8_k(&xv[0], <cb_block_q8_k *>&ov[0], n)
+    elif dtype == "q8_k":
         cb_quantize_row_q8_k(&xv[0], <cb_block_q8_k *>&ov[0], n)
     elif dtype == "q8_0" and engine:
         cb_quantize_act_q8_0(&xv[0], <cb_block_q8_0 *>&ov[0], n)

@@ -119,7 +119,8 @@ def activation(dtype, x):
 def test_q8_k_activation_quantizer():
     """The C quantizer's q8_k blocks: a float32 step, the 256 values and the
     per-16 sums exactly as the numpy rounding above (ties, zeros, a block of
-    zeros, values of either sign), 292 bytes a block."""
+    zeros, values of either sign), 292 bytes a block; the engine's own
+    quantizer gives the same bytes."""
     x = (rng.standard_normal(1024) * np.where(np.arange(1024) % 9 == 0, 4.0, 1.0)).astype(np.float32)
     x[256:512] = 0
     x[512:768] = np.round(rng.standard_normal(256) * 127) / 127 * 3  # values on the grid and halfway
@@ -130,6 +131,8 @@ def test_q8_k_activation_quantizer():
     np.testing.assert_array_equal(raw[:, 4:260].view(np.int8), q)
     np.testing.assert_array_equal(raw[:, 260:].copy().view("<i2"), sums)
     assert d[1] == 0 and not q[1].any()
+    # The engine's own (SIMD where the build has one) gives the same bytes.
+    np.testing.assert_array_equal(kernels.quantize(x, "q8_k", engine=True), kernels.quantize(x, "q8_k"))
 
 
 @pytest.mark.parametrize("dtype", TYPES)

@@ -106,7 +106,7 @@ static void quantize_token(cb_engine *e, void *p, int t) {
     (void)e;
     const quantize_job *j = p;
     cb_quantize_act_q8_0(j->X + (size_t)t * j->x_stride, j->q + (size_t)t * j->q_stride, j->cols);
-    if (j->k) cb_quantize_row_q8_k(j->X + (size_t)t * j->x_stride, j->k + (size_t)t * j->k_stride, j->cols);
+    if (j->k) cb_quantize_act_q8_k(j->X + (size_t)t * j->x_stride, j->k + (size_t)t * j->k_stride, j->cols);
 }
 
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride) {

@@ -120,7 +120,7 @@ static void gate_up_task(const ffn_job *j, int task) {
             cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
                                  e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
         if (e->w.k_matrices && I % CB_QK_K == 0) /* chunk is then a multiple of 256 too (run_units) */
-            cb_quantize_row_q8_k(hid + (size_t)t * I_max + r0,
+            cb_quantize_act_q8_k(hid + (size_t)t * I_max + r0,
                                  e->hk + (size_t)(unit->begin + t) * e->xk_stride + r0 / CB_QK_K, r1 - r0);
     }
     atomic_fetch_add_explicit(&e->unit_gate_up_done[u], 1, memory_order_release);

@@ -550,6 +550,33 @@ static int check_quantizer(int *cases) {
     return 0;
 }
 
+/* The engine's q8_k activation quantizer (the family's) against the
+ * reference's bytes (d, qs and the per-16 sums): rows of any scale, ties at
+ * .5 in both signs, zeros and -0.0, an all-zero super-block (d = 0). */
+static int check_quantizer_k(int *cases) {
+    static float row[2 * CB_QK_K];
+    static cb_block_q8_k got[2], want[2];
+    for (int r = 0; r < 400; r++) {
+        const float scale = (float)(1 << (r % 24)) / 4096.0f;
+        for (int i = 0; i < 2 * CB_QK_K; i++) row[i] = uniform() * scale;
+        if (r % 4 == 1) /* amax 127: id = 1, so k + 0.5 are exact ties */
+            for (int i = 0; i < 2 * CB_QK_K; i++)
+                row[i] = i % CB_QK_K == 7 ? -127.0f : (float)((int)(uniform() * 126)) + 0.5f;
+        if (r % 4 == 2) row[3] = -0.0f, row[CB_QK_K + 5] = 0.0f;
+        if (r % 4 == 3) memset(row + CB_QK_K, 0, sizeof(float) * CB_QK_K);
+        memset(got, 0xA5, sizeof got);
+        memset(want, 0x5A, sizeof want);
+        cb_quantize_act_q8_k(row, got, 2 * CB_QK_K);
+        cb_quantize_row_q8_k(row, want, 2 * CB_QK_K);
+        if (memcmp(got, want, sizeof got) != 0) {
+            printf("  q8_k activation quantizer row %d: differs from cb_quantize_row_q8_k\n", r);
+            return 1;
+        }
+        *cases += 2;
+    }
+    return 0;
+}
+
 /* One case for the block kernels below: four rows (GGML rows, the same as
  * an x4 group, the first also as f16/bf16 bits) and 19 tokens (float and
  * q8_0), nb blocks wide. */
@@ -824,6 +851,12 @@ int main(void) {
     {
         int cases = 0, bad = check_quantizer(&cases);
         printf("kernel-check activation quantizer: %s (%d blocks, bit for bit cb_quantize_row_q8_0)\n",
+               bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
+    {
+        int cases = 0, bad = check_quantizer_k(&cases);
+        printf("kernel-check q8_k activation quantizer: %s (%d super-blocks, bit for bit cb_quantize_row_q8_k)\n",
                bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }

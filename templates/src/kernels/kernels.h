@@ -139,6 +139,14 @@ typedef struct {
 } cb_block_q8_k;
 _Static_assert(sizeof(cb_block_q8_k) == 292, "q8_k block: float, 256 int8, 16 int16");
 void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n);
+/* The engine's q8_k activation quantizer: the reference's bytes, faster
+ * where the family has one (AVX2: kquants_avx2.c). */
+#if CB_KERNELS_AVX2
+void cb_quantize_row_q8_k_avx2(const float *x, cb_block_q8_k *y, int n);
+#define cb_quantize_act_q8_k cb_quantize_row_q8_k_avx2
+#else
+#define cb_quantize_act_q8_k cb_quantize_row_q8_k
+#endif
 /* cb_wants_q8_k(dtype) (dims.h) names the types that take q8_k activations. */
 /* One row . x quantized to q8_k (n a multiple of 256). Per super-block the
  * integer sums are exact and the float step is cb_kq_step, in super-block

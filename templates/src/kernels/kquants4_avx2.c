@@ -1,11 +1,11 @@
-/* Four rows at a time of the types on q8_k activations, AVX2: q6_k, whose
- * one-row kernel (kquants_avx2.c) pays a super-block's fixed work (its int32
- * lanes summed, its float step) and a call per row; here four rows' lanes
+/* Four rows at a time of the types on q8_k activations, AVX2: q4_k, q5_k
+ * and q6_k, whose one-row kernels (kquants_avx2.c) pay a super-block's
+ * fixed work (its int32 lanes summed, its float step) and a call per row;
+ * here the activations' loads and per-32 sums are shared, four rows' lanes
  * are reduced by one tree and their float steps are one four-lane
- * cb_kq_step. Row i's result is bit for bit the one-row kernel's (and so the
- * scalar reference's): the integer sums are exact, and each lane takes the
- * scalar step's operations in its order. q4_k and q5_k stay one row at a
- * time: four-row forms of them, written the same way, were no faster. */
+ * cb_kq_step. Row i's result is bit for bit the one-row kernel's (and so
+ * the scalar reference's): the integer sums are exact, and each lane takes
+ * the scalar step's operations in its order. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -47,6 +47,89 @@ static inline void prefetch_next(const void *next, size_t share, int i) {
     if (!next) return;
     const uint8_t *p = (const uint8_t *)next + (size_t)i * share;
     for (size_t o = 0; o < share; o += 64) cb_prefetch(p + o);
+}
+
+/* Shuffles putting word 2k of a row's eight scales in words 0..3 of each
+ * lane and word 2k + 1 in words 4..7: the layout of hadd_epi16 of groups
+ * 2k's and 2k + 1's pair sums. */
+static const uint8_t pick4x2[4][32] __attribute__((aligned(32))) = {
+#define A(k) 4 * k, 4 * k + 1
+#define B(k) 4 * k + 2, 4 * k + 3
+#define PICK(k) {A(k), A(k), A(k), A(k), B(k), B(k), B(k), B(k), A(k), A(k), A(k), A(k), B(k), B(k), B(k), B(k)}
+    PICK(0), PICK(1), PICK(2), PICK(3)
+#undef PICK
+#undef A
+#undef B
+};
+
+/* Q4_K / Q5_K, each row as kquants_avx2.c dot_q45_k: group c (0..7) the low
+ * (even c) or high nibbles of qs[32 * (c / 2)..] (plus bit c of qh for q5),
+ * its 6-bit scale in madd, its min against the per-32 sums of x. */
+static inline __attribute__((always_inline)) void dot4_q45_k(const void *w, size_t row_bytes, const cb_block_q8_k *x,
+                                                             int n, float out[4], const void *next, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    const __m256i low4 = _mm256_set1_epi8(0xF), bit4 = _mm256_set1_epi8(0x10);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * block;
+        /* The per-32 sums of x, shared by the four rows' mins. */
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),
+                                          _mm_loadu_si128((const __m128i *)x->bsums + 1));
+        __m256i acc[4], scales[4], qh[4];
+        __m128i msum[4];
+        const uint8_t *qs[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
+            qs[r] = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
+            /* The 12 packed bytes as 8 scales and 8 mins (kquants.c scale_min_k4). */
+            uint32_t u[3];
+            memcpy(u, k5->scales, 12);
+            const uint64_t sc = (uint64_t)(u[0] & 0x3F3F3F3Fu) |
+                                (uint64_t)((u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4) << 32;
+            const uint64_t mn = (uint64_t)(u[1] & 0x3F3F3F3Fu) |
+                                (uint64_t)(((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4) << 32;
+            scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+            msum[r] = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)));
+            qh[r] = q5 ? load32(k5->qh) : _mm256_setzero_si256();
+            acc[r] = _mm256_setzero_si256();
+        }
+        /* Group by group, each pair of x loads serving the four rows. */
+#pragma GCC unroll 4
+        for (int c = 0; c < 8; c += 2) {
+            const __m256i x0 = load32(x->qs + 32 * c), x1 = load32(x->qs + 32 * c + 32);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __m256i q = load32(qs[r] + 16 * c);
+                __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                if (q5) { /* bit c of qh to bit 4: shifted in 16-bit lanes, masked to bit 4 */
+                    const __m256i b0 = c < 4 ? _mm256_slli_epi16(qh[r], 4 - c) : _mm256_srli_epi16(qh[r], c - 4);
+                    const __m256i b1 = c + 1 < 4 ? _mm256_slli_epi16(qh[r], 3 - c) : _mm256_srli_epi16(qh[r], c - 3);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit4));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit4));
+                }
+                /* Groups c and c + 1's pair sums added in fours (at most
+                 * 4 * 31 * 127, within int16), then one madd with both scales. */
+                const __m256i p = _mm256_hadd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+                const __m256i sc = _mm256_shuffle_epi8(scales[r], load32(pick4x2[c / 2]));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, sc));
+            }
+        }
+        const __m128i mins = _mm_hadd_epi32(_mm_hadd_epi32(msum[0], msum[1]), _mm_hadd_epi32(msum[2], msum[3]));
+        s = kq_step4(s, x->d, halves4(blk, offsetof(cb_block_q5_k, d)), hsum4_i32(acc),
+                     halves4(blk, offsetof(cb_block_q5_k, dmin)), mins);
+    }
+    _mm_storeu_ps(out, s);
+}
+static void dot4_q4_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    dot4_q45_k(w, row_bytes, x, n, out, next, 0);
+}
+static void dot4_q5_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    dot4_q45_k(w, row_bytes, x, n, out, next, 1);
 }
 
 /* Shuffles putting word 2k of a lane's scales in every word of the low lane
@@ -107,6 +190,8 @@ static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
 
 cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype) {
     switch (dtype) {
+    case CB_Q4_K: return dot4_q4_k;
+    case CB_Q5_K: return dot4_q5_k;
     case CB_Q6_K: return dot4_q6_k;
     }
     return NULL;

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "q3_scales_x86.h"
+#include "kquants_x86.h"
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -89,23 +89,6 @@ enum { B32_Q4_1, B32_Q5_0, B32_Q5_1, B32_IQ4_NL };
 static const int b32_size[] = {sizeof(cb_block_q4_1), sizeof(cb_block_q5_0), sizeof(cb_block_q5_1),
                                sizeof(cb_block_iq4_nl)};
 static const int b32_qs[] = {4, 6, 8, 2}; /* offsets of qs in the block */
-
-/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
- * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
- * would stall store forwarding. */
-static inline __m256 halves8(const uint8_t *p, size_t size) {
-    uint16_t h[8];
-    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
-    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
-                                          (short)h[6], (short)h[7]));
-}
-
-/* Eight int32 vectors -> their eight totals, vector j's in lane j. */
-static inline __m256i totals8(const __m256i v[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
 
 static inline int32_t total1(__m256i v) {
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -369,6 +352,45 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
         s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, 0.0f, 0);
     }
     return s;
+}
+
+/* cb_quantize_row_q8_k's bytes (the engine's q8_k activations): amax by
+ * max (exact), each q rounded half away from zero as roundf (the q8_0
+ * quantizer's way, kernels/avx2.c), the per-16 sums exact in int32. The
+ * scalar form's roundf is a libm call on x86 (17 ticks an element). */
+void cb_quantize_row_q8_k_avx2(const float *x, cb_block_q8_k *y, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    for (int b = 0; b < n / CB_QK_K; b++, x += CB_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < CB_QK_K / 8; i++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float d = _mm_cvtss_f32(m4) / 127.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        __m256i sums[16];
+        for (int g = 0; g < CB_QK_K / 32; g++) {
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) {
+                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * i), _mm256_set1_ps(id));
+                const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+                const __m256 away = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
+                                                  _mm256_or_ps(one, _mm256_and_ps(sign, v)));
+                q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, away));
+            }
+            sums[2 * g] = _mm256_add_epi32(q[0], q[1]);
+            sums[2 * g + 1] = _mm256_add_epi32(q[2], q[3]);
+            /* int32 -> int8; the packs work per 128-bit lane, so put the dwords back in order. */
+            __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(y[b].qs + 32 * g), q8);
+        }
+        /* Sixteen totals to int16 (each at most 16 * 127): packs interleaves
+         * the lanes' halves, the permute restores the order. */
+        const __m256i s16 = _mm256_packs_epi32(totals8(sums), totals8(sums + 8));
+        _mm256_storeu_si256((__m256i *)y[b].bsums, _mm256_permute4x64_epi64(s16, 0xD8));
+    }
 }
 
 cb_dot_k_fn cb_dot_k_avx2(uint32_t dtype) {

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "q3_scales_x86.h"
+#include "kquants_x86.h"
 
 #if defined(__AVX512VNNI__) || defined(CB_AVX512_VNNI_FORM)
 #define KQ_VNNI 1
@@ -54,23 +54,6 @@ static inline int32_t total256(__m256i v) {
 }
 static inline int32_t total512(__m512i v) {
     return total256(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
-}
-
-/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
- * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
- * would stall store forwarding. */
-static inline __m256 halves8(const uint8_t *p, size_t size) {
-    uint16_t h[8];
-    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
-    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
-                                          (short)h[6], (short)h[7]));
-}
-
-/* Eight int32 vectors -> their eight totals, vector j's in lane j. */
-static inline __m256i totals8(const __m256i v[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 /* ---- the 32-weight types on q8_0: two blocks a register (block a in the

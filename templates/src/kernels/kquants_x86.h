@@ -1,0 +1,43 @@
+/* Helpers the x86 kernel families of the GGML block types share
+ * (kquants_avx2.c, kquants_avx512.c): one definition for both. */
+#ifndef CB_KQUANTS_X86_H
+#define CB_KQUANTS_X86_H
+
+/* After immintrin.h (or SIMDe's avx512.h, in the SIMDe check). */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Q3_K's 16 6-bit scales less 32, as bytes: group g's low nibble from byte
+ * g % 8 (high nibble for g >= 8), top 2 bits from byte 8 + g % 4 at bit
+ * 2 (g / 4); four groups to a word (a vector built from words: stored
+ * bytes read back as a vector would stall store forwarding). */
+static inline __m128i q3_scales(const uint8_t s[12]) {
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
+    const __m128i v = _mm_setr_epi32((int)((a[0] & lo4) | (a[2] & hi2) << 4),
+                                     (int)((a[1] & lo4) | ((a[2] >> 2) & hi2) << 4),
+                                     (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
+                                     (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+/* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)
+ * as floats, inserted one by one: eight 2-byte stores read back as 16 bytes
+ * would stall store forwarding. */
+static inline __m256 halves8(const uint8_t *p, size_t size) {
+    uint16_t h[8];
+    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * size, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+
+/* Eight int32 vectors -> their eight totals, vector j's in lane j. */
+static inline __m256i totals8(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+#endif
