@@ -82,6 +82,9 @@ void cb_engine_memory(const cb_engine *e, cb_memory_budget *m);
 
 /* Most tokens one cb_engine_forward() call accepts. */
 int cb_engine_max_batch(const cb_engine *e);
+/* Most items of one batch that may want logits (want_logits): the slots,
+ * and at least 64 (or max_batch if smaller). */
+int cb_engine_logit_rows(const cb_engine *e);
 /* The model's name from the weights header (model-config.json "name"). */
 const char *cb_engine_model_name(const cb_engine *e);
 
