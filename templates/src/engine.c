@@ -125,7 +125,7 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
-/* Rows of logits the arena holds beyond one a slot (cb_engine_open). */
+/* The fewest rows of logits the arena holds, max_batch permitting (cb_engine_open). */
 #define LOGIT_ROWS_MIN 64
 
 /* The first layer before l whose RoPE table l can share (same head_dim,

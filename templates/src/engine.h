@@ -93,7 +93,8 @@ const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e);
 /* Runs the batch. Returns
  *   0  every item's numbers stayed finite;
  *  -1  nothing ran: a message in err (bad slot, position past the context,
- *      batch too large, token out of the vocabulary, a position a sliding
+ *      batch too large or wanting more logits than cb_engine_logit_rows,
+ *      token out of the vocabulary, a position a sliding
  *      layer reads no longer cached: cb_engine_slot_holds);
  *  >0  the batch ran, but that many items met a NaN or inf (a broken weight,
  *      an overflow): err describes the first; cb_engine_item_fault() tells
