@@ -211,7 +211,8 @@ def table(name: str, s: dict, prompts: list[int]) -> str:
                     f"{fmt(http.get(f'ttft_{n}_ms'), 0)} | - | - | - |")
     if s.get("int8_peak_gmac_s"):
         for n in prompts:
-            frac = [f"{e[f'prefill_{n}_of_peak']:.0%}" if e.get(f"prefill_{n}_of_peak") else "-" for e in (lc, http, eng)]
+            key = f"prefill_{n}_of_peak"
+            frac = [f"{e[key]:.0%}" if e.get(key) else "-" for e in (lc, http, eng)]
             rows.append(f"| prefill {n} of the int8 peak ({s['int8_peak_gmac_s']['median']:.0f} GMAC/s a core, "
                         f"{s['int8_peak_mix']}) | {frac[0]} | {frac[1]} | {frac[2]} | - | - |")
     if s.get("decode_ceiling_tok_s"):

@@ -160,8 +160,8 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * xk_stride, _BLOCK_Q8_K), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
         (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0),
         (B * xk_stride, _BLOCK_Q8_K), (B, _F32),
-        (logit_rows(max_batch, slots) * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (rope, _F32), (rope, _F32), (L, _POINTER),
-        (L, _POINTER), (L, _SIZE_T),
+        (logit_rows(max_batch, slots) * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (rope, _F32),
+        (rope, _F32), (L, _POINTER), (L, _POINTER), (L, _SIZE_T),
     ]:
         take(count * size)
     if d.get("kv_lora_rank"):
