@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri_build import bench
+from colibri_build import bench, prefill_peak
 from colibri_build.bench import MemoryBandwidth, Server, active_bytes_per_token, decode_rate, spread, timed_request
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,17 +132,21 @@ def colibri_engine(model: Path, threads: int, prompts: list[int], gen: int, seed
     return out
 
 
-def colibri_model(gguf: Path, folder: Path, context: int) -> Path:
-    """The converted model, reused while newer than the GGUF file."""
+def colibri_model(gguf: Path, folder: Path, context: int, step_tokens: int | None = None) -> Path:
+    """The converted model, reused while newer than the GGUF file; with
+    step_tokens, its max_batch_tokens (the server's prefill chunk) set so."""
     from colibri_build.gguf_convert import convert_gguf
     cfg = folder / "model-config.json"
-    if cfg.is_file() and cfg.stat().st_mtime > gguf.stat().st_mtime and \
-            json.loads(cfg.read_text())["context_length"] >= context:
-        return folder
-    log(f"converting {gguf} -> {folder}")
-    # One slot: the bench decodes one sequence; the KV cache of a 4096-token
-    # context for 8 slots would be GBs the measurement does not use.
-    convert_gguf(gguf, folder, context_length=context, batch_slots=1, progress=False, force=folder.exists())
+    if not (cfg.is_file() and cfg.stat().st_mtime > gguf.stat().st_mtime and
+            json.loads(cfg.read_text())["context_length"] >= context):
+        log(f"converting {gguf} -> {folder}")
+        # One slot: the bench decodes one sequence; the KV cache of a 4096-token
+        # context for 8 slots would be GBs the measurement does not use.
+        convert_gguf(gguf, folder, context_length=context, batch_slots=1, progress=False, force=folder.exists())
+    data = json.loads(cfg.read_text())
+    if step_tokens and data["max_batch_tokens"] != step_tokens:
+        data["max_batch_tokens"] = step_tokens
+        cfg.write_text(json.dumps(data, indent=2) + "\n")
     return folder
 
 
@@ -152,8 +156,13 @@ def phases(prompts: list[int]) -> list[str]:
     return ["decode"] + [f"prefill_{n}" for n in prompts]
 
 
-def summarise(rounds: list[dict], prompts: list[int], active_bytes: int) -> dict:
+def summarise(rounds: list[dict], prompts: list[int], active_bytes: int, macs: dict | None = None,
+              threads: int = 2) -> dict:
     s: dict = {}
+    peaks = [r["int8_peak"]["gmac_s"] for r in rounds if r.get("int8_peak")]
+    if peaks:
+        s["int8_peak_gmac_s"] = spread(peaks)
+        s["int8_peak_mix"] = next(r["int8_peak"]["mix"] for r in rounds if r.get("int8_peak"))
     bws = [r["bandwidth_gb_s"] for r in rounds if r.get("bandwidth_gb_s")]
     if bws:
         s["bandwidth_gb_s"] = spread(bws)
@@ -166,6 +175,11 @@ def summarise(rounds: list[dict], prompts: list[int], active_bytes: int) -> dict
         s[engine] = {k: spread([g[k] for g in got]) for k in keys if k in got[0]}
         if "decode_ceiling_tok_s" in s:
             s[engine]["decode_of_ceiling"] = s[engine]["decode"]["median"] / s["decode_ceiling_tok_s"]
+        if peaks and macs:  # prefill's multiply-adds a second over the cores' int8 peak
+            for n in prompts:
+                if f"prefill_{n}" in s[engine]:
+                    s[engine][f"prefill_{n}_of_peak"] = prefill_peak.of_peak(
+                        s[engine][f"prefill_{n}"]["median"], macs[n], threads, s["int8_peak_gmac_s"]["median"])
     if "llama_cpp" in s:
         for engine in ("colibri_http", "colibri_engine"):
             if engine in s:
@@ -195,6 +209,12 @@ def table(name: str, s: dict, prompts: list[int]) -> str:
     for n in prompts:
         rows.append(f"| TTFT {n} ms (llama.cpp: prompt time) | {fmt(lc.get(f'prompt_time_{n}_ms'), 0)} | "
                     f"{fmt(http.get(f'ttft_{n}_ms'), 0)} | - | - | - |")
+    if s.get("int8_peak_gmac_s"):
+        for n in prompts:
+            key = f"prefill_{n}_of_peak"
+            frac = [f"{e[key]:.0%}" if e.get(key) else "-" for e in (lc, http, eng)]
+            rows.append(f"| prefill {n} of the int8 peak ({s['int8_peak_gmac_s']['median']:.0f} GMAC/s a core, "
+                        f"{s['int8_peak_mix']}) | {frac[0]} | {frac[1]} | {frac[2]} | - | - |")
     if s.get("decode_ceiling_tok_s"):
         frac = [f"{e['decode_of_ceiling']:.0%}" if e.get("decode_of_ceiling") else "-" for e in (lc, http, eng)]
         rows.append(f"| decode of the bandwidth ceiling ({s['decode_ceiling_tok_s']:.0f} tok/s at "
@@ -216,6 +236,10 @@ def main() -> None:
     ap.add_argument("--kv-cache", choices=("f16", "f32"), default="f16",
                     help="Colibri's KV cache type (llama.cpp's default is f16)")
     ap.add_argument("--no-engine", action="store_true", help="skip the in-process Colibri measurement")
+    ap.add_argument("--max-batch-tokens", type=int, default=None,
+                    help="the server's prefill chunk (the converted config's max_batch_tokens; default: the "
+                         "converter's). The in-process engine keeps the generic build's 64")
+    ap.add_argument("--no-peak", action="store_true", help="skip the int8 peak (colibri-kernel-bench)")
     ap.add_argument("--target", default="native")
     ap.add_argument("--out", type=Path, default=REPO / "build" / "side_by_side")
     ap.add_argument("--cleanup", action="store_true", help="delete each converted model after its runs (disk)")
@@ -232,8 +256,12 @@ def main() -> None:
         if not g.is_file():
             ap.error(f"{g}: no such file")
     args.out.mkdir(parents=True, exist_ok=True)
-    from colibri_build.build import build
+    from colibri_build.build import build, build_generic_server
     membw = MemoryBandwidth(MEMBW, args.out, args.threads)
+    kernel_bench = None
+    if not args.no_peak:  # the int8 peak, measured each round beside the prefills it bounds
+        log(f"building colibri-kernel-bench ({args.target})")
+        kernel_bench = prefill_peak.build_kernel_bench(build_generic_server(args.target, args.out / "build"))
     results = {"command": " ".join(["python", *sys.argv]), "machine": bench.machine(), "threads": args.threads,
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_start": os.getloadavg(),
                "colibri_kv_cache": args.kv_cache, "prompts": prompts, "gen": args.gen, "files": {}}
@@ -244,15 +272,19 @@ def main() -> None:
     json_path = args.out / "side_by_side.json"
     md = []
     for gguf in args.gguf:
-        model = colibri_model(gguf, args.out / "models" / gguf.stem, max(prompts) + args.gen + 16)
+        model = colibri_model(gguf, args.out / "models" / gguf.stem, max(prompts) + args.gen + 16,
+                              args.max_batch_tokens)
         log(f"building colibri-server for {model.name} ({args.target})")
         exe = build(model, args.target, dist_root=args.out / "dist", build_root=args.out / "build",
                     quiet=True).executable
         weights = model / json.loads((model / "model-config.json").read_text())["weights"]["file"]
         bench.warm_page_cache(weights)
         active = active_bytes_per_token(model)
+        macs = {n: prefill_peak.prefill_macs(model, n) for n in prompts}
         entry = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "colibri_model": str(model),
-                 "active_bytes_per_token": active, "rounds": []}
+                 "active_bytes_per_token": active, "prefill_macs_per_token": macs,
+                 "max_batch_tokens": json.loads((model / "model-config.json").read_text())["max_batch_tokens"],
+                 "rounds": []}
         results["files"][gguf.name] = entry
         for i in range(args.rounds):
             load = os.getloadavg()[0]
@@ -269,13 +301,15 @@ def main() -> None:
             bw = membw.measure(passes=3)
             if bw:
                 r["bandwidth_gb_s"] = bw
+            if kernel_bench:
+                r["int8_peak"] = prefill_peak.int8_peak(kernel_bench)
             for name, fn in steps:
                 r["order"].append(name)
                 r[name] = fn()
                 log(f"  {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in r[name].items()
                                               if isinstance(v, float)))
             entry["rounds"].append(r)
-            entry["summary"] = summarise(entry["rounds"], prompts, active)
+            entry["summary"] = summarise(entry["rounds"], prompts, active, macs, args.threads)
             json_path.write_text(json.dumps(results, indent=2))
         md.append(table(gguf.name, entry["summary"], prompts))
         if args.cleanup:

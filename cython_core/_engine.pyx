@@ -38,6 +38,7 @@ cdef extern from "engine.h" nogil:
     void cb_engine_close(cb_engine *e)
     const cb_dims *cb_engine_dims(const cb_engine *e)
     int cb_engine_max_batch(const cb_engine *e)
+    int cb_engine_logit_rows(const cb_engine *e)
     int cb_engine_n_slots(const cb_engine *e)
     ctypedef struct cb_memory_budget:
         size_t dense, experts, least_weights, working_set, kv_per_slot, arena, needs, least
@@ -275,7 +276,7 @@ cdef class Engine:
     """
     cdef cb_engine *e
     cdef cb_batch_item *items
-    cdef int max_batch
+    cdef int max_batch, logit_rows
     cdef public object model_dir
     cdef object _routing
     # Held around every use of e: the C engine runs one batch at a time and
@@ -294,6 +295,7 @@ cdef class Engine:
         if self.e == NULL:
             raise EngineError(err.decode(errors="replace"))
         self.max_batch = cb_engine_max_batch(self.e)
+        self.logit_rows = cb_engine_logit_rows(self.e)
         self.items = <cb_batch_item *>PyMem_Malloc(sizeof(cb_batch_item) * self.max_batch)
         if self.items == NULL:
             raise MemoryError()
@@ -381,19 +383,27 @@ cdef class Engine:
         with self._lock:
             return self._routing
 
-    def forward(self, token_ids, bint all_logits=True, int start=0):
+    def forward(self, token_ids, bint all_logits=True, int start=0, int chunk=0):
         """Runs token_ids from position start and returns logits at every
         position ([tokens, vocab]), or with all_logits=False at the last one
         only ([1, vocab]: as the server prefills a prompt, the last layer's
         FFN runs for that token alone). With start > 0 the tokens continue
         the ones an earlier call ran at positions 0..start-1. With dynamic NTK
         RoPE the call is one transformers call: every token is rotated for
-        the sequence length start + len(token_ids)."""
+        the sequence length start + len(token_ids). chunk: tokens a step
+        (1..max_batch; 0: max_batch, or the logit rows with all_logits)."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int32).ravel()
+        if chunk < 0 or chunk > self.max_batch:
+            raise ValueError(f"chunk: got {chunk}, expected 0..{self.max_batch}")
         with self._lock:
-            return self._forward(ids, all_logits, start)
+            return self._forward(ids, all_logits, start, chunk)
 
-    cdef object _forward(self, ids, bint all_logits, int start):
+    @property
+    def max_batch_tokens(self):
+        """Most tokens one step runs (the prefill chunk)."""
+        return self.max_batch
+
+    cdef object _forward(self, ids, bint all_logits, int start, int step=0):
         cdef cb_engine *e = self._live()
         cdef const cb_dims *d = cb_engine_dims(e)
         cdef int n = ids.shape[0]
@@ -407,8 +417,12 @@ cdef class Engine:
         cdef int32_t[::1] ids_v = ids
         cdef int done = 0, chunk, i, rc
         cdef char err[1024]
+        if step == 0:  # every token wants logits: as many as the engine holds
+            step = min(self.max_batch, self.logit_rows) if all_logits else self.max_batch
+        elif all_logits:
+            step = min(step, self.logit_rows)
         while done < n:
-            chunk = min(self.max_batch, n - done)
+            chunk = min(step, n - done)
             for i in range(chunk):
                 self.items[i].token = ids_v[done + i]
                 self.items[i].slot = 0

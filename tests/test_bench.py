@@ -42,6 +42,11 @@ def test_bench_reports_all_figures(tmp_path):
     assert run["aggregate_over_batch1_at_8"] == statistics.median(each)
     # The generic build (dimensions at run time) was measured against it.
     assert run["generic_decode_tok_s"]["median"] > 0 and run["specialised_over_generic"] > 0
+    # Prefill against the int8 peak measured in the same run (colibri-kernel-bench).
+    from colibri_build import prefill_peak
+    model = tmp_path / "models" / "tiny-q80"
+    assert run["int8_peak"]["gmac_s"] > 0 and run["prefill_of_int8_peak"] > 0
+    assert run["prefill_macs_per_token"] == prefill_peak.prefill_macs(model, run["prefill_prompt_tokens"])
     # Decode paired step by step with a read of as many bytes (colibri-decode-bench): the C engine
     # counts the same weight bytes a token as the toolkit does.
     paired = run["paired_decode"]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from colibri_build import config, targets, toolchain
+from colibri_build import config, prefill_peak, targets, toolchain
 from colibri_build.build import build_dir_for
 from colibri_build.errors import ToolchainError
 from conftest import RunningServer, build_server, run_cli
@@ -195,6 +195,9 @@ def test_kernel_bench_prints_every_case(built, workdir, tiny_model):
     prompt = re.search(r"kernel-bench q8_0x4 prompt from L2: 64 tokens (\d+\.\d) GMAC/s \((\d+)% of peak\), "
                        r"one token at a time (\d+\.\d) GMAC/s", done.stdout)
     assert prompt and float(prompt.group(1)) > 0 and float(prompt.group(3)) > 0, done.stdout
+    # The benches' reading of it (prefill as a fraction of the peak).
+    got = prefill_peak.int8_peak(build / "colibri-kernel-bench")
+    assert got["gmac_s"] > 0 and got["mix"] == peak.group(2) and got["gemm_64_tokens_gmac_s"] > 0, got
     for dtype in ("q8_0x4", "q4_0x4", "q8_0", "q4_0", "f16"):
         hot = re.search(rf"kernel-bench {dtype} +from L2:(.*)", done.stdout)
         assert hot and len(re.findall(r"(\d+\.\d) GB/s", hot.group(1))) == 4, done.stdout

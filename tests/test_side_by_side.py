@@ -64,6 +64,38 @@ def test_summary_ratios_are_per_round():
     assert "| decode tok/s (batch 1) | 75.0 (50.0-100.0) | 125.0 (100.0-150.0) |" in side_by_side.table("x", s, [8])
 
 
+def test_prefill_as_a_fraction_of_the_int8_peak():
+    """Each round's peak (colibri-kernel-bench, a core) medianed; prefill's
+    multiply-adds a second over threads x that, for every engine."""
+    rounds = [{"int8_peak": {"gmac_s": p, "mix": "vpsignb+vpmaddubsw+vpmaddwd+vpaddd"},
+               "llama_cpp": {"decode": 50.0, "prefill_8": 100.0}, "colibri_http": {"decode": 60.0, "prefill_8": t}}
+              for p, t in ((40.0, 300.0), (60.0, 500.0), (50.0, 400.0))]
+    s = side_by_side.summarise(rounds, [8], active_bytes=10**8, macs={8: 2e8}, threads=2)
+    assert s["int8_peak_gmac_s"]["median"] == 50.0
+    assert s["colibri_http"]["prefill_8_of_peak"] == pytest.approx(400 * 2e8 / (2 * 50e9))  # 80%
+    assert s["llama_cpp"]["prefill_8_of_peak"] == pytest.approx(100 * 2e8 / (2 * 50e9))  # 20%
+    row = "| prefill 8 of the int8 peak (50 GMAC/s a core, vpsignb+vpmaddubsw+vpmaddwd+vpaddd) | 20% | 80% | - |"
+    assert row in side_by_side.table("x", s, [8])
+
+
+def test_prefill_macs_count_what_a_prompt_token_goes_through(tmp_path):
+    """From the config's shape, not the weights file's tensors: every layer's
+    q/k/v/o and router for each token, top_k experts' gate/up/down in all
+    layers but the last, whose FFN and the output head run for the prompt's
+    last token alone."""
+    from colibri_build import prefill_peak
+    from conftest import run_cli
+    run_cli("synth", "--arch", "mixtral", "--preset", "tiny", "--seed", "1", tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "model-config.json").read_text())
+    H, L, E, k, ffn = cfg["hidden_size"], cfg["layers"], cfg["experts"], cfg["top_k"], cfg["expert_ffn_size"]
+    q, kv = cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"]
+    every = L * (2 * H * q + 2 * H * kv + E * H) + (L - 1) * k * 3 * H * ffn
+    once = k * 3 * H * ffn + cfg["vocab_size"] * H
+    for n in (1, 64, 512):
+        assert prefill_peak.prefill_macs(tmp_path / "m", n) == pytest.approx(every + once / n)
+    assert prefill_peak.of_peak(1000.0, 2e8, 2, 100.0) == pytest.approx(1.0)
+
+
 GGUF = ROOT.parent / "shared" / "testdata" / "gguf" / "olmoe" / "olmoe-Q8_0.gguf"
 
 

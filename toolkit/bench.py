@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import prefill_peak
 from .errors import ModelError
 from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype, warm_page_cache
 
@@ -383,7 +384,8 @@ def specialisation_ratio(srv: "Server", generic_exe: Path, model: Path, threads:
 
 
 def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBandwidth, quick: bool,
-            generic_exe: Path | None = None, decode_bench: Path | None = None) -> dict:
+            generic_exe: Path | None = None, decode_bench: Path | None = None,
+            kernel_bench: Path | None = None) -> dict:
     res: dict = {"active_bytes_per_token": active_bytes_per_token(model), "kv_bytes_per_token": kv_bytes_per_token(model)}
     log(f"{model.name}: {res['active_bytes_per_token']} weight bytes a token; {kv_text(res['kv_bytes_per_token'])}")
     if decode_bench:  # before the server starts: the two must not share the cores
@@ -422,6 +424,8 @@ def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBan
         for i in range(max(1, repeats)):
             prefill.append(timed_request(srv.url, n, 1, seed=i)["timings"]["prompt_tokens_per_second"])
         res["prefill_tok_s"] = spread(prefill)
+        if kernel_bench:  # the int8 peak of this run, beside the prefill it bounds
+            res.update(prefill_peak.fraction(kernel_bench, model, n, statistics.median(prefill), threads))
         # Decode deep into the context, where attention reads ~1k cached
         # positions a layer for every token, not ~80 as above.
         tokens = 64 if quick else 128
@@ -593,7 +597,8 @@ def markdown(results: dict) -> str:
             f"| {preset} | {dtype} | {d['median']:.1f} ({d['min']:.1f}-{d['max']:.1f}) | - | - | - | ")
         pb = r.get("paired_batch_8")
         batch_step = f"; a step {pb['decode_over_read']:.0%} of its bytes' rate" if pb else ""
-        rows[-1] += (f"{paired} | {r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f} | "
+        of_peak = f" ({r['prefill_of_int8_peak']:.0%} of int8 peak)" if r.get("prefill_of_int8_peak") else ""
+        rows[-1] += (f"{paired} | {r['long_context_decode_tok_s']['median']:.1f} | {p['median']:.0f}{of_peak} | "
                      f"{agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
                      f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x){batch_step} | "
                      f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} "
@@ -644,6 +649,7 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
     log(f"building the generic server for {target}")
     generic_exe = build_generic_server(target, out / "build")
     decode_bench = build_decode_bench(generic_exe)
+    kernel_bench = prefill_peak.build_kernel_bench(generic_exe)
     membw = MemoryBandwidth(membw_source, out, threads)
     results = {"command": "colibri-build bench " + " ".join(sys.argv[2:]), "machine": machine(),
                "threads": threads, "date": time.strftime("%Y-%m-%d"), "runs": {}, "llama_cpp": LLAMA_CPP}
@@ -657,7 +663,7 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
             log(f"measuring {model.name} ({warmed['bytes'] >> 20} MiB, in 2 MiB pages: "
                 f"{'?' if warmed['huge_bytes'] is None else warmed['huge_bytes'] >> 20} MiB)")
             results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick, generic_exe,
-                                                               decode_bench)
+                                                               decode_bench, kernel_bench)
             log(json.dumps(r))
             (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))

@@ -31,6 +31,7 @@ _ATTN_BLOCK = 4         # CB_ATTN_BLOCK (kernels.h): queries a worker scores at 
 _QK = 32                # CB_QK
 _BLOCK_GEMMA4 = 1       # enum cb_block: its layer types may each have a RoPE of their own
 GENERIC_MAX_BATCH = 64  # CB_MAX_BATCH of the generic build (render.py)
+LOGIT_ROWS_MIN = 64  # engine.c
 _ATTN_MIN_CHUNK = 256   # CB_ATTN_MIN_CHUNK (engine_internal.h): long attention's chunks of positions
 _ATTN_MAX_CHUNKS = 32   # CB_ATTN_MAX_CHUNKS
 _ATTN_SPLIT_ITEMS = 8   # CB_ATTN_SPLIT_ITEMS: queries a step spreads over the threads by chunk
@@ -105,6 +106,12 @@ def attn_chunk_parts(d: dict, widest_head: int) -> int:
     return chunks * (max(widest_head, d.get("kv_lora_rank", 0)) + 2) if chunks > 1 else 0
 
 
+def logit_rows(max_batch: int, slots: int) -> int:
+    """Rows of logits the arena holds (cb_engine_open): one a slot and at
+    least LOGIT_ROWS_MIN, at most a batch."""
+    return min(max_batch, max(slots, LOGIT_ROWS_MIN))
+
+
 def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: list[dict] | None = None,
                 slots: int = 1) -> int:
     """The engine's arena less the KV cache (kv_total bytes, every slot's):
@@ -153,8 +160,8 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * xk_stride, _BLOCK_Q8_K), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
         (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0),
         (B * xk_stride, _BLOCK_Q8_K), (B, _F32),
-        (B * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (rope, _F32), (rope, _F32), (L, _POINTER),
-        (L, _POINTER), (L, _SIZE_T),
+        (logit_rows(max_batch, slots) * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (rope, _F32),
+        (rope, _F32), (L, _POINTER), (L, _POINTER), (L, _SIZE_T),
     ]:
         take(count * size)
     if d.get("kv_lora_rank"):

@@ -125,6 +125,9 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
+/* The fewest rows of logits the arena holds, max_batch permitting (cb_engine_open). */
+#define LOGIT_ROWS_MIN 64
+
 /* The first layer before l whose RoPE table l can share (same head_dim,
  * theta and rotated pairs; in Gemma 4, whose layer types may each have
  * their own scaling, the same type too), or l itself. */
@@ -187,7 +190,7 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(xq, B * (size_t)e->xq_stride);
     TAKE(xk, B * (size_t)e->xk_stride);
     TAKE(shared_scale, B);
-    TAKE(logits, B * d->vocab);
+    TAKE(logits, (size_t)e->logit_rows * d->vocab);
     TAKE(logit_items, B);
     TAKE(item_fault, B);
     TAKE(expert_seen, (size_t)d->n_layers * E);
@@ -359,6 +362,12 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     if (e->n_slots > CB_MAX_SLOTS) e->n_slots = CB_MAX_SLOTS;
 #endif
     e->max_batch = CB_MAX_BATCH;
+    /* Logits are read for a prompt's last token and for decoding slots, at
+     * most one a slot in a server step; at least LOGIT_ROWS_MIN rows let a
+     * caller want every position's (the Python forward's all_logits) in
+     * chunks of that many. So a long prefill chunk costs no chunk x vocab. */
+    const int logit_rows = max_int(e->n_slots, LOGIT_ROWS_MIN);
+    e->logit_rows = logit_rows < e->max_batch ? logit_rows : e->max_batch;
     e->kv_f16 = kv == CB_KV_F16 || (kv == CB_KV_AUTO && d->weight_dtype != CB_F32);
     if (size_rings(e, path, err, err_len) != 0) goto fail;
     /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
@@ -499,6 +508,7 @@ void cb_engine_memory(const cb_engine *e, cb_memory_budget *m) {
     m->least = m->least_weights + m->kv_per_slot + m->arena;
 }
 int cb_engine_max_batch(const cb_engine *e) { return e->max_batch; }
+int cb_engine_logit_rows(const cb_engine *e) { return e->logit_rows; }
 const char *cb_engine_model_name(const cb_engine *e) { return e->model_name; }
 const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e) { return &e->tokenizer; }
 
@@ -506,6 +516,12 @@ static int check_batch(const cb_engine *e, const cb_batch_item *items, int n, ch
     const cb_dims *d = CB_DIMS(e);
     if (n < 1 || n > e->max_batch) {
         snprintf(err, err_len, "batch of %d tokens; expected 1..%d", n, e->max_batch);
+        return -1;
+    }
+    int wanted = 0;
+    for (int i = 0; i < n; i++) wanted += items[i].want_logits != 0;
+    if (wanted > e->logit_rows) {
+        snprintf(err, err_len, "batch wants logits for %d tokens; at most %d a batch", wanted, e->logit_rows);
         return -1;
     }
     for (int i = 0; i < n; i++) {

@@ -82,6 +82,9 @@ void cb_engine_memory(const cb_engine *e, cb_memory_budget *m);
 
 /* Most tokens one cb_engine_forward() call accepts. */
 int cb_engine_max_batch(const cb_engine *e);
+/* Most items of one batch that may want logits (want_logits): the slots,
+ * and at least 64 (or max_batch if smaller). */
+int cb_engine_logit_rows(const cb_engine *e);
 /* The model's name from the weights header (model-config.json "name"). */
 const char *cb_engine_model_name(const cb_engine *e);
 
@@ -90,7 +93,8 @@ const cb_tokenizer *cb_engine_tokenizer(const cb_engine *e);
 /* Runs the batch. Returns
  *   0  every item's numbers stayed finite;
  *  -1  nothing ran: a message in err (bad slot, position past the context,
- *      batch too large, token out of the vocabulary, a position a sliding
+ *      batch too large or wanting more logits than cb_engine_logit_rows,
+ *      token out of the vocabulary, a position a sliding
  *      layer reads no longer cached: cb_engine_slot_holds);
  *  >0  the batch ran, but that many items met a NaN or inf (a broken weight,
  *      an overflow): err describes the first; cb_engine_item_fault() tells

@@ -17,6 +17,7 @@ struct cb_engine {
     cb_arena arena;
     cb_threadpool *pool;
     int n_slots, max_batch;
+    int logit_rows; /* rows of logits a batch may want: cb_engine_open */
     char model_name[64];
 
     /* Activations, [max_batch] rows each. */
@@ -65,7 +66,7 @@ struct cb_engine {
     int ffn_max;               /* widest FFN (routed, shared or dense) */
     float *shared_scale;       /* sigmoid gate of the shared expert [B] */
 
-    float *logits;             /* [B][vocab] */
+    float *logits;             /* [logit_rows][vocab] */
     int32_t *logit_items;      /* batch item of each logits row [B] */
     int32_t *item_fault;       /* where each item's numbers went non-finite, -1 if not [B] */
     int n_items, n_logit_rows; /* of the last batch */
