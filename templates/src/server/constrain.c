@@ -1223,10 +1223,11 @@ int cb_con_vocab_init(cb_con_vocab *v, const cb_tokenizer *tok, int vocab) {
     const int n_tok = tok->kind == CB_TOKENIZER_BYTES ? (vocab < 256 ? vocab : 256)
                       : (int)tok->n_tokens < vocab ? (int)tok->n_tokens : vocab;
     v->plain_chars = calloc((size_t)vocab + 1, sizeof *v->plain_chars);
+    v->plain = calloc((size_t)vocab + 1, 1);
     v->ascii_plain = calloc((size_t)vocab + 1, 1);
     uint8_t *kind = calloc((size_t)vocab + 1, 1); /* 1 normal, 2 special (start-up scratch) */
     int n_normal = 0, n_loose = 0, n_unkeyed = 0;
-    for (int id = 0; kind && v->plain_chars && v->ascii_plain && id < n_tok; id++) {
+    for (int id = 0; kind && v->plain_chars && v->plain && v->ascii_plain && id < n_tok; id++) {
         const char *b = "";
         size_t n = tok_bytes(tok, id, &b);
         if (n == 0 || n > CB_CON_TOKEN_BYTES || cb_is_end_token(tok, id)) continue;
@@ -1239,13 +1240,15 @@ int cb_con_vocab_init(cb_con_vocab *v, const cb_tokenizer *tok, int vocab) {
         n_normal++;
         if ((int)n > v->max_len) v->max_len = (int)n;
         v->plain_chars[id] = (uint16_t)plain_chars((const unsigned char *)b, n);
+        v->plain[id] = v->plain_chars[id] != 0;
+        if (v->plain_chars[id] > v->max_plain) v->max_plain = v->plain_chars[id];
         int ascii = 1;
         for (size_t j = 0; j < n; j++) ascii &= plain_key_byte((unsigned char)b[j]);
         v->ascii_plain[id] = (uint8_t)ascii;
         n_loose += !v->plain_chars[id];
         n_unkeyed += !ascii;
     }
-    int ok = kind && v->plain_chars && v->ascii_plain && list_alloc(&v->all, n_normal) == 0 &&
+    int ok = kind && v->plain_chars && v->plain && v->ascii_plain && list_alloc(&v->all, n_normal) == 0 &&
              list_alloc(&v->loose, n_loose) == 0 && list_alloc(&v->unkeyed, n_unkeyed) == 0;
     v->special = calloc((size_t)v->n_special + 1, sizeof *v->special);
     v->allowed = calloc((size_t)vocab + 1, 1);
@@ -1282,6 +1285,7 @@ void cb_con_vocab_free(cb_con_vocab *v) {
     list_free(&v->unkeyed);
     free(v->special);
     free(v->plain_chars);
+    free(v->plain);
     free(v->ascii_plain);
     free(v->allowed);
     free(v->allowed_ids);
@@ -1396,19 +1400,25 @@ static int build_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
         const int room = n->max_len - top->u.str.chars;
         const int need = n->min_len > top->u.str.chars ? n->min_len - top->u.str.chars : 0;
         const uint32_t now = cb_con_min_bytes(c, s);
-        for (int id = 0; id < v->vocab; id++) { /* by id: plain_chars read in sequence */
-            const int pc = v->plain_chars[id];
-            if (!pc || pc > room) continue;
-            if (budget_left >= 0 && now - (uint32_t)(pc < need ? pc : need) > (uint32_t)budget_left) continue;
-            v->allowed[id] = 1;
+        /* A token of pc characters leaves now - min(pc, need) bytes to go,
+         * most for pc = 1: where that fits and maxLength has room for the
+         * longest, every plain token fits (the common case: a copy). */
+        if (room >= v->max_plain && (budget_left < 0 || now - (uint32_t)(need < 1 ? need : 1) <= (uint32_t)budget_left)) {
+            memcpy(v->allowed, v->plain, (size_t)v->vocab);
+        } else {
+            for (int id = 0; id < v->vocab; id++) { /* by id: plain_chars read in sequence */
+                const int pc = v->plain_chars[id];
+                if (!pc || pc > room) continue;
+                if (budget_left >= 0 && now - (uint32_t)(pc < need ? pc : need) > (uint32_t)budget_left) continue;
+                v->allowed[id] = 1;
+            }
         }
         walk(v, c, s, &v->loose, budget_left);
     } else if (s->n == 1 && top && top->kind == F_OBJ && top->sub == O_KEY && top->u.obj.kfree &&
                key_fast_ok(c, s, budget_left) && top->u.obj.kpos + v->max_len < 256) {
         /* in a free key (additionalProperties): printable ASCII but quote
          * and backslash fits, whatever the declared keys */
-        for (int id = 0; id < v->vocab; id++)
-            if (v->ascii_plain[id]) v->allowed[id] = 1;
+        memcpy(v->allowed, v->ascii_plain, (size_t)v->vocab); /* 0 or 1 per token */
         walk(v, c, s, &v->unkeyed, budget_left);
     } else {
         walk(v, c, s, &v->all, budget_left);
@@ -1428,8 +1438,10 @@ static int build_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
         uint64_t word;
         memcpy(&word, a + i, sizeof word);
         if (!word) continue;
-        for (int j = i; j < i + 8; j++)
-            if (a[j]) ids[count++] = j;
+        for (int j = i; j < i + 8; j++) { /* no branch: in text most fit, a few do not */
+            ids[count] = j;
+            count += a[j] != 0;
+        }
     }
     for (; i < vocab; i++)
         if (a[i]) ids[count++] = i;

@@ -135,6 +135,8 @@ typedef struct {
     int n_special;
     int32_t *special;            /* other tokens with bytes (added, control) */
     uint16_t *plain_chars;       /* characters of a plain-string token, 0: not plain */
+    uint8_t *plain;              /* [vocab]: plain_chars != 0, the in-string mask where any length fits */
+    int max_plain;               /* most characters of a plain-string token */
     uint8_t *ascii_plain;        /* printable ASCII but quote and backslash: free key text */
     uint8_t *allowed;            /* [vocab]: the mask of one step */
     int32_t *allowed_ids;        /* its tokens, ascending */

@@ -123,10 +123,10 @@ static double sum_f64(const float *w, int n) {
     return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
-/* An index drawn with probability w[i] / sum(w) (w unnormalised); top
- * where the weights do not sum to a positive finite number (NaN, inf). */
-static int32_t draw(const float *w, int n, int32_t top, cb_rng *rng) {
-    const double total = sum_f64(w, n);
+/* An index drawn with probability w[i] / total (w unnormalised, total =
+ * sum_f64(w, n)); top where the weights do not sum to a positive finite
+ * number (NaN, inf). */
+static int32_t draw(const float *w, int n, double total, int32_t top, cb_rng *rng) {
     if (!(total > 0.0 && total <= DBL_MAX)) return top;
     const double u = cb_rng_uniform(rng) * total;
     double acc = 0.0;
@@ -157,7 +157,7 @@ static void candidates(cb_sampler *s, const float *logits, const cb_sampling *p,
     const int V = s->vocab;
     float *w = s->work;
     int32_t *idx = s->idx;
-    c->n = 0, c->all = 0;
+    c->n = 0, c->all = 0, c->total = 0.0;
     memcpy(w, logits, sizeof(float) * V);
     for (int i = 0; i < p->n_bias; i++) w[p->bias_ids[i]] += p->bias[i]; /* ids checked by the request reader */
     apply_penalties(s, p, history, n_history);
@@ -200,6 +200,7 @@ static void candidates(cb_sampler *s, const float *logits, const cb_sampling *p,
             if (!allowed[i]) w[i] = 0.0f;
     if (!sorted && p->top_p >= 1.0f && p->min_p <= 0.0f) { /* the whole vocabulary */
         c->all = 1, c->n = V;
+        c->total = sum_f64(w, V);
         return;
     }
     if (!sorted)
@@ -229,6 +230,7 @@ static void candidates(cb_sampler *s, const float *logits, const cb_sampling *p,
         n = kept;
     }
     c->n = n;
+    for (int i = 0; i < n; i++) c->total += w[idx[i]];
 }
 
 void cb_sample_candidates(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,
@@ -240,11 +242,11 @@ int32_t cb_sample_draw(cb_sampler *s, const cb_candidates *c, cb_rng *rng, const
     const float *w = s->work;
     const int32_t *idx = s->idx;
     if (c->n == 0) return only && !only[c->top] ? -1 : c->top;
-    if (c->all && !only) return draw(w, c->n, c->top, rng);
-    double total = 0.0;
-    for (int i = 0; i < c->n; i++) {
+    if (c->all && !only) return draw(w, c->n, c->total, c->top, rng);
+    double total = only ? 0.0 : c->total;
+    for (int i = 0; only && i < c->n; i++) {
         const int32_t t = c->all ? i : idx[i];
-        if (!only || only[t]) total += w[t];
+        if (only[t]) total += w[t];
     }
     if (!(total > 0.0 && total <= DBL_MAX)) return only ? -1 : c->top;
     const double u = cb_rng_uniform(rng) * total;

@@ -53,10 +53,12 @@ int32_t cb_sample(cb_sampler *s, const float *logits, const cb_sampling *p, cons
 /* What cb_sample draws from: n == 0: the one token `top` (greedy, or
  * non-finite weights); else n candidates with unnormalised weights in
  * work[id], their ids in idx[0..n), or all: the whole vocabulary (n ==
- * vocab, idx unused). Valid until the sampler's next call. */
+ * vocab, idx unused). Valid until the sampler's next call. total: their
+ * weights' sum, computed once for every draw from them. */
 typedef struct {
     int n, all;
     int32_t top;
+    double total;
 } cb_candidates;
 
 void cb_sample_candidates(cb_sampler *s, const float *logits, const cb_sampling *p, const int32_t *history,

@@ -113,20 +113,36 @@ static int32_t reference_sample(const cb_con_state *s, const cb_sampling *p, con
     return cb_sample_masked(&smp, logits, p, hist, n_hist, rng, mask);
 }
 
-/* The mask against token-by-token feeding, normal tokens (budget: none). */
-static void check_mask(const cb_con_state *s) {
-    cb_con_mask(&voc, &schema, s, 0, 0);
-    int bad = 0;
-    for (int id = 0; id < V && !bad; id++) {
+/* The mask against token-by-token feeding, normal tokens: the tokens that
+ * feed and leave the output completable in the budget's bytes (budget - 1
+ * after this token; no limit where the budget is already short, or where
+ * nothing but an end or added token would be left). */
+static void check_mask(const cb_con_state *s, int budget) {
+    static uint8_t in_budget[1 << 18], fed[1 << 18];
+    cb_con_mask(&voc, &schema, s, budget, 0);
+    const int left = budget <= 0 || cb_con_min_bytes(&schema, s) > (uint32_t)budget ? -1 : budget - 1;
+    int any_in = 0, any_allowed = 0;
+    for (int id = 0; id < V; id++) {
+        in_budget[id] = fed[id] = 0;
         if (tok.attr[id] != CB_TOKA_NORMAL && tok.attr[id] != CB_TOKA_BYTE) continue;
         char b[512];
         size_t n = cb_token_bytes(&tok, id, b, sizeof b);
         if (!n || n > CB_CON_TOKEN_BYTES) continue;
         cb_con_state t = *s;
-        const int fits = cb_con_feed(&schema, &t, b, n);
-        if (fits != voc.allowed[id]) {
+        fed[id] = (uint8_t)cb_con_feed(&schema, &t, b, n);
+        in_budget[id] = fed[id] && (left < 0 || cb_con_min_bytes(&schema, &t) <= (uint32_t)left);
+        any_in |= in_budget[id];
+        any_allowed |= voc.allowed[id];
+    }
+    /* no normal token in the budget: the mask was the budget's (end or added
+     * tokens only) or, that being empty, the one without it */
+    const uint8_t *want = any_in || !any_allowed ? in_budget : fed;
+    int bad = 0;
+    for (int id = 0; id < V && !bad; id++) {
+        if (tok.attr[id] != CB_TOKA_NORMAL && tok.attr[id] != CB_TOKA_BYTE) continue;
+        if (want[id] != voc.allowed[id]) {
             bad = 1;
-            CHECK(0, "token %d: mask %d, feeding %d", id, voc.allowed[id], fits);
+            CHECK(0, "token %d: mask %d, feeding %d (budget %d)", id, voc.allowed[id], want[id], budget);
         }
     }
     if (!bad) passed++;
@@ -167,7 +183,7 @@ static int walk_schema(int which) {
             int32_t want = reference_sample(&s, &p, hist, i, &r2, budget);
             CHECK(got == want, "schema %d walk %d step %d mode %d: fast %d, full mask %d", which, w, i, mode, got, want);
             CHECK(!memcmp(&r1, &r2, sizeof r1), "schema %d step %d: a different number of random draws", which, i);
-            if (w == 0 && i % 8 == 0) check_mask(&s);
+            if (w == 0 && i % 8 == 0) check_mask(&s, budget);
             if (got < 0) break;
             if (cb_is_end_token(&tok, got)) break;
             hist[i] = got;
