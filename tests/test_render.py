@@ -119,3 +119,35 @@ def test_a_render_leaves_unchanged_files_alone(tmp_path):
     third = files()
     changed = {k for k in third if third[k] != second[k]}
     assert Path("src/build_config.h") in changed and Path("src/engine.c") not in changed
+
+
+def compile_object(tree, source, out, flags):
+    """One file of a rendered tree compiled as CMakeLists.txt.j2 compiles it
+    (-O2, the target's flags), from the tree's root: no paths differ."""
+    done = subprocess.run(["gcc", *flags, "-O2", "-std=c11", "-I", "src", "-c", source, "-o", str(out)], cwd=tree,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out.read_bytes()
+
+
+def test_specialised_kernels_see_the_models_dimensions(tiny_model, tiny_config, tmp_path):
+    """A specialised build's header gives the kernels the model's head size,
+    experts and top-k (kernels/spec.h); the generic build leaves them
+    undefined. The AVX2 kernels' object then differs between the two (they
+    hold a copy for the constants), a file that uses none of them does not."""
+    tree = render_to(tiny_model, tmp_path / "tree")
+    header = (tree / "src" / "build_config.h").read_text()
+    head_dim = tiny_config["hidden_size"] // tiny_config["heads"]
+    assert f"#define CB_SPEC_HEAD_DIM {head_dim}\n" in header
+    assert f"#define CB_SPEC_EXPERTS {tiny_config['experts']}\n" in header
+    assert f"#define CB_SPEC_TOP_K {tiny_config['top_k']}\n" in header
+    target = targets.get_target("x86-64-v3")
+    generic = render.render_tree(render.RenderInputs(None, target, "avx2", toolchain.find_compiler(target).path),
+                                 tmp_path / "g")
+    assert "CB_SPEC_" not in (generic / "src" / "build_config.h").read_text()
+    flags = list(target.c_flags)
+    spec_obj = compile_object(tree, "src/kernels/avx2.c", tmp_path / "s.o", flags)
+    generic_obj = compile_object(generic, "src/kernels/avx2.c", tmp_path / "g.o", flags)
+    assert spec_obj != generic_obj
+    assert compile_object(tree, "src/router.c", tmp_path / "sr.o", flags) == \
+        compile_object(generic, "src/router.c", tmp_path / "gr.o", flags)
