@@ -42,6 +42,14 @@ def test_bench_reports_all_figures(tmp_path):
     assert run["aggregate_over_batch1_at_8"] == statistics.median(each)
     # The generic build (dimensions at run time) was measured against it.
     assert run["generic_decode_tok_s"]["median"] > 0 and run["specialised_over_generic"] > 0
+    # Specialised / generic per phase: the two builds' colibri-decode-bench --phases alternating,
+    # one ratio a round, the median and range of the rounds.
+    phases = run["specialised_over_generic_phases"]
+    assert set(phases) == {"routing", "attention", "decode_1", "decode_8", "prefill"}
+    for name, ph in phases.items():
+        assert len(ph["each"]) == 2 and all(r > 0 for r in ph["each"]), name
+        assert ph["median"] == statistics.median(ph["each"]) and ph["min"] <= ph["median"] <= ph["max"]
+    assert "Specialised / generic speed per phase" in done.stdout + (tmp_path / "out" / "bench.md").read_text()
     # Decode paired step by step with a read of as many bytes (colibri-decode-bench): the C engine
     # counts the same weight bytes a token as the toolkit does.
     paired = run["paired_decode"]
