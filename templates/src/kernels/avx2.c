@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "spec.h"
 #include "topk_simd.h"
 
 static inline float hsum256(__m256 v) {
@@ -844,22 +843,22 @@ static inline __attribute__((always_inline)) void attn_mix4(float *out, size_t o
 
 void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *scores) {
     if (hd % 8) cb_attn_scores_scalar(q, k, stride, n, hd, scale, scores);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_scores(q, k, stride, n, hd, scale, scores, 0));
+    else attn_scores(q, k, stride, n, hd, scale, scores, 0);
 }
 
 void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd) {
     if (hd % 32) cb_attn_mix_scalar(out, w, v, stride, n, hd);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_mix(out, w, v, stride, n, hd, 0));
+    else attn_mix(out, w, v, stride, n, hd, 0);
 }
 
 void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores) {
     if (hd % 8) cb_attn_scores_f16_scalar(q, k, stride, n, hd, scale, scores);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_scores(q, k, stride, n, hd, scale, scores, 1));
+    else attn_scores(q, k, stride, n, hd, scale, scores, 1);
 }
 
 void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
     if (hd % 32) cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_mix(out, w, v, stride, n, hd, 1));
+    else attn_mix(out, w, v, stride, n, hd, 1);
 }
 
 /* The four-query kernels for the head sizes the one-query kernels
@@ -867,25 +866,25 @@ void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t s
 void cb_attn_scores4_avx2(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
                           float *scores, size_t s_stride, int stair) {
     if (hd % 8) cb_attn_scores4_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, stair));
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 0, stair);
 }
 
 void cb_attn_scores4_f16_avx2(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
                               float scale, float *scores, size_t s_stride, int stair) {
     if (hd % 8) cb_attn_scores4_f16_scalar(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, stair));
+    else attn_scores4(q, q_stride, k, stride, n, hd, scale, scores, s_stride, 1, stair);
 }
 
 void cb_attn_mix4_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
                        int n, int hd) {
     if (hd % 32) cb_attn_mix4_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 0));
+    else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 0);
 }
 
 void cb_attn_mix4_f16_avx2(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
                            size_t stride, int n, int hd) {
     if (hd % 32) cb_attn_mix4_f16_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
-    else CB_WITH_SPEC(hd, CB_SPEC_HEAD_DIM, attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1));
+    else attn_mix4(out, out_stride, w, w_stride, v, stride, n, hd, 1);
 }
 
 /* cb_expf (kernels/scalar.c) on eight lanes, operation for operation: the
@@ -910,7 +909,7 @@ static inline __m256 exp8(__m256 x) {
 
 /* cb_softmax_scalar's bits: lane j of the sum takes elements j, j + 8, ...;
  * the tail's elements go to lanes 0, 1, ... as there. */
-static inline __attribute__((always_inline)) void softmax8(float *x, int n) {
+void cb_softmax_avx2(float *x, int n) {
     if (n <= 0) return;
     int i = 0;
     __m256 vmax = _mm256_set1_ps(x[0]);
@@ -937,9 +936,6 @@ static inline __attribute__((always_inline)) void softmax8(float *x, int n) {
     for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
     for (; i < n; i++) x[i] *= 1.0f / total;
 }
-
-/* A router's softmax over the experts sees their number as a constant (spec.h). */
-void cb_softmax_avx2(float *x, int n) { CB_WITH_SPEC(n, CB_SPEC_EXPERTS, softmax8(x, n)); }
 
 void cb_exp_shifted_avx2(float *x, int n, float shift, float scale) {
     int i = 0;
@@ -968,7 +964,7 @@ void cb_f32_to_f16_avx2(const float *x, cb_half *y, int n) {
     for (; i < n; i++) y[i] = cb_float_to_half(x[i]);
 }
 
-static inline __attribute__((always_inline)) void topk8(const float *values, int n, int k, int32_t *ids) {
+void cb_topk_avx2(const float *values, int n, int k, int32_t *ids) {
     float pv = INFINITY;
     int pi = -1;
     for (int j = 0; j < k; j++) {
@@ -1000,10 +996,4 @@ static inline __attribute__((always_inline)) void topk8(const float *values, int
         cb_topk_lanes(lane_v, lane_i, 8, values, i, n, pv, pi, &bv, &bi);
         cb_topk_pick(values, n, bv, bi, &pv, &pi, &ids[j]);
     }
-}
-
-/* Routing's top-k of the experts: both sizes constants (spec.h). */
-void cb_topk_avx2(const float *values, int n, int k, int32_t *ids) {
-    if (CB_SPEC_IS(n, CB_SPEC_EXPERTS) && CB_SPEC_IS(k, CB_SPEC_TOP_K)) topk8(values, CB_SPEC_EXPERTS, CB_SPEC_TOP_K, ids);
-    else topk8(values, n, k, ids);
 }
