@@ -5,7 +5,9 @@ native server and measures, with a fixed thread count: decode tokens/s at
 batch 1, prefill tokens/s, aggregate decode with 2/4/8 concurrent requests,
 time to first token and inter-token latency percentiles, RSS, cold start,
 and this machine's streaming read bandwidth in the same run (interleaved with
-the decode runs) to give the decode ceiling and the fraction of it reached.
+the decode runs) to give the decode ceiling and the fraction of it reached,
+and the specialised build against the generic one per phase (routing,
+attention, batch-1 and batch-8 decode, prefill).
 Figures are printed and written as JSON and Markdown."""
 
 from __future__ import annotations
