@@ -47,6 +47,14 @@ def test_bench_reports_all_figures(tmp_path):
     model = tmp_path / "models" / "tiny-q80"
     assert run["int8_peak"]["gmac_s"] > 0 and run["prefill_of_int8_peak"] > 0
     assert run["prefill_macs_per_token"] == prefill_peak.prefill_macs(model, run["prefill_prompt_tokens"])
+    # Specialised / generic per phase: the two builds' colibri-decode-bench --phases alternating,
+    # one ratio a round, the median and range of the rounds.
+    phases = run["specialised_over_generic_phases"]
+    assert set(phases) == {"routing", "attention", "decode_1", "decode_8", "prefill"}
+    for name, ph in phases.items():
+        assert len(ph["each"]) == 2 and all(r > 0 for r in ph["each"]), name
+        assert ph["median"] == statistics.median(ph["each"]) and ph["min"] <= ph["median"] <= ph["max"]
+    assert "Specialised / generic speed per phase" in done.stdout + (tmp_path / "out" / "bench.md").read_text()
     # Decode paired step by step with a read of as many bytes (colibri-decode-bench): the C engine
     # counts the same weight bytes a token as the toolkit does.
     paired = run["paired_decode"]

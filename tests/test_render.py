@@ -119,3 +119,29 @@ def test_a_render_leaves_unchanged_files_alone(tmp_path):
     third = files()
     changed = {k for k in third if third[k] != second[k]}
     assert Path("src/build_config.h") in changed and Path("src/engine.c") not in changed
+
+
+def compile_object(tree, source, out, flags):
+    """One file of a rendered tree compiled as CMakeLists.txt.j2 compiles it
+    (-O2, the target's flags), from the tree's root: no paths differ."""
+    done = subprocess.run(["gcc", *flags, "-O2", "-std=c11", "-I", "src", "-c", source, "-o", str(out)], cwd=tree,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out.read_bytes()
+
+
+def test_specialisation_changes_the_engines_code_not_the_kernels(tiny_model, tmp_path):
+    """What a specialised build compiles differently from the generic one:
+    the engine's own files, which read the dimensions as constants
+    (CB_DIMS), not the kernels, which take sizes as arguments (copies for
+    the model's sizes measured no faster, build_config.h.j2)."""
+    tree = render_to(tiny_model, tmp_path / "tree")
+    target = targets.get_target("x86-64-v3")
+    generic = render.render_tree(render.RenderInputs(None, target, "avx2", toolchain.find_compiler(target).path),
+                                 tmp_path / "g")
+    flags = list(target.c_flags)
+    for source, differs in (("src/attention.c", True), ("src/moe.c", True), ("src/kernels/avx2.c", False),
+                            ("src/router.c", False)):
+        name = source.replace("/", "_")
+        spec = compile_object(tree, source, tmp_path / f"s-{name}.o", flags)
+        assert (spec != compile_object(generic, source, tmp_path / f"g-{name}.o", flags)) == differs, source

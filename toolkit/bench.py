@@ -5,7 +5,9 @@ native server and measures, with a fixed thread count: decode tokens/s at
 batch 1, prefill tokens/s, aggregate decode with 2/4/8 concurrent requests,
 time to first token and inter-token latency percentiles, RSS, cold start,
 and this machine's streaming read bandwidth in the same run (interleaved with
-the decode runs) to give the decode ceiling and the fraction of it reached.
+the decode runs) to give the decode ceiling and the fraction of it reached,
+and the specialised build against the generic one per phase (routing,
+attention, batch-1 and batch-8 decode, prefill).
 Figures are printed and written as JSON and Markdown."""
 
 from __future__ import annotations
@@ -383,14 +385,52 @@ def specialisation_ratio(srv: "Server", generic_exe: Path, model: Path, threads:
             "specialised_over_generic": statistics.median(spec) / statistics.median(generic)}
 
 
+PHASES = re.compile(r"phases: \d+ repeats, \d+ threads, .*?: routing ([\d.]+) us, attention ([\d.]+) ms, "
+                    r"decode-1 ([\d.]+) ms, decode-\d+ ([\d.]+) ms, prefill-\d+ ([\d.]+) ms")
+PHASE_NAMES = ("routing", "attention", "decode_1", "decode_8", "prefill")
+
+
+def phase_times(tool: Path, model: Path, threads: int, reps: int, prompt: int) -> dict | None:
+    """colibri-decode-bench --phases: each phase's median time (routing in
+    us a call, the others ms), or None (logged) when the tool failed."""
+    done = subprocess.run([str(tool), str(model), "--phases", "--pairs", str(reps), "--threads", str(threads),
+                           "--prompt", str(prompt)], capture_output=True, text=True, timeout=1800)
+    got = PHASES.search(done.stdout)
+    if done.returncode != 0 or not got:
+        log(f"colibri-decode-bench --phases failed: {done.stdout[-300:]}{done.stderr[-300:]}")
+        return None
+    return dict(zip(PHASE_NAMES, map(float, got.groups())))
+
+
+def specialisation_phases(spec_tool: Path, generic_tool: Path, model: Path, threads: int, rounds: int,
+                          reps: int = 3, prompt: int = 512) -> dict:
+    """Specialised / generic speed per phase (generic time over specialised
+    time: above 1, the specialised build is faster): the two builds' tools
+    run alternately, `rounds` times, each timing every phase `reps` times;
+    the ratio of each round's pair, median and range over the rounds (the
+    noise of a shared machine falls on both alike within a round)."""
+    ratios: dict[str, list[float]] = {name: [] for name in PHASE_NAMES}
+    for _ in range(rounds):
+        generic = phase_times(generic_tool, model, threads, reps, prompt)
+        spec = phase_times(spec_tool, model, threads, reps, prompt)
+        if not generic or not spec:
+            return {}
+        for name in PHASE_NAMES:
+            ratios[name].append(generic[name] / spec[name])
+    return {name: {**spread(values), "each": values} for name, values in ratios.items()}
+
+
 def measure(exe: Path, model: Path, threads: int, repeats: int, membw: MemoryBandwidth, quick: bool,
             generic_exe: Path | None = None, decode_bench: Path | None = None,
-            kernel_bench: Path | None = None) -> dict:
+            kernel_bench: Path | None = None, spec_bench: Path | None = None) -> dict:
     res: dict = {"active_bytes_per_token": active_bytes_per_token(model), "kv_bytes_per_token": kv_bytes_per_token(model)}
     log(f"{model.name}: {res['active_bytes_per_token']} weight bytes a token; {kv_text(res['kv_bytes_per_token'])}")
     if decode_bench:  # before the server starts: the two must not share the cores
         res["paired_decode"] = paired_decode(decode_bench, model, threads, 32 if quick else 256)
         res["paired_batch_8"] = paired_batch(decode_bench, model, threads, 16 if quick else 128)
+        if spec_bench:
+            res["specialised_over_generic_phases"] = specialisation_phases(
+                spec_bench, decode_bench, model, threads, 2 if quick else 5, prompt=64 if quick else 512)
     warm = Server(exe, model, threads).start()  # pages the weights in: cold start is measured warm
     decode_request(warm.url, 16, 8)
     warm.stop()
@@ -609,7 +649,23 @@ def markdown(results: dict) -> str:
                      f"{r['specialised_over_generic']:.2f} | {kv_cell(r.get('kv_bytes_per_token'))} |")
     m = results["machine"]
     return (f"Command: `{results['command']}`  \nMachine: {m['cpu']}, {m['cpus']} CPUs; server threads: "
-            f"{results['threads']}; {results['date']}\n\n" + "\n".join(rows) + "\n")
+            f"{results['threads']}; {results['date']}\n\n" + "\n".join(rows) + "\n" + phases_markdown(results))
+
+
+def phases_markdown(results: dict) -> str:
+    """Specialised / generic speed per phase (above 1: the specialised
+    build is faster), median (min-max) over the interleaved rounds."""
+    rows = ["| model | weights | " + " | ".join(PHASE_NAMES) + " |", "|---|---|" + "---|" * len(PHASE_NAMES)]
+    for key, r in results["runs"].items():
+        ph = r.get("specialised_over_generic_phases")
+        if ph:
+            preset, dtype = key.rsplit(":", 1)
+            rows.append(f"| {preset} | {dtype} | " + " | ".join(
+                f"{ph[n]['median']:.2f} ({ph[n]['min']:.2f}-{ph[n]['max']:.2f})" for n in PHASE_NAMES) + " |")
+    if len(rows) == 2:
+        return ""
+    return "\nSpecialised / generic speed per phase (colibri-decode-bench --phases, builds alternating):\n\n" + \
+        "\n".join(rows) + "\n"
 
 
 def kv_cell(kv: dict | None) -> str:
@@ -640,6 +696,13 @@ def summary_markdown(results: dict) -> str:
             + "\n".join(rows) + "\n")
 
 
+def specialised_build_dir(model: Path, target: str, build_root: Path) -> Path:
+    """The CMake build folder build() compiled model's server in."""
+    from . import config as config_mod
+    from .build import build_dir_for, resolve_toolchain
+    return build_dir_for(config_mod.load(model), resolve_toolchain(target)[0], build_root).resolve() / "build"
+
+
 def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, threads: int, repeats: int,
         quick: bool, target: str, membw_source: Path | None) -> dict:
     from .build import build, build_generic_server
@@ -662,8 +725,11 @@ def run(presets: list[str], dtypes: list[str], models_dir: Path, out: Path, thre
             warmed = warm_page_cache(weights)  # one page-cache state for every run: 2 MiB pages
             log(f"measuring {model.name} ({warmed['bytes'] >> 20} MiB, in 2 MiB pages: "
                 f"{'?' if warmed['huge_bytes'] is None else warmed['huge_bytes'] >> 20} MiB)")
+            # The specialised build's own colibri-decode-bench, for the per-phase ratios.
+            spec_bench = build_decode_bench(specialised_build_dir(model, target, out / "build") / exe.name) \
+                if decode_bench else None
             results["runs"][f"{preset}:{dtype}"] = r = measure(exe, model, threads, repeats, membw, quick, generic_exe,
-                                                               decode_bench, kernel_bench)
+                                                               decode_bench, kernel_bench, spec_bench)
             log(json.dumps(r))
             (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))

@@ -6,7 +6,11 @@
  * right after it, through the engine's own thread pool (the same threads),
  * from a buffer of its own; the pairs' ratios then compare like with like.
  *
- *   colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B]
+ *   colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B | --phases [--prompt P]]
+ *
+ * --phases: no reads; the median time (of --pairs repeats) of each phase the
+ * specialised build could change, one line (colibri-build bench runs it in
+ * the specialised and the generic build alternately): see phases_bench.
  *
  * --batch B: each step decodes B sequences at once (B slots, one token
  * each), and its paired read is as many bytes as that step's bound: the
@@ -24,6 +28,7 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "router.h"
 #include "platform/cpu_features.h"
 #include "platform/platform.h"
 
@@ -169,17 +174,131 @@ static int batch_bench(const char *model, int pairs, int threads, int batch) {
     return 0;
 }
 
+static double seconds_since(uint64_t start) { return (double)(cb_now_ns() - start) * 1e-9; }
+
+/* Prompt tokens [from, to) of slot in chunks of the engine's batch, the last
+ * one's logits wanted. */
+static int prompt_span(cb_engine *e, int slot, int from, int to, char *err, size_t err_len) {
+    const cb_dims *d = CB_DIMS(e);
+    cb_batch_item *items = malloc(sizeof *items * (size_t)e->max_batch);
+    if (!items) return snprintf(err, err_len, "out of memory"), -1;
+    for (int at = from; at < to; at += e->max_batch) {
+        const int n = to - at < e->max_batch ? to - at : e->max_batch;
+        for (int i = 0; i < n; i++) items[i] = (cb_batch_item){(7 * (at + i) + 1) % (int)d->vocab, slot, at + i, at + i == to - 1, 0};
+        if (cb_engine_forward(e, items, n, err, err_len)) return free(items), -1;
+    }
+    free(items);
+    return 0;
+}
+
+/* --phases: each phase timed --pairs times, the median printed:
+ *   routing: the router's softmax / top-k / weights of one token's logits
+ *     (cb_route or cb_route_grouped), per call, over 4096 rows of logits;
+ *   attention: every layer's attention (norm, q/k/v, the heads over P
+ *     cached positions, o) of one token, cb_attention_layer alone;
+ *   decode-1 / decode-8: one forward step of 1 / 8 slots (at position 64,
+ *     and slot 0 after its P);
+ *   prefill: a P-token prompt (in chunks of the engine's batch).
+ * P: --prompt (default 512), at most half the context. */
+static int phases_bench(const char *model, int reps, int threads, int prompt) {
+    char err[512];
+    cb_engine *e = cb_engine_open(model, threads, 8, CB_KV_AUTO, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "colibri-decode-bench: %s\n", err);
+        return 1;
+    }
+    const cb_dims *d = CB_DIMS(e);
+    const int E = (int)d->n_experts, k = (int)d->top_k, L = (int)d->n_layers;
+    const int P = (int)d->context_len / 2 < prompt ? (int)d->context_len / 2 : prompt, D = P < 64 ? P / 2 : 64;
+    enum { ROWS = 4096, ROUTE_RUN = 64 };
+    float *logits = malloc(sizeof(float) * (size_t)E * ROWS), *work = malloc(sizeof(float) * (size_t)E);
+    double *t[5];
+    for (int i = 0; i < 5; i++) t[i] = malloc(sizeof(double) * (size_t)reps);
+    int32_t ids[1024];
+    float weights[1024];
+    if (!logits || !work || !t[0] || !t[1] || !t[2] || !t[3] || !t[4]) {
+        fprintf(stderr, "colibri-decode-bench: out of memory\n");
+        return 1;
+    }
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < (size_t)E * ROWS; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        logits[i] = (float)(seed >> 8) / (float)(1u << 24) * 8.0f - 4.0f;
+    }
+    const int grouped = d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK;
+    const int slots = e->n_slots < 8 ? e->n_slots : 8;
+    double sink = 0;
+    for (int b = 1; b < slots; b++)
+        if (prompt_span(e, b, 0, D, err, sizeof err)) goto fail;
+    for (int r = -1; r < reps; r++) { /* r = -1: untimed, pages and caches warm */
+        uint64_t start = cb_now_ns();
+        if (prompt_span(e, 0, 0, P, err, sizeof err)) goto fail;
+        const double prefill = seconds_since(start);
+        const cb_batch_item at_p = {3, 0, P, 1, 0}; /* its rings and caches set, then its attention alone */
+        if (cb_engine_forward(e, &at_p, 1, err, sizeof err)) goto fail;
+        start = cb_now_ns();
+        for (int l = 0; l < L; l++) {
+            if (d->kv_lora_rank) cb_mla_layer(e, l, &at_p, 1);
+            else cb_attention_layer(e, l, &at_p, 1);
+        }
+        const double attention = seconds_since(start);
+        /* Routing in runs of ROUTE_RUN rows, the median run: a run is
+         * microseconds, and one the scheduler interrupts says nothing. */
+        double runs[ROWS / ROUTE_RUN];
+        for (int run = 0; run < ROWS / ROUTE_RUN; run++) {
+            start = cb_now_ns();
+            for (int row = run * ROUTE_RUN; row < (run + 1) * ROUTE_RUN; row++) {
+                memcpy(work, logits + (size_t)row * E, sizeof(float) * (size_t)E);
+                if (grouped)
+                    cb_route_grouped(work, E, k, d->router == CB_ROUTER_SIGMOID_TOPK_RENORM, NULL, (int)d->n_group,
+                                     (int)d->topk_group, d->routed_scaling, ids, weights);
+                else cb_route(work, E, k, (int)d->router, ids, weights);
+                sink += weights[0];
+            }
+            runs[run] = seconds_since(start) / ROUTE_RUN;
+        }
+        const double routing = percentile(runs, ROWS / ROUTE_RUN, 50);
+        /* Slots 1.. at position D (their prompts below), slot 0 next after its own. */
+        cb_batch_item items[8];
+        for (int b = 0; b < slots; b++)
+            items[b] = (cb_batch_item){(5 + 11 * b) % (int)d->vocab, (b + 1) % slots, b + 1 < slots ? D : P + 1, 1, 0};
+        start = cb_now_ns();
+        if (cb_engine_forward(e, items, 1, err, sizeof err)) goto fail;
+        const double one = seconds_since(start);
+        start = cb_now_ns();
+        if (cb_engine_forward(e, items, slots, err, sizeof err)) goto fail;
+        const double eight = seconds_since(start);
+        if (r < 0) continue;
+        t[0][r] = routing * 1e6, t[1][r] = attention * 1e3, t[2][r] = one * 1e3, t[3][r] = eight * 1e3;
+        t[4][r] = prefill * 1e3;
+    }
+    printf("phases: %d repeats, %d threads, %d experts top-%d, head %d, %d positions: routing %.3f us, "
+           "attention %.3f ms, decode-1 %.3f ms, decode-%d %.3f ms, prefill-%d %.3f ms (sink %g)\n",
+           reps, cb_threadpool_size(e->pool), E, k, (int)d->head_dim, P, percentile(t[0], reps, 50),
+           percentile(t[1], reps, 50), percentile(t[2], reps, 50), slots, percentile(t[3], reps, 50), P,
+           percentile(t[4], reps, 50), sink > 0 ? 1.0 : 0.0);
+    for (int i = 0; i < 5; i++) free(t[i]);
+    free(logits), free(work);
+    cb_engine_close(e);
+    return 0;
+fail:
+    fprintf(stderr, "colibri-decode-bench: %s\n", err);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     cb_cpu_require("colibri-decode-bench");
     const char *model = NULL;
-    int pairs = 256, threads = 2, batch = 1;
+    int pairs = 256, threads = 2, batch = 1, phases = 0, phase_prompt = 512;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--phases")) phases = 1;
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) phase_prompt = atoi(argv[++i]);
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
-            fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B]\n");
+            fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B | --phases [--prompt P]]\n");
             return 2;
         }
     }
@@ -188,6 +307,7 @@ int main(int argc, char **argv) {
                 MAX_BENCH_BATCH);
         return 2;
     }
+    if (phases) return phases_bench(model, pairs, threads, phase_prompt < 2 ? 2 : phase_prompt);
     if (batch > 1) return batch_bench(model, pairs, threads, batch);
     char err[512];
     cb_engine *e = cb_engine_open(model, threads, 1, CB_KV_AUTO, err, sizeof err); /* the server's default */
