@@ -81,15 +81,26 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     return hsum(acc);
 }
 
+/* One row's block i into its lanes (dot4_mxfp4's step). */
+static inline __attribute__((always_inline)) __m256 mxfp4_step(__m256 acc, const cb_block_mxfp4 *b, __m256i ax, __m256i xq,
+                                                              __m256 dx, __m256i book) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
+    const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
+    const __m256i sq = _mm256_madd_epi16(pairs(ax, _mm256_sign_epi8(_mm256_shuffle_epi8(book, u), xq)), _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&e8m0_half_table[b->e].f), dx), f32(sq), acc);
+}
+
 /* Four MXFP4 rows (row_bytes apart) . x, each row's bits dot_mxfp4's. One
  * row is a chain of dependent FMAs and twice the work a byte of q8_0 has;
  * here four rows' chains interleave and x's load, magnitudes (w . x as
  * |x| . sign(w, x), one sign step a row) and scale serve four rows. */
 static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    const __m256i book = codebook(cb_mxfp4_values), low4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
-    const __m256i shift = _mm256_setr_epi64x(0, 0, 4, 4);
-    const uint8_t *rows = w;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i book = codebook(cb_mxfp4_values);
+    const cb_block_mxfp4 *b0 = w, *b1 = (const cb_block_mxfp4 *)((const uint8_t *)w + row_bytes),
+                         *b2 = (const cb_block_mxfp4 *)((const uint8_t *)w + 2 * row_bytes),
+                         *b3 = (const cb_block_mxfp4 *)((const uint8_t *)w + 3 * row_bytes);
+    /* Four variables, not an array: kept in registers across the loop. */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int i = 0; i < n / CB_QK; i++) {
         if (next) {
             /* The next four rows (one stretch) in step with these: the lines
@@ -99,17 +110,12 @@ static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
         }
         const __m256i xq = load32(x[i].qs), ax = _mm256_abs_epi8(xq);
         const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short)x[i].d));
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const cb_block_mxfp4 *b = (const cb_block_mxfp4 *)(rows + (size_t)r * row_bytes) + i;
-            const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
-            const __m256i q = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srlv_epi64(both, shift), low4));
-            const __m256i sq = _mm256_madd_epi16(pairs(ax, _mm256_sign_epi8(q, xq)), ones);
-            const __m256 d = _mm256_mul_ps(_mm256_broadcast_ss(&e8m0_half_table[b->e].f), dx);
-            acc[r] = _mm256_fmadd_ps(d, f32(sq), acc[r]);
-        }
+        a0 = mxfp4_step(a0, b0 + i, ax, xq, dx, book);
+        a1 = mxfp4_step(a1, b1 + i, ax, xq, dx, book);
+        a2 = mxfp4_step(a2, b2 + i, ax, xq, dx, book);
+        a3 = mxfp4_step(a3, b3 + i, ax, xq, dx, book);
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum(acc[r]);
+    out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
 }
 
 cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype) { return dtype == CB_MXFP4 ? dot4_mxfp4 : NULL; }
