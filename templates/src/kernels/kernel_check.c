@@ -177,8 +177,7 @@ static int check_typed(int f, int *cases, double *worst) {
 
 /* GGML's other block types (ids 8..18): each family's kernels against the
  * scalar ones on the same random blocks (every bit pattern is a valid block;
- * scales set to finite values), bit for bit (MXFP4 within 1e-5 of
- * sum |w x|); and the scalar
+ * scales set to finite values), bit for bit; and the scalar
  * ones against a double-precision sum over the dequantized weights and
  * activations (the integer parts exact, so float rounding only). */
 static const struct {
@@ -260,8 +259,8 @@ static int check_block_types(int f, int *cases, double *worst) {
             if (!close_enough(what, n, got, want, mag, worst)) return -1;
             /* The sums are exact integers and the float steps the shared
              * cb_kq_step / cb_b32_step: every family gives the reference's
-             * bits (MXFP4's sums floats in its own order). */
-            if (block_types[t].dtype != CB_MXFP4 && memcmp(&got, &want, sizeof got) != 0) {
+             * bits. */
+            if (memcmp(&got, &want, sizeof got) != 0) {
                 printf("  %s n=%d: got %.9g, reference %.9g: not bit for bit\n", what, n, got, want);
                 return -1;
             }
@@ -276,8 +275,8 @@ static int check_block_types(int f, int *cases, double *worst) {
     return own;
 }
 
-/* The q8_k types through cb_matmul_tile, as the engine calls it: rows of a
- * 15-row matrix in ranges that start and end off a multiple of four, two
+/* The q8_k types and MXFP4 (four-row kernels) through cb_matmul_tile, as
+ * the engine calls it: rows of a 15-row matrix in ranges that start and end off a multiple of four, two
  * tokens (so four-row kernels, where the target has them, meet the one-row
  * loop for the rest, and prefetch rows ahead in the longer ranges), each
  * result bit for bit the scalar reference's for its row and token. Returns 1
@@ -286,12 +285,14 @@ static int check_block_types(int f, int *cases, double *worst) {
 static int check_k_rows(int *cases) {
     static uint8_t rows[K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
     static cb_block_q8_k xk[2][BLOCK_N_MAX / CB_QK_K];
+    static cb_block_q8_0 xq[2][BLOCK_N_MAX / CB_QK];
     static float y[2][K_ROWS];
     static const int ranges[][2] = {{0, 15}, {0, 4}, {1, 14}, {2, 6}, {3, 5}};
     for (int t = 0; t < N_BLOCK_TYPES; t++) {
         const uint32_t dtype = block_types[t].dtype;
-        if (!cb_wants_q8_k(dtype)) continue;
-        for (int n = CB_QK_K; n <= BLOCK_N_MAX; n *= 2) {
+        const int on_k = cb_wants_q8_k(dtype);
+        if (!on_k && dtype != CB_MXFP4) continue;
+        for (int n = on_k ? CB_QK_K : CB_QK; n <= BLOCK_N_MAX; n *= 2) {
             const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
             for (int r = 0; r < K_ROWS; r++) {
                 random_block_row(t, n);
@@ -299,16 +300,18 @@ static int check_k_rows(int *cases) {
             }
             for (int tok = 0; tok < 2; tok++) {
                 for (int i = 0; i < n; i++) block_x[i] = uniform() * (i % 9 == 0 ? 4.0f : 1.0f);
-                cb_quantize_row_q8_k(block_x, xk[tok], n);
+                if (on_k) cb_quantize_row_q8_k(block_x, xk[tok], n);
+                else cb_quantize_row_q8_0(block_x, xq[tok], n);
             }
             const cb_tensor W = {rows, dtype, K_ROWS, (uint32_t)n};
-            const cb_act A = {NULL, NULL, 0, 0, &xk[0][0], BLOCK_N_MAX / CB_QK_K};
+            const cb_act A = {NULL, &xq[0][0], 0, BLOCK_N_MAX / CB_QK, &xk[0][0], BLOCK_N_MAX / CB_QK_K};
             for (int k = 0; k < (int)(sizeof ranges / sizeof ranges[0]); k++) {
                 const int r0 = ranges[k][0], r1 = ranges[k][1];
                 cb_matmul_tile(&W, r0, r1, &A, NULL, 2, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
                 for (int tok = 0; tok < 2; tok++)
                     for (int r = r0; r < r1; r++) {
-                        const float want = cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[tok], n);
+                        const float want = on_k ? cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[tok], n)
+                                             : cb_dot_block_scalar(dtype)(rows + r * row_bytes, xq[tok], n);
                         if (memcmp(&y[tok][r], &want, sizeof want) != 0) {
                             printf("  %s n=%d rows [%d, %d) row %d token %d: got %.9g, reference %.9g\n",
                                    block_types[t].name, n, r0, r1, r, tok, y[tok][r], want);
@@ -781,7 +784,7 @@ int main(void) {
     }
     {
         int cases = 0, bad = check_k_rows(&cases);
-        printf("kernel-check q8_k matrices: %s (q4_k, q5_k, q6_k through cb_matmul_tile; %d results bit for bit the "
+        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile; %d results bit for bit the "
                "scalar reference)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }

@@ -109,8 +109,7 @@ extern const int8_t cb_iq4nl_values[16], cb_mxfp4_values[16];
 
 /* One row of a GGML block type (ids 8..18) . x quantized to q8_0 (n a
  * multiple of 32). Integer products per 32 weights, scaled in float: bit
- * for bit the scalar reference's (cb_b32_step below) except MXFP4's, which
- * is equal up to the order of float sums. NULL for the types that take q8_k
+ * for bit the scalar reference's (cb_b32_step below). NULL for the types that take q8_k
  * activations (below). */
 typedef float (*cb_dot_block_fn)(const void *w, const cb_block_q8_0 *x, int n);
 /* The scalar reference of a type, and this build's best kernel for it
@@ -174,6 +173,16 @@ typedef void (*cb_dot4_k_fn)(const void *w, size_t row_bytes, const cb_block_q8_
 #if CB_KERNELS_AVX2
 cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype);
 #define cb_dot4_k cb_dot4_k_avx2
+#endif
+/* Four rows . x on q8_0 at once, for the 32-weight types: out[i] bit for
+ * bit what the one-row kernel gives for row i; next as cb_dot4_k.
+ * cb_dot4_block: NULL for a type the family has none for (MXFP4 only, in
+ * kernels/kquants_avx2.c); defined where a family has any. */
+typedef void (*cb_dot4_block_fn)(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
+                                 const void *next);
+#if CB_KERNELS_AVX2
+cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype);
+#define cb_dot4_block cb_dot4_block_avx2
 #endif
 /* A family's kernels by dtype: each of kquants.c, kquants_avx2.c and
  * kquants_neon.c defines static dot_<type> functions under the same names

@@ -2,8 +2,8 @@
  * files hold them: where each weight's bits lie, dequantization (the
  * toolkit's numpy one, toolkit/quant.py, gives the same bits) and the scalar
  * dot products against q8_0 activations (the 32-weight types) or q8_k ones
- * (the 256-weight types) whose bits every SIMD kernel gives (kernel_check.c;
- * MXFP4's up to the order of float sums). Layouts are GGML's (ggml-common.h block_*). */
+ * (the 256-weight types) whose bits every SIMD kernel gives (kernel_check.c).
+ * Layouts are GGML's (ggml-common.h block_*). */
 #include <math.h>
 #include <string.h>
 
@@ -223,15 +223,22 @@ static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) {
     return cb_b32_sum(lane);
 }
 
+/* MXFP4: a scale per block per row (E8M0) and per block of x, so SIMD
+ * kernels keep each block's sums in lanes rather than gather block totals:
+ * lane m takes elements 4m..4m+3 of every block (an AVX2 register of int32
+ * pair sums, two SDOT results), by cb_b32_step with scale dx * 2^(e - 128). */
 static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_mxfp4 *b = w;
-    float s = 0;
+    float lane[CB_B32_LANES] = {0};
     for (int i = 0; i < n / CB_QK; i++) {
-        int sq = 0;
-        for (int j = 0; j < CB_QK; j++) sq += cb_mxfp4_values[nibble(b[i].qs, j)] * x[i].qs[j];
-        s += cb_half_to_float(x[i].d) * e8m0_half(b[i].e) * (float)sq;
+        const float d = cb_half_to_float(x[i].d) * e8m0_half(b[i].e);
+        for (int m = 0; m < CB_B32_LANES; m++) {
+            int32_t sq = 0;
+            for (int j = 4 * m; j < 4 * m + 4; j++) sq += cb_mxfp4_values[nibble(b[i].qs, j)] * x[i].qs[j];
+            lane[m] = cb_b32_step(lane[m], d, sq);
+        }
     }
-    return s;
+    return cb_b32_sum(lane);
 }
 
 /* ---- scalar dot products against q8_k activations: per super-block the

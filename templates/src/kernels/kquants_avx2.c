@@ -3,8 +3,7 @@
  * at the end). Reference: kernels/kquants.c, whose integer sums these
  * compute exactly (maddubs pairs stay within int16: unsigned weights are at
  * most 63, signed ones at most 127 in magnitude, |x| <= 127) and whose
- * float steps they repeat: the reference's bits, except MXFP4's, whose float
- * summation order differs (kernel_check.c bounds it). */
+ * float steps they repeat: the reference's bits. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -67,7 +66,8 @@ static const union { uint32_t bits; float f; } e8m0_half_table[256] = {
     E8M0_16(0),   E8M0_16(16),  E8M0_16(32),  E8M0_16(48),  E8M0_16(64),  E8M0_16(80),  E8M0_16(96),  E8M0_16(112),
     E8M0_16(128), E8M0_16(144), E8M0_16(160), E8M0_16(176), E8M0_16(192), E8M0_16(208), E8M0_16(224), E8M0_16(240)};
 
-/* mxfp4 (E8M0 scale): float sums per block (not the bit-exact lanes). */
+/* mxfp4 (E8M0 scale): a block's int32 lanes (lane m: elements 4m..4m+3)
+ * scaled into eight float lanes, the scalar reference's lanes. */
 static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     const cb_block_mxfp4 *b = w;
     const __m256i book = codebook(cb_mxfp4_values);
@@ -80,6 +80,45 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     }
     return hsum(acc);
 }
+
+/* One row's block i into its lanes (dot4_mxfp4's step). */
+static inline __attribute__((always_inline)) __m256 mxfp4_step(__m256 acc, const cb_block_mxfp4 *b, __m256i ax, __m256i xq,
+                                                              __m256 dx, __m256i book) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
+    const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
+    const __m256i sq = _mm256_madd_epi16(pairs(ax, _mm256_sign_epi8(_mm256_shuffle_epi8(book, u), xq)), _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&e8m0_half_table[b->e].f), dx), f32(sq), acc);
+}
+
+/* Four MXFP4 rows (row_bytes apart) . x, each row's bits dot_mxfp4's. One
+ * row is a chain of dependent FMAs and twice the work a byte of q8_0 has;
+ * here four rows' chains interleave and x's load, magnitudes (w . x as
+ * |x| . sign(w, x), one sign step a row) and scale serve four rows. */
+static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    const __m256i book = codebook(cb_mxfp4_values);
+    const cb_block_mxfp4 *b0 = w, *b1 = (const cb_block_mxfp4 *)((const uint8_t *)w + row_bytes),
+                         *b2 = (const cb_block_mxfp4 *)((const uint8_t *)w + 2 * row_bytes),
+                         *b3 = (const cb_block_mxfp4 *)((const uint8_t *)w + 3 * row_bytes);
+    /* Four variables, not an array: kept in registers across the loop. */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < n / CB_QK; i++) {
+        if (next) {
+            /* The next four rows (one stretch) in step with these: the lines
+             * starting in this block's share of them. */
+            const size_t lo = (size_t)i * 4 * sizeof(cb_block_mxfp4), hi = lo + 4 * sizeof(cb_block_mxfp4);
+            for (size_t o = (lo + 63) & ~(size_t)63; o < hi; o += 64) cb_prefetch((const uint8_t *)next + o);
+        }
+        const __m256i xq = load32(x[i].qs), ax = _mm256_abs_epi8(xq);
+        const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short)x[i].d));
+        a0 = mxfp4_step(a0, b0 + i, ax, xq, dx, book);
+        a1 = mxfp4_step(a1, b1 + i, ax, xq, dx, book);
+        a2 = mxfp4_step(a2, b2 + i, ax, xq, dx, book);
+        a3 = mxfp4_step(a3, b3 + i, ax, xq, dx, book);
+    }
+    out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
+}
+
+cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype) { return dtype == CB_MXFP4 ? dot4_mxfp4 : NULL; }
 
 /* ---- the 32-weight types on q8_0: a block's integer sums in int32 lanes,
  * eight blocks' totals gathered into one register (block j in lane j), then

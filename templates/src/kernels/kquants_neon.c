@@ -3,8 +3,7 @@
  * at the end); SDOT where the target has the dot-product extension.
  * Reference: kernels/kquants.c, whose integer sums these compute exactly
  * (weights unpacked to int8, products summed per 16) and whose float steps
- * they repeat: the reference's bits, except MXFP4's, whose float summation
- * order differs (kernel_check.c bounds it). */
+ * they repeat: the reference's bits. */
 #include <arm_neon.h>
 #include <string.h>
 
@@ -108,32 +107,36 @@ static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) {
     return cb_b32_sum(lane);
 }
 
-/* mxfp4 (E8M0, 2^(e - 128)): float sums per block (not the bit-exact lanes). */
-static inline __attribute__((always_inline)) float dot_book(const void *w, const cb_block_q8_0 *x, int n, int mx) {
-    const int8x16_t book = vld1q_s8(mx ? cb_mxfp4_values : cb_iq4nl_values);
-    const size_t block = mx ? sizeof(cb_block_mxfp4) : sizeof(cb_block_iq4_nl);
-    float s = 0;
+/* The sums of each four consecutive int8 products of w . x, as four lanes. */
+static inline int32x4_t dot4s(int8x16_t w, int8x16_t x) {
+#if CB_KERNELS_DOTPROD
+    return vdotq_s32(vdupq_n_s32(0), w, x);
+#else
+    return vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x))), vpaddlq_s16(vmull_high_s8(w, x)));
+#endif
+}
+
+/* mxfp4 (E8M0, 2^(e - 128)): lane m (elements 4m..4m+3 of every block) by
+ * cb_b32_step, lanes 0..3 in lo, 4..7 in hi, then cb_b32_sum's tree. */
+static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
+    const cb_block_mxfp4 *b = w;
+    const int8x16_t book = vld1q_s8(cb_mxfp4_values);
+    float32x4_t lo_acc = vdupq_n_f32(0), hi_acc = vdupq_n_f32(0);
     for (int i = 0; i < n / CB_QK; i++) {
-        const uint8_t *blk = (const uint8_t *)w + (size_t)i * block;
-        float d;
-        if (mx) {
-            const uint32_t bits = blk[0] < 2 ? 0x00200000u << blk[0] : (uint32_t)(blk[0] - 1) << 23;
-            memcpy(&d, &bits, sizeof d);
-        } else {
-            cb_half hd;
-            memcpy(&hd, blk, 2);
-            d = half(hd);
-        }
+        const uint32_t bits = b[i].e < 2 ? 0x00200000u << b[i].e : (uint32_t)(b[i].e - 1) << 23;
+        float e;
+        memcpy(&e, &bits, sizeof e);
+        const float d = half(x[i].d) * e;
         int8x16_t lo, hi;
-        nibbles(blk + (mx ? 1 : 2), &lo, &hi);
+        nibbles(b[i].qs, &lo, &hi);
         lo = vqtbl1q_s8(book, vreinterpretq_u8_s8(lo));
         hi = vqtbl1q_s8(book, vreinterpretq_u8_s8(hi));
-        const int32_t sq = dot16(lo, vld1q_s8(x[i].qs)) + dot16(hi, vld1q_s8(x[i].qs + 16));
-        s += half(x[i].d) * d * (float)sq;
+        lo_acc = vfmaq_n_f32(lo_acc, vcvtq_f32_s32(dot4s(lo, vld1q_s8(x[i].qs))), d);
+        hi_acc = vfmaq_n_f32(hi_acc, vcvtq_f32_s32(dot4s(hi, vld1q_s8(x[i].qs + 16))), d);
     }
-    return s;
+    const float32x4_t s = vaddq_f32(lo_acc, hi_acc); /* lane k: l[k] + l[k + 4] */
+    return (vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 2)) + (vgetq_lane_f32(s, 1) + vgetq_lane_f32(s, 3));
 }
-static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) { return dot_book(w, x, n, 1); }
 
 cb_dot_block_fn cb_dot_block_neon(uint32_t dtype) {
     CB_DOT_BLOCK_DISPATCH(dtype);

@@ -225,6 +225,24 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         }
     }
     const cb_dot_block_fn block_dot = cb_dot_block(W->dtype);
+#ifdef cb_dot4_block
+    /* The same for the types on q8_0 (MXFP4's rows' chains interleaved). */
+    const cb_dot4_block_fn b_dot4 = block_dot ? cb_dot4_block(W->dtype) : NULL;
+    if (b_dot4) {
+        const int ahead = r + PREFETCH_ROWS < r1 ? r + PREFETCH_ROWS : r1;
+        for (const uint8_t *p = w + (size_t)r * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64) cb_prefetch(p);
+        for (; r + 4 <= r1; r += 4) {
+            const void *rows = w + (size_t)r * row_bytes;
+            const void *next = r + PREFETCH_ROWS + 4 <= r1 ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
+            for (int t = 0; t < n_tok; t++) {
+                float d[4];
+                b_dot4(rows, row_bytes, A->q + (size_t)(in ? in[t] : t) * A->q_stride, cols, d, t ? NULL : next);
+                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
+                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
+            }
+        }
+    }
+#endif
     if (block_dot) {
         for (; r < r1; r++) {
             const void *row = w + (size_t)r * row_bytes;
