@@ -62,27 +62,46 @@ static const uint8_t pick6[4][32] __attribute__((aligned(32))) = {
 #undef PICK
 };
 
+/* Shuffles putting word c of a lane in every word. */
+static const uint8_t pick4[8][32] __attribute__((aligned(32))) = {
+#define PICK(c) {2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, \
+                 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, \
+                 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1}
+    PICK(0), PICK(1), PICK(2), PICK(3), PICK(4), PICK(5), PICK(6), PICK(7)
+#undef PICK
+};
+
 /* Q4_K / Q5_K: group c is the low (even c) or high nibbles of qs[32 (c / 2)..]
- * with bit c of qh[0..31] as bit 4 (q5_k); 6-bit scales and mins as
- * kquants.c's scale_min_k4. */
+ * with bit c of qh[0..31] as bit 4 (q5_k); the 6-bit scales and mins of
+ * kquants.c's scale_min_k4, four at a time in 32-bit words (bytes 0..3 of
+ * the 12 hold scales 0..3 and bits 4..5 of scales 4..7, bytes 4..7 mins 0..3
+ * and bits 4..5 of mins 4..7, bytes 8..11 the low 4 bits of both). */
 static inline __attribute__((always_inline)) void unpack_q45(const uint8_t *blk, int q5, unpacked *u) {
     const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-    const uint8_t *s = blk + 4, *qs = blk + (q5 ? offsetof(cb_block_q5_k, qs) : offsetof(cb_block_q4_k, qs));
-    int16_t mins[16];
-    for (int c = 0; c < 8; c++) {
-        const int sc = c < 4 ? s[c] & 63 : (s[c + 4] & 0xF) | ((s[c - 4] >> 6) << 4);
-        const int m = c < 4 ? s[c + 4] & 63 : (s[c + 4] >> 4) | ((s[c] >> 6) << 4);
-        u->sc[c] = _mm256_set1_epi16((short)sc);
-        mins[2 * c] = mins[2 * c + 1] = (int16_t)m;
-    }
-    u->m = load32(mins);
+    const uint8_t *qs = blk + (q5 ? offsetof(cb_block_q5_k, qs) : offsetof(cb_block_q4_k, qs));
+    uint32_t s0, s1, s2, scm[4];
+    memcpy(&s0, blk + 4, 4), memcpy(&s1, blk + 8, 4), memcpy(&s2, blk + 12, 4);
+    scm[0] = s0 & 0x3F3F3F3Fu;
+    scm[1] = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+    scm[2] = s1 & 0x3F3F3F3Fu;
+    scm[3] = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+    /* bytes: scales 0..7, mins 0..7 */
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)scm);
+    const __m256i sc16 = _mm256_cvtepu8_epi16(bytes);
+    const __m256i scales = _mm256_permute4x64_epi64(sc16, 0x44);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) u->sc[g] = _mm256_shuffle_epi8(scales, load32(pick4[g]));
+    u->m = _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(bytes, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
     const __m256i hb = q5 ? load32(blk + offsetof(cb_block_q5_k, qh)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         const __m256i q = load32(qs + 32 * j);
         u->w[2 * j] = _mm256_and_si256(q, low4);
         u->w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
     }
     if (q5)
+#pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
             u->w[c] = _mm256_or_si256(u->w[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, c), one), 4));
 }
@@ -93,6 +112,7 @@ static inline __attribute__((always_inline)) void unpack_q6(const cb_block_q6_k 
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
     const __m256i sc_halves[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
     u->m = sc16;
+#pragma GCC unroll 2
     for (int half = 0; half < 2; half++) {
         const __m256i sc_half = sc_halves[half];
         const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
@@ -103,6 +123,7 @@ static inline __attribute__((always_inline)) void unpack_q6(const cb_block_q6_k 
         w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45));
         w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                                _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45));
+#pragma GCC unroll 4
         for (int k = 0; k < 4; k++) u->sc[4 * half + k] = _mm256_shuffle_epi8(sc_half, load32(pick6[k]));
     }
 }
@@ -112,18 +133,26 @@ static inline __attribute__((always_inline)) void unpack_q6(const cb_block_q6_k 
 static inline __attribute__((always_inline)) void tokens_step(int type, const unpacked u[4], const cb_block_q8_k *const *x,
                                                              int i, int nt, __m128 d4, __m128 dmin4, __m128 *s) {
     __m256i acc[2][4], am[2][4];
+#pragma GCC unroll 2
     for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) acc[t][r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
         __m256i xv[2];
+#pragma GCC unroll 2
         for (int t = 0; t < nt; t++) xv[t] = load32(x[t][i].qs + 32 * c);
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++)
+#pragma GCC unroll 2
             for (int t = 0; t < nt; t++)
                 acc[t][r] = _mm256_add_epi32(acc[t][r],
                                              _mm256_madd_epi16(_mm256_maddubs_epi16(u[r].w[c], xv[t]), u[r].sc[c]));
     }
+#pragma GCC unroll 2
     for (int t = 0; t < nt; t++) {
         const __m256i bsums = load32(x[t][i].bsums);
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const __m256i mb = _mm256_madd_epi16(u[r].m, bsums);
             if (type == K_Q6) acc[t][r] = _mm256_sub_epi32(acc[t][r], _mm256_slli_epi32(mb, 5)); /* q - 32 */
@@ -151,6 +180,7 @@ static inline __attribute__((always_inline)) void tokens_k(int type, const void 
         for (int i = 0; i < nb; i++) {
             unpacked u[4];
             const uint8_t *blk[4];
+#pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * block;
                 if (i + 1 < nb)
