@@ -111,9 +111,8 @@ static void dot4(uint32_t dtype, const void *rows, size_t row_bytes, const cb_bl
 #ifdef cb_tokens_k
 /* Tokens from which the K types' multi-token kernel (each super-block of
  * four rows unpacked once for all tokens) replaces looping the one-token
- * kernels: at 4 tokens the unpacking shared by too few tokens lost to the
- * loop on q4_k and q5_k (a 1024 x 2048 matrix, one core, under load: 0.7x);
- * from 8 it won on all three (1.3-1.4x). */
+ * kernels: at 4 tokens the unpacking, shared by too few tokens, lost to the
+ * loop on q4_k and q5_k; from 8 it won on all three (figures: the commit). */
 #define K_TOKENS_MIN 8
 /* Rows r.. (by fours, up to r1) of a K-type W for n_tok tokens through the
  * family's multi-token kernel, staged as the q8_0 path above stages them;
