@@ -341,3 +341,36 @@ def test_bench_k_quant_models_follow_the_mixture_plan(tmp_path):
         logits = engine.forward([1, 2, 3, 4])
         engine.close()
         assert np.isfinite(logits).all() and logits.std() > 0
+
+
+K_TYPES = ["q4_k", "q5_k", "q6_k"]  # a Q4_K_M / Q5_K_M / Q6_K file's matrix types
+
+
+def k_dtype(name, shape):
+    if len(shape) == 1 or name.endswith("ffn_router"):
+        return "f32"
+    return K_TYPES[sum(map(ord, name)) % len(K_TYPES)]
+
+
+def test_a_k_quant_prompt_gives_the_bits_of_decoding_it_token_by_token(tmp_path):
+    """A prompt runs its K-type matrices through the multi-token kernel (each
+    super-block of four rows unpacked once for a group of tokens: the
+    attention matrices see all 60 tokens, the busier experts 8 or more);
+    decoding the same tokens one at a time runs the one-token kernels. The
+    logits must be the same bits at every position."""
+    from colibri_build import Engine
+    from colibri_build.weights import DTYPE_NAMES, read_header
+
+    model, _ = mixed_model(tmp_path, "qwen3_moe", k_dtype)
+    used = {DTYPE_NAMES[t.dtype] for t in read_header(model / "weights.cbw")["tensors"].values()}
+    assert set(K_TYPES) <= used, used
+    ids = [int(i) for i in np.random.default_rng(3).integers(3, 250, 60)]
+    engine = Engine(model, threads=2)
+    prompt = engine.forward(ids)
+    counts = np.bincount(engine.last_routing.ravel())
+    assert counts.max() >= 8, counts  # some expert takes the multi-token path
+    assert np.isfinite(prompt).all() and prompt.std() > 0
+    for pos, tok in enumerate(ids):
+        step = engine.forward([tok], start=pos)[0]
+        assert np.array_equal(step, prompt[pos]), (pos, np.abs(step - prompt[pos]).max())
+    engine.close()

@@ -275,19 +275,23 @@ static int check_block_types(int f, int *cases, double *worst) {
     return own;
 }
 
-/* The q8_k types and MXFP4 (four-row kernels) through cb_matmul_tile, as
- * the engine calls it: rows of a 15-row matrix in ranges that start and end off a multiple of four, two
- * tokens (so four-row kernels, where the target has them, meet the one-row
- * loop for the rest, and prefetch rows ahead in the longer ranges), each
- * result bit for bit the scalar reference's for its row and token. Returns 1
- * on a mismatch. */
+/* The q8_k types and MXFP4 (four-row and multi-token kernels) through
+ * cb_matmul_tile, as the engine calls it: rows of a 15-row matrix in ranges
+ * that start and end off a multiple of four, for two tokens and for K_TOKENS
+ * gathered in reverse order (so four-row and multi-token kernels, where the
+ * target has them, meet the one-row loop for the rest, and prefetch rows
+ * ahead in the longer ranges), each result bit for bit the scalar
+ * reference's for its row and token. Returns 1 on a mismatch. */
 #define K_ROWS 15
+#define K_TOKENS 19
 static int check_k_rows(int *cases) {
     static uint8_t rows[K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
-    static cb_block_q8_k xk[2][BLOCK_N_MAX / CB_QK_K];
-    static cb_block_q8_0 xq[2][BLOCK_N_MAX / CB_QK];
-    static float y[2][K_ROWS];
+    static cb_block_q8_k xk[K_TOKENS][BLOCK_N_MAX / CB_QK_K];
+    static cb_block_q8_0 xq[K_TOKENS][BLOCK_N_MAX / CB_QK];
+    static float y[K_TOKENS][K_ROWS];
     static const int ranges[][2] = {{0, 15}, {0, 4}, {1, 14}, {2, 6}, {3, 5}};
+    int32_t reversed[K_TOKENS];
+    for (int t = 0; t < K_TOKENS; t++) reversed[t] = K_TOKENS - 1 - t;
     for (int t = 0; t < N_BLOCK_TYPES; t++) {
         const uint32_t dtype = block_types[t].dtype;
         const int on_k = cb_wants_q8_k(dtype);
@@ -298,28 +302,30 @@ static int check_k_rows(int *cases) {
                 random_block_row(t, n);
                 memcpy(rows + r * row_bytes, block_row, row_bytes);
             }
-            for (int tok = 0; tok < 2; tok++) {
+            for (int tok = 0; tok < K_TOKENS; tok++) {
                 for (int i = 0; i < n; i++) block_x[i] = uniform() * (i % 9 == 0 ? 4.0f : 1.0f);
                 if (on_k) cb_quantize_row_q8_k(block_x, xk[tok], n);
                 else cb_quantize_row_q8_0(block_x, xq[tok], n);
             }
             const cb_tensor W = {rows, dtype, K_ROWS, (uint32_t)n};
             const cb_act A = {NULL, &xq[0][0], 0, BLOCK_N_MAX / CB_QK, &xk[0][0], BLOCK_N_MAX / CB_QK_K};
-            for (int k = 0; k < (int)(sizeof ranges / sizeof ranges[0]); k++) {
-                const int r0 = ranges[k][0], r1 = ranges[k][1];
-                cb_matmul_tile(&W, r0, r1, &A, NULL, 2, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
-                for (int tok = 0; tok < 2; tok++)
-                    for (int r = r0; r < r1; r++) {
-                        const float want = on_k ? cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[tok], n)
-                                             : cb_dot_block_scalar(dtype)(rows + r * row_bytes, xq[tok], n);
-                        if (memcmp(&y[tok][r], &want, sizeof want) != 0) {
-                            printf("  %s n=%d rows [%d, %d) row %d token %d: got %.9g, reference %.9g\n",
-                                   block_types[t].name, n, r0, r1, r, tok, y[tok][r], want);
-                            return 1;
+            for (int k = 0; k < (int)(sizeof ranges / sizeof ranges[0]); k++)
+                for (int many = 0; many < 2; many++) {
+                    const int r0 = ranges[k][0], r1 = ranges[k][1], n_tok = many ? K_TOKENS : 2;
+                    cb_matmul_tile(&W, r0, r1, &A, many ? reversed : NULL, n_tok, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
+                    for (int tok = 0; tok < n_tok; tok++)
+                        for (int r = r0; r < r1; r++) {
+                            const int src = many ? reversed[tok] : tok;
+                            const float want = on_k ? cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[src], n)
+                                                 : cb_dot_block_scalar(dtype)(rows + r * row_bytes, xq[src], n);
+                            if (memcmp(&y[tok][r], &want, sizeof want) != 0) {
+                                printf("  %s n=%d rows [%d, %d) row %d token %d of %d: got %.9g, reference %.9g\n",
+                                       block_types[t].name, n, r0, r1, r, src, n_tok, y[tok][r], want);
+                                return 1;
+                            }
+                            (*cases)++;
                         }
-                        (*cases)++;
-                    }
-            }
+                }
         }
     }
     return 0;
@@ -784,8 +790,8 @@ int main(void) {
     }
     {
         int cases = 0, bad = check_k_rows(&cases);
-        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile; %d results bit for bit the "
-               "scalar reference)\n", bad ? "FAILED" : "ok", cases);
+        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 2 and %d tokens; "
+               "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, cases);
         failed |= bad;
     }
     {
