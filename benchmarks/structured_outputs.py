@@ -44,11 +44,14 @@ SAMPLINGS = {"greedy": {}, "T=1": {"temperature": 1.0}}
 
 
 def run(url: str, body: dict, pid: int) -> tuple[float, float, int]:
-    """One streamed request: its decode rate (tokens after the first over
-    the time after it), the server's CPU seconds over that time, tokens."""
+    """One streamed request: its decode rate (the server's
+    timings.decode_tokens_per_second: tokens after the first over the
+    server's time from the first to the last, no HTTP tail, which would
+    weigh more on a short document than on a long free answer), the
+    server's CPU seconds from the first streamed token to the end, tokens."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    first = cpu0 = None
-    tokens = 0
+    cpu0 = None
+    tokens, rate = 0, 0.0
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as reply:
         reply.raise_for_status()
         for line in reply.iter_lines():
@@ -57,16 +60,23 @@ def run(url: str, body: dict, pid: int) -> tuple[float, float, int]:
             event = json.loads(line[6:])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-            elif first is None and event["choices"] and event["choices"][0]["delta"].get("content"):
-                first, cpu0 = time.perf_counter(), cpu_seconds(pid)  # the prompt is behind
-        end, cpu1 = time.perf_counter(), cpu_seconds(pid)
-    if first is None or tokens < 2:
+                rate = event["timings"]["decode_tokens_per_second"]
+            elif cpu0 is None and event["choices"] and event["choices"][0]["delta"].get("content"):
+                cpu0 = cpu_seconds(pid)  # the prompt is behind
+        cpu1 = cpu_seconds(pid)
+    if cpu0 is None or tokens < 2:
         return 0.0, 0.0, 0
-    return (tokens - 1) / (end - first), cpu1 - cpu0, tokens - 1
+    return rate, cpu1 - cpu0, tokens - 1
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (0 where /proc is missing)."""
+    """CPU time of a process's threads, in nanoseconds where Linux's
+    schedstat has them (/proc's user + system ticks are 10 ms, coarser than
+    a short request), else ticks; 0 where /proc is missing."""
+    try:
+        return sum(int(f.read_text().split()[0]) for f in Path(f"/proc/{pid}/task").glob("*/schedstat")) * 1e-9
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
