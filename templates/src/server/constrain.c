@@ -1464,13 +1464,12 @@ int cb_con_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, 
     return n;
 }
 
-/* One try where few tokens fit (the mask is cheap there); sixteen in string
- * or free key text, where many fit, a mask walks most of the vocabulary,
- * and a retry from the whole vocabulary costs a binary search (the
- * sampler's block ends, made once a step). */
+/* A draw over many candidates reads them all: one try, but four in string
+ * or free key text, where most tokens fit and a failed draw would cost a
+ * mask over nearly the whole vocabulary. */
 int cb_con_draw_tries(const cb_con_schema *c, const cb_con_state *s, int n, int all) {
     if (!all && n <= 64) return 8;
-    return mostly_open(c, s) ? 16 : 1;
+    return mostly_open(c, s) ? 4 : 1;
 }
 
 int32_t cb_con_sample(cb_con_vocab *v, const cb_con_schema *c, const cb_con_state *s, cb_sampler *smp,

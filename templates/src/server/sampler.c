@@ -44,16 +44,13 @@ int cb_sampler_init(cb_sampler *s, int vocab) {
     s->work = calloc((size_t)vocab, sizeof *s->work);
     s->idx = calloc((size_t)vocab, sizeof *s->idx);
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
-    s->ends = calloc((size_t)vocab / CB_DRAW_BLOCK + 1, sizeof *s->ends);
-    s->draws = 0;
-    return s->work && s->idx && s->counts && s->ends ? 0 : -1;
+    return s->work && s->idx && s->counts ? 0 : -1;
 }
 
 void cb_sampler_free(cb_sampler *s) {
     free(s->work);
     free(s->idx);
     free(s->counts);
-    free(s->ends);
     memset(s, 0, sizeof *s);
 }
 
@@ -140,41 +137,6 @@ static int32_t draw(const float *w, int n, double total, int32_t top, cb_rng *rn
     return n - 1;
 }
 
-/* draw()'s running sum at the end of each CB_DRAW_BLOCK weights, added in
- * draw()'s order: the same doubles draw() meets there. */
-static void draw_ends(const float *w, int n, double *ends) {
-    double acc = 0.0;
-    for (int i = 0, b = 0; i < n; i += CB_DRAW_BLOCK, b++) {
-        const int e = n - i < CB_DRAW_BLOCK ? n : i + CB_DRAW_BLOCK;
-        for (int j = i; j < e; j++) acc += w[j];
-        ends[b] = acc;
-    }
-}
-
-/* draw() with the block ends: the running sum never decreases (weights >=
- * 0), so the first index past u lies in the first block whose end is past
- * it, and the adds from the block before's end are draw()'s own: the same
- * index for the same random number. */
-static int32_t draw_by_ends(const float *w, int n, double total, int32_t top, cb_rng *rng, const double *ends) {
-    if (!(total > 0.0 && total <= DBL_MAX)) return top;
-    const double u = cb_rng_uniform(rng) * total;
-    int lo = 0, hi = (n + CB_DRAW_BLOCK - 1) / CB_DRAW_BLOCK;
-    const int blocks = hi;
-    while (lo < hi) {
-        const int mid = lo + (hi - lo) / 2;
-        if (ends[mid] > u) hi = mid;
-        else lo = mid + 1;
-    }
-    if (lo == blocks) return n - 1;
-    double acc = lo ? ends[lo - 1] : 0.0;
-    const int e = n - lo * CB_DRAW_BLOCK < CB_DRAW_BLOCK ? n : (lo + 1) * CB_DRAW_BLOCK;
-    for (int i = lo * CB_DRAW_BLOCK; i < e; i++) {
-        acc += w[i];
-        if (acc > u) return i;
-    }
-    return e - 1; /* not reached: ends[lo] > u is this block's last sum */
-}
-
 /* ---- sampling ---- */
 
 static void apply_penalties(cb_sampler *s, const cb_sampling *p, const int32_t *hist, int n) {
@@ -196,7 +158,6 @@ static void candidates(cb_sampler *s, const float *logits, const cb_sampling *p,
     float *w = s->work;
     int32_t *idx = s->idx;
     c->n = 0, c->all = 0, c->total = 0.0;
-    s->draws = 0;
     memcpy(w, logits, sizeof(float) * V);
     for (int i = 0; i < p->n_bias; i++) w[p->bias_ids[i]] += p->bias[i]; /* ids checked by the request reader */
     apply_penalties(s, p, history, n_history);
@@ -281,13 +242,7 @@ int32_t cb_sample_draw(cb_sampler *s, const cb_candidates *c, cb_rng *rng, const
     const float *w = s->work;
     const int32_t *idx = s->idx;
     if (c->n == 0) return only && !only[c->top] ? -1 : c->top;
-    if (c->all && !only) {
-        /* A second draw from the same weights (constrained decoding retries
-         * an invalid token): the block ends, once, cost one draw's adds. */
-        if (s->draws++ == 0) return draw(w, c->n, c->total, c->top, rng);
-        if (s->draws == 2) draw_ends(w, c->n, s->ends);
-        return draw_by_ends(w, c->n, c->total, c->top, rng, s->ends);
-    }
+    if (c->all && !only) return draw(w, c->n, c->total, c->top, rng);
     double total = only ? 0.0 : c->total;
     for (int i = 0; only && i < c->n; i++) {
         const int32_t t = c->all ? i : idx[i];

@@ -41,13 +41,7 @@ typedef struct {
     float *work;      /* [vocab] */
     int32_t *idx;     /* [vocab] */
     uint32_t *counts; /* [vocab], zero between calls */
-    double *ends;     /* [vocab / CB_DRAW_BLOCK + 1]: draw()'s running sum at each block's end */
-    int draws;        /* whole-vocabulary draws from the current candidates */
 } cb_sampler;
-
-/* Weights a block of the running sums that make draws after a step's first
- * one a binary search and at most one block's adds. */
-#define CB_DRAW_BLOCK 64
 
 int cb_sampler_init(cb_sampler *s, int vocab); /* 0, or -1 out of memory */
 void cb_sampler_free(cb_sampler *s);
