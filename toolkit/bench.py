@@ -295,14 +295,8 @@ PAIRED = re.compile(r"decode-bench: (\d+) pairs, (\d+) threads, (\d+) bytes of w
 
 def build_decode_bench(generic_exe: Path) -> Path | None:
     """colibri-decode-bench in the generic build (it opens any model)."""
-    from . import toolchain
-    build = generic_exe.parent
-    done = subprocess.run([toolchain.ninja_exe(), "-C", str(build), "colibri-decode-bench"], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        log(f"colibri-decode-bench did not build: {done.stdout[-300:]}{done.stderr[-300:]}")
-        return None
-    return build / ("colibri-decode-bench" + generic_exe.suffix)
+    from .build import build_tool
+    return build_tool(generic_exe, "colibri-decode-bench")
 
 
 def paired_decode(tool: Path, model: Path, threads: int, pairs: int) -> dict:

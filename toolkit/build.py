@@ -227,3 +227,15 @@ def build_generic_server(target_name: str, build_root: Path = Path("build"), qui
     configure(src, work / "build", compiler, quiet)
     compile_tree(work / "build", quiet)
     return work / "build" / target.exe_name
+
+
+def build_tool(generic_exe: Path, name: str) -> Path | None:
+    """Another executable of the generic build's project (colibri-decode-bench,
+    colibri-kernel-bench: they open any model), built beside generic_exe;
+    None, said why, if it does not build."""
+    build = generic_exe.parent
+    done = subprocess.run([toolchain.ninja_exe(), "-C", str(build), name], capture_output=True, text=True)
+    if done.returncode != 0:
+        log(f"{name} did not build: {done.stdout[-300:]}{done.stderr[-300:]}")
+        return None
+    return build / (name + generic_exe.suffix)

@@ -25,14 +25,8 @@ PROMPT_GEMM = re.compile(r"kernel-bench q8_0x4 prompt from L2: (\d+) tokens ([\d
 
 def build_kernel_bench(generic_exe: Path) -> Path | None:
     """colibri-kernel-bench in the generic build's folder (None, said why, if it does not build)."""
-    from . import toolchain
-    build = generic_exe.parent
-    done = subprocess.run([toolchain.ninja_exe(), "-C", str(build), "colibri-kernel-bench"], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        print(f"colibri-kernel-bench did not build: {done.stdout[-300:]}{done.stderr[-300:]}")
-        return None
-    return build / ("colibri-kernel-bench" + generic_exe.suffix)
+    from .build import build_tool
+    return build_tool(generic_exe, "colibri-kernel-bench")
 
 
 def int8_peak(tool: Path) -> dict:
