@@ -106,11 +106,13 @@ def test_the_tensor_table_and_metadata_are_the_gguf_packages(path):
     ours.close()
 
 
-def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: bool = False) -> Path:
+def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: bool = False,
+            extra: dict | None = None) -> Path:
     """src written again by the gguf package's writer, with another
     alignment, or with each merged ffn_*_exps tensor as one tensor per
     expert (blk.N.ffn_gate.E.weight: how llama.cpp wrote Mixtral before
-    merging them)."""
+    merging them), or with the metadata keys of extra added (key: (value,
+    GGUFValueType))."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
     if alignment:
@@ -119,6 +121,8 @@ def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: b
         if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
             continue
         w.add_key_value(key, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for key, (value, vtype) in (extra or {}).items():
+        w.add_key_value(key, value, vtype)
     for t in r.tensors:
         if split_experts and "_exps." in t.name:
             for e, part in enumerate(np.asarray(t.data)):
@@ -409,6 +413,12 @@ HF_FROM_GGUF = {
                 "mlp.router.bias": "ffn_gate_inp.bias",
                 **{f"self_attn.{a}_proj.{k}": f"attn_{b}.{k}" for a, b in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))
                    for k in ("weight", "bias")}},
+    **{arch: {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+              "mlp.gate.weight": "ffn_gate_inp.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+              "self_attn.k_norm.weight": "attn_k_norm.weight",
+              **{f"self_attn.{a}_proj.weight": f"attn_{b}.weight" for a, b in (("q", "q"), ("k", "k"), ("v", "v"),
+                                                                              ("o", "output"))}}
+       for arch in ("qwen3_moe", "mixtral")},
     "deepseek_v3": {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
                     "self_attn.q_a_proj.weight": "attn_q_a.weight", "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
                     "self_attn.q_b_proj.weight": "attn_q_b.weight", "self_attn.o_proj.weight": "attn_output.weight",
@@ -420,14 +430,15 @@ HF_FROM_GGUF = {
 }
 
 
-def transformers_on_gguf(arch: str, path: Path):
-    """The transformers model of the file's config.json (refs.json), holding
-    the file's weights dequantized exactly by the gguf package; gpt-oss's
-    experts go back to its fused, interleaved, transposed layout."""
+def transformers_on_gguf(arch: str, path: Path, hf_update: dict | None = None):
+    """The transformers model of the file's config.json (refs.json; its
+    fields in hf_update replaced), holding the file's weights dequantized
+    exactly by the gguf package; gpt-oss's experts go back to its fused,
+    interleaved, transposed layout."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.set_num_threads(1)
-    hf = dict(refs(arch)["model"]["hf_config_json"])
+    hf = {**refs(arch)["model"]["hf_config_json"], **(hf_update or {})}
     if arch == "gpt_oss":  # llama.cpp's YaRN floors/ceils the correction range: transformers' truncate
         hf["rope_scaling"] = {**hf["rope_scaling"], "truncate": True}
     config = transformers.AutoConfig.for_model(**hf)
@@ -450,6 +461,14 @@ def transformers_on_gguf(arch: str, path: Path):
             sd[p + "mlp.experts.gate_up_proj_bias"] = interleave(t[b + "ffn_gate_exps.bias"], t[b + "ffn_up_exps.bias"])
             sd[p + "mlp.experts.down_proj"] = t[b + "ffn_down_exps.weight"].transpose(1, 2)
             sd[p + "mlp.experts.down_proj_bias"] = t[b + "ffn_down_exps.bias"]
+        if arch == "mixtral":  # llama.cpp permuted q/k rows for its rotation of adjacent pairs
+            for proj, n_head in (("q", config.num_attention_heads), ("k", config.num_key_value_heads)):
+                rows = t[b + f"attn_{proj}.weight"]
+                sd[p + f"self_attn.{proj}_proj.weight"] = rows[np.argsort(llama_permuted_rows(rows.shape[0], n_head))]
+        if arch in ("qwen3_moe", "mixtral"):  # fused [E, 2I, H]: gate rows, then up rows
+            sd[p + "mlp.experts.gate_up_proj"] = torch.cat([t[b + "ffn_gate_exps.weight"],
+                                                            t[b + "ffn_up_exps.weight"]], dim=1)
+            sd[p + "mlp.experts.down_proj"] = t[b + "ffn_down_exps.weight"]
         if arch == "deepseek_v3":
             # kv_b_proj [nh * (nope + v), kv_lora]: per head W_UK (k_b [nh, kv_lora, nope] transposed), then W_UV
             k_b, v_b = t[b + "attn_k_b.weight"], t[b + "attn_v_b.weight"]
@@ -491,6 +510,54 @@ def test_gemma4_gpt_oss_and_deepseek_files_compute_what_transformers_computes_on
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"{name}: max error {err:.2e} relative to the largest logit")
     assert err < 1e-4, f"max error {err:.2e} relative to the largest logit"
+
+
+F32, STR, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
+ROPE_SCALED = {  # llama.cpp's keys of a scaled RoPE, and the config.json rope_scaling it converts from
+    "qwen3_moe-yarn": ("qwen3_moe", "qwen3_moe-Q8_0.gguf", "qwen3moe",
+                       {"rope.scaling.type": ("yarn", STR), "rope.scaling.factor": (4.0, F32),
+                        "rope.scaling.original_context_length": (128, U32)},
+                       {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "truncate": True}),
+    "mixtral-linear": ("mixtral", "mixtral-Q8_0.gguf", "llama",
+                       {"rope.scaling.type": ("linear", STR), "rope.scaling.factor": (2.5, F32)},
+                       {"rope_type": "linear", "factor": 2.5}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROPE_SCALED))
+def test_a_llama_family_file_with_scaled_rope_computes_what_transformers_computes(tmp_path, case):
+    """A Qwen3-MoE file with llama.cpp's YaRN keys (as a 128K-context Qwen3
+    GGUF has them) and a Mixtral ('llama') file with linear scaling: the
+    converted model's logits against transformers with the same rope_scaling
+    on the file's weights, within 1e-4 of the largest; and they must differ
+    from the unscaled model's, or the test would prove nothing."""
+    arch, name, prefix, keys, hf_scaling = ROPE_SCALED[case]
+    src = rewrite(DATA / arch / name, tmp_path / name, extra={f"{prefix}.{k}": v for k, v in keys.items()})
+    out = tmp_path / "model"
+    convert_gguf(src, out, progress=False)
+    twin = f32_twin(out, tmp_path / "twin")
+    model, torch = transformers_on_gguf(arch, DATA / arch / name, {"rope_scaling": hf_scaling})
+    r = refs(arch)
+    ids = r["prompt"] + r["teacher_forced_path"]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    got = Engine(twin, threads=1).forward(ids)
+    plain = Engine(f32_twin(convert_gguf(DATA / arch / name, tmp_path / "plain", progress=False),
+                            tmp_path / "plain-twin"), threads=1).forward(ids)
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max() / scale
+    print(f"{case}: max error {err:.2e}, unscaled {np.abs(plain - want).max() / scale:.2e}, relative to the largest")
+    assert np.abs(plain - want).max() / scale > 1e-2
+    assert err < 1e-4, f"max error {err:.2e} relative to the largest logit"
+
+
+def test_a_llama_family_file_with_another_rope_scaling_is_refused(tmp_path):
+    src = rewrite(DATA / "olmoe" / "olmoe-Q8_0.gguf", tmp_path / "olmoe.gguf",
+                  extra={"olmoe.rope.scaling.type": ("longrope", STR)})
+    with pytest.raises(ModelError, match=f"{re.escape(str(src))}: olmoe.rope.scaling.type is 'longrope'; "
+                                         "implemented: none, linear, yarn"):
+        convert_gguf(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 # ---- the command line and bad files ----

@@ -150,9 +150,7 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
     if rot != head_dim:
         raise ModelError(f"{path}: {arch}.rope.dimension_count is {rot}, the head size {head_dim}: partial "
                          "rotary embeddings are not implemented")
-    scaling = m.get("rope.scaling.type", "none")
-    if scaling not in ("none", None):
-        raise ModelError(f"{path}: {arch}.rope.scaling.type is '{scaling}'; only the default RoPE is implemented")
+    scaling = _linear_or_yarn(g, m)
     if "rope_freqs.weight" in g.tensors:
         raise ModelError(f"{path}: tensor 'rope_freqs.weight' (RoPE frequency factors) is not implemented")
     experts = m.get("expert_count", 0)
@@ -188,7 +186,7 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
         "format_version": 1, "name": name, "architecture": ARCHS[arch],
         "layers": layers, "hidden_size": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
         "vocab_size": vocab, "norm_eps": float(m.get("attention.layer_norm_rms_epsilon", required=True)),
-        "rope": {"theta": float(m.get("rope.freq_base", 10000.0))},
+        "rope": {"theta": float(m.get("rope.freq_base", 10000.0)), **({"scaling": scaling} if scaling else {})},
         "context_length": min(ctx_meta, context_length or 4096),
         "tie_word_embeddings": "output.weight" not in g.tensors,
         "experts": experts, "top_k": top_k, "expert_ffn_size": expert_ffn, "router": router,
@@ -365,6 +363,21 @@ def _yarn(g: GGUFFile, m: _Meta) -> dict | None:
             "beta_fast": float(m.get("rope.scaling.yarn_beta_fast", 32.0)),
             "beta_slow": float(m.get("rope.scaling.yarn_beta_slow", 1.0)), "truncate": True,
             "attention_factor": 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0}
+
+
+def _linear_or_yarn(g: GGUFFile, m: _Meta) -> dict | None:
+    """The llama-family graphs' RoPE scaling: llama.cpp's linear (positions
+    times 1 / factor, transformers' linear) or its YaRN; the other types
+    (llama3 comes as a rope_freqs tensor) are refused."""
+    kind = m.get("rope.scaling.type", "none")
+    if kind == "linear":
+        factor = m.get("rope.scaling.factor", required=True)
+        if not isinstance(factor, (int, float)) or factor <= 0:
+            raise ModelError(f"{g.path}: {m.arch}.rope.scaling.factor is {factor!r}; expected a number > 0")
+        return {"type": "linear", "factor": float(factor), "attention_factor": 1.0}
+    if kind not in ("none", None, "yarn"):
+        raise ModelError(f"{g.path}: {m.arch}.rope.scaling.type is '{kind}'; implemented: none, linear, yarn")
+    return _yarn(g, m)
 
 
 def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
