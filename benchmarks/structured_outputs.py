@@ -24,11 +24,12 @@ each constrained request, a free one with the same messages and seed and
 max_tokens = that document's tokens (ignore_eos), so both decode the same
 number of tokens at the same positions, one after the other; the column is
 the median (min-max) over those pairs of the constrained rate over the free
-one. "sample us/token" is the server's `timings.sample_ms` (time spent
-choosing the tokens: sampling, and under a constraint its draws, masks and
-matcher) per generated token, and "mask share" its excess over the free
-requests' (all of them) as a share of a free token's decode time (first
-token to last, per step): the masking's own cost, whatever was sampled."""
+one. "sample us/token" is the server's `timings.sample_ms` (the CPU time
+spent choosing the tokens: sampling, and under a constraint its draws,
+masks and matcher) per generated token, and "mask share" its excess over
+the free requests' (all of them) as a share of the server's CPU per free
+decoded token: the masking's own cost, whatever was sampled, and CPU over
+CPU, so a busy machine moves it little."""
 
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def main() -> None:
     srv = Server(args.server, args.model, args.threads).start()
     rates: dict = {}
     cpu: dict = {}
-    sample: dict = {}  # (sampling, mode): (sample_ms, tokens, decode_ms) summed
+    sample: dict = {}  # (sampling, mode): (sample_ms, tokens) summed
     pairs: dict = {}  # (sampling, mode): constrained rate / same-length free rate - 1
     try:
         for _ in range(args.rounds):
@@ -129,9 +130,8 @@ def main() -> None:
                         rates.setdefault((sname, mode), []).append(r)
                         total, steps = cpu.get((sname, mode), (0.0, 0))
                         cpu[(sname, mode)] = (total + used, steps + n)
-                        ms, toks, dec = sample.get((sname, mode), (0.0, 0, 0.0))
-                        sample[(sname, mode)] = (ms + timings["sample_ms"], toks + n + 1,
-                                                 dec + timings["decode_ms"])
+                        ms, toks = sample.get((sname, mode), (0.0, 0))
+                        sample[(sname, mode)] = (ms + timings["sample_ms"], toks + n + 1)
                         if mode != "free":  # the same tokens, free: same seed, same length
                             same = {**body, "max_tokens": n + 1, **MODES["free"]}
                             del same["response_format"]
@@ -147,9 +147,7 @@ def main() -> None:
     for sname in SAMPLINGS:
         free = statistics.median(rates[(sname, "free")])
         free_cpu = cpu[(sname, "free")][0] / cpu[(sname, "free")][1]
-        f_ms, f_tokens, f_decode = sample[(sname, "free")]
-        free_sample = f_ms / f_tokens
-        free_step = f_decode / (f_tokens - len(rates[(sname, "free")]))  # ms a decode step
+        free_sample = sample[(sname, "free")][0] / sample[(sname, "free")][1]  # ms a token
         for mode in MODES:
             got = rates.get((sname, mode))
             if not got:  # e.g. greedy json_object on a random model: "{}" every time
@@ -158,11 +156,11 @@ def main() -> None:
                 continue
             r = statistics.median(got)
             per = cpu[(sname, mode)][0] / cpu[(sname, mode)][1]
-            ms, tokens, _ = sample[(sname, mode)]
+            ms, tokens = sample[(sname, mode)]
             paired = pairs.get((sname, mode), [])
             same = (f"{100 * statistics.median(paired):+.1f}% ({100 * min(paired):+.1f}..{100 * max(paired):+.1f}%, "
                     f"{len(paired)})" if paired else "-")
-            share = "" if mode == "free" else f"{100 * (ms / tokens - free_sample) / free_step:+.1f}%"
+            share = "" if mode == "free" else f"{100 * (ms / tokens - free_sample) / (1000 * free_cpu):+.1f}%"
             print(f"| {sname} | {mode} | {r:.1f} ({min(got):.1f}-{max(got):.1f}, {len(got)}) | "
                   f"{100 * (r / free - 1):+.1f}% | {1000 * per:.2f} | {100 * (per / free_cpu - 1):+.1f}% | "
                   f"{same if mode != 'free' else ''} | {1000 * ms / tokens:.0f} | {share} |")
