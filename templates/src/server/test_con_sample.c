@@ -299,6 +299,43 @@ static void check_law(void) {
     }
 }
 
+/* Repeated whole-vocabulary draws from one step's candidates (the later
+ * ones start from the running sum's marks the earlier ones left) against a
+ * plain running sum from the first weight, from the same random numbers:
+ * the same token every time, the numbers falling before, inside and past
+ * the part already marked, at random. */
+static void check_repeat_draws(void) {
+    int same = 0, draws = 0;
+    for (int k = 0; k < 4; k++) {
+        make_logits(k);
+        cb_sampling p;
+        memset(&p, 0, sizeof p);
+        p.temperature = k == 2 ? 0.5f : 1.0f, p.top_p = 1.0f;
+        cb_candidates cand;
+        cb_sample_candidates(&smp, logits, &p, NULL, 0, &cand);
+        CHECK(cand.all, "repeat draws %d: not a whole-vocabulary draw", k);
+        cb_rng a, b;
+        cb_rng_seed(&a, 1000 + (uint64_t)k);
+        b = a;
+        for (int d = 0; d < 300; d++) {
+            const int32_t got = cb_sample_draw(&smp, &cand, &a, NULL);
+            const double u = cb_rng_uniform(&b) * cand.total;
+            double acc = 0.0;
+            int32_t want = V - 1;
+            for (int i = 0; i < V; i++) {
+                acc += smp.work[i];
+                if (acc > u) {
+                    want = i;
+                    break;
+                }
+            }
+            same += got == want, draws++;
+        }
+    }
+    printf("repeat draws: %d of %d the plain running sum's token\n", same, draws);
+    CHECK(same == draws, "repeat draws: %d of %d differ", draws - same, draws);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return printf("usage: test_con_sample TOKENIZER.cbt\n"), 2;
     char err[512];
@@ -315,6 +352,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     check_free_keys();
+    check_repeat_draws();
     check_law();
     printf("%d passed, %d failed\n", passed, failed);
     cb_con_vocab_free(&voc);
