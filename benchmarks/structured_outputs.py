@@ -17,9 +17,10 @@ random-weight model the model wants an invalid token at almost every
 structural position, so each of those steps computes the full mask: the
 adversarial case, not the typical one.
 
-Two more columns compare like with like, so that a change in what is
-sampled (a document's length and shape follow the sampled stream) cannot
-pass for a change in the mask's cost. "vs same-length free": right after
+Three more columns compare like with like, so that a change in what is
+sampled (a document's length and shape follow the sampled stream), or a
+block of requests meeting a busier moment, cannot pass for a change in the
+mask's cost. "vs same-length free": right after
 each constrained request, a free one with the same messages and seed and
 max_tokens = that document's tokens (ignore_eos), so both decode the same
 number of tokens at the same positions, one after the other; the column is
@@ -29,7 +30,8 @@ spent choosing the tokens: sampling, and under a constraint its draws,
 masks and matcher) per generated token, and "mask share" its excess over
 the free requests' (all of them) as a share of the server's CPU per free
 decoded token: the masking's own cost, whatever was sampled, and CPU over
-CPU, so a busy machine moves it little."""
+CPU, so a busy machine moves it little (where it moves the "vs free" rates
+of two blocks of requests a lot)."""
 
 from __future__ import annotations
 
