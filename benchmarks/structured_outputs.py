@@ -15,7 +15,23 @@ per decoded token over the same spans (Linux: /proc), which a loaded machine
 moves far less than it moves rates. On a
 random-weight model the model wants an invalid token at almost every
 structural position, so each of those steps computes the full mask: the
-adversarial case, not the typical one."""
+adversarial case, not the typical one.
+
+Three more columns compare like with like, so that a change in what is
+sampled (a document's length and shape follow the sampled stream), or a
+block of requests meeting a busier moment, cannot pass for a change in the
+mask's cost. "vs same-length free": right after
+each constrained request, a free one with the same messages and seed and
+max_tokens = that document's tokens (ignore_eos), so both decode the same
+number of tokens at the same positions, one after the other; the column is
+the median (min-max) over those pairs of the constrained rate over the free
+one. "sample us/token" is the server's `timings.sample_ms` (the CPU time
+spent choosing the tokens: sampling, and under a constraint its draws,
+masks and matcher) per generated token, and "mask share" its excess over
+the free requests' (all of them) as a share of the server's CPU per free
+decoded token: the masking's own cost, whatever was sampled, and CPU over
+CPU, so a busy machine moves it little (where it moves the "vs free" rates
+of two blocks of requests a lot)."""
 
 from __future__ import annotations
 
@@ -43,15 +59,16 @@ MODES = {
 SAMPLINGS = {"greedy": {}, "T=1": {"temperature": 1.0}}
 
 
-def run(url: str, body: dict, pid: int) -> tuple[float, float, int]:
+def run(url: str, body: dict, pid: int) -> tuple[float, float, int, dict]:
     """One streamed request: its decode rate (the server's
     timings.decode_tokens_per_second: tokens after the first over the
     server's time from the first to the last, no HTTP tail, which would
     weigh more on a short document than on a long free answer), the
-    server's CPU seconds from the first streamed token to the end, tokens."""
+    server's CPU seconds from the first streamed token to the end, decode
+    steps (tokens after the first), and the server's timings."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     cpu0 = None
-    tokens, rate = 0, 0.0
+    tokens, rate, timings = 0, 0.0, {}
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as reply:
         reply.raise_for_status()
         for line in reply.iter_lines():
@@ -60,13 +77,14 @@ def run(url: str, body: dict, pid: int) -> tuple[float, float, int]:
             event = json.loads(line[6:])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-                rate = event["timings"]["decode_tokens_per_second"]
+                timings = event["timings"]
+                rate = timings["decode_tokens_per_second"]
             elif cpu0 is None and event["choices"] and event["choices"][0]["delta"].get("content"):
                 cpu0 = cpu_seconds(pid)  # the prompt is behind
         cpu1 = cpu_seconds(pid)
     if cpu0 is None or tokens < 2:
-        return 0.0, 0.0, 0
-    return rate, cpu1 - cpu0, tokens - 1
+        return 0.0, 0.0, 0, timings
+    return rate, cpu1 - cpu0, tokens - 1, timings
 
 
 def cpu_seconds(pid: int) -> float:
@@ -97,6 +115,8 @@ def main() -> None:
     srv = Server(args.server, args.model, args.threads).start()
     rates: dict = {}
     cpu: dict = {}
+    sample: dict = {}  # (sampling, mode): (sample_ms, tokens) summed
+    pairs: dict = {}  # (sampling, mode): constrained rate / same-length free rate - 1
     try:
         for _ in range(args.rounds):
             for sname, sampling in SAMPLINGS.items():
@@ -106,29 +126,46 @@ def main() -> None:
                                 "max_tokens": args.max_tokens, **sampling, **extra}
                         if sampling:
                             body["seed"] = i
-                        r, used, n = run(srv.url, body, srv.proc.pid)
-                        if n:
-                            rates.setdefault((sname, mode), []).append(r)
-                            total, steps = cpu.get((sname, mode), (0.0, 0))
-                            cpu[(sname, mode)] = (total + used, steps + n)
+                        r, used, n, timings = run(srv.url, body, srv.proc.pid)
+                        if not n:
+                            continue
+                        rates.setdefault((sname, mode), []).append(r)
+                        total, steps = cpu.get((sname, mode), (0.0, 0))
+                        cpu[(sname, mode)] = (total + used, steps + n)
+                        ms, toks = sample.get((sname, mode), (0.0, 0))
+                        sample[(sname, mode)] = (ms + timings["sample_ms"], toks + n + 1)
+                        if mode != "free":  # the same tokens, free: same seed, same length
+                            same = {**body, "max_tokens": n + 1, **MODES["free"]}
+                            del same["response_format"]
+                            r_free, _, n_free, _ = run(srv.url, same, srv.proc.pid)
+                            if n_free == n:
+                                pairs.setdefault((sname, mode), []).append(r / r_free - 1)
             load.append(os.getloadavg()[0])
     finally:
         srv.stop()
     print("| sampling | mode | decode tokens/s, median (min-max, requests) | vs free | CPU ms per decoded token "
-          "| vs free |")
-    print("|---|---|---:|---:|---:|---:|")
+          "| vs free | vs same-length free, median (min-max, pairs) | sample us/token | mask share |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for sname in SAMPLINGS:
         free = statistics.median(rates[(sname, "free")])
         free_cpu = cpu[(sname, "free")][0] / cpu[(sname, "free")][1]
+        free_sample = sample[(sname, "free")][0] / sample[(sname, "free")][1]  # ms a token
         for mode in MODES:
             got = rates.get((sname, mode))
             if not got:  # e.g. greedy json_object on a random model: "{}" every time
-                print(f"| {sname} | {mode} | - (every document a single token: no decode step) | - | - | - |")
+                print(f"| {sname} | {mode} | - (every document a single token: no decode step) | - | - | - | - | - "
+                      "| - |")
                 continue
             r = statistics.median(got)
             per = cpu[(sname, mode)][0] / cpu[(sname, mode)][1]
+            ms, tokens = sample[(sname, mode)]
+            paired = pairs.get((sname, mode), [])
+            same = (f"{100 * statistics.median(paired):+.1f}% ({100 * min(paired):+.1f}..{100 * max(paired):+.1f}%, "
+                    f"{len(paired)})" if paired else "-")
+            share = "" if mode == "free" else f"{100 * (ms / tokens - free_sample) / (1000 * free_cpu):+.1f}%"
             print(f"| {sname} | {mode} | {r:.1f} ({min(got):.1f}-{max(got):.1f}, {len(got)}) | "
-                  f"{100 * (r / free - 1):+.1f}% | {1000 * per:.2f} | {100 * (per / free_cpu - 1):+.1f}% |")
+                  f"{100 * (r / free - 1):+.1f}% | {1000 * per:.2f} | {100 * (per / free_cpu - 1):+.1f}% | "
+                  f"{same if mode != 'free' else ''} | {1000 * ms / tokens:.0f} | {share} |")
     print(f"load average (1 min) through the run: {min(load):.1f}-{max(load):.1f}")
 
 

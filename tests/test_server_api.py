@@ -184,7 +184,8 @@ def test_max_completion_tokens_and_usage(server):
 
 def test_server_timings_cover_prompt_and_decode(server):
     """The server's own timings (what `colibri-build bench` reads): a prompt
-    phase and a decode phase of n_generated - 1 steps, consistent rates."""
+    phase and a decode phase of n_generated - 1 steps, consistent rates, and
+    the CPU time spent sampling."""
     import time
     start = time.perf_counter()
     reply = requests.post(server.url + "/v1/completions",
@@ -194,6 +195,8 @@ def test_server_timings_cover_prompt_and_decode(server):
     assert usage["completion_tokens"] == 6
     assert t["queued_ms"] >= 0 and t["prompt_ms"] > 0 and t["decode_ms"] > 0
     assert t["queued_ms"] + t["prompt_ms"] + t["decode_ms"] <= wall_ms
+    # CPU of the loop thread choosing the 6 tokens: some, and within the request's time
+    assert 0 < t["sample_ms"] <= wall_ms
     assert t["decode_tokens_per_second"] == pytest.approx(5 / t["decode_ms"] * 1e3, rel=1e-6)
     assert t["prompt_tokens_per_second"] == pytest.approx(4 / t["prompt_ms"] * 1e3, rel=1e-6)
 

@@ -66,6 +66,10 @@ void cb_thread_yield(void);
 int cb_cpu_count(void);
 /* Monotonic time in nanoseconds. */
 uint64_t cb_now_ns(void);
+/* CPU time of the calling thread in nanoseconds, where the system counts it
+ * finely (POSIX); elsewhere (Windows counts it in scheduler ticks) monotonic
+ * time. A busy machine's other work is not in it. */
+uint64_t cb_thread_cpu_ns(void);
 
 /* Today's local date as "YYYY-MM-DD" (10 characters and a NUL). */
 void cb_local_date(char out[11]);

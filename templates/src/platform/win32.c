@@ -213,6 +213,9 @@ uint64_t cb_now_ns(void) {
     return c / f * 1000000000u + c % f * 1000000000u / f;
 }
 
+/* GetThreadTimes counts in scheduler ticks (~15.6 ms), too coarse for a token. */
+uint64_t cb_thread_cpu_ns(void) { return cb_now_ns(); }
+
 void cb_local_date(char out[11]) {
     SYSTEMTIME t;
     GetLocalTime(&t);

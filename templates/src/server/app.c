@@ -309,6 +309,7 @@ static void admit(cb_app *a, int s, cb_request *q, int reuse) {
     st->admitted_ns = cb_now_ns();
     st->used_at = ++a->admissions;
     st->n_fed = st->n_generated = st->prompt_steps = 0;
+    st->sample_ns = 0;
     st->max_tokens = q->max_tokens > ctx - q->n_prompt ? ctx - q->n_prompt : q->max_tokens;
     st->finish_reason = NULL;
     st->stopped = st->held_done = 0;
@@ -996,8 +997,10 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     const cb_request *q = st->req;
     const cb_tokenizer *tok = cb_engine_tokenizer(a->engine);
     const int i = st->n_generated;
+    const uint64_t t0 = cb_thread_cpu_ns();
     int32_t token = q->constrained ? constrained_token(a, st, logits)
                                    : cb_sample(&a->sampler, logits, &q->sampling, st->generated, i, &st->rng);
+    st->sample_ns += cb_thread_cpu_ns() - t0;
     if (token < 0) {
         fail_slot(a, s, "no token of the model's vocabulary continues the output the response_format asks for",
                   "constraint-dead-end");

@@ -73,6 +73,7 @@ typedef struct {
     int stopped;                 /* a stop sequence ended the text */
     cb_rng rng;
     uint64_t admitted_ns, first_token_ns, last_token_ns; /* server-side timings */
+    uint64_t sample_ns;          /* CPU choosing the tokens: sampling, and masks under a constraint */
     int32_t *generated;          /* [context] */
     uint32_t *expert_counts;     /* [layers][experts] over every token fed */
     float *trace_logits;         /* [context]: logit of each generated token */

@@ -1163,6 +1163,21 @@ static int plain_chars(const unsigned char *s, size_t n) {
     return f.u.str.chars > 65535 ? 0 : f.u.str.chars;
 }
 
+/* Printable ASCII but quote and backslash throughout: free key text. */
+static int ascii_plain(const char *b, size_t n) {
+    for (size_t j = 0; j < n; j++)
+        if (!plain_key_byte((unsigned char)b[j])) return 0;
+    return 1;
+}
+
+/* Not ascii_plain, and the first byte that is not is a quote: a token that
+ * may close a free key (and go on after it). */
+static int key_end(const char *b, size_t n) {
+    size_t j = 0;
+    while (j < n && plain_key_byte((unsigned char)b[j])) j++;
+    return j < n && b[j] == '"';
+}
+
 static int list_alloc(cb_con_list *l, int vocab) {
     l->n = 0;
     l->off = calloc((size_t)vocab + 2, sizeof *l->off);
@@ -1225,9 +1240,10 @@ int cb_con_vocab_init(cb_con_vocab *v, const cb_tokenizer *tok, int vocab) {
     v->plain_chars = calloc((size_t)vocab + 1, sizeof *v->plain_chars);
     v->plain = calloc((size_t)vocab + 1, 1);
     v->ascii_plain = calloc((size_t)vocab + 1, 1);
+    v->key_len = calloc((size_t)vocab + 1, sizeof *v->key_len);
     uint8_t *kind = calloc((size_t)vocab + 1, 1); /* 1 normal, 2 special (start-up scratch) */
-    int n_normal = 0, n_loose = 0, n_unkeyed = 0;
-    for (int id = 0; kind && v->plain_chars && v->plain && v->ascii_plain && id < n_tok; id++) {
+    int n_normal = 0, n_loose = 0, n_unkeyed = 0, n_keyend = 0;
+    for (int id = 0; kind && v->plain_chars && v->plain && v->ascii_plain && v->key_len && id < n_tok; id++) {
         const char *b = "";
         size_t n = tok_bytes(tok, id, &b);
         if (n == 0 || n > CB_CON_TOKEN_BYTES || cb_is_end_token(tok, id)) continue;
@@ -1242,14 +1258,16 @@ int cb_con_vocab_init(cb_con_vocab *v, const cb_tokenizer *tok, int vocab) {
         v->plain_chars[id] = (uint16_t)plain_chars((const unsigned char *)b, n);
         v->plain[id] = v->plain_chars[id] != 0;
         if (v->plain_chars[id] > v->max_plain) v->max_plain = v->plain_chars[id];
-        int ascii = 1;
-        for (size_t j = 0; j < n; j++) ascii &= plain_key_byte((unsigned char)b[j]);
-        v->ascii_plain[id] = (uint8_t)ascii;
+        v->ascii_plain[id] = (uint8_t)ascii_plain(b, n);
+        v->key_len[id] = (uint16_t)(v->ascii_plain[id] ? n : 0);
+        if (v->key_len[id] > v->max_key_len) v->max_key_len = v->key_len[id];
         n_loose += !v->plain_chars[id];
-        n_unkeyed += !ascii;
+        n_unkeyed += !v->ascii_plain[id];
+        n_keyend += key_end(b, n);
     }
-    int ok = kind && v->plain_chars && v->plain && v->ascii_plain && list_alloc(&v->all, n_normal) == 0 &&
-             list_alloc(&v->loose, n_loose) == 0 && list_alloc(&v->unkeyed, n_unkeyed) == 0;
+    int ok = kind && v->plain_chars && v->plain && v->ascii_plain && v->key_len && list_alloc(&v->all, n_normal) == 0 &&
+             list_alloc(&v->loose, n_loose) == 0 && list_alloc(&v->unkeyed, n_unkeyed) == 0 &&
+             list_alloc(&v->keyend, n_keyend) == 0;
     v->special = calloc((size_t)v->n_special + 1, sizeof *v->special);
     v->allowed = calloc((size_t)vocab + 1, 1);
     v->allowed_ids = calloc((size_t)vocab + 1, sizeof *v->allowed_ids);
@@ -1271,8 +1289,12 @@ int cb_con_vocab_init(cb_con_vocab *v, const cb_tokenizer *tok, int vocab) {
         const int32_t id = v->all.ids[i];
         if (!v->plain_chars[id]) v->loose.ids[v->loose.n++] = id;
         if (!v->ascii_plain[id]) v->unkeyed.ids[v->unkeyed.n++] = id;
+        const char *b = "";
+        const size_t n = tok_bytes(tok, id, &b);
+        if (key_end(b, n)) v->keyend.ids[v->keyend.n++] = id;
     }
-    if (list_index(tok, &v->all) || list_index(tok, &v->loose) || list_index(tok, &v->unkeyed)) {
+    if (list_index(tok, &v->all) || list_index(tok, &v->loose) || list_index(tok, &v->unkeyed) ||
+        list_index(tok, &v->keyend)) {
         cb_con_vocab_free(v);
         return -1;
     }
@@ -1283,10 +1305,12 @@ void cb_con_vocab_free(cb_con_vocab *v) {
     list_free(&v->all);
     list_free(&v->loose);
     list_free(&v->unkeyed);
+    list_free(&v->keyend);
     free(v->special);
     free(v->plain_chars);
     free(v->plain);
     free(v->ascii_plain);
+    free(v->key_len);
     free(v->allowed);
     free(v->allowed_ids);
     free(v->stack);
@@ -1414,10 +1438,24 @@ static int build_mask(cb_con_vocab *v, const cb_con_schema *c, const cb_con_stat
             }
         }
         walk(v, c, s, &v->loose, budget_left);
+    } else if (s->n == 1 && top && top->kind == F_OBJ && top->sub == O_KEY && top->u.obj.kfree && !top->u.obj.cand) {
+        /* in a free key no declared key matches: ascii_plain text only
+         * moves the key on (up to its 256 bytes), which leaves the shortest
+         * completion as it is, so those tokens fit together or not at all;
+         * of the others only key_end ones may (a quote closes the key) */
+        const int room = 256 - top->u.obj.kpos;
+        if (budget_left < 0 || cb_con_min_bytes(c, s) <= (uint32_t)budget_left) {
+            if (room >= v->max_key_len) {
+                memcpy(v->allowed, v->ascii_plain, (size_t)v->vocab); /* 0 or 1 per token */
+            } else {
+                for (int id = 0; id < v->vocab; id++) v->allowed[id] = v->key_len[id] && v->key_len[id] <= room;
+            }
+        }
+        walk(v, c, s, &v->keyend, budget_left);
     } else if (s->n == 1 && top && top->kind == F_OBJ && top->sub == O_KEY && top->u.obj.kfree &&
                key_fast_ok(c, s, budget_left) && top->u.obj.kpos + v->max_len < 256) {
-        /* in a free key (additionalProperties): printable ASCII but quote
-         * and backslash fits, whatever the declared keys */
+        /* in a free key a declared key still matches: printable ASCII but
+         * quote and backslash fits, whatever the declared keys */
         memcpy(v->allowed, v->ascii_plain, (size_t)v->vocab); /* 0 or 1 per token */
         walk(v, c, s, &v->unkeyed, budget_left);
     } else {

@@ -132,12 +132,17 @@ typedef struct {
     cb_con_list all;             /* normal tokens (not added or control ones) */
     cb_con_list loose;           /* ... that are not plain string text */
     cb_con_list unkeyed;         /* ... that are not ascii_plain */
+    cb_con_list keyend;          /* ... of those, the ones whose first byte that is not
+                                    ascii_plain is a quote: all that may fit in a free key
+                                    no declared key matches (the rest never do) */
     int n_special;
     int32_t *special;            /* other tokens with bytes (added, control) */
     uint16_t *plain_chars;       /* characters of a plain-string token, 0: not plain */
     uint8_t *plain;              /* [vocab]: plain_chars != 0, the in-string mask where any length fits */
     int max_plain;               /* most characters of a plain-string token */
     uint8_t *ascii_plain;        /* printable ASCII but quote and backslash: free key text */
+    uint16_t *key_len;           /* [vocab]: bytes of an ascii_plain token, 0 for the others */
+    int max_key_len;             /* longest ascii_plain token, in bytes */
     uint8_t *allowed;            /* [vocab]: the mask of one step */
     int32_t *allowed_ids;        /* its tokens, ascending */
     int n_allowed;

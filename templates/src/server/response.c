@@ -94,6 +94,10 @@ static void write_usage(cb_jw *w, const cb_slot *st) {
     cb_jw_double(w, decode_ms > 0 ? (st->n_generated - 1) / decode_ms * 1e3 : 0);
     cb_jw_key(w, "prompt_steps"); /* more than the prompt needs alone: other requests were decoding */
     cb_jw_int(w, st->prompt_steps);
+    /* The loop thread's CPU time choosing the tokens (a constraint's masks
+     * included): what a constraint costs a token, whatever was sampled. */
+    cb_jw_key(w, "sample_ms");
+    cb_jw_double(w, (double)st->sample_ns * 1e-6);
     cb_jw_end_object(w);
 }
 

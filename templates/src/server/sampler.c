@@ -44,13 +44,16 @@ int cb_sampler_init(cb_sampler *s, int vocab) {
     s->work = calloc((size_t)vocab, sizeof *s->work);
     s->idx = calloc((size_t)vocab, sizeof *s->idx);
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
-    return s->work && s->idx && s->counts ? 0 : -1;
+    s->marks = calloc((size_t)vocab / CB_DRAW_BLOCK + 2, sizeof *s->marks);
+    s->n_marks = 0;
+    return s->work && s->idx && s->counts && s->marks ? 0 : -1;
 }
 
 void cb_sampler_free(cb_sampler *s) {
     free(s->work);
     free(s->idx);
     free(s->counts);
+    free(s->marks);
     memset(s, 0, sizeof *s);
 }
 
@@ -123,16 +126,39 @@ static double sum_f64(const float *w, int n) {
     return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
-/* An index drawn with probability w[i] / total (w unnormalised, total =
- * sum_f64(w, n)); top where the weights do not sum to a positive finite
- * number (NaN, inf). */
-static int32_t draw(const float *w, int n, double total, int32_t top, cb_rng *rng) {
+/* A token drawn from the whole vocabulary with probability work[i] / total
+ * (total = sum_f64 of them): the first whose running sum passes the random
+ * number; top where the weights do not sum to a positive finite number
+ * (NaN, inf). The running sum's value before each block it passes is kept
+ * (the same adds in the same order, so the same doubles): a later draw
+ * from the same weights whose number falls below the last mark starts at
+ * the mark before it (the sum never decreases, weights being >= 0) and
+ * finds the same token a scan from the first weight would, in one block's
+ * adds. */
+static int32_t draw_marked(cb_sampler *s, int n, double total, int32_t top, cb_rng *rng) {
     if (!(total > 0.0 && total <= DBL_MAX)) return top;
+    const float *w = s->work;
+    double *marks = s->marks;
     const double u = cb_rng_uniform(rng) * total;
-    double acc = 0.0;
-    for (int i = 0; i < n; i++) {
-        acc += w[i];
-        if (acc > u) return i;
+    if (s->n_marks == 0) marks[s->n_marks++] = 0.0;
+    int k = s->n_marks - 1;
+    if (marks[k] > u) { /* the last mark k with marks[k] <= u (marks[0] = 0 is) */
+        int lo = 0, hi = k;
+        while (lo + 1 < hi) {
+            const int mid = lo + (hi - lo) / 2;
+            if (marks[mid] <= u) lo = mid;
+            else hi = mid;
+        }
+        k = lo;
+    }
+    double acc = marks[k];
+    for (int b = k; b * CB_DRAW_BLOCK < n; b++) {
+        const int end = n - b * CB_DRAW_BLOCK < CB_DRAW_BLOCK ? n : (b + 1) * CB_DRAW_BLOCK;
+        for (int i = b * CB_DRAW_BLOCK; i < end; i++) {
+            acc += w[i];
+            if (acc > u) return i;
+        }
+        if (b + 1 == s->n_marks) marks[s->n_marks++] = acc;
     }
     return n - 1;
 }
@@ -158,6 +184,7 @@ static void candidates(cb_sampler *s, const float *logits, const cb_sampling *p,
     float *w = s->work;
     int32_t *idx = s->idx;
     c->n = 0, c->all = 0, c->total = 0.0;
+    s->n_marks = 0;
     memcpy(w, logits, sizeof(float) * V);
     for (int i = 0; i < p->n_bias; i++) w[p->bias_ids[i]] += p->bias[i]; /* ids checked by the request reader */
     apply_penalties(s, p, history, n_history);
@@ -242,7 +269,7 @@ int32_t cb_sample_draw(cb_sampler *s, const cb_candidates *c, cb_rng *rng, const
     const float *w = s->work;
     const int32_t *idx = s->idx;
     if (c->n == 0) return only && !only[c->top] ? -1 : c->top;
-    if (c->all && !only) return draw(w, c->n, c->total, c->top, rng);
+    if (c->all && !only) return draw_marked(s, c->n, c->total, c->top, rng);
     double total = only ? 0.0 : c->total;
     for (int i = 0; only && i < c->n; i++) {
         const int32_t t = c->all ? i : idx[i];

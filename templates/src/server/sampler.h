@@ -41,7 +41,16 @@ typedef struct {
     float *work;      /* [vocab] */
     int32_t *idx;     /* [vocab] */
     uint32_t *counts; /* [vocab], zero between calls */
+    double *marks;    /* [vocab / CB_DRAW_BLOCK + 2]: a whole-vocabulary draw's running sum
+                         before each block of weights, as far as a draw from the current
+                         candidates has gone */
+    int n_marks;
 } cb_sampler;
+
+/* Weights a block of the running sum's marks: a further draw from the same
+ * candidates (constrained decoding retries an invalid token) starts from the
+ * mark before its token, found by binary search, not from the first weight. */
+#define CB_DRAW_BLOCK 64
 
 int cb_sampler_init(cb_sampler *s, int vocab); /* 0, or -1 out of memory */
 void cb_sampler_free(cb_sampler *s);

@@ -193,6 +193,55 @@ static int walk_schema(int which) {
     return 0;
 }
 
+/* Free keys (additionalProperties), where the mask walks only the tokens
+ * that may close the key once no declared key matches it: the mask against
+ * feeding every token, at random key texts and lengths (near the 256 bytes
+ * a key may have too, where long tokens stop fitting), budgets, and with a
+ * declared key (one with a quote in it) matching or not. */
+static void check_free_keys(void) {
+    static const char *schemas[] = {
+        NULL,
+        "{\"type\":\"object\",\"properties\":{\"k\\\"ey\":{\"type\":\"string\"},\"ab\":{\"type\":\"integer\"}},"
+        "\"additionalProperties\":{\"type\":\"integer\"}}",
+    };
+    static const char *starts[] = {"{\"", "{\"a\":1,\"", "{\"k", "{\"k\\", "{\"a", "{\"x"};
+    const int before = failed;
+    int states = 0;
+    for (int k = 0; k < 2; k++) {
+        int root = -1;
+        if (schemas[k]) {
+            if (cb_json_parse(schemas[k], strlen(schemas[k]), toks, 4096, NULL) < 0) {
+                CHECK(0, "bad test JSON (free keys %d)", k);
+                return;
+            }
+            root = 0;
+        }
+        char err[512];
+        if (cb_con_compile(&schema, "", 0, schemas[k], toks, root, "", 0, err, sizeof err)) {
+            CHECK(0, "free keys %d: %s", k, err);
+            return;
+        }
+        for (int w = 0; w < 16; w++) {
+            const char *start = starts[w < 6 ? w : (int)rnd(6)]; /* each alone first */
+            char text[300];
+            size_t n = strlen(start);
+            memcpy(text, start, n);
+            const int len = w < 6 ? 0 : w % 3 == 0 ? 248 + (int)rnd(9) : (int)rnd(256);
+            for (int i = 0; i < len; i++) { /* printable ASCII but quote and backslash: the key stays open */
+                int b = ' ' + (int)rnd(95);
+                text[n++] = (char)(b == '"' || b == '\\' ? 'q' : b);
+            }
+            cb_con_state s;
+            cb_con_start(&schema, &s);
+            if (!cb_con_feed(&schema, &s, text, n)) continue; /* a quote or backslash closed or broke it */
+            check_mask(&s, w >= 6 && rnd(3) == 0 ? 2 + (int)rnd(8) : 0);
+            states++;
+        }
+    }
+    printf("free keys: %d states, %d failed\n", states, failed - before);
+    CHECK(states >= 12, "free keys: only %d states reached", states);
+}
+
 /* The law of the sampled choice: many draws at fixed states and logits
  * against the renormalised masked weights (chi-square over the tokens
  * expected at least 10 times, the rest pooled). */
@@ -250,6 +299,43 @@ static void check_law(void) {
     }
 }
 
+/* Repeated whole-vocabulary draws from one step's candidates (the later
+ * ones start from the running sum's marks the earlier ones left) against a
+ * plain running sum from the first weight, from the same random numbers:
+ * the same token every time, the numbers falling before, inside and past
+ * the part already marked, at random. */
+static void check_repeat_draws(void) {
+    int same = 0, draws = 0;
+    for (int k = 0; k < 4; k++) {
+        make_logits(k);
+        cb_sampling p;
+        memset(&p, 0, sizeof p);
+        p.temperature = k == 2 ? 0.5f : 1.0f, p.top_p = 1.0f;
+        cb_candidates cand;
+        cb_sample_candidates(&smp, logits, &p, NULL, 0, &cand);
+        CHECK(cand.all, "repeat draws %d: not a whole-vocabulary draw", k);
+        cb_rng a, b;
+        cb_rng_seed(&a, 1000 + (uint64_t)k);
+        b = a;
+        for (int d = 0; d < 300; d++) {
+            const int32_t got = cb_sample_draw(&smp, &cand, &a, NULL);
+            const double u = cb_rng_uniform(&b) * cand.total;
+            double acc = 0.0;
+            int32_t want = V - 1;
+            for (int i = 0; i < V; i++) {
+                acc += smp.work[i];
+                if (acc > u) {
+                    want = i;
+                    break;
+                }
+            }
+            same += got == want, draws++;
+        }
+    }
+    printf("repeat draws: %d of %d the plain running sum's token\n", same, draws);
+    CHECK(same == draws, "repeat draws: %d of %d differ", draws - same, draws);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return printf("usage: test_con_sample TOKENIZER.cbt\n"), 2;
     char err[512];
@@ -265,6 +351,8 @@ int main(int argc, char **argv) {
         printf("schema %d: %d passed, %d failed\n", k, passed, failed);
         fflush(stdout);
     }
+    check_free_keys();
+    check_repeat_draws();
     check_law();
     printf("%d passed, %d failed\n", passed, failed);
     cb_con_vocab_free(&voc);
