@@ -102,15 +102,19 @@ static inline __attribute__((always_inline)) void dot4_q45_k(const void *w, size
         for (int r = 0; r < 4; r++) {
             const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
             qs[r] = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-            /* The 12 packed bytes as 8 scales and 8 mins (kquants.c scale_min_k4). */
-            uint32_t u[3];
-            memcpy(u, k5->scales, 12);
-            const uint64_t sc = (uint64_t)(u[0] & 0x3F3F3F3Fu) |
-                                (uint64_t)((u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4) << 32;
-            const uint64_t mn = (uint64_t)(u[1] & 0x3F3F3F3Fu) |
-                                (uint64_t)(((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4) << 32;
-            scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
-            msum[r] = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)));
+            /* The 12 packed bytes as 8 scales and 8 mins (kquants.c
+             * scale_min_k4) in one vector: of the dwords u0 u1 u2 at scales
+             * (16 bytes read: the rest, the block's next bytes, unused),
+             * sc_lo = u0 & 0x3F.., mn_lo = u1 & 0x3F.., and sc_hi, mn_hi
+             * u2's low, high nibbles with u0's, u1's top two bits as 4..5. */
+            const __m128i u = _mm_loadu_si128((const __m128i *)k5->scales);
+            const __m128i lo6 = _mm_and_si128(u, _mm_set1_epi8(0x3F));
+            const __m128i hi = _mm_or_si128(
+                _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(u, 0xAA), _mm_setr_epi32(0, 4, 0, 4)), _mm_set1_epi8(0x0F)),
+                _mm_and_si128(_mm_srli_epi32(u, 2), _mm_set1_epi8(0x30)));
+            const __m128i scmn = _mm_unpacklo_epi32(lo6, hi); /* sc_lo sc_hi mn_lo mn_hi */
+            scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmn));
+            msum[r] = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scmn, scmn)));
             qh[r] = q5 ? load32(k5->qh) : _mm256_setzero_si256();
             acc[r] = _mm256_setzero_si256();
         }
