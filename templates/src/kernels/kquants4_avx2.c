@@ -43,9 +43,10 @@ static inline uint32_t u32_at(const uint8_t *p) {
     return u;
 }
 /* The two fp16 values in the dword at each of p[0..3] as four floats each
- * (lo: the low halves), the dwords inserted in registers: four 2-byte stores
- * read back as one load stall store forwarding (and gcc kept the arrays of
- * a loop form, and the sums above in one, on the stack). */
+ * (lo: the low halves). The dwords are inserted in registers (four 2-byte
+ * stores read back as one load stall store forwarding), and this and the
+ * sums above are written without loops: gcc kept the loop forms' arrays on
+ * the stack. */
 static inline __attribute__((always_inline)) void halves4x2(const uint8_t *const p[4], __m128 *lo, __m128 *hi) {
     __m128i v = _mm_cvtsi32_si128((int)u32_at(p[0]));
     v = _mm_insert_epi32(v, (int)u32_at(p[1]), 1);
