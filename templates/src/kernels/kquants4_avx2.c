@@ -26,18 +26,35 @@ static inline __m128 kq_step4(__m128 s, float dx, __m128 d, __m128i sum, __m128 
 #endif
 }
 
-/* The sums of each of four vectors' eight int32 lanes, as four lanes. */
-static inline __m128i hsum4_i32(const __m256i v[4]) {
-    __m128i h[4];
-    for (int r = 0; r < 4; r++) h[r] = _mm_add_epi32(_mm256_castsi256_si128(v[r]), _mm256_extracti128_si256(v[r], 1));
-    return _mm_hadd_epi32(_mm_hadd_epi32(h[0], h[1]), _mm_hadd_epi32(h[2], h[3]));
+/* The sums of each of four vectors' four int32 lanes, as four lanes. */
+static inline __attribute__((always_inline)) __m128i sum4_i32(__m128i a, __m128i b, __m128i c, __m128i d) {
+    return _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d));
+}
+/* The same of eight lanes. */
+static inline __attribute__((always_inline)) __m128i hsum4_i32(const __m256i v[4]) {
+#define H(r) _mm_add_epi32(_mm256_castsi256_si128(v[r]), _mm256_extracti128_si256(v[r], 1))
+    return sum4_i32(H(0), H(1), H(2), H(3));
+#undef H
 }
 
-/* Four fp16 fields (at p[r] + off) as floats. */
-static inline __m128 halves4(const uint8_t *const p[4], size_t off) {
-    uint16_t h[4];
-    for (int r = 0; r < 4; r++) memcpy(&h[r], p[r] + off, 2);
-    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h));
+static inline uint32_t u32_at(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
+}
+/* The two fp16 values in the dword at each of p[0..3] as four floats each
+ * (lo: the low halves). The dwords are inserted in registers (four 2-byte
+ * stores read back as one load stall store forwarding), and this and the
+ * sums above are written without loops: gcc kept the loop forms' arrays on
+ * the stack. */
+static inline __attribute__((always_inline)) void halves4x2(const uint8_t *const p[4], __m128 *lo, __m128 *hi) {
+    __m128i v = _mm_cvtsi32_si128((int)u32_at(p[0]));
+    v = _mm_insert_epi32(v, (int)u32_at(p[1]), 1);
+    v = _mm_insert_epi32(v, (int)u32_at(p[2]), 2);
+    v = _mm_insert_epi32(v, (int)u32_at(p[3]), 3);
+    const __m256 f = _mm256_cvtph_ps(v);
+    const __m128 f0 = _mm256_castps256_ps128(f), f1 = _mm256_extractf128_ps(f, 1);
+    *lo = _mm_shuffle_ps(f0, f1, 0x88), *hi = _mm_shuffle_ps(f0, f1, 0xDD);
 }
 
 /* The next four rows' bytes (they follow these rows in memory: one
@@ -86,15 +103,19 @@ static inline __attribute__((always_inline)) void dot4_q45_k(const void *w, size
         for (int r = 0; r < 4; r++) {
             const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
             qs[r] = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-            /* The 12 packed bytes as 8 scales and 8 mins (kquants.c scale_min_k4). */
-            uint32_t u[3];
-            memcpy(u, k5->scales, 12);
-            const uint64_t sc = (uint64_t)(u[0] & 0x3F3F3F3Fu) |
-                                (uint64_t)((u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4) << 32;
-            const uint64_t mn = (uint64_t)(u[1] & 0x3F3F3F3Fu) |
-                                (uint64_t)(((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4) << 32;
-            scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
-            msum[r] = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)));
+            /* The 12 packed bytes as 8 scales and 8 mins (kquants.c
+             * scale_min_k4) in one vector: of the dwords u0 u1 u2 at scales
+             * (16 bytes read: the rest, the block's next bytes, unused),
+             * sc_lo = u0 & 0x3F.., mn_lo = u1 & 0x3F.., and sc_hi, mn_hi
+             * u2's low, high nibbles with u0's, u1's top two bits as 4..5. */
+            const __m128i u = _mm_loadu_si128((const __m128i *)k5->scales);
+            const __m128i lo6 = _mm_and_si128(u, _mm_set1_epi8(0x3F));
+            const __m128i hi = _mm_or_si128(
+                _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(u, 0xAA), _mm_setr_epi32(0, 4, 0, 4)), _mm_set1_epi8(0x0F)),
+                _mm_and_si128(_mm_srli_epi32(u, 2), _mm_set1_epi8(0x30)));
+            const __m128i scmn = _mm_unpacklo_epi32(lo6, hi); /* sc_lo sc_hi mn_lo mn_hi */
+            scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmn));
+            msum[r] = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scmn, scmn)));
             qh[r] = q5 ? load32(k5->qh) : _mm256_setzero_si256();
             acc[r] = _mm256_setzero_si256();
         }
@@ -119,9 +140,10 @@ static inline __attribute__((always_inline)) void dot4_q45_k(const void *w, size
                 acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, sc));
             }
         }
-        const __m128i mins = _mm_hadd_epi32(_mm_hadd_epi32(msum[0], msum[1]), _mm_hadd_epi32(msum[2], msum[3]));
-        s = kq_step4(s, x->d, halves4(blk, offsetof(cb_block_q5_k, d)), hsum4_i32(acc),
-                     halves4(blk, offsetof(cb_block_q5_k, dmin)), mins);
+        const __m128i mins = sum4_i32(msum[0], msum[1], msum[2], msum[3]);
+        __m128 d, dmin;
+        halves4x2(blk, &d, &dmin);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), dmin, mins);
     }
     _mm_storeu_ps(out, s);
 }
@@ -183,7 +205,13 @@ static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
             acc[r] = a;
         }
         const __m128 zero = _mm_setzero_ps();
-        s = kq_step4(s, x->d, halves4(blk, offsetof(cb_block_q6_k, d)), hsum4_i32(acc), zero, _mm_setzero_si128());
+        /* d: the high halves of the dwords ending at its end (the low
+         * ones, the last two scales, unused). */
+        const size_t off = offsetof(cb_block_q6_k, d) - 2;
+        const uint8_t *dw[4] = {blk[0] + off, blk[1] + off, blk[2] + off, blk[3] + off};
+        __m128 unused, d;
+        halves4x2(dw, &unused, &d);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), zero, _mm_setzero_si128());
     }
     _mm_storeu_ps(out, s);
 }

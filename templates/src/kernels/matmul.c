@@ -147,6 +147,35 @@ static int k_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, con
 }
 #endif
 
+#if defined(cb_dot4_k) || defined(cb_dot4_block)
+/* Rows r.. (by fours, up to r1) of a GGML-row W through a four-row kernel,
+ * on q8_k activations (k4) or q8_0 ones (b4, when k4 is NULL), the rows
+ * PREFETCH_ROWS ahead pulled in as they go; returns the first row left
+ * (the last r1 - r < 4). */
+static int four_rows(const cb_tensor *W, int r, int r1, cb_dot4_k_fn k4, cb_dot4_block_fn b4, const cb_act *A,
+                     const int32_t *in, int n_tok, float *Y, int y_stride, const int32_t *out, enum cb_store mode,
+                     const float *scale) {
+    const int cols = (int)W->cols;
+    const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
+    const uint8_t *w = W->data;
+    const int ahead = r + PREFETCH_ROWS < r1 ? r + PREFETCH_ROWS : r1;
+    for (const uint8_t *p = w + (size_t)r * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64) cb_prefetch(p);
+    for (; r + 4 <= r1; r += 4) {
+        const void *rows = w + (size_t)r * row_bytes;
+        const void *next = r + PREFETCH_ROWS + 4 <= r1 ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
+        for (int t = 0; t < n_tok; t++) {
+            const int ti = in ? in[t] : t;
+            float d[4];
+            if (k4) k4(rows, row_bytes, A->k + (size_t)ti * A->k_stride, cols, d, t ? NULL : next);
+            else b4(rows, row_bytes, A->q + (size_t)ti * A->q_stride, cols, d, t ? NULL : next);
+            float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
+            for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
+        }
+    }
+    return r;
+}
+#endif
+
 void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
                     float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
     const int cols = (int)W->cols;
@@ -243,20 +272,7 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
     /* Four rows at a time where the family has a kernel for the type (the
      * rows' per-super-block work shared: kquants4_avx2.c), the rest below. */
     const cb_dot4_k_fn k_dot4 = k_dot ? cb_dot4_k(W->dtype) : NULL;
-    if (k_dot4) {
-        const int ahead = r + PREFETCH_ROWS < r1 ? r + PREFETCH_ROWS : r1;
-        for (const uint8_t *p = w + (size_t)r * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64) cb_prefetch(p);
-        for (; r + 4 <= r1; r += 4) {
-            const void *rows = w + (size_t)r * row_bytes;
-            const void *next = r + PREFETCH_ROWS + 4 <= r1 ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
-            for (int t = 0; t < n_tok; t++) {
-                float d[4];
-                k_dot4(rows, row_bytes, A->k + (size_t)(in ? in[t] : t) * A->k_stride, cols, d, t ? NULL : next);
-                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
-                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
-            }
-        }
-    }
+    if (k_dot4) r = four_rows(W, r, r1, k_dot4, NULL, A, in, n_tok, Y, y_stride, out, mode, scale);
 #endif
     if (k_dot) {
         for (; r < r1; r++) {
@@ -270,20 +286,7 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
 #ifdef cb_dot4_block
     /* The same for the types on q8_0 (MXFP4's rows' chains interleaved). */
     const cb_dot4_block_fn b_dot4 = block_dot ? cb_dot4_block(W->dtype) : NULL;
-    if (b_dot4) {
-        const int ahead = r + PREFETCH_ROWS < r1 ? r + PREFETCH_ROWS : r1;
-        for (const uint8_t *p = w + (size_t)r * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64) cb_prefetch(p);
-        for (; r + 4 <= r1; r += 4) {
-            const void *rows = w + (size_t)r * row_bytes;
-            const void *next = r + PREFETCH_ROWS + 4 <= r1 ? w + (size_t)(r + PREFETCH_ROWS) * row_bytes : NULL;
-            for (int t = 0; t < n_tok; t++) {
-                float d[4];
-                b_dot4(rows, row_bytes, A->q + (size_t)(in ? in[t] : t) * A->q_stride, cols, d, t ? NULL : next);
-                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
-                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t, d[i]);
-            }
-        }
-    }
+    if (b_dot4) r = four_rows(W, r, r1, NULL, b_dot4, A, in, n_tok, Y, y_stride, out, mode, scale);
 #endif
     if (block_dot) {
         for (; r < r1; r++) {
