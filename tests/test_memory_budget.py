@@ -114,6 +114,51 @@ def test_start_line_and_help(small_dist, small_model, start_server):
     assert done.returncode == 0 and f"the KV cache takes {per_slot} a slot" in done.stdout
 
 
+REQUEST_LINE = re.compile(
+    r"memory: request buffers (?P<total>\S+ \S+) beside that \((?P<slots>\d+) slots x (?P<slot>\S+ \S+): a whole "
+    r"context's tokens, traces, log-probabilities and text; (?P<prompts>\d+) requests x (?P<prompt>\S+ \S+) of prompt; "
+    r"constrained-decoding tables (?P<vocab>\S+ \S+); sampler (?P<sampler>\S+ \S+); the rest (?P<other>\S+ \S+)\), "
+    r"connections (?P<net>\S+ \S+) \((?P<conns>\d+) x (?P<conn>\S+ \S+); large request bodies (?P<large>\S+ \S+)\)")
+
+
+def text_bytes(text: str) -> float:
+    value, unit = text.split()
+    return float(value) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+
+
+@pytest.mark.slow
+def test_start_line_gives_the_request_and_connection_buffers(small_dist, small_model, start_server):
+    """The server's own buffers (allocated at start, touched as requests
+    use them) are on a start-up line of their own: each slot's holds at
+    least a whole context's generated tokens, expert traces (layers x top-k
+    a token), top log-probabilities and text; each request a context of
+    prompt tokens; each connection its read and write buffers; the parts
+    add up to the total, and slots, queue and connections move them as
+    they should."""
+    cfg = config(small_model)
+    ctx, trace = cfg["context_length"], cfg["layers"] * cfg["top_k"]
+    lines = {}
+    for slots, queue, conns in ((2, 3, 16), (4, 0, 40)):
+        server = start_server(small_dist / "colibri-server", small_model, "--threads", "1", "--slots", str(slots),
+                              "--queue", str(queue), "--max-conns", str(conns))
+        line = REQUEST_LINE.search(server.startup)
+        assert line, server.startup
+        lines[slots] = line
+        assert (int(line["slots"]), int(line["prompts"]), int(line["conns"])) == (slots, slots + queue, conns + 8)
+        assert line["prompt"] == memory.size_text(4 * ctx)
+        # generated ids, KV token ids, traced logits and logprobs (4 B each), the experts, 20 top ids and logprobs, text
+        assert text_bytes(line["slot"]) >= ctx * (4 * 4 + 4 * trace + 20 * 8 + 16)
+        assert text_bytes(line["conn"]) >= 64 * 2**10 + 2**20
+        assert text_bytes(line["net"]) == pytest.approx(int(line["conns"]) * text_bytes(line["conn"]) +
+                                                        text_bytes(line["large"]), rel=0.05)  # 0.1 MiB rounding
+        assert text_bytes(line["vocab"]) > 0 and text_bytes(line["sampler"]) >= 12 * cfg["vocab_size"]
+        parts = (int(line["slots"]) * text_bytes(line["slot"]) + int(line["prompts"]) * text_bytes(line["prompt"]) +
+                 sum(text_bytes(line[k]) for k in ("vocab", "sampler", "other")))
+        assert text_bytes(line["total"]) == pytest.approx(parts, rel=0.01)
+        server.stop()
+    assert lines[2]["slot"] == lines[4]["slot"] and lines[2]["conn"] == lines[4]["conn"]
+
+
 @pytest.mark.slow
 def test_max_memory_reduces_slots(small_dist, small_model, start_server):
     want = expected(small_model, 2)

@@ -244,4 +244,6 @@ def parse_size(text: str) -> int:
 
 def size_text(n: int) -> str:
     """As the server prints sizes."""
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"

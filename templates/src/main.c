@@ -210,7 +210,8 @@ static int verify_embedded(void) {
 /* Bytes as a person reads them. */
 static const char *size_text(size_t bytes, char *buf, size_t len) {
     if (bytes >= (size_t)1 << 30) snprintf(buf, len, "%.2f GiB", (double)bytes / (1 << 30));
-    else snprintf(buf, len, "%.1f MiB", (double)bytes / (1 << 20));
+    else if (bytes >= (size_t)1 << 20) snprintf(buf, len, "%.1f MiB", (double)bytes / (1 << 20));
+    else snprintf(buf, len, "%.1f KiB", (double)bytes / (1 << 10));
     return buf;
 }
 
@@ -255,6 +256,24 @@ static void print_memory(const cb_memory_budget *m) {
     else
         fprintf(stderr, "colibri-server: memory: KV cache per slot %s: full-attention layers %s, no sliding-window "
                 "layers\n", slot, size_text(m->kv_full_per_slot, full, sizeof full));
+}
+
+/* The server's own buffers, beside the model's needs: allocated at start,
+ * their pages touched as requests and connections use them. */
+static void print_request_memory(const cb_app *app, const cb_netloop *loop) {
+    cb_app_memory_info m;
+    cb_app_memory(app, &m);
+    size_t per_conn = 0, large = 0;
+    const size_t net = cb_netloop_bytes(loop, &per_conn, &large);
+    char total[32], slot[32], prompt[32], vocab[32], sampler[32], other[32], nets[32], conn[32], bodies[32];
+    fprintf(stderr, "colibri-server: memory: request buffers %s beside that (%d slots x %s: a whole context's tokens, "
+            "traces, log-probabilities and text; %d requests x %s of prompt; constrained-decoding tables %s; "
+            "sampler %s; the rest %s), connections %s (%d x %s; large request bodies %s)\n",
+            size_text(m.total_bytes, total, sizeof total), m.slots, size_text(m.slot_bytes, slot, sizeof slot),
+            m.prompts, size_text(m.prompt_bytes, prompt, sizeof prompt), size_text(m.vocab_bytes, vocab, sizeof vocab),
+            size_text(m.sampler_bytes, sampler, sizeof sampler), size_text(m.other_bytes, other, sizeof other),
+            size_text(net, nets, sizeof nets), cb_netloop_conns(loop), size_text(per_conn, conn, sizeof conn),
+            size_text(large, bodies, sizeof bodies));
 }
 
 /* Why a server under --max-memory may run slower than it could. */
@@ -528,6 +547,7 @@ int main(int argc, char **argv) {
             (double)cb_engine_kv_bytes(engine) / (1 << 20), api_key ? ", API key required" : "");
     if (!model) fprintf(stderr, "colibri-server: serving the model %s carries\n", cb_self_exe_path());
     print_memory(&budget);
+    print_request_memory(app, loop);
     if (d->kv_lora_rank) /* MLA: what makes its cache small, as a figure to check */
         fprintf(stderr, "colibri-server: KV cache: %zu bytes a token a slot (MLA: the latent of %u and the rope key "
                 "of %u per layer, %u layers, %s)\n", budget.kv_per_slot / d->context_len, d->kv_lora_rank,

@@ -8,14 +8,21 @@
 
 /* ---- lifecycle ---- */
 
-static void *alloc_zeroed(size_t count, size_t size, int *ok) {
+/* Whether every allocation so far succeeded, and their bytes. */
+typedef struct {
+    int ok;
+    size_t bytes;
+} alloc_tally;
+
+static void *alloc_zeroed(size_t count, size_t size, alloc_tally *t) {
     void *p = calloc(count ? count : 1, size);
-    if (!p) *ok = 0;
+    if (!p) t->ok = 0;
+    else t->bytes += (count ? count : 1) * size;
     return p;
 }
 
 cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
-    int ok = 1;
+    alloc_tally ok = {1, 0};
     cb_app *a = alloc_zeroed(1, sizeof *a, &ok);
     if (!a) return NULL;
     a->engine = engine;
@@ -53,7 +60,8 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
             a->tool_toks = alloc_zeroed(CB_TOOL_SCHEMA_TOKENS, sizeof *a->tool_toks, &ok);
         }
     }
-    for (int s = 0; ok && s < a->n_slots; s++) {
+    const size_t before_slots = ok.bytes;
+    for (int s = 0; ok.ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
         st->generated = alloc_zeroed(ctx, sizeof(int32_t), &ok);
         st->kv_tokens = alloc_zeroed(ctx, sizeof(int32_t), &ok);
@@ -76,24 +84,35 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
             st->tool_scratch = alloc_zeroed(st->tool_scratch_cap, 1, &ok);
         }
     }
+    a->memory.slot_bytes = a->n_slots ? (ok.bytes - before_slots) / (size_t)a->n_slots : 0;
     a->queue_cap = opt->queue_cap > 0 ? opt->queue_cap : 0;
     a->pool_size = a->n_slots + a->queue_cap;
     a->pool = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool, &ok);
     a->pool_free = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool_free, &ok);
     a->queue = alloc_zeroed((size_t)a->queue_cap, sizeof *a->queue, &ok);
-    for (int i = 0; ok && i < a->pool_size; i++) {
+    const size_t before_prompts = ok.bytes;
+    for (int i = 0; ok.ok && i < a->pool_size; i++) {
         a->pool[i].prompt = alloc_zeroed(ctx, sizeof(int32_t), &ok);
         a->pool_free[a->n_pool_free++] = a->pool_size - 1 - i;
     }
-    if (ok && cb_sampler_init(&a->sampler, (int)a->dims->vocab) != 0) ok = 0;
-    if (ok && cb_engine_tokenizer(engine)->kind != CB_TOKENIZER_NONE &&
+    a->memory.prompt_bytes = a->pool_size ? (ok.bytes - before_prompts) / (size_t)a->pool_size : 0;
+    if (ok.ok && cb_sampler_init(&a->sampler, (int)a->dims->vocab) != 0) ok.ok = 0;
+    if (ok.ok && cb_engine_tokenizer(engine)->kind != CB_TOKENIZER_NONE &&
         cb_con_vocab_init(&a->con_vocab, cb_engine_tokenizer(engine), (int)a->dims->vocab) != 0)
-        ok = 0;
-    if (ok && cb_metrics_init(&a->metrics, (int)L, (int)a->dims->n_experts) != 0) ok = 0;
-    if (!ok) {
+        ok.ok = 0;
+    if (ok.ok && cb_metrics_init(&a->metrics, (int)L, (int)a->dims->n_experts) != 0) ok.ok = 0;
+    if (!ok.ok) {
         cb_app_destroy(a);
         return NULL;
     }
+    a->memory.slots = a->n_slots;
+    a->memory.prompts = a->pool_size;
+    a->memory.sampler_bytes = cb_sampler_bytes(&a->sampler);
+    a->memory.vocab_bytes = a->con_vocab.vocab ? cb_con_vocab_bytes(&a->con_vocab) : 0;
+    const size_t metrics_bytes = L * a->dims->n_experts * sizeof *a->metrics.expert_tokens;
+    a->memory.other_bytes = ok.bytes - a->memory.slot_bytes * (size_t)a->n_slots -
+                            a->memory.prompt_bytes * (size_t)a->pool_size + metrics_bytes;
+    a->memory.total_bytes = ok.bytes + a->memory.sampler_bytes + a->memory.vocab_bytes + metrics_bytes;
     return a;
 }
 
@@ -138,6 +157,8 @@ void cb_app_destroy(cb_app *a) {
 }
 
 void cb_app_attach(cb_app *a, cb_netloop *loop) { a->loop = loop; }
+
+void cb_app_memory(const cb_app *a, cb_app_memory_info *m) { *m = a->memory; }
 
 int cb_app_busy(const cb_app *a) {
     int n = 0;

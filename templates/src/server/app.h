@@ -22,10 +22,24 @@ typedef struct {
     int no_prefix_cache; /* never reuse a free slot's KV cache for a request that starts the same way */
 } cb_app_options;
 
+/* What cb_app_create allocated, for the start-up memory line: the pages
+ * are touched as requests use them, so RSS approaches this under load. */
+typedef struct {
+    size_t total_bytes;
+    int slots;
+    size_t slot_bytes;   /* each slot's: a whole context's tokens, traces, log-probabilities, text */
+    int prompts;
+    size_t prompt_bytes; /* each running or queued request's prompt tokens */
+    size_t vocab_bytes;  /* constrained decoding's vocabulary tables (0 without a tokenizer) */
+    size_t sampler_bytes;
+    size_t other_bytes;  /* request parsing, responses, chat templates, metrics */
+} cb_app_memory_info;
+
 /* Allocates every per-slot and per-queue-entry buffer; NULL on failure. */
 cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt);
 void cb_app_destroy(cb_app *app);
 void cb_app_attach(cb_app *app, cb_netloop *loop);
+void cb_app_memory(const cb_app *app, cb_app_memory_info *m);
 
 /* netloop callbacks (app is the cb_app). */
 void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const char *body, size_t len);

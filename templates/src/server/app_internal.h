@@ -131,6 +131,7 @@ struct cb_app {
     cb_slot *slots;
     cb_batch_item *batch;
     int *batch_slot;             /* slot of each batch item */
+    cb_app_memory_info memory;   /* what cb_app_create allocated */
 
     /* Requests: a pool of n_slots + queue_cap, so a free slot or a free
      * queue place always has one. */

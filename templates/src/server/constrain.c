@@ -1188,6 +1188,20 @@ static int list_alloc(cb_con_list *l, int vocab) {
     return l->off && l->ids && l->lcp && l->skip0 && l->skip1 ? 0 : -1;
 }
 
+static size_t list_bytes(const cb_con_list *l) {
+    const size_t n = (size_t)l->n;
+    return (n + 2) * sizeof *l->off + (n + 1) * (sizeof *l->ids + sizeof *l->lcp + sizeof *l->skip0 + sizeof *l->skip1) +
+           (l->off ? l->off[n] + 1 : 0);
+}
+
+size_t cb_con_vocab_bytes(const cb_con_vocab *v) {
+    const size_t n = (size_t)v->vocab + 1;
+    return list_bytes(&v->all) + list_bytes(&v->loose) + list_bytes(&v->unkeyed) + list_bytes(&v->keyend) +
+           n * (sizeof *v->plain_chars + sizeof *v->plain + sizeof *v->ascii_plain + sizeof *v->key_len +
+                sizeof *v->allowed + sizeof *v->allowed_ids) +
+           ((size_t)v->n_special + 1) * sizeof *v->special + (CB_CON_TOKEN_BYTES + 2) * sizeof *v->stack;
+}
+
 static void list_free(cb_con_list *l) {
     free(l->off);
     free(l->text);

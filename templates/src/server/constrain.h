@@ -152,6 +152,8 @@ typedef struct {
 
 int cb_con_vocab_init(cb_con_vocab *v, const cb_tokenizer *tok, int vocab); /* 0, -1 out of memory */
 void cb_con_vocab_free(cb_con_vocab *v);
+/* Bytes cb_con_vocab_init allocated and kept (the start-up memory line). */
+size_t cb_con_vocab_bytes(const cb_con_vocab *v);
 
 /* The next token under the constraint: drawn from the sampler's own
  * distribution (penalties, temperature, top-k, top-p, min-p) restricted to

@@ -165,6 +165,18 @@ int cb_conn_alive(const cb_netloop *loop, cb_conn_id id)
     return cb_netloop_conn((cb_netloop *)loop, id) != NULL;
 }
 
+int cb_netloop_conns(const cb_netloop *loop) { return loop->n_conns; }
+
+size_t cb_netloop_bytes(const cb_netloop *loop, size_t *per_conn, size_t *large) {
+    const size_t n = (size_t)loop->n_conns;
+    const size_t each = loop->cfg.read_buf_size + loop->cfg.write_buf_size + sizeof *loop->conns +
+                        sizeof *loop->free_slots;
+    const size_t bodies = (size_t)loop->n_large * (loop->cfg.max_body_size + sizeof *loop->free_large);
+    if (per_conn) *per_conn = each;
+    if (large) *large = bodies;
+    return sizeof *loop + n * each + (size_t)loop->max_events * sizeof *loop->events + bodies;
+}
+
 int cb_netloop_port(const cb_netloop *loop) { return loop->port; }
 
 int cb_netloop_active(const cb_netloop *loop)

@@ -97,6 +97,12 @@ void cb_netloop_destroy(cb_netloop *loop);
 
 /* The bound port (the one picked when the configured port was 0). */
 int cb_netloop_port(const cb_netloop *loop);
+/* Bytes cb_netloop_create allocated; *per_conn: each connection's share
+ * (its read and write buffers), *large: the buffers of bodies too large
+ * for a connection's read buffer. */
+size_t cb_netloop_bytes(const cb_netloop *loop, size_t *per_conn, size_t *large);
+/* Connections it serves at once (max_conns + spare_conns). */
+int cb_netloop_conns(const cb_netloop *loop);
 /* Open connections (spare entries included). */
 int cb_netloop_active(const cb_netloop *loop);
 /* Connections with response bytes not yet sent (for a graceful exit). */

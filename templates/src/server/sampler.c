@@ -49,6 +49,11 @@ int cb_sampler_init(cb_sampler *s, int vocab) {
     return s->work && s->idx && s->counts && s->marks ? 0 : -1;
 }
 
+size_t cb_sampler_bytes(const cb_sampler *s) {
+    const size_t v = (size_t)s->vocab;
+    return v * (sizeof *s->work + sizeof *s->idx + sizeof *s->counts) + (v / CB_DRAW_BLOCK + 2) * sizeof *s->marks;
+}
+
 void cb_sampler_free(cb_sampler *s) {
     free(s->work);
     free(s->idx);

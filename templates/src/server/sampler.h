@@ -8,6 +8,7 @@
 #ifndef CB_SAMPLER_H
 #define CB_SAMPLER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* xoshiro256** seeded through splitmix64 (Blackman and Vigna). */
@@ -53,6 +54,8 @@ typedef struct {
 #define CB_DRAW_BLOCK 64
 
 int cb_sampler_init(cb_sampler *s, int vocab); /* 0, or -1 out of memory */
+/* Bytes cb_sampler_init allocated (the start-up memory line). */
+size_t cb_sampler_bytes(const cb_sampler *s);
 void cb_sampler_free(cb_sampler *s);
 
 /* The next token. history: the tokens generated so far (for penalties). */
