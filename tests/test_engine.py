@@ -132,7 +132,8 @@ def test_other_shapes_match_reference(workdir):
 
 @pytest.mark.parametrize("kv_cache", ["f32", "f16"])
 @pytest.mark.parametrize("shape", [(), ("--heads", "2", "--kv-heads", "1", "--hidden-size", "128"),
-                                   ("--heads", "8", "--kv-heads", "2", "--hidden-size", "128")])
+                                   ("--heads", "8", "--kv-heads", "2", "--hidden-size", "128"),
+                                   ("--dtype", "q8_0")])
 def test_a_token_gets_the_same_bits_whatever_run_of_prompt_tokens_it_attends_in(workdir, shape, kv_cache):
     """A prompt's tokens attend four at a time (the four-query kernels, each
     K and V row read once for the four); a token left over attends alone, or
@@ -140,7 +141,9 @@ def test_a_token_gets_the_same_bits_whatever_run_of_prompt_tokens_it_attends_in(
     token's logits must not depend on which, nor on its place in its run of
     four: forward(ids[:m]) ends with runs of 1-4 tokens, and continuing from
     position s shifts every run by s (head sizes 16, and 64 on the kernels'
-    vector paths), and not on how many threads share the heads."""
+    vector paths), and not on how many threads share the heads. q8_0 (x4
+    matrices): each matrix and expert sees 1 to 13 tokens, so the one-token and
+    few-token kernels' results must agree bit for bit too."""
     model = synth_model(workdir, "runs-" + "-".join(shape), *shape)
     engine = Engine(model, threads=1, kv_cache=kv_cache)
     ids = [(5 * i) % 200 + 1 for i in range(13)]

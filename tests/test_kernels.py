@@ -106,7 +106,8 @@ def test_x4_results_do_not_depend_on_token_count_or_row_split(dtype):
     rows_n, cols = 16, 96
     w = np.stack([rows(cols) for _ in range(rows_n)])
     raw = np.frombuffer(quant.encode(w, dtype), np.uint8)
-    # The multi-token kernel takes over from 16 tokens (matmul.c).
+    # The multi-token kernel takes over from 16 tokens, q8_0x4's few-token one (AVX2
+    # without VNNI) from 2 (matmul.c).
     x = np.stack([rows(cols, 3.0) for _ in range(17)])
     alone = np.stack([kernels.matmul(dtype, raw, rows_n, x[t])[0] for t in range(len(x))])
     for n_tok in (2, 4, 5, 9, 15, 16, 17):

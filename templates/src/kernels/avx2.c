@@ -585,6 +585,56 @@ void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n
 }
 #endif
 
+#if !VNNI
+/* A q8_0x4 group over a few tokens (a batch step's experts and dense
+ * matrices): up to FEW_TOKENS tokens go over the group in one streaming
+ * pass, each block's weights loaded and made absolute once for them, with no
+ * packing phase (the GEMM, which packs a chunk of blocks before any
+ * arithmetic, lost to looping dot4_x4 at these counts). Per token the lanes,
+ * scales and float order of dot4_x4, so the bits are its. */
+#define FEW_TOKENS 4
+static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
+                                                           int nt, float *out) {
+    __m256 a[FEW_TOKENS][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+        const x4_halves h = load_halves(blk, 0);
+        const __m256i abs_lo01 = _mm256_abs_epi8(h.lo01), abs_lo23 = _mm256_abs_epi8(h.lo23);
+        const __m256i abs_hi01 = _mm256_abs_epi8(h.hi01), abs_hi23 = _mm256_abs_epi8(h.hi23);
+        const __m256 d8 = group_scales(blk);
+        const __m256 dw01 = pair_scales(d8, 0), dw23 = pair_scales(d8, 1);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const __m256i xlo = half_of(x[t][b].qs), xhi = half_of(x[t][b].qs + 16);
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[t][b].d));
+            const __m256i i01 =
+                _mm256_add_epi32(gemm_ints(abs_lo01, blk + 8, xlo), gemm_ints(abs_hi01, blk + 72, xhi));
+            const __m256i i23 =
+                _mm256_add_epi32(gemm_ints(abs_lo23, blk + 40, xlo), gemm_ints(abs_hi23, blk + 104, xhi));
+            a[t][0] = _mm256_fmadd_ps(_mm256_mul_ps(dw01, d), _mm256_cvtepi32_ps(i01), a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(_mm256_mul_ps(dw23, d), _mm256_cvtepi32_ps(i23), a[t][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) store_rows(a[t][0], a[t][1], out + (size_t)t * 4);
+}
+
+void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    const int nb = n / CB_QK;
+    for (int t = 0; t < n_tok; t += FEW_TOKENS) {
+        const int nt = n_tok - t < FEW_TOKENS ? n_tok - t : FEW_TOKENS;
+        if (nt == 4) few_pass(group, nb, x + t, 4, out + (size_t)t * 4);
+        else if (nt == 3) few_pass(group, nb, x + t, 3, out + (size_t)t * 4);
+        else if (nt == 2) few_pass(group, nb, x + t, 2, out + (size_t)t * 4);
+        else few_pass(group, nb, x + t, 1, out + (size_t)t * 4);
+    }
+}
+#endif
+
 /* One f16 or bf16 row over several tokens, four at a time: the row is
  * widened once per 16 elements for all four; per token the accumulators,
  * reduction and tail of dot_half, so results are the one-token kernels' bit

@@ -669,6 +669,13 @@ static int check_tokens_kernels(int *cases) {
                 *cases += n_many;
             }
 #endif
+#ifdef cb_dot4_few_x4_q8_0
+            cb_dot4_few_x4_q8_0(group8, xs, n_tok, n, got);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q8_0(group8, toks[t], n, want);
+                if (!same("dot4_few_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+#endif
             /* f16 and bf16 rows of odd widths too: the scalar tail. */
             const int m = n - (nb > 1 ? 5 : 0);
             cb_dot_f16_tokens(half_row, xf, n_tok, m, got);
@@ -847,6 +854,8 @@ int main(void) {
         int cases = 0, bad = check_tokens_kernels(&cases);
 #if defined(cb_dot4_tokens_q8_0)
         const char *which = "q8_0, q4_0, f16, bf16";
+#elif defined(cb_dot4_few_x4_q8_0)
+        const char *which = "q8_0x4, q8_0x4 few, q4_0, f16, bf16";
 #elif defined(cb_dot4_tokens_x4_q8_0)
         const char *which = "q8_0x4, q4_0, f16, bf16";
 #else

@@ -45,7 +45,9 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
  * tokens (q8_0x4 65 against 61): the threshold follows memory. GGML rows
  * (older files, a tied output head): the tokens kernel from 8 tokens (from
  * memory q8_0 at 2 / 4 tokens 12 / 25 token-GB/s against 26 / 31 looped, even
- * at 8, 40 against 38 at 16). */
+ * at 8, 40 against 38 at 16). Where a few-token kernel exists (q8_0x4 on AVX2
+ * without VNNI: cb_dot4_few_x4_q8_0) it takes the 2-15 tokens instead of the
+ * loop. */
 static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
     const int x4 = dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
     if (n_tok < (x4 ? 16 : 8)) return 0;
@@ -176,6 +178,34 @@ static int four_rows(const cb_tensor *W, int r, int r1, cb_dot4_k_fn k4, cb_dot4
 }
 #endif
 
+#ifdef cb_dot4_few_x4_q8_0
+/* From two tokens the few-token kernel replaces looping the one-token one
+ * (figures: the commit). */
+#define FEW_MIN 2
+/* Rows r.. (x4 groups, up to r1) of a q8_0x4 W for a few tokens (a batch
+ * step's), each group streamed once for up to four of them; returns the first
+ * row left (r1 - r < 4 of them). */
+static int few_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, const int32_t *in, int n_tok, float *Y,
+                           int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
+    const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
+    const uint8_t *w = W->data;
+    for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
+        const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
+        const cb_block_q8_0 *xs[TOKEN_GROUP];
+        for (int t = 0; t < tn; t++) xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
+        for (int g = r; g + 4 <= r1; g += 4) {
+            float d[TOKEN_GROUP * 4];
+            cb_dot4_few_x4_q8_0(w + (size_t)g * row_bytes, xs, tn, (int)W->cols, d);
+            for (int t = 0; t < tn; t++) {
+                float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + g;
+                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t0 + t, d[t * 4 + i]);
+            }
+        }
+    }
+    return r + (r1 - r) / 4 * 4;
+}
+#endif
+
 void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
                     float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
     const int cols = (int)W->cols;
@@ -229,6 +259,10 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                 }
             }
         }
+#endif
+#ifdef cb_dot4_few_x4_q8_0
+        if (W->dtype == CB_Q8_0X4 && n_tok >= FEW_MIN)
+            r = few_tokens_rows(W, r, r1, A, in, n_tok, Y, y_stride, out, mode, scale);
 #endif
         for (; r + 4 <= r1; r += 4) {
             const void *rows = w + (size_t)r * row_bytes;
