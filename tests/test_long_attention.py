@@ -113,3 +113,34 @@ def test_gqa_groups_of_four_heads_do_not_change_the_bits(workdir):
         run_cli("synth", "--arch", "mixtral", "--dtype", "f32", "--seed", "5", "--hidden-size", "128", "--heads", "8",
                 "--kv-heads", "2", "--context-length", "1024", folder)
     assert_same_bits(folder, "f16", LONG)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
+def test_long_prompt_steps_do_not_depend_on_the_cut(workdir, heads, kv_heads):
+    """A prompt step's runs of four queries past one chunk go chunk by chunk
+    together (cb_attn_long_run: four queries score a chunk's K rows read
+    once). Cut at random places, runs start anywhere against the chunk
+    boundaries (256, 512), are shorter than four or straddle a boundary: each
+    position's logits must be the bits of the whole prompt's, and of the
+    position decoded alone."""
+    folder = workdir / "models" / f"long-cut-{heads}-{kv_heads}"
+    if not (folder / "model-config.json").exists():
+        run_cli("synth", "--arch", "mixtral", "--dtype", "f32", "--seed", "3", "--hidden-size", "128", "--heads",
+                heads, "--kv-heads", kv_heads, "--context-length", "1024", folder)
+    engine = Engine(folder, threads=2, kv_cache="f16")
+    ids = prompt(LONG)
+    whole = engine.forward(ids)
+    rng = random.Random(heads)
+    pieces, at = [], 0
+    while at < LONG:
+        size = rng.choice([1, 2, 3, 5, 6, 7, 13, 64, 70, 101])
+        pieces.append((at, min(LONG, at + size)))
+        at += size
+    got = np.concatenate([engine.forward(ids[a:b], start=a) for a, b in pieces])
+    bad = np.flatnonzero((got != whole).any(axis=1))
+    assert bad.size == 0, f"positions {bad[:8].tolist()} differ with pieces {pieces[:12]}..."
+    # Steps that start one short of, at and one past a chunk boundary.
+    for cut in (255, 256, 257, 511):
+        engine.forward(ids[:cut])
+        rest = engine.forward(ids[cut:], start=cut)
+        assert np.array_equal(rest, whole[cut:]), cut

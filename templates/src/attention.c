@@ -146,13 +146,24 @@ static void attend_task(void *p, int task, int worker) {
         for (int sp = 0; sp < t->n_split; sp++) split |= t->split_run[sp] == r;
         if (split) continue;
         if (cb_attn_chunks(e, item_span(e, t->layer, &t->items[i0 + m - 1], kvh).n) > 1) {
-            /* Some query past one chunk: each query in turn, the same bits
-             * as one-query kernels and split runs give. */
+            /* Some query past one chunk. A whole run past one, from
+             * position 0 (no window), goes chunk by chunk for its four
+             * queries together; else each query in turn. Either way the
+             * same bits as one-query kernels and split runs give. */
             const float *sinks = e->w.layers[t->layer].sinks;
+            cb_kv_span spans[CB_ATTN_BLOCK];
+            for (int i = i0; i < i0 + m; i++) spans[i - i0] = item_span(e, t->layer, &t->items[i], kvh);
+            if (m == CB_ATTN_BLOCK && spans[0].start == 0 && cb_attn_chunks(e, spans[0].n) > 1) {
+                for (int h = h0; h < h0 + t->heads_per_job; h++)
+                    cb_attn_long_run(e, spans, m, e->q + (size_t)i0 * q_dim + (size_t)h * hd, (size_t)q_dim, scale,
+                                     sinks ? sinks + h : NULL, e->attn + (size_t)i0 * q_dim + (size_t)h * hd,
+                                     (size_t)q_dim, worker);
+                continue;
+            }
             for (int i = i0; i < i0 + m; i++) {
-                const cb_kv_span span = item_span(e, t->layer, &t->items[i], kvh);
-                if (cb_attn_chunks(e, span.n) > 1)
-                    cb_attn_long(e, &span, e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, t->heads_per_job, scale,
+                const cb_kv_span *span = &spans[i - i0];
+                if (cb_attn_chunks(e, span->n) > 1)
+                    cb_attn_long(e, span, e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, t->heads_per_job, scale,
                                  sinks ? sinks + h0 : NULL, e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
                                  worker);
                 else

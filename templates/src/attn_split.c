@@ -117,6 +117,37 @@ void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_st
                         out + j * out_stride);
 }
 
+/* m <= CB_ATTN_BLOCK queries of one slot at consecutive positions (a prompt
+ * step's run), each past one chunk, over one head: chunk by chunk, so that a
+ * chunk's K and V rows stay in cache while every query of the run uses them,
+ * where each query in turn (cb_attn_long) would stream the whole context
+ * once per query. Where all four queries see a whole chunk from position 0
+ * (no window), they score its K rows together (each row read once); else
+ * each query works its own chunk c. Each query's chunks are cut and combined
+ * as cb_attn_long cuts them: the same bits. */
+void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, size_t q_stride, float scale,
+                      const float *sink, float *out, size_t out_stride, int worker) {
+    const int ch = e->attn_chunk, last = cb_attn_chunks(e, s[m - 1].n);
+    const size_t pw = (size_t)e->attn_part_width, qs = (size_t)e->attn_max_chunks * pw;
+    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *tmp = e->mix_part + (size_t)worker * e->widest_head;
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
+    /* part: [query][chunks][pw] */
+    const int together = m == CB_ATTN_BLOCK && s[0].start == 0 && s[m - 1].start == 0;
+    for (int c = 0; c < last; c++) {
+        if (together && (c + 1) * ch <= s[0].n) {
+            cb_attn_partial(e, &s[0], q, q_stride, CB_ATTN_BLOCK, c, scale, scores, tmp, part + c * pw, qs);
+            continue;
+        }
+        for (int j = 0; j < m; j++)
+            if (c < cb_attn_chunks(e, s[j].n))
+                cb_attn_partial(e, &s[j], q + j * q_stride, q_stride, 1, c, scale, scores, tmp, part + j * qs + c * pw,
+                                qs);
+    }
+    for (int j = 0; j < m; j++)
+        cb_attn_combine(part + j * qs, pw, cb_attn_chunks(e, s[j].n), s[j].vd, sink, out + j * out_stride);
+}
+
 /* The split items' partials: [CB_ATTN_SPLIT_ITEMS][n_heads][attn_max_chunks][pw]. */
 static float *split_part(const cb_engine *e, int split, int h) {
     const size_t pw = (size_t)e->attn_part_width;

@@ -208,6 +208,11 @@ void cb_attn_combine(const float *part, size_t chunk_stride, int chunks, int vd,
 /* Every chunk in turn in one job, then combined: out + j * out_stride for head j. */
 void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, float scale,
                   const float *sinks, float *out, size_t out_stride, int worker);
+/* A prompt run's m queries over one head (spans s[0..m), queries and outputs
+ * q_stride / out_stride floats apart), chunk by chunk for them all: the bits
+ * of cb_attn_long for each. */
+void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, size_t q_stride, float scale,
+                      const float *sink, float *out, size_t out_stride, int worker);
 /* One chunk of split item `split` (< CB_ATTN_SPLIT_ITEMS), heads from h0, into attn_part. */
 void cb_attn_split_chunk(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int h0, int split,
                          int c, float scale, int worker);
