@@ -498,90 +498,119 @@ void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x
 #endif
 
 #if !VNNI
-/* A q8_0x4 group over many tokens without VNNI (prompts): a small GEMM.
+/* q8_0x4 groups over many tokens without VNNI (prompts): a small GEMM.
  * Signed x signed bytes need maddubs' sign trick, |w| . (x * sign(w)); |w|
  * and the pairs' scales depend on the weights alone, so they are packed
  * once per block for every token, and a token costs per pair of rows and
  * block two sign, two maddubs, two madd, an add, a conversion, a scale and
- * an fma. Tokens go GEMM_TOKENS at a time (independent accumulators, each
- * weight block loaded once for them). Every (row, token) sums the integer
- * lanes, scales and float order of dot4_x4, so the bits are its. */
-#define GEMM_TOKENS 4
+ * an fma. Every (row, token) sums the integer lanes, scales and float order
+ * of dot4_x4, so the bits are its. */
 typedef struct {
     __m256i abs_lo01, abs_lo23, abs_hi01, abs_hi23;
     __m256 dw01, dw23;
 } gemm_block;
 
-static inline __attribute__((always_inline)) __m256i gemm_ints(__m256i abs_w, const uint8_t *w, __m256i x) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)w);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, raw)), _mm256_set1_epi16(1));
-}
+/* Tokens a tile keeps in registers: two tokens' x halves (4), their
+ * accumulators of the group's two pairs (4), a pair's integer sums (2), |w|,
+ * the scales and ones fit the 16 ymm registers. Four tokens spilled their
+ * accumulators to the stack, a load and a store each a block. */
+#define GEMM_TOKENS 2
+/* Groups one call works on: their tokens' scales converted once for all
+ * of them (matmul.c passes STAGE_ROWS rows: four groups). */
+#define GEMM_GROUPS 4
 
 /* nt (<= GEMM_TOKENS, a constant where inlined) tokens over kb packed blocks
- * of the group (blk: its first block's bytes); dx: the tokens' scales,
- * BLOCKS_AT_ONCE apart. */
+ * of the group (blk: its first block's bytes); dx: the tokens' scales, rows
+ * BLOCKS_AT_ONCE apart. Pair by pair and half by half, so that one |w| is
+ * live at a time; the raw w is vpsignb's memory operand. */
 static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pack, const uint8_t *blk, int kb,
                                                             const cb_block_q8_0 *const *x, const float *dx, int nt,
                                                             __m256 (*acc)[2]) {
-    __m256 a[GEMM_TOKENS][2]; /* in registers: the token loops unrolled */
-#pragma GCC unroll 4
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 a[GEMM_TOKENS][2];
+#pragma GCC unroll 2
     for (int t = 0; t < nt; t++) a[t][0] = acc[t][0], a[t][1] = acc[t][1];
     for (int b = 0; b < kb; b++, blk += 4 * sizeof(cb_block_q8_0)) {
         const gemm_block *p = &pack[b];
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            const __m256i xlo = half_of(x[t][b].qs), xhi = half_of(x[t][b].qs + 16);
-            const __m256 d = _mm256_broadcast_ss(&dx[t * BLOCKS_AT_ONCE + b]);
-            const __m256i i01 = _mm256_add_epi32(gemm_ints(p->abs_lo01, blk + 8, xlo), gemm_ints(p->abs_hi01, blk + 72, xhi));
-            const __m256i i23 = _mm256_add_epi32(gemm_ints(p->abs_lo23, blk + 40, xlo), gemm_ints(p->abs_hi23, blk + 104, xhi));
-            a[t][0] = _mm256_fmadd_ps(_mm256_mul_ps(p->dw01, d), _mm256_cvtepi32_ps(i01), a[t][0]);
-            a[t][1] = _mm256_fmadd_ps(_mm256_mul_ps(p->dw23, d), _mm256_cvtepi32_ps(i23), a[t][1]);
+        __m256i xl[GEMM_TOKENS], xh[GEMM_TOKENS];
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) xl[t] = half_of(x[t][b].qs), xh[t] = half_of(x[t][b].qs + 16);
+#pragma GCC unroll 2
+        for (int pair = 0; pair < 2; pair++) {
+            const __m256i *wl = (const __m256i *)(blk + 8 + 32 * pair), *wh = (const __m256i *)(blk + 72 + 32 * pair);
+            const __m256i al = pair ? p->abs_lo23 : p->abs_lo01;
+            __m256i m[GEMM_TOKENS];
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++)
+                m[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(al, _mm256_sign_epi8(xl[t], _mm256_loadu_si256(wl))), ones);
+            const __m256i ah = pair ? p->abs_hi23 : p->abs_hi01;
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++)
+                m[t] = _mm256_add_epi32(
+                    m[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ah, _mm256_sign_epi8(xh[t], _mm256_loadu_si256(wh))), ones));
+            const __m256 dw = pair ? p->dw23 : p->dw01;
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++)
+                a[t][pair] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&dx[t * BLOCKS_AT_ONCE + b])),
+                                             _mm256_cvtepi32_ps(m[t]), a[t][pair]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int t = 0; t < nt; t++) acc[t][0] = a[t][0], acc[t][1] = a[t][1];
 }
 
-void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
+                                int n_tok, int n, float *out, int out_stride) {
     enum { CHUNK_TOKENS = 64 };
     const int nb = n / CB_QK;
-    const uint8_t *g = group;
     gemm_block pack[BLOCKS_AT_ONCE];
-    __m256 acc[CHUNK_TOKENS][2];
-    float dx[GEMM_TOKENS * BLOCKS_AT_ONCE];
-    for (int t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
-        const int tn = n_tok - t0 < CHUNK_TOKENS ? n_tok - t0 : CHUNK_TOKENS;
-        for (int t = 0; t < tn; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-        for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
-            const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
-            const uint8_t *blk0 = g + (size_t)b0 * 4 * sizeof(cb_block_q8_0);
-            for (int b = 0; b < bn; b++) {
-                const uint8_t *blk = blk0 + (size_t)b * 4 * sizeof(cb_block_q8_0);
-                if (t0 == 0) { /* the first pass streams the group */
-                    _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
-                    _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+    __m256 acc[GEMM_GROUPS][CHUNK_TOKENS][2];
+    float dx[CHUNK_TOKENS * BLOCKS_AT_ONCE];
+    for (int g0 = 0; g0 < n_groups; g0 += GEMM_GROUPS) {
+        const int gn = n_groups - g0 < GEMM_GROUPS ? n_groups - g0 : GEMM_GROUPS;
+        for (int t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
+            const int tn = n_tok - t0 < CHUNK_TOKENS ? n_tok - t0 : CHUNK_TOKENS;
+            for (int g = 0; g < gn; g++)
+                for (int t = 0; t < tn; t++) acc[g][t][0] = acc[g][t][1] = _mm256_setzero_ps();
+            for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
+                const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
+                /* the tokens' scales, once for the groups */
+                for (int t = 0; t < tn; t++)
+                    for (int b = 0; b < bn; b++) dx[t * BLOCKS_AT_ONCE + b] = _cvtsh_ss(x[t0 + t][b0 + b].d);
+                for (int g = 0; g < gn; g++) {
+                    const uint8_t *blk0 =
+                        (const uint8_t *)groups + (size_t)(g0 + g) * group_bytes + (size_t)b0 * 4 * sizeof(cb_block_q8_0);
+                    for (int b = 0; b < bn; b++) {
+                        const uint8_t *blk = blk0 + (size_t)b * 4 * sizeof(cb_block_q8_0);
+                        if (t0 == 0) { /* the first pass streams the group */
+                            _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
+                            _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+                        }
+                        const x4_halves h = load_halves(blk, 0);
+                        pack[b].abs_lo01 = _mm256_abs_epi8(h.lo01), pack[b].abs_lo23 = _mm256_abs_epi8(h.lo23);
+                        pack[b].abs_hi01 = _mm256_abs_epi8(h.hi01), pack[b].abs_hi23 = _mm256_abs_epi8(h.hi23);
+                        const __m256 d8 = group_scales(blk);
+                        pack[b].dw01 = pair_scales(d8, 0), pack[b].dw23 = pair_scales(d8, 1);
+                    }
+                    for (int t = 0; t < tn; t += GEMM_TOKENS) {
+                        const cb_block_q8_0 *xt[GEMM_TOKENS] = {x[t0 + t] + b0};
+                        const float *d = dx + (size_t)t * BLOCKS_AT_ONCE;
+                        if (tn - t >= 2) {
+                            xt[1] = x[t0 + t + 1] + b0;
+                            gemm_tile(pack, blk0, bn, xt, d, 2, acc[g] + t);
+                        } else gemm_tile(pack, blk0, bn, xt, d, 1, acc[g] + t);
+                    }
                 }
-                const x4_halves h = load_halves(blk, 0);
-                pack[b].abs_lo01 = _mm256_abs_epi8(h.lo01), pack[b].abs_lo23 = _mm256_abs_epi8(h.lo23);
-                pack[b].abs_hi01 = _mm256_abs_epi8(h.hi01), pack[b].abs_hi23 = _mm256_abs_epi8(h.hi23);
-                const __m256 d8 = group_scales(blk);
-                pack[b].dw01 = pair_scales(d8, 0), pack[b].dw23 = pair_scales(d8, 1);
             }
-            for (int t = 0; t < tn; t += GEMM_TOKENS) {
-                const int nt = tn - t < GEMM_TOKENS ? tn - t : GEMM_TOKENS;
-                const cb_block_q8_0 *xt[GEMM_TOKENS];
-                for (int k = 0; k < nt; k++) {
-                    xt[k] = x[t0 + t + k] + b0;
-                    for (int b = 0; b < bn; b++) dx[k * BLOCKS_AT_ONCE + b] = _cvtsh_ss(xt[k][b].d);
-                }
-                if (nt == GEMM_TOKENS) gemm_tile(pack, blk0, bn, xt, dx, GEMM_TOKENS, acc + t);
-                else if (nt == 3) gemm_tile(pack, blk0, bn, xt, dx, 3, acc + t);
-                else if (nt == 2) gemm_tile(pack, blk0, bn, xt, dx, 2, acc + t);
-                else gemm_tile(pack, blk0, bn, xt, dx, 1, acc + t);
-            }
+            for (int g = 0; g < gn; g++)
+                for (int t = 0; t < tn; t++)
+                    store_rows(acc[g][t][0], acc[g][t][1], out + (size_t)(t0 + t) * out_stride + 4 * (g0 + g));
         }
-        for (int t = 0; t < tn; t++) store_rows(acc[t][0], acc[t][1], out + (size_t)(t0 + t) * 4);
     }
+}
+
+void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    cb_gemm_q8_0x4_groups_avx2(group, 0, 1, x, n_tok, n, out, 4);
 }
 #endif
 

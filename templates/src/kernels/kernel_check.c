@@ -719,6 +719,42 @@ static int check_tokens_kernels(int *cases) {
 }
 #endif
 
+#ifdef cb_gemm_groups_x4_q8_0
+/* The prompt GEMM over several consecutive groups in one call (each group
+ * refilled, so a mix-up of groups shows), written with an output stride,
+ * against the one-token kernel group by group: the same bits, for group
+ * counts past one call's four, token counts across its tiles and past its
+ * 64-token chunk, and widths past its 64-block chunk. */
+#define GROUPS_CASE 6
+static uint8_t groups8[GROUPS_CASE][96 * 4 * sizeof(cb_block_q8_0)];
+static int check_gemm_groups(int *cases) {
+    static const cb_block_q8_0 *many[3 * CASE_TOKENS + 10];
+    static float got[(3 * CASE_TOKENS + 10) * (4 * GROUPS_CASE + 3)];
+    for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
+        int n = 0;
+        for (int g = 0; g < GROUPS_CASE; g++) { /* toks from the last fill, the groups from each */
+            n = fill_case(nb);
+            memcpy(groups8[g], group8, sizeof group8);
+        }
+        for (int t = 0; t < 3 * CASE_TOKENS + 10; t++) many[t] = toks[(t * 7) % CASE_TOKENS];
+        for (int n_groups = 1; n_groups <= GROUPS_CASE; n_groups += 2) {
+            const int stride = 4 * n_groups + 3;
+            for (int n_tok = 1; n_tok <= 3 * CASE_TOKENS + 10; n_tok += n_tok < 4 ? 1 : n_tok < CASE_TOKENS ? 7 : 3 * CASE_TOKENS + 10) {
+                cb_gemm_groups_x4_q8_0(groups8, sizeof groups8[0], n_groups, many, n_tok, n, got, stride);
+                for (int t = 0; t < n_tok; t++)
+                    for (int g = 0; g < n_groups; g++) {
+                        float want[4];
+                        cb_dot4_x4_q8_0(groups8[g], many[t], n, want);
+                        if (!same("gemm_groups_q8_0x4", nb, t, got + (size_t)t * stride + 4 * g, want, 4)) return 1;
+                    }
+                *cases += n_tok * n_groups;
+            }
+        }
+    }
+    return 0;
+}
+#endif
+
 /* x4 groups (dims.h) built from four GGML rows: the x4 reference agrees
  * with the row reference to float rounding (it sums in another order), and
  * the family's x4 kernels give the x4 reference's bits, so an x4 matrix gives
@@ -863,6 +899,14 @@ int main(void) {
 #endif
         printf("kernel-check tokens kernels: %s (%s; %d token rows, bit for bit the one-token kernels)\n",
                bad ? "FAILED" : "ok", which, cases);
+        failed |= bad;
+    }
+#endif
+#ifdef cb_gemm_groups_x4_q8_0
+    {
+        int cases = 0, bad = check_gemm_groups(&cases);
+        printf("kernel-check prompt GEMM over groups: %s (q8_0x4; %d token rows of a group, bit for bit the "
+               "one-token kernel)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }
 #endif

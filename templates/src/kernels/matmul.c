@@ -242,6 +242,12 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                         xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
                         cb_prefetch_write(Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r);
                     }
+#ifdef cb_gemm_groups_x4_q8_0
+                    if (W->dtype == CB_Q8_0X4) { /* the rows' groups in one call, straight into staged */
+                        cb_gemm_groups_x4_q8_0(w + (size_t)r * row_bytes, 4 * row_bytes, rn / 4, xs, tn, cols, &staged[0][0],
+                                               STAGE_ROWS);
+                    } else
+#endif
                     for (int g = r; g < r + rn; g += 4) {
                         const void *next = !x4 && g + PREFETCH_ROWS + 4 <= (int)W->rows
                                                ? w + (size_t)(g + PREFETCH_ROWS) * row_bytes
