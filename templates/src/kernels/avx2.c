@@ -622,6 +622,12 @@ void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n
  * arithmetic, lost to looping dot4_x4 at these counts). Per token the lanes,
  * scales and float order of dot4_x4, so the bits are its. */
 #define FEW_TOKENS 4
+/* |w| . (x signed by w) over 32 bytes: eight 32-bit sums, dot4_x4's lanes. */
+static inline __attribute__((always_inline)) __m256i gemm_ints(__m256i abs_w, const uint8_t *w, __m256i x) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)w);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, raw)), _mm256_set1_epi16(1));
+}
+
 static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
                                                            int nt, float *out) {
     __m256 a[FEW_TOKENS][2];
