@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kquants_x86.h"
 
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
@@ -86,13 +87,8 @@ static inline __attribute__((always_inline)) void dot4_q45_k(const void *w, size
         for (int r = 0; r < 4; r++) {
             const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
             qs[r] = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-            /* The 12 packed bytes as 8 scales and 8 mins (kquants.c scale_min_k4). */
-            uint32_t u[3];
-            memcpy(u, k5->scales, 12);
-            const uint64_t sc = (uint64_t)(u[0] & 0x3F3F3F3Fu) |
-                                (uint64_t)((u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4) << 32;
-            const uint64_t mn = (uint64_t)(u[1] & 0x3F3F3F3Fu) |
-                                (uint64_t)(((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4) << 32;
+            uint64_t sc, mn;
+            cb_q45_scales_mins(k5->scales, &sc, &mn);
             scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
             msum[r] = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)));
             qh[r] = q5 ? load32(k5->qh) : _mm256_setzero_si256();
