@@ -203,6 +203,10 @@ static inline __attribute__((always_inline)) void tokens_step(int type, const ti
                 const __m256i v = _mm256_maddubs_epi16(w, bcast4(xq[t] + 4 * (s0 + k)));
                 p[t] = k ? _mm256_add_epi16(p[t], v) : v;
             }
+            /* Each k-step's sums in registers before the next: left free, gcc
+             * ran all the steps' maddubs first and spilled them. */
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) __asm__("" : "+x"(p[t]));
         }
         const __m256i sc = u->sc[type == K_Q6 ? s0 / 4 : s0 / 8];
 #pragma GCC unroll 4

@@ -132,17 +132,27 @@ static int k_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, con
             const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
             const cb_block_q8_k *xs[TOKEN_GROUP];
             float d[TOKEN_GROUP * CB_TOKENS_K_ROWS], staged[TOKEN_GROUP][STAGE_ROWS];
-            for (int t = 0; t < tn; t++) xs[t] = A->k + (size_t)(in ? in[t0 + t] : t0 + t) * A->k_stride;
+            for (int t = 0; t < tn; t++) {
+                xs[t] = A->k + (size_t)(in ? in[t0 + t] : t0 + t) * A->k_stride;
+                cb_prefetch_write(Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r);
+            }
             for (int g = r; g < r + rn; g += CB_TOKENS_K_ROWS) {
                 const int gn = r + rn - g < CB_TOKENS_K_ROWS ? r + rn - g : CB_TOKENS_K_ROWS;
                 const void *next = t0 == 0 && g + gn < r1 ? w + (size_t)(g + gn) * row_bytes : NULL;
                 kernel(w + (size_t)g * row_bytes, row_bytes, gn, xs, tn, cols, d, next);
+                /* fixed-size copies where the rows are whole (a variable
+                 * one was a rep movs a token, 10% of a prefill's samples) */
                 for (int t = 0; t < tn; t++)
-                    for (int i = 0; i < gn; i++) staged[t][g - r + i] = d[t * CB_TOKENS_K_ROWS + i];
+                    if (gn == CB_TOKENS_K_ROWS)
+                        memcpy(&staged[t][g - r], &d[t * CB_TOKENS_K_ROWS], sizeof(float) * CB_TOKENS_K_ROWS);
+                    else
+                        for (int i = 0; i < gn; i++) staged[t][g - r + i] = d[t * CB_TOKENS_K_ROWS + i];
             }
             for (int t = 0; t < tn; t++) {
                 float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
-                for (int i = 0; i < rn; i++) store(y + i, mode, scale, t0 + t, staged[t][i]);
+                if (mode == CB_SET && rn == STAGE_ROWS) memcpy(y, staged[t], sizeof(float) * STAGE_ROWS);
+                else
+                    for (int i = 0; i < rn; i++) store(y + i, mode, scale, t0 + t, staged[t][i]);
             }
         }
     }
