@@ -22,7 +22,8 @@
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 enum { K_Q4, K_Q5, K_Q6 };
-#define ROWS 8
+#define ROWS 8 /* a vector's dwords */
+_Static_assert(ROWS == CB_TOKENS_K_ROWS, "the rows a call takes (matmul.c) are the tile's lanes");
 
 /* Four weights' k-steps of a super-block (64). maddubs' pair sums, added
  * over STEPS16 k-steps in int16 before one madd with their scale, stay in
