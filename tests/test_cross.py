@@ -200,6 +200,11 @@ def test_kernel_bench_prints_every_case(built, workdir, tiny_model):
     prompt = re.search(r"kernel-bench q8_0x4 prompt from L2: 64 tokens (\d+\.\d) GMAC/s \((\d+)% of peak\), "
                        r"one token at a time (\d+\.\d) GMAC/s", done.stdout)
     assert prompt and float(prompt.group(1)) > 0 and float(prompt.group(3)) > 0, done.stdout
+    # A Q4_K_M file's types through the same prompt case, beside q8_0x4.
+    for dtype in ("q4_k", "q5_k", "q6_k"):
+        k = re.search(rf"kernel-bench {dtype} prompt from L2: 64 tokens (\d+\.\d) GMAC/s \((\d+)% of peak, "
+                      r"(\d+\.\d\d)x q8_0x4\)", done.stdout)
+        assert k and float(k.group(1)) > 0 and float(k.group(3)) > 0, done.stdout
     # The benches' reading of it (prefill as a fraction of the peak).
     got = prefill_peak.int8_peak(build / "colibri-kernel-bench")
     assert got["gmac_s"] > 0 and got["mix"] == peak.group(2) and got["gemm_64_tokens_gmac_s"] > 0, got

@@ -5,6 +5,8 @@
  *     the kernels' arithmetic cost;
  *   - from memory: 1, 2, 4, 8 and 16 tokens over a 512 MB matrix read once
  *     a pass, what a step's expert reads look like to one core.
+ *   - prompts: the int8 peak, and n tokens (64 unless --prompt says) over a
+ *     matrix from L2 in GMAC/s: q8_0x4, then q4_k, q5_k and q6_k beside it.
  * Prints one line a case; --quick runs each case briefly (a smoke test).
  * Built on demand (ninja colibri-kernel-bench). */
 #include <stdio.h>
@@ -236,7 +238,7 @@ static double gemm_rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y
 int main(int argc, char **argv) {
     cb_cpu_require("colibri-kernel-bench");
     /* --quick: each case briefly (a smoke test); --prompt [TOKENS]: the
-     * peak and the prompt case only (TOKENS: 1..64, default 64). */
+     * peak and the prompt cases only (TOKENS: 1..64, default 64). */
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     const int prompt_only = argc > 1 && strcmp(argv[1], "--prompt") == 0;
     int prompt_tokens = prompt_only && argc > 2 ? atoi(argv[2]) : GEMM_TOKENS_MAX;
@@ -296,6 +298,32 @@ int main(int argc, char **argv) {
         printf("kernel-bench int8 peak: %.1f GMAC/s (%s; per CPU second)\n", p, mix);
         printf("kernel-bench q8_0x4 prompt from L2: %d tokens %.1f GMAC/s (%.0f%% of peak), one token at a time %.1f "
                "GMAC/s (%.0f%%)\n", n_tok, g, p > 0 ? 100 * g / p : 0.0, l, p > 0 ? 100 * l / p : 0.0);
+        /* The K types of a Q4_K_M file the same way (GGML rows, random
+         * blocks), rounds interleaved with the types. */
+        static const uint32_t k_types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K};
+        static const char *const k_names[] = {"q4_k", "q5_k", "q6_k"};
+        enum { NK = sizeof k_types / sizeof k_types[0] };
+        static uint8_t *k_hot[NK];
+        double k_gemm[NK][ROUNDS];
+        for (int j = 0; j < NK; j++) {
+            k_hot[j] = cb_aligned_alloc(cb_row_bytes(k_types[j], COLS) * HOT_ROWS);
+            if (!k_hot[j]) {
+                fprintf(stderr, "colibri-kernel-bench: out of memory\n");
+                return 1;
+            }
+            fill(k_hot[j], k_types[j], k_types[j], HOT_ROWS);
+        }
+        for (int k = 0; k < ROUNDS; k++)
+            for (int j = 0; j < NK; j++) {
+                const cb_tensor Wk = {k_hot[j], k_types[j], HOT_ROWS, COLS};
+                k_gemm[j][k] = gemm_rate(&Wk, &A, n_tok, Y, seconds / 2);
+            }
+        for (int j = 0; j < NK; j++) {
+            const double gk = median(k_gemm[j], ROUNDS);
+            printf("kernel-bench %s prompt from L2: %d tokens %.1f GMAC/s (%.0f%% of peak, %.2fx q8_0x4)\n", k_names[j],
+                   n_tok, gk, p > 0 ? 100 * gk / p : 0.0, g > 0 ? gk / g : 0.0);
+            cb_aligned_free(k_hot[j]);
+        }
     }
     if (prompt_only) {
         cb_aligned_free(hot);

@@ -331,6 +331,66 @@ static int check_k_rows(int *cases) {
     return 0;
 }
 
+#ifdef cb_tokens_k
+/* The family's multi-token K kernel called directly, against the scalar
+ * reference bit for bit: 1..CB_TOKENS_K_ROWS rows, token counts across its
+ * token groups and past one call's 64, random blocks and the extremes (every
+ * weight at its largest unsigned value, x all +127 or all -127: the 16-bit
+ * partial sums at their bound). Returns 1 on a mismatch. */
+#define KT_TOKENS 70
+static int check_k_tokens(int *cases) {
+    static const uint32_t types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K};
+    static uint8_t rows[CB_TOKENS_K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q5_k)];
+    static cb_block_q8_k xk[KT_TOKENS][BLOCK_N_MAX / CB_QK_K];
+    static const cb_block_q8_k *xs[KT_TOKENS];
+    static float got[KT_TOKENS * CB_TOKENS_K_ROWS];
+    static const int counts[] = {1, 2, 3, 4, 5, 7, 19, 64, KT_TOKENS}, widths[] = {1, 5, CB_TOKENS_K_ROWS};
+    for (int k = 0; k < (int)(sizeof types / sizeof types[0]); k++) {
+        int t = 0;
+        while (block_types[t].dtype != types[k]) t++;
+        const cb_tokens_k_fn kernel = cb_tokens_k(types[k]);
+        const cb_dot_k_fn ref = cb_dot_k_scalar(types[k]);
+        for (int extreme = 0; extreme < 2; extreme++)
+            for (int n = CB_QK_K; n <= BLOCK_N_MAX; n *= 4) {
+                const size_t row_bytes = cb_row_bytes(types[k], (uint32_t)n);
+                for (int r = 0; r < CB_TOKENS_K_ROWS; r++) {
+                    random_block_row(t, n);
+                    if (extreme) /* all bits set but the fp16 scales (finite, from random_block_row) */
+                        for (size_t b = 0; b < row_bytes; b += (size_t)block_types[t].bytes)
+                            for (int i = 0; i < block_types[t].bytes; i++)
+                                if (i != block_types[t].half0 && i != block_types[t].half0 + 1 &&
+                                    i != block_types[t].half1 && i != block_types[t].half1 + 1)
+                                    block_row[b + i] = 0xFF;
+                    memcpy(rows + r * row_bytes, block_row, row_bytes);
+                }
+                for (int tok = 0; tok < KT_TOKENS; tok++) {
+                    for (int i = 0; i < n; i++)
+                        block_x[i] = extreme ? (tok % 2 ? -1.0f : 1.0f) : uniform() * (i % 9 == 0 ? 4.0f : 1.0f);
+                    cb_quantize_row_q8_k(block_x, xk[tok], n);
+                    xs[tok] = xk[tok];
+                }
+                for (int c = 0; c < (int)(sizeof counts / sizeof counts[0]); c++)
+                    for (int wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++) {
+                        const int n_tok = counts[c], width = widths[wi];
+                        kernel(rows, row_bytes, width, xs, n_tok, n, got, NULL);
+                        for (int tok = 0; tok < n_tok; tok++)
+                            for (int r = 0; r < width; r++) {
+                                const float want = ref(rows + r * row_bytes, xk[tok], n);
+                                if (memcmp(&got[tok * CB_TOKENS_K_ROWS + r], &want, sizeof want) != 0) {
+                                    printf("  tokens kernel %s%s n=%d rows %d tokens %d: row %d token %d got %.9g, "
+                                           "reference %.9g\n", block_types[t].name, extreme ? " (extremes)" : "", n,
+                                           width, n_tok, r, tok, got[tok * CB_TOKENS_K_ROWS + r], want);
+                                    return 1;
+                                }
+                                (*cases)++;
+                            }
+                    }
+            }
+    }
+    return 0;
+}
+#endif
+
 /* Attention of one head over cached rows, float or float16: scores within
  * the dot tolerance of the scalar ones and the same for a position whatever
  * n is, the weighted sum of V bit for bit (per element the same FMA chain),
@@ -833,8 +893,17 @@ int main(void) {
     }
     {
         int cases = 0, bad = check_k_rows(&cases);
-        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 2 and %d tokens; "
-               "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, cases);
+#ifdef cb_tokens_k
+        bad = bad || check_k_tokens(&cases);
+#endif
+#ifdef cb_tokens_k
+        const char *alone = ", and the multi-token kernel alone at 1..70 tokens and the extremes";
+        _Static_assert(KT_TOKENS == 70, "the line above says 70");
+#else
+        const char *alone = "";
+#endif
+        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 2 and %d tokens%s; "
+               "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, alone, cases);
         failed |= bad;
     }
     {

@@ -184,13 +184,16 @@ typedef void (*cb_dot4_block_fn)(const void *w, size_t row_bytes, const cb_block
 cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype);
 #define cb_dot4_block cb_dot4_block_avx2
 #endif
-/* Four rows (row_bytes apart) . n_tok tokens' q8_k rows x[t] (prompts):
- * out[4 t + i] bit for bit what the one-row kernel gives for row i and token
- * t, each super-block of the rows unpacked once for all the tokens.
- * cb_tokens_k: NULL for a type the family has none for
- * (kernels/kquants_gemm_avx2.c); defined where a family has any. */
-typedef void (*cb_tokens_k_fn)(const void *w, size_t row_bytes, const cb_block_q8_k *const *x, int n_tok, int n,
-                               float *out);
+/* Up to CB_TOKENS_K_ROWS rows (rows of them, row_bytes apart) . n_tok
+ * tokens' q8_k rows x[t] (prompts): out[CB_TOKENS_K_ROWS t + i] bit for bit
+ * what the one-row kernel gives for row i < rows and token t, each
+ * super-block of the rows unpacked once for all the tokens; next: the
+ * following rows' bytes, prefetched meanwhile (or NULL). cb_tokens_k: NULL
+ * for a type the family has none for (kernels/kquants_gemm_avx2.c); defined
+ * where a family has any. */
+#define CB_TOKENS_K_ROWS 8
+typedef void (*cb_tokens_k_fn)(const void *w, size_t row_bytes, int rows, const cb_block_q8_k *const *x, int n_tok,
+                               int n, float *out, const void *next);
 #if CB_KERNELS_AVX2
 cb_tokens_k_fn cb_tokens_k_avx2(uint32_t dtype);
 #define cb_tokens_k cb_tokens_k_avx2

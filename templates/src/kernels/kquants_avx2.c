@@ -223,16 +223,10 @@ static inline __attribute__((always_inline)) float dot_q45_k(const void *w, cons
     for (int i = 0; i < n / CB_QK_K; i++, x++) {
         const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
         const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-        /* The 12 packed bytes as 8 scales and 8 mins, four to a word (the
-         * layout of kquants.c scale_min_k4). */
-        uint32_t u[3], sc[2], mn[2];
-        memcpy(u, k5->scales, 12);
-        sc[0] = u[0] & 0x3F3F3F3Fu;
-        mn[0] = u[1] & 0x3F3F3F3Fu;
-        sc[1] = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-        mn[1] = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        uint64_t sc, mn;
+        cb_q45_scales_mins(k5->scales, &sc, &mn);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
         const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),
                                           _mm_loadu_si128((const __m128i *)x->bsums + 1)); /* per 32 */
         const __m256i qh = q5 ? load32(k5->qh) : _mm256_setzero_si256();

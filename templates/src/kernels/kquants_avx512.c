@@ -211,12 +211,8 @@ static inline __attribute__((always_inline)) float dot_q45_k(const void *w, cons
     for (int i = 0; i < n / CB_QK_K; i++, x++) {
         const cb_block_q5_k *k5 = (const void *)((const uint8_t *)w + (size_t)i * block);
         const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-        uint32_t p[3], sc[2], mn[2];
-        memcpy(p, k5->scales, 12);
-        sc[0] = p[0] & 0x3F3F3F3Fu;
-        mn[0] = p[1] & 0x3F3F3F3Fu;
-        sc[1] = (p[2] & 0x0F0F0F0Fu) | ((p[0] >> 6) & 0x03030303u) << 4;
-        mn[1] = ((p[2] >> 4) & 0x0F0F0F0Fu) | ((p[1] >> 6) & 0x03030303u) << 4;
+        uint64_t sc, mn;
+        cb_q45_scales_mins(k5->scales, &sc, &mn);
         const __m256i qh = q5 ? load32(k5->qh) : _mm256_setzero_si256();
         __m512i u[4];
         for (int z = 0; z < 4; z++) {
@@ -227,8 +223,8 @@ static inline __attribute__((always_inline)) float dot_q45_k(const void *w, cons
                 u[z] = _mm512_or_si512(u[z], _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
             }
         }
-        const int32_t sum = scaled_sum(u, lanes16(per32(sc[0] | (uint64_t)sc[1] << 32)), x->qs, 0);
-        const int32_t mins = with_bsums(per32(mn[0] | (uint64_t)mn[1] << 32), x->bsums);
+        const int32_t sum = scaled_sum(u, lanes16(per32(sc)), x->qs, 0);
+        const int32_t mins = with_bsums(per32(mn), x->bsums);
         s = cb_kq_step(s, x->d, _cvtsh_ss(k5->d), sum, _cvtsh_ss(k5->dmin), mins);
     }
     return s;

@@ -1,5 +1,6 @@
 /* Helpers the x86 kernel families of the GGML block types share
- * (kquants_avx2.c, kquants_avx512.c): one definition for both. */
+ * (kquants_avx2.c, kquants4_avx2.c, kquants_gemm_avx2.c, kquants_avx512.c):
+ * one definition for all. */
 #ifndef CB_KQUANTS_X86_H
 #define CB_KQUANTS_X86_H
 
@@ -21,6 +22,20 @@ static inline __m128i q3_scales(const uint8_t s[12]) {
                                      (int)(((a[0] >> 4) & lo4) | ((a[2] >> 4) & hi2) << 4),
                                      (int)(((a[1] >> 4) & lo4) | ((a[2] >> 6) & hi2) << 4));
     return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+/* Q4_K / Q5_K's 12 packed scale bytes (kquants.c scale_min_k4) as the eight
+ * 6-bit scales (bytes of *sc) and the eight mins (of *mn). Bytes 0..3 hold
+ * scales 0..3 and, in bits 6..7, bits 4..5 of scales 4..7; bytes 4..7 the
+ * same for the mins; bytes 8..11 the low 4 bits of scales 4..7 (low
+ * nibbles) and mins 4..7. In 64-bit registers, a move each into a vector:
+ * building one 128-bit vector of both slowed the one-row kernels. */
+static inline void cb_q45_scales_mins(const uint8_t s[12], uint64_t *sc, uint64_t *mn) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    const uint32_t lo6 = 0x3F3F3F3Fu, lo4 = 0x0F0F0F0Fu, top2 = 0x30303030u;
+    *sc = (uint64_t)(u[0] & lo6) | (uint64_t)((u[2] & lo4) | ((u[0] >> 2) & top2)) << 32;
+    *mn = (uint64_t)(u[1] & lo6) | (uint64_t)(((u[2] >> 4) & lo4) | ((u[1] >> 2) & top2)) << 32;
 }
 
 /* The fp16 values at p, p + size, ..., p + 7 size (a field of eight blocks)

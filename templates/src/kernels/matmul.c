@@ -112,14 +112,15 @@ static void dot4(uint32_t dtype, const void *rows, size_t row_bytes, const cb_bl
 
 #ifdef cb_tokens_k
 /* Tokens from which the K types' multi-token kernel (each super-block of
- * four rows unpacked once for all tokens) replaces looping the one-token
- * kernels: at 4 tokens the unpacking, shared by too few tokens, lost to the
- * loop on q4_k and q5_k; from 8 it won on all three (figures: the commit). */
-#define K_TOKENS_MIN 8
-/* Rows r.. (by fours, up to r1) of a K-type W for n_tok tokens through the
- * family's multi-token kernel, staged as the q8_0 path above stages them;
- * returns the first row left (the last r1 - r < 4, or all where the family
- * has no kernel for the type). */
+ * eight rows unpacked once for all tokens) replaces looping the four-row
+ * one-token kernel: at 2 tokens the unpacking, shared by too few tokens,
+ * lost to the loop on q6_k; from 3 it won on both q4_k and q6_k (figures:
+ * the commit). */
+#define K_TOKENS_MIN 3
+/* Rows r..r1 of a K-type W for n_tok tokens through the family's
+ * multi-token kernel (CB_TOKENS_K_ROWS rows a call, the last call fewer),
+ * staged as the q8_0 path above stages them; returns r1, or r where the
+ * family has no kernel for the type. */
 static int k_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, const int32_t *in, int n_tok, float *Y,
                          int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
     const cb_tokens_k_fn kernel = cb_tokens_k(W->dtype);
@@ -127,21 +128,33 @@ static int k_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, con
     const int cols = (int)W->cols;
     const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
     const uint8_t *w = W->data;
-    for (int rn; r + 4 <= r1; r += rn) {
-        rn = r1 - r < STAGE_ROWS ? (r1 - r) / 4 * 4 : STAGE_ROWS;
+    for (int rn; r < r1; r += rn) {
+        rn = r1 - r < STAGE_ROWS ? r1 - r : STAGE_ROWS;
         for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
             const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
             const cb_block_q8_k *xs[TOKEN_GROUP];
-            float d[TOKEN_GROUP * 4], staged[TOKEN_GROUP][STAGE_ROWS];
-            for (int t = 0; t < tn; t++) xs[t] = A->k + (size_t)(in ? in[t0 + t] : t0 + t) * A->k_stride;
-            for (int g = r; g < r + rn; g += 4) {
-                kernel(w + (size_t)g * row_bytes, row_bytes, xs, tn, cols, d);
+            float d[TOKEN_GROUP * CB_TOKENS_K_ROWS], staged[TOKEN_GROUP][STAGE_ROWS];
+            for (int t = 0; t < tn; t++) {
+                xs[t] = A->k + (size_t)(in ? in[t0 + t] : t0 + t) * A->k_stride;
+                cb_prefetch_write(Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r);
+            }
+            for (int g = r; g < r + rn; g += CB_TOKENS_K_ROWS) {
+                const int gn = r + rn - g < CB_TOKENS_K_ROWS ? r + rn - g : CB_TOKENS_K_ROWS;
+                const void *next = t0 == 0 && g + gn < r1 ? w + (size_t)(g + gn) * row_bytes : NULL;
+                kernel(w + (size_t)g * row_bytes, row_bytes, gn, xs, tn, cols, d, next);
+                /* fixed-size copies where the rows are whole (a variable
+                 * one was a rep movs a token, 10% of a prefill's samples) */
                 for (int t = 0; t < tn; t++)
-                    for (int i = 0; i < 4; i++) staged[t][g - r + i] = d[t * 4 + i];
+                    if (gn == CB_TOKENS_K_ROWS)
+                        memcpy(&staged[t][g - r], &d[t * CB_TOKENS_K_ROWS], sizeof(float) * CB_TOKENS_K_ROWS);
+                    else
+                        for (int i = 0; i < gn; i++) staged[t][g - r + i] = d[t * CB_TOKENS_K_ROWS + i];
             }
             for (int t = 0; t < tn; t++) {
                 float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
-                for (int i = 0; i < rn; i++) store(y + i, mode, scale, t0 + t, staged[t][i]);
+                if (mode == CB_SET && rn == STAGE_ROWS) memcpy(y, staged[t], sizeof(float) * STAGE_ROWS);
+                else
+                    for (int i = 0; i < rn; i++) store(y + i, mode, scale, t0 + t, staged[t][i]);
             }
         }
     }
