@@ -22,8 +22,8 @@ static void *alloc_zeroed(size_t count, size_t size, alloc_tally *t) {
 }
 
 cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
-    alloc_tally ok = {1, 0};
-    cb_app *a = alloc_zeroed(1, sizeof *a, &ok);
+    alloc_tally mem = {1, 0};
+    cb_app *a = alloc_zeroed(1, sizeof *a, &mem);
     if (!a) return NULL;
     a->engine = engine;
     a->dims = cb_engine_dims(engine);
@@ -38,70 +38,70 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     cb_reasoning_init(a);
     a->prefix_cache = !opt->no_prefix_cache;
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
-    a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &ok);
-    a->batch = alloc_zeroed(B, sizeof *a->batch, &ok);
-    a->batch_slot = alloc_zeroed(B, sizeof *a->batch_slot, &ok);
-    a->list = alloc_zeroed((size_t)a->n_slots, sizeof *a->list, &ok);
-    a->toks = alloc_zeroed(CB_MAX_JSON_TOKENS, sizeof *a->toks, &ok);
+    a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &mem);
+    a->batch = alloc_zeroed(B, sizeof *a->batch, &mem);
+    a->batch_slot = alloc_zeroed(B, sizeof *a->batch_slot, &mem);
+    a->list = alloc_zeroed((size_t)a->n_slots, sizeof *a->list, &mem);
+    a->toks = alloc_zeroed(CB_MAX_JSON_TOKENS, sizeof *a->toks, &mem);
     a->scratch_cap = 1u << 20;
-    a->scratch = alloc_zeroed(a->scratch_cap, 1, &ok);
-    a->messages = alloc_zeroed(CB_MAX_MESSAGES, sizeof *a->messages, &ok);
-    a->response = alloc_zeroed(CB_RESPONSE_BYTES, 1, &ok);
+    a->scratch = alloc_zeroed(a->scratch_cap, 1, &mem);
+    a->messages = alloc_zeroed(CB_MAX_MESSAGES, sizeof *a->messages, &mem);
+    a->response = alloc_zeroed(CB_RESPONSE_BYTES, 1, &mem);
     a->text_cap = a->scratch_cap + (1u << 16);
-    a->text = alloc_zeroed(a->text_cap, 1, &ok);
-    a->ids = alloc_zeroed(a->scratch_cap, sizeof(int32_t), &ok);
+    a->text = alloc_zeroed(a->text_cap, 1, &mem);
+    a->ids = alloc_zeroed(a->scratch_cap, sizeof(int32_t), &mem);
     const cb_tokenizer *tok = cb_engine_tokenizer(engine);
     if (tok->chat_tpl) {
         a->chat_work_cap = CB_CHAT_WORK_BYTES;
-        a->chat_work = alloc_zeroed(a->chat_work_cap, 1, &ok);
+        a->chat_work = alloc_zeroed(a->chat_work_cap, 1, &mem);
         a->tool_format = cb_tool_format_detect(tok->chat[0], tok->chat_len[0]);
         if (a->tool_format) {
-            a->tool_schema = alloc_zeroed(CB_TOOL_SCHEMA_BYTES, 1, &ok);
-            a->tool_toks = alloc_zeroed(CB_TOOL_SCHEMA_TOKENS, sizeof *a->tool_toks, &ok);
+            a->tool_schema = alloc_zeroed(CB_TOOL_SCHEMA_BYTES, 1, &mem);
+            a->tool_toks = alloc_zeroed(CB_TOOL_SCHEMA_TOKENS, sizeof *a->tool_toks, &mem);
         }
     }
-    const size_t before_slots = ok.bytes;
-    for (int s = 0; ok.ok && s < a->n_slots; s++) {
+    const size_t before_slots = mem.bytes;
+    for (int s = 0; mem.ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
-        st->generated = alloc_zeroed(ctx, sizeof(int32_t), &ok);
-        st->kv_tokens = alloc_zeroed(ctx, sizeof(int32_t), &ok);
-        st->expert_counts = alloc_zeroed(L * a->dims->n_experts, sizeof(uint32_t), &ok);
-        st->trace_logits = alloc_zeroed(ctx, sizeof(float), &ok);
-        st->trace_experts = alloc_zeroed(ctx * L * a->dims->top_k, sizeof(int32_t), &ok);
-        st->lp = alloc_zeroed(ctx, sizeof(float), &ok);
-        st->top_ids = alloc_zeroed(ctx * CB_MAX_TOP_LOGPROBS, sizeof(int32_t), &ok);
-        st->top_lp = alloc_zeroed(ctx * CB_MAX_TOP_LOGPROBS, sizeof(float), &ok);
+        st->generated = alloc_zeroed(ctx, sizeof(int32_t), &mem);
+        st->kv_tokens = alloc_zeroed(ctx, sizeof(int32_t), &mem);
+        st->expert_counts = alloc_zeroed(L * a->dims->n_experts, sizeof(uint32_t), &mem);
+        st->trace_logits = alloc_zeroed(ctx, sizeof(float), &mem);
+        st->trace_experts = alloc_zeroed(ctx * L * a->dims->top_k, sizeof(int32_t), &mem);
+        st->lp = alloc_zeroed(ctx, sizeof(float), &mem);
+        st->top_ids = alloc_zeroed(ctx * CB_MAX_TOP_LOGPROBS, sizeof(int32_t), &mem);
+        st->top_lp = alloc_zeroed(ctx * CB_MAX_TOP_LOGPROBS, sizeof(float), &mem);
         /* Text of a whole answer; a token is a few bytes on average. */
         st->text_cap = ctx * 16 + CB_TOKEN_BYTES;
-        st->text = alloc_zeroed(st->text_cap, 1, &ok);
+        st->text = alloc_zeroed(st->text_cap, 1, &mem);
         if (a->tool_format) {
             /* content is part of the text; arguments are the text's own
              * bytes, except XML's, built as JSON (escapes: up to 6x) */
-            st->tool_content = alloc_zeroed(st->text_cap, 1, &ok);
+            st->tool_content = alloc_zeroed(st->text_cap, 1, &mem);
             st->tool_calls_cap = st->text_cap * (a->tool_format == CB_TOOLFMT_XML ? 6 : 1) + 4096;
-            st->tool_calls = alloc_zeroed(st->tool_calls_cap, 1, &ok);
+            st->tool_calls = alloc_zeroed(st->tool_calls_cap, 1, &mem);
             st->tool_scratch_cap = a->tool_format == CB_TOOLFMT_XML ? st->tool_calls_cap : 4096;
-            st->tool_scratch = alloc_zeroed(st->tool_scratch_cap, 1, &ok);
+            st->tool_scratch = alloc_zeroed(st->tool_scratch_cap, 1, &mem);
         }
     }
-    a->memory.slot_bytes = a->n_slots ? (ok.bytes - before_slots) / (size_t)a->n_slots : 0;
+    a->memory.slot_bytes = a->n_slots ? (mem.bytes - before_slots) / (size_t)a->n_slots : 0;
     a->queue_cap = opt->queue_cap > 0 ? opt->queue_cap : 0;
     a->pool_size = a->n_slots + a->queue_cap;
-    a->pool = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool, &ok);
-    a->pool_free = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool_free, &ok);
-    a->queue = alloc_zeroed((size_t)a->queue_cap, sizeof *a->queue, &ok);
-    const size_t before_prompts = ok.bytes;
-    for (int i = 0; ok.ok && i < a->pool_size; i++) {
-        a->pool[i].prompt = alloc_zeroed(ctx, sizeof(int32_t), &ok);
+    a->pool = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool, &mem);
+    a->pool_free = alloc_zeroed((size_t)a->pool_size, sizeof *a->pool_free, &mem);
+    a->queue = alloc_zeroed((size_t)a->queue_cap, sizeof *a->queue, &mem);
+    const size_t before_prompts = mem.bytes;
+    for (int i = 0; mem.ok && i < a->pool_size; i++) {
+        a->pool[i].prompt = alloc_zeroed(ctx, sizeof(int32_t), &mem);
         a->pool_free[a->n_pool_free++] = a->pool_size - 1 - i;
     }
-    a->memory.prompt_bytes = a->pool_size ? (ok.bytes - before_prompts) / (size_t)a->pool_size : 0;
-    if (ok.ok && cb_sampler_init(&a->sampler, (int)a->dims->vocab) != 0) ok.ok = 0;
-    if (ok.ok && cb_engine_tokenizer(engine)->kind != CB_TOKENIZER_NONE &&
+    a->memory.prompt_bytes = a->pool_size ? (mem.bytes - before_prompts) / (size_t)a->pool_size : 0;
+    if (mem.ok && cb_sampler_init(&a->sampler, (int)a->dims->vocab) != 0) mem.ok = 0;
+    if (mem.ok && cb_engine_tokenizer(engine)->kind != CB_TOKENIZER_NONE &&
         cb_con_vocab_init(&a->con_vocab, cb_engine_tokenizer(engine), (int)a->dims->vocab) != 0)
-        ok.ok = 0;
-    if (ok.ok && cb_metrics_init(&a->metrics, (int)L, (int)a->dims->n_experts) != 0) ok.ok = 0;
-    if (!ok.ok) {
+        mem.ok = 0;
+    if (mem.ok && cb_metrics_init(&a->metrics, (int)L, (int)a->dims->n_experts) != 0) mem.ok = 0;
+    if (!mem.ok) {
         cb_app_destroy(a);
         return NULL;
     }
@@ -110,9 +110,9 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->memory.sampler_bytes = cb_sampler_bytes(&a->sampler);
     a->memory.vocab_bytes = a->con_vocab.vocab ? cb_con_vocab_bytes(&a->con_vocab) : 0;
     const size_t metrics_bytes = L * a->dims->n_experts * sizeof *a->metrics.expert_tokens;
-    a->memory.other_bytes = ok.bytes - a->memory.slot_bytes * (size_t)a->n_slots -
+    a->memory.other_bytes = mem.bytes - a->memory.slot_bytes * (size_t)a->n_slots -
                             a->memory.prompt_bytes * (size_t)a->pool_size + metrics_bytes;
-    a->memory.total_bytes = ok.bytes + a->memory.sampler_bytes + a->memory.vocab_bytes + metrics_bytes;
+    a->memory.total_bytes = mem.bytes + a->memory.sampler_bytes + a->memory.vocab_bytes + metrics_bytes;
     return a;
 }
 
