@@ -318,7 +318,7 @@ cb_dot_k_fn cb_dot_k_avx512(uint32_t dtype) {
 }
 
 /* ---- four rows at a time on q8_k (matmul.c's four-row path), the
- * 512-bit form of kquants4_avx2.c: row i's result bit for bit the one-row
+ * 512-bit forms of kquants4_avx2.c: row i's result bit for bit the one-row
  * kernel's (the integer sums exact, the float step kquants4_avx2.c's
  * four-lane cb_kq_step). ---- */
 
@@ -390,13 +390,21 @@ static inline void prefetch_next4(const void *next, size_t share, int i) {
 #define W8(a) W2(a), W2(a), W2(a), W2(a), W2(a), W2(a), W2(a), W2(a)
 #define PICK2(a, b) {W8(a), W8(a), W8(b), W8(b)}
 
-/* Q4_K, four rows: register pair z (0, 1) of a row is qs[64z..64z + 63]:
- * its low nibbles are groups 4z (low half) and 4z + 2 (high half), its high
- * nibbles 4z + 1 and 4z + 3; x's groups permuted to match, once for the
- * four rows. The 16 bytes at a block's start (d, dmin, the 12 scale bytes)
- * of the four rows in one vector, unpacked together. */
-static void dot4_q4_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
-                          const void *next) {
+/* Q4_K / Q5_K, four rows: register pair z (0, 1) of a row is
+ * qs[64z..64z + 63]: its low nibbles are groups 4z (low half) and 4z + 2
+ * (high half), its high nibbles 4z + 1 and 4z + 3 (for q5 plus bit c of
+ * qh[0..31], group c's, rotated to bit 4); x's groups permuted to match,
+ * once for the four rows. The 16 bytes at a block's start (d, dmin, the 12
+ * scale bytes) of the four rows in one vector, unpacked together. */
+static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, size_t row_bytes,
+                                                                 const cb_block_q8_k *x, int n, float out[4],
+                                                                 const void *next, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    /* Rotations (in 64-bit lanes: what wraps lands off bit 4) of qh taking
+     * bit c to bit 4, for the four registers' groups (low half, high half). */
+    const __m512i rot0 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), rot1 = _mm512_setr_epi64(3, 3, 3, 3, 1, 1, 1, 1);
+    const __m512i rot2 = _mm512_setr_epi64(0, 0, 0, 0, 62, 62, 62, 62), rot3 = _mm512_setr_epi64(63, 63, 63, 63, 61, 61, 61, 61);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
     static const int8_t pick[4][64] __attribute__((aligned(64))) = {PICK2(0, 2), PICK2(1, 3), PICK2(4, 6), PICK2(5, 7)};
     static const int8_t pick_mn[64] __attribute__((aligned(64))) = {
 #define M8 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1
@@ -422,7 +430,7 @@ static void dot4_q4_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
         const uint8_t *blk[4];
-        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q4_k);
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * block;
         const __m512i head = lanes4(blk);
         const __m512i v1 = _mm512_shuffle_epi8(head, u0u0u1u1);
         const __m512i v2 = _mm512_srlv_epi32(_mm512_shuffle_epi8(head, u2u2u2u2), u2_shift);
@@ -440,14 +448,23 @@ static void dot4_q4_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         __m512i acc[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            const uint8_t *qs = ((const cb_block_q4_k *)blk[r])->qs;
+            const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
+            const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
             const __m512i sc = _mm512_shuffle_i32x4(scmn, scmn, r * 0x55);
             const __m512i q0 = _mm512_loadu_si512((const void *)qs), q1 = _mm512_loadu_si512((const void *)(qs + 64));
-            __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(q0, low4), x0), _mm512_shuffle_epi8(sc, p0));
-            a = madd_acc(a, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), low4), x1), _mm512_shuffle_epi8(sc, p1));
-            a = madd_acc(a, _mm512_maddubs_epi16(_mm512_and_si512(q1, low4), x2), _mm512_shuffle_epi8(sc, p2));
-            acc[r] = madd_acc(a, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), low4), x3),
-                              _mm512_shuffle_epi8(sc, p3));
+            __m512i u0 = _mm512_and_si512(q0, low4), u1 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4);
+            __m512i u2 = _mm512_and_si512(q1, low4), u3 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4);
+            if (q5) { /* u | (rotated qh & 0x10) */
+                const __m512i qh = _mm512_broadcast_i64x4(load32(k5->qh));
+                u0 = _mm512_ternarylogic_epi32(u0, _mm512_rolv_epi64(qh, rot0), bit4, 0xF8);
+                u1 = _mm512_ternarylogic_epi32(u1, _mm512_rolv_epi64(qh, rot1), bit4, 0xF8);
+                u2 = _mm512_ternarylogic_epi32(u2, _mm512_rolv_epi64(qh, rot2), bit4, 0xF8);
+                u3 = _mm512_ternarylogic_epi32(u3, _mm512_rolv_epi64(qh, rot3), bit4, 0xF8);
+            }
+            __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(u0, x0), _mm512_shuffle_epi8(sc, p0));
+            a = madd_acc(a, _mm512_maddubs_epi16(u1, x1), _mm512_shuffle_epi8(sc, p1));
+            a = madd_acc(a, _mm512_maddubs_epi16(u2, x2), _mm512_shuffle_epi8(sc, p2));
+            acc[r] = madd_acc(a, _mm512_maddubs_epi16(u3, x3), _mm512_shuffle_epi8(sc, p3));
         }
         const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
         __m128 d, dmin;
@@ -455,6 +472,14 @@ static void dot4_q4_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), dmin, _mm256_extracti128_si256(t, 1));
     }
     _mm_storeu_ps(out, s);
+}
+static void dot4_q4_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    dot4_q45_k_512(w, row_bytes, x, n, out, next, 0);
+}
+static void dot4_q5_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    dot4_q45_k_512(w, row_bytes, x, n, out, next, 1);
 }
 #undef PICK2
 #undef W8
@@ -535,6 +560,7 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
 cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_K: return dot4_q4_k_512;
+    case CB_Q5_K: return dot4_q5_k_512;
     case CB_Q6_K: return dot4_q6_k_512;
     }
     return NULL;
