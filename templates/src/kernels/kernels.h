@@ -174,6 +174,17 @@ typedef void (*cb_dot4_k_fn)(const void *w, size_t row_bytes, const cb_block_q8_
 cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype);
 #define cb_dot4_k cb_dot4_k_avx2
 #endif
+#if CB_KERNELS_AVX512
+/* kernels/kquants_avx512.c: the 512-bit four-row kernels (NULL for a type
+ * it has none for: the AVX2 one then). */
+cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype);
+static inline cb_dot4_k_fn cb_dot4_k_wide(uint32_t dtype) {
+    const cb_dot4_k_fn f = cb_dot4_k_avx512(dtype);
+    return f ? f : cb_dot4_k_avx2(dtype);
+}
+#undef cb_dot4_k
+#define cb_dot4_k cb_dot4_k_wide
+#endif
 /* Four rows . x on q8_0 at once, for the 32-weight types: out[i] bit for
  * bit what the one-row kernel gives for row i; next as cb_dot4_k.
  * cb_dot4_block: NULL for a type the family has none for (MXFP4 only, in

@@ -316,3 +316,252 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
 cb_dot_k_fn cb_dot_k_avx512(uint32_t dtype) {
     CB_DOT_K_DISPATCH(dtype);
 }
+
+/* ---- four rows at a time on q8_k (matmul.c's four-row path), the
+ * 512-bit forms of kquants4_avx2.c: row i's result bit for bit the one-row
+ * kernel's (the integer sums exact, the float step kquants4_avx2.c's
+ * four-lane cb_kq_step). ---- */
+
+/* acc + the int16 pairs of p times those of s, as int32 lanes (exact:
+ * the products fit; vpdpwssd with VNNI). */
+static inline __m512i madd_acc(__m512i acc, __m512i p, __m512i s) {
+#if KQ_VNNI
+    return _mm512_dpwssd_epi32(acc, p, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+#endif
+}
+
+/* cb_kq_step on four lanes: s + dx * (d * sum - dmin * mins), in the
+ * scalar step's order (kquants4_avx2.c kq_step4). */
+static inline __m128 kq_step4_512(__m128 s, float dx, __m128 d, __m128i sum, __m128 dmin, __m128i mins) {
+    const __m128 vdx = _mm_set1_ps(dx);
+    return _mm_fnmadd_ps(_mm_mul_ps(vdx, dmin), _mm_cvtepi32_ps(mins),
+                         _mm_fmadd_ps(_mm_mul_ps(vdx, d), _mm_cvtepi32_ps(sum), s));
+}
+
+/* Four rows' int32 accumulators -> one vector whose 128-bit lane r holds
+ * four partial sums of row r (the lanes folded, exact). */
+static inline __m512i fold4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+    const __m512i b01 = _mm512_add_epi32(_mm512_shuffle_i32x4(a0, a1, 0x44), _mm512_shuffle_i32x4(a0, a1, 0xEE));
+    const __m512i b23 = _mm512_add_epi32(_mm512_shuffle_i32x4(a2, a3, 0x44), _mm512_shuffle_i32x4(a2, a3, 0xEE));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(b01, b23, 0x88), _mm512_shuffle_i32x4(b01, b23, 0xDD));
+}
+/* S and M with row r's partials in lane r -> row r's total of S in lane r
+ * and of M in lane 4 + r. */
+static inline __m256i totals4x2(__m512i s, __m512i m) {
+    const __m512i p = _mm512_add_epi32(_mm512_unpacklo_epi64(s, m), _mm512_unpackhi_epi64(s, m));
+    const __m512i q = _mm512_add_epi32(p, _mm512_ror_epi64(p, 32)); /* dword pairs swapped */
+    return _mm512_castsi512_si256(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0), q));
+}
+
+static inline uint32_t u32_of(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
+}
+/* The 16 bytes at p[0..3] in the lanes of one vector. */
+static inline __m512i lanes4(const uint8_t *const p[4]) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p[0]));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)p[1]), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)p[2]), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)p[3]), 3);
+}
+/* The fp16 pairs in dword 0 of each lane of v (d, dmin) as four floats each. */
+static inline void halves_of_lanes(__m512i v, int dword, __m128 *lo, __m128 *hi) {
+    const __m128i h = _mm512_castsi512_si128(_mm512_permutexvar_epi32(
+        _mm512_setr_epi32(dword, dword + 4, dword + 8, dword + 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+    const __m256 f = _mm256_cvtph_ps(h);
+    const __m128 f0 = _mm256_castps256_ps128(f), f1 = _mm256_extractf128_ps(f, 1);
+    *lo = _mm_shuffle_ps(f0, f1, 0x88), *hi = _mm_shuffle_ps(f0, f1, 0xDD);
+}
+
+static inline size_t prefetch_share4(size_t row_bytes, int nb) { return (4 * row_bytes / (size_t)nb + 63) / 64 * 64; }
+static inline void prefetch_next4(const void *next, size_t share, int i) {
+    if (!next) return;
+    const uint8_t *p = (const uint8_t *)next + (size_t)i * share;
+    for (size_t o = 0; o < share; o += 64) cb_prefetch(p + o);
+}
+
+/* pshufb controls: scale byte a as the words of the low half, b of the
+ * high half (a lane's bytes 0..7: the eight scales). */
+#define W2(a) a, -1
+#define W8(a) W2(a), W2(a), W2(a), W2(a), W2(a), W2(a), W2(a), W2(a)
+#define PICK2(a, b) {W8(a), W8(a), W8(b), W8(b)}
+
+/* Q4_K / Q5_K, four rows: register pair z (0, 1) of a row is
+ * qs[64z..64z + 63]: its low nibbles are groups 4z (low half) and 4z + 2
+ * (high half), its high nibbles 4z + 1 and 4z + 3 (for q5 plus bit c of
+ * qh[0..31], group c's, rotated to bit 4); x's groups permuted to match,
+ * once for the four rows. The 16 bytes at a block's start (d, dmin, the 12
+ * scale bytes) of the four rows in one vector, unpacked together. */
+static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, size_t row_bytes,
+                                                                 const cb_block_q8_k *x, int n, float out[4],
+                                                                 const void *next, int q5) {
+    const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
+    /* Rotations (in 64-bit lanes: what wraps lands off bit 4) of qh taking
+     * bit c to bit 4, for the four registers' groups (low half, high half). */
+    const __m512i rot0 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), rot1 = _mm512_setr_epi64(3, 3, 3, 3, 1, 1, 1, 1);
+    const __m512i rot2 = _mm512_setr_epi64(0, 0, 0, 0, 62, 62, 62, 62), rot3 = _mm512_setr_epi64(63, 63, 63, 63, 61, 61, 61, 61);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    static const int8_t pick[4][64] __attribute__((aligned(64))) = {PICK2(0, 2), PICK2(1, 3), PICK2(4, 6), PICK2(5, 7)};
+    static const int8_t pick_mn[64] __attribute__((aligned(64))) = {
+#define M8 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1
+        M8, M8, M8, M8
+#undef M8
+    };
+    const __m512i low4 = _mm512_set1_epi8(0xF);
+    const __m512i p0 = _mm512_load_si512(pick[0]), p1 = _mm512_load_si512(pick[1]), p2 = _mm512_load_si512(pick[2]),
+                  p3 = _mm512_load_si512(pick[3]), pmn = _mm512_load_si512(pick_mn);
+    /* Per lane (dwords h u0 u1 u2 of a block's start): sc_lo = u0 & 0x3F..,
+     * sc_hi = u2 & 0x0F.. | (u0 >> 2) & 0x30.., mn_lo = u1 & 0x3F..,
+     * mn_hi = (u2 >> 4) & 0x0F.. | (u1 >> 2) & 0x30.. */
+    const __m512i m_lo6 = _mm512_set4_epi32(0, 0x3F3F3F3F, 0, 0x3F3F3F3F);
+    const __m512i m_top = _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0);
+    const __m512i m_u2 = _mm512_set4_epi32(0x0F0F0F0F, 0, 0x0F0F0F0F, 0);
+    const __m512i u2_shift = _mm512_set4_epi32(4, 0, 0, 0);
+    /* pshufb controls (SIMDe lacks _mm512_shuffle_epi32): dwords 1 1 2 2, 3 3 3 3 of each lane. */
+    const __m512i u0u0u1u1 = _mm512_set4_epi32(0x0B0A0908, 0x0B0A0908, 0x07060504, 0x07060504);
+    const __m512i u2u2u2u2 = _mm512_set1_epi32(0x0F0E0D0C);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * block;
+        const __m512i head = lanes4(blk);
+        const __m512i v1 = _mm512_shuffle_epi8(head, u0u0u1u1);
+        const __m512i v2 = _mm512_srlv_epi32(_mm512_shuffle_epi8(head, u2u2u2u2), u2_shift);
+        const __m512i scmn = _mm512_ternarylogic_epi32(
+            _mm512_srli_epi32(v1, 2), m_top,
+            _mm512_ternarylogic_epi32(v1, m_lo6, _mm512_and_si512(v2, m_u2), 0xEA), 0xEA); /* (a & b) | c */
+        /* bsums' per-32 sums (8 words), in every lane. */
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),
+                                          _mm_loadu_si128((const __m128i *)x->bsums + 1));
+        const __m512i mins = _mm512_madd_epi16(_mm512_shuffle_epi8(scmn, pmn), _mm512_broadcast_i32x4(bs));
+        const __m512i xa = _mm512_loadu_si512((const void *)x->qs), xb = _mm512_loadu_si512((const void *)(x->qs + 64));
+        const __m512i xc = _mm512_loadu_si512((const void *)(x->qs + 128)), xd = _mm512_loadu_si512((const void *)(x->qs + 192));
+        const __m512i x0 = _mm512_shuffle_i32x4(xa, xb, 0x44), x1 = _mm512_shuffle_i32x4(xa, xb, 0xEE);
+        const __m512i x2 = _mm512_shuffle_i32x4(xc, xd, 0x44), x3 = _mm512_shuffle_i32x4(xc, xd, 0xEE);
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
+            const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
+            const __m512i sc = _mm512_shuffle_i32x4(scmn, scmn, r * 0x55);
+            const __m512i q0 = _mm512_loadu_si512((const void *)qs), q1 = _mm512_loadu_si512((const void *)(qs + 64));
+            __m512i u0 = _mm512_and_si512(q0, low4), u1 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4);
+            __m512i u2 = _mm512_and_si512(q1, low4), u3 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4);
+            if (q5) { /* u | (rotated qh & 0x10) */
+                const __m512i qh = _mm512_broadcast_i64x4(load32(k5->qh));
+                u0 = _mm512_ternarylogic_epi32(u0, _mm512_rolv_epi64(qh, rot0), bit4, 0xF8);
+                u1 = _mm512_ternarylogic_epi32(u1, _mm512_rolv_epi64(qh, rot1), bit4, 0xF8);
+                u2 = _mm512_ternarylogic_epi32(u2, _mm512_rolv_epi64(qh, rot2), bit4, 0xF8);
+                u3 = _mm512_ternarylogic_epi32(u3, _mm512_rolv_epi64(qh, rot3), bit4, 0xF8);
+            }
+            __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(u0, x0), _mm512_shuffle_epi8(sc, p0));
+            a = madd_acc(a, _mm512_maddubs_epi16(u1, x1), _mm512_shuffle_epi8(sc, p1));
+            a = madd_acc(a, _mm512_maddubs_epi16(u2, x2), _mm512_shuffle_epi8(sc, p2));
+            acc[r] = madd_acc(a, _mm512_maddubs_epi16(u3, x3), _mm512_shuffle_epi8(sc, p3));
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
+        __m128 d, dmin;
+        halves_of_lanes(head, 0, &d, &dmin);
+        s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), dmin, _mm256_extracti128_si256(t, 1));
+    }
+    _mm_storeu_ps(out, s);
+}
+static void dot4_q4_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    dot4_q45_k_512(w, row_bytes, x, n, out, next, 0);
+}
+static void dot4_q5_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    dot4_q45_k_512(w, row_bytes, x, n, out, next, 1);
+}
+#undef PICK2
+#undef W8
+#undef W2
+
+/* Q6_K, four rows: register pair h (0, 1) of a row is ql[64h..64h + 63]:
+ * its low nibbles are weights 128h..128h + 63 in order (qh[32h..] << 4, << 2
+ * for bits 4..5 of the two halves), its high nibbles 128h + 64.. (qh, qh >>
+ * 2), so x is four plain loads; each 128-bit lane of a product is one
+ * 16-weight group, its scale broadcast by vpermw from two rows' scales as
+ * words. The 32 off through the sums of x, once for two rows. */
+static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    /* Word 16 (r % 2) + 4z + lane: group 4z + lane of row r's scales. */
+    static const int16_t pick[2][4][32] __attribute__((aligned(64))) = {
+#define L8(g) g, g, g, g, g, g, g, g
+#define Z(o, z) {L8(o + 4 * z), L8(o + 4 * z + 1), L8(o + 4 * z + 2), L8(o + 4 * z + 3)}
+        {Z(0, 0), Z(0, 1), Z(0, 2), Z(0, 3)},
+        {Z(16, 0), Z(16, 1), Z(16, 2), Z(16, 3)},
+#undef Z
+#undef L8
+    };
+    const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
+    /* qh's 2-bit fields to bits 4..5 (shifts in 64-bit lanes: what crosses
+     * a byte lands outside bits 4..5, masked off). */
+    const __m512i lo_shift = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), hi_shift = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const cb_block_q6_k *b[4];
+        for (int r = 0; r < 4; r++)
+            b[r] = (const cb_block_q6_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q6_k));
+        const __m512i bsums = _mm512_broadcast_i64x4(load32(x->bsums));
+        /* Rows 0, 1 and 2, 3's scales as words; their sums with x's per-16 sums. */
+        const __m512i sc01 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b[0]->scales)), _mm_loadu_si128((const __m128i *)b[1]->scales), 1));
+        const __m512i sc23 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b[2]->scales)), _mm_loadu_si128((const __m128i *)b[3]->scales), 1));
+        const __m512i m01 = _mm512_madd_epi16(sc01, bsums), m23 = _mm512_madd_epi16(sc23, bsums);
+        const __m512i mins = _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
+        __m512i xq[4];
+        for (int z = 0; z < 4; z++) xq[z] = _mm512_loadu_si512((const void *)(x->qs + 64 * z));
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i sc = r < 2 ? sc01 : sc23;
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i ql = _mm512_loadu_si512((const void *)(b[r]->ql + 64 * h));
+                const __m512i qh = _mm512_broadcast_i64x4(load32(b[r]->qh + 32 * h));
+                const __m512i u0 = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, low4), _mm512_sllv_epi64(qh, lo_shift), bits45, 0xF8);
+                const __m512i u1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                                             _mm512_srlv_epi64(qh, hi_shift), bits45, 0xF8); /* a | (b & c) */
+                a = madd_acc(a, _mm512_maddubs_epi16(u0, xq[2 * h]),
+                             _mm512_permutexvar_epi16(_mm512_load_si512(pick[r % 2][2 * h]), sc));
+                a = madd_acc(a, _mm512_maddubs_epi16(u1, xq[2 * h + 1]),
+                             _mm512_permutexvar_epi16(_mm512_load_si512(pick[r % 2][2 * h + 1]), sc));
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
+        const __m128i sum = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 5));
+        /* d: the high halves of the dwords ending at its end. */
+        __m128i dw = _mm_cvtsi32_si128((int)u32_of((const uint8_t *)&b[0]->d - 2));
+        dw = _mm_insert_epi32(dw, (int)u32_of((const uint8_t *)&b[1]->d - 2), 1);
+        dw = _mm_insert_epi32(dw, (int)u32_of((const uint8_t *)&b[2]->d - 2), 2);
+        dw = _mm_insert_epi32(dw, (int)u32_of((const uint8_t *)&b[3]->d - 2), 3);
+        const __m256 f = _mm256_cvtph_ps(dw);
+        const __m128 d = _mm_shuffle_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1), 0xDD);
+        s = kq_step4_512(s, x->d, d, sum, _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q4_K: return dot4_q4_k_512;
+    case CB_Q5_K: return dot4_q5_k_512;
+    case CB_Q6_K: return dot4_q6_k_512;
+    }
+    return NULL;
+}

@@ -323,7 +323,8 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
 #endif
 #ifdef cb_dot4_k
     /* Four rows at a time where the family has a kernel for the type (the
-     * rows' per-super-block work shared: kquants4_avx2.c), the rest below. */
+     * rows' per-super-block work shared: kquants4_avx2.c, kquants_avx512.c),
+     * the rest below. */
     const cb_dot4_k_fn k_dot4 = k_dot ? cb_dot4_k(W->dtype) : NULL;
     if (k_dot4) r = four_rows(W, r, r1, k_dot4, NULL, A, in, n_tok, Y, y_stride, out, mode, scale);
 #endif
