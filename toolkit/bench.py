@@ -619,8 +619,8 @@ def machine() -> dict:
 
 
 def itl_ratios(lat: dict) -> str:
-    """"(client P99/P50; server's)", the server's left out for runs before it reported its own."""
-    own = f"; {lat['server_itl_p99_over_p50']:.2f}" if "server_itl_p99_over_p50" in lat else ""
+    """"(client P99/P50; server P99/P50)", the server's left out for runs before it reported its own."""
+    own = f"; server {lat['server_itl_p99_over_p50']:.2f}" if "server_itl_p99_over_p50" in lat else ""
     return f"({lat['itl_p99_over_p50']:.2f}{own})"
 
 
@@ -629,8 +629,8 @@ def markdown(results: dict) -> str:
             "| decode / read, paired (P10-P90) | decode after 896 tok/s "
             "| prefill 512 tok/s "
             "| 2 / 4 / 8 concurrent tok/s | 8 concurrent / batch 1 (bound) | TTFT P50 ms "
-            "| ITL P50 / P99 ms alone (P99/P50; server's) "
-            "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50; server's); TTFT P50 "
+            "| ITL P50 / P99 ms alone (P99/P50) "
+            "| identical step P99/P50 | ITL P50 / P99 ms, 8 clients (P99/P50); TTFT P50 "
             "| RSS idle / load / after MiB | cold start ms | specialised / generic decode | KV cache B/token (f32) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in results["runs"].items():
