@@ -30,6 +30,7 @@ def test_bench_reports_all_figures(tmp_path):
     assert run["long_context_prompt_tokens"] > 16  # deeper than the batch-1 decode's 16-token prompt
     for block in ("sequential_chat", "concurrent_8_chat"):
         assert all(math.isfinite(v) and v >= 0 for v in run[block].values()), run[block]
+        assert run[block]["server_itl_p50_ms"] > 0  # the server's own token times (timings.token_ms)
     assert 0 < run["cold_start_ms"] < 10_000
     assert run["rss_under_load_mib"] >= run["rss_idle_start_mib"] > 0
     if MEMBW.is_file():

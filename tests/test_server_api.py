@@ -56,6 +56,7 @@ def test_chat_stream_matches_the_plain_answer(server):
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == plain["choices"][0]["message"]["content"]
     final, usage = chunks[-2], chunks[-1]
+    n_stream = usage["usage"]["completion_tokens"]
     assert final["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
     assert final["expert_activations"] == plain["expert_activations"]
     assert final["colibri_trace"] == plain["colibri_trace"]
@@ -65,6 +66,14 @@ def test_chat_stream_matches_the_plain_answer(server):
     assert cached == {"cached_tokens": plain["usage"]["prompt_tokens"] - 1}
     plain["usage"].pop("prompt_tokens_details")
     assert usage["usage"] == plain["usage"]
+    # With colibri_trace the timings give when each token went to the connection (ms after
+    # arrival): one a token, in order, the first after the prompt, the last after the decode.
+    for t, n in ((plain["timings"], plain["usage"]["completion_tokens"]), (usage["timings"], n_stream)):
+        ms = t["token_ms"]
+        assert len(ms) == n and ms == sorted(ms)
+        assert ms[0] >= t["queued_ms"] + t["prompt_ms"] - 1e-3
+        assert ms[-1] >= t["queued_ms"] + t["prompt_ms"] + t["decode_ms"] - 1e-3
+    assert "token_ms" not in chat_text(server, CHAT)["timings"]
 
 
 def test_completions_with_text_or_token_ids(server, tiny_model):

@@ -204,12 +204,14 @@ class Server:
 
 
 def stream(url: str, path: str, body: dict) -> dict:
-    """One streamed request: send time, token arrival times, token count."""
+    """One streamed request: send time, token arrival times, token count, and
+    the server's own times of the tokens (s after arrival: its `timings.token_ms`)."""
     import requests
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}, "logprobs": True}
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}, "logprobs": True,
+            "colibri_trace": True}
     if path == "/v1/completions":
         body["logprobs"] = 0  # legacy completions: an int (top tokens to list)
-    stamps, usage = [], {}
+    stamps, usage, server = [], {}, []
     start = time.perf_counter()
     with requests.post(url + path, json=body, stream=True, timeout=600) as reply:
         reply.raise_for_status()
@@ -225,9 +227,11 @@ def stream(url: str, path: str, body: dict) -> dict:
                 event = json.loads(raw[6:])
                 if event.get("usage"):
                     usage = event["usage"]
+                    server = [ms / 1e3 for ms in event.get("timings", {}).get("token_ms", [])]
                 if event.get("choices") and event["choices"][0].get("logprobs"):
                     stamps.append(now)  # one event per generated token
-    return {"start": start, "stamps": stamps, "tokens": usage.get("completion_tokens", len(stamps))}
+    return {"start": start, "stamps": stamps, "tokens": usage.get("completion_tokens", len(stamps)),
+            "server_stamps": server}
 
 
 def decode_request(url: str, prompt_len: int, tokens: int, seed: int = 0) -> dict:
@@ -281,11 +285,19 @@ def chat_request(url: str, i: int) -> dict:
 
 
 def latency(results: list[dict]) -> dict:
+    """TTFT and inter-token latency as the client saw them; beside them the
+    inter-token times the server measured (each token's event handed to the
+    connection): what of the spread the client's own scheduling adds."""
     ttft = [r["stamps"][0] - r["start"] for r in results if r["stamps"]]
     itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
-    return {"ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3,
-            "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3,
-            "itl_p99_over_p50": percentile(itl, 99) / percentile(itl, 50) if itl else float("nan")}
+    server = [b - a for r in results for a, b in zip(r.get("server_stamps", []), r.get("server_stamps", [])[1:])]
+    out = {"ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3,
+           "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3,
+           "itl_p99_over_p50": percentile(itl, 99) / percentile(itl, 50) if itl else float("nan")}
+    if server:
+        out.update({"server_itl_p50_ms": percentile(server, 50) * 1e3, "server_itl_p99_ms": percentile(server, 99) * 1e3,
+                    "server_itl_p99_over_p50": percentile(server, 99) / percentile(server, 50)})
+    return out
 
 
 PAIRED = re.compile(r"decode-bench: (\d+) pairs, (\d+) threads, (\d+) bytes of weights a token: decode ([\d.]+) tok/s "
@@ -606,6 +618,12 @@ def machine() -> dict:
     return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
+def itl_ratios(lat: dict) -> str:
+    """"(client P99/P50; server P99/P50)", the server's left out for runs before it reported its own."""
+    own = f"; server {lat['server_itl_p99_over_p50']:.2f}" if "server_itl_p99_over_p50" in lat else ""
+    return f"({lat['itl_p99_over_p50']:.2f}{own})"
+
+
 def markdown(results: dict) -> str:
     rows = ["| model | weights | decode tok/s (min-max) | GB/s | ceiling tok/s | of ceiling "
             "| decode / read, paired (P10-P90) | decode after 896 tok/s "
@@ -636,8 +654,8 @@ def markdown(results: dict) -> str:
                      f"{agg['2']:.0f} / {agg['4']:.0f} / {agg['8']:.0f} | "
                      f"{r['aggregate_over_batch1_at_8']:.2f}x ({r['aggregate_bound_at_8']:.2f}x){batch_step} | "
                      f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} "
-                     f"({s['itl_p99_over_p50']:.2f}) | {step} | "
-                     f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} ({c['itl_p99_over_p50']:.2f}); {c['ttft_p50_ms']:.0f} | "
+                     f"{itl_ratios(s)} | {step} | "
+                     f"{c['itl_p50_ms']:.1f} / {c['itl_p99_ms']:.1f} {itl_ratios(c)}; {c['ttft_p50_ms']:.0f} | "
                      f"{r['rss_idle_start_mib']:.0f} / "
                      f"{r['rss_under_load_mib']:.0f} / {r['rss_idle_after_mib']:.0f} | {r['cold_start_ms']:.0f} | "
                      f"{r['specialised_over_generic']:.2f} | {kv_cell(r.get('kv_bytes_per_token'))} |")

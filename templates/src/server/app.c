@@ -64,6 +64,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     for (int s = 0; mem.ok && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
         st->generated = alloc_zeroed(ctx, sizeof(int32_t), &mem);
+        st->token_ns = alloc_zeroed(ctx, sizeof(uint64_t), &mem);
         st->kv_tokens = alloc_zeroed(ctx, sizeof(int32_t), &mem);
         st->expert_counts = alloc_zeroed(L * a->dims->n_experts, sizeof(uint32_t), &mem);
         st->trace_logits = alloc_zeroed(ctx, sizeof(float), &mem);
@@ -121,6 +122,7 @@ void cb_app_destroy(cb_app *a) {
     for (int s = 0; a->slots && s < a->n_slots; s++) {
         cb_slot *st = &a->slots[s];
         free(st->generated);
+        free(st->token_ns);
         free(st->kv_tokens);
         free(st->expert_counts);
         free(st->trace_logits);
@@ -1067,6 +1069,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
     if (st->stopped) st->finish_reason = "stop";
     /* An event per token when logprobs are wanted, else per text. */
     if (release(a, s, n, i, q->logprobs && !released) != 0) return;
+    st->token_ns[i] = cb_now_ns();
     if (st->finish_reason) finish(a, s);
 }
 

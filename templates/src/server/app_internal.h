@@ -74,6 +74,7 @@ typedef struct {
     cb_rng rng;
     uint64_t admitted_ns, first_token_ns, last_token_ns; /* server-side timings */
     uint64_t sample_ns;          /* CPU choosing the tokens: sampling, and masks under a constraint */
+    uint64_t *token_ns;          /* [context]: when each generated token's text went to the connection */
     int32_t *generated;          /* [context] */
     uint32_t *expert_counts;     /* [layers][experts] over every token fed */
     float *trace_logits;         /* [context]: logit of each generated token */

@@ -98,6 +98,16 @@ static void write_usage(cb_jw *w, const cb_slot *st) {
      * included): what a constraint costs a token, whatever was sampled. */
     cb_jw_key(w, "sample_ms");
     cb_jw_double(w, (double)st->sample_ns * 1e-6);
+    if (st->req->trace) {
+        /* When each token's text (its event, streaming) was handed to the
+         * connection, ms after arrival: inter-token times free of a
+         * client's own scheduling, beside the ones it measures. */
+        cb_jw_key(w, "token_ms");
+        cb_jw_begin_array(w);
+        for (int i = 0; i < st->n_generated; i++)
+            cb_jw_double(w, (double)(st->token_ns[i] - st->req->arrived_ns) * 1e-6);
+        cb_jw_end_array(w);
+    }
     cb_jw_end_object(w);
 }
 
