@@ -658,6 +658,36 @@ static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int
     for (int t = 0; t < nt; t++) store_rows(a[t][0], a[t][1], out + (size_t)t * 4);
 }
 
+#else
+/* With VNNI the same streaming passes work out a block's weights' part once
+ * for the pass's tokens (x4_tokens' -128 sum(w) and the pairs' scales, in
+ * registers: no packing phase), and a token costs four dpbusd, two
+ * conversions and two fmas a block against dot4_x4's six dpbusd, four xors
+ * and its scales; x4_tokens' lanes and float order, so dot4_x4's bits. */
+#define FEW_TOKENS 4
+static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
+                                                           int nt, float *out) {
+    __m256 a[FEW_TOKENS][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+        x4_block wb;
+        wb.w = load_halves(blk, 0);
+        wb.start01 = minus_sums(wb.w.lo01, wb.w.hi01, (char)0x80);
+        wb.start23 = minus_sums(wb.w.lo23, wb.w.hi23, (char)0x80);
+        const __m256 d8 = group_scales(blk);
+        wb.dw01 = pair_scales(d8, 0), wb.dw23 = pair_scales(d8, 1);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) x4_token_block(&wb, &x[t][b], &a[t][0], &a[t][1], 0);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) store_rows(a[t][0], a[t][1], out + (size_t)t * 4);
+}
+#endif
+
 void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
     const int nb = n / CB_QK;
     for (int t = 0; t < n_tok; t += FEW_TOKENS) {
@@ -668,7 +698,6 @@ void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, i
         else few_pass(group, nb, x + t, 1, out + (size_t)t * 4);
     }
 }
-#endif
 
 /* One f16 or bf16 row over several tokens, four at a time: the row is
  * widened once per 16 elements for all four; per token the accumulators,

@@ -957,7 +957,9 @@ int main(void) {
 #ifdef cb_dot4_tokens_q4_0
     {
         int cases = 0, bad = check_tokens_kernels(&cases);
-#if defined(cb_dot4_tokens_q8_0)
+#if defined(cb_dot4_tokens_q8_0) && defined(cb_dot4_few_x4_q8_0)
+        const char *which = "q8_0, q8_0x4, q8_0x4 few, q4_0, f16, bf16";
+#elif defined(cb_dot4_tokens_q8_0)
         const char *which = "q8_0, q4_0, f16, bf16";
 #elif defined(cb_dot4_few_x4_q8_0)
         const char *which = "q8_0x4, q8_0x4 few, q4_0, f16, bf16";

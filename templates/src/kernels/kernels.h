@@ -361,10 +361,6 @@ void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x
 /* Without VNNI: a GEMM of the group and the tokens (prompts), the same bits. */
 void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
 #define cb_dot4_tokens_x4_q8_0 cb_gemm_q8_0x4_avx2
-/* A few tokens (a batch step's 2-15: matmul.c) in streaming passes of up to
- * four, the same bits. */
-void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
-#define cb_dot4_few_x4_q8_0 cb_dot4_few_q8_0x4_avx2
 /* n_groups consecutive groups (group_bytes apart) in one call, the tokens'
  * scales converted once for all: out[t * out_stride + 4 * g + i] = row i of
  * group g . x[t], the bits of cb_dot4_x4_q8_0. */
@@ -372,6 +368,10 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
                                 int n_tok, int n, float *out, int out_stride);
 #define cb_gemm_groups_x4_q8_0 cb_gemm_q8_0x4_groups_avx2
 #endif
+/* A few tokens (a batch step's 2-15: matmul.c) in streaming passes of up to
+ * four, the same bits (with or without VNNI). */
+void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
+#define cb_dot4_few_x4_q8_0 cb_dot4_few_q8_0x4_avx2
 void cb_dot_f16_tokens_avx2(const cb_half *w, const float *const *x, int n_tok, int n, float *out);
 void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok, int n, float *out);
 #define cb_dot_f16_tokens cb_dot_f16_tokens_avx2

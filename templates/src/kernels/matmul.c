@@ -45,9 +45,9 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
  * tokens (q8_0x4 65 against 61): the threshold follows memory. GGML rows
  * (older files, a tied output head): the tokens kernel from 8 tokens (from
  * memory q8_0 at 2 / 4 tokens 12 / 25 token-GB/s against 26 / 31 looped, even
- * at 8, 40 against 38 at 16). Where a few-token kernel exists (q8_0x4 on AVX2
- * without VNNI: cb_dot4_few_x4_q8_0) it takes the 2-15 tokens instead of the
- * loop. */
+ * at 8, 40 against 38 at 16). Where a few-token kernel exists (q8_0x4 on AVX2,
+ * with or without VNNI: cb_dot4_few_x4_q8_0) it takes the 2-15 tokens instead
+ * of the loop. */
 static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
     const int x4 = dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
     if (n_tok < (x4 ? 16 : 8)) return 0;
