@@ -38,7 +38,7 @@ void cb_cpu_require(const char *prog) { (void)prog; }
 float cb_dot_f32_avx512(const float *a, const float *b, int n) { return cb_dot_f32_avx2(a, b, n); }
 void cb_topk_avx512(const float *values, int n, int k, int32_t *ids) { cb_topk_avx2(values, n, k, ids); }
 """
-SOURCES = ["kernels/kernel_check.c", "kernels/kquants.c", "kernels/kquants_avx2.c", "kernels/kquants_avx512.c",
+SOURCES = ["kernels/kernel_check.c", "kernels/kquants.c", "kernels/kquants_avx2.c", "kernels/kquants_avx512.c", "kernels/gemm_avx512.c",
            "kernels/kquants4_avx2.c", "kernels/kquants_gemm_avx2.c", "kernels/avx2.c", "kernels/matmul.c",
            "kernels/quants.c", "kernels/scalar.c", "router.c", "weights.c", "platform/posix.c", "sha256.c"]
 
