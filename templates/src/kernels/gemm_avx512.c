@@ -20,6 +20,7 @@
 #include <simde/x86/avx512.h>
 #endif
 #include <immintrin.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -36,10 +37,13 @@
  * (as avx2.c's STREAM_PREFETCH_BYTES). */
 #define PREFETCH_AHEAD 4096
 
+/* What a chunk of blocks packs for all its tokens: per group and block
+ * -128 sum(w), in the lanes dpbusd fills; per block the four groups' sixteen
+ * row scales, row r of group g in lane 4r + g. */
 typedef struct {
-    __m512i start; /* -128 sum(w), in the lanes dpbusd fills */
-    __m512 dw;     /* the rows' scales, each over its row's four lanes */
-} packed_block;
+    __m512i start[TILE_GROUPS][GEMM_BLOCKS];
+    __m512 dw[GEMM_BLOCKS];
+} packed;
 
 static inline __m512i half_x4(const int8_t *qs, __m512i bias) {
     return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qs)), bias);
@@ -48,8 +52,8 @@ static inline __m512i half_x4(const int8_t *qs, __m512i bias) {
 /* nt tokens (x: each token's first block of the chunk) over ng groups (blk:
  * each group's first block of the chunk) and kb blocks; nt and ng are
  * constants where inlined. */
-static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk, const packed_block (*pack)[GEMM_BLOCKS],
-                                                       int kb, const cb_block_q8_0 *const *x, int nt, int ng,
+static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk, const packed *pack, int kb,
+                                                       const cb_block_q8_0 *const *x, int nt, int ng,
                                                        __m512 (*acc)[TILE_GROUPS]) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512 a[TILE_TOKENS][TILE_GROUPS];
@@ -68,11 +72,14 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk
         for (int t = 0; t < nt; t++) {
             const cb_block_q8_0 *xb = x[t] + b;
             const __m512i ul = half_x4(xb->qs, bias), uh = half_x4(xb->qs + 16, bias);
-            const __m512 dx = _mm512_set1_ps(_cvtsh_ss(xb->d));
+            /* d_w * d_x of the sixteen rows in one multiply, then group g's
+             * over its rows' lanes by an in-lane permute (off the
+             * multiply-add units that vpdpbusd and the fma share) */
+            const __m512 d16 = _mm512_mul_ps(pack->dw[b], _mm512_set1_ps(_cvtsh_ss(xb->d)));
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
-                const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(pack[g][b].start, ul, wl[g]), uh, wh[g]);
-                a[t][g] = _mm512_fmadd_ps(_mm512_mul_ps(pack[g][b].dw, dx), _mm512_cvtepi32_ps(i), a[t][g]);
+                const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(pack->start[g][b], ul, wl[g]), uh, wh[g]);
+                a[t][g] = _mm512_fmadd_ps(_mm512_permute_ps(d16, g == 0 ? 0x00 : g == 1 ? 0x55 : g == 2 ? 0xAA : 0xFF), _mm512_cvtepi32_ps(i), a[t][g]);
             }
         }
     }
@@ -83,8 +90,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk
 }
 
 /* The tokens of a chunk in tiles of TILE_TOKENS over ng groups. */
-static inline __attribute__((always_inline)) void tiles(const uint8_t *const *blk,
-                                                        const packed_block (*pack)[GEMM_BLOCKS], int kb,
+static inline __attribute__((always_inline)) void tiles(const uint8_t *const *blk, const packed *pack, int kb,
                                                         const cb_block_q8_0 *const *x, int b0, int tn, int ng,
                                                         __m512 (*acc)[TILE_GROUPS]) {
     int t = 0;
@@ -110,10 +116,9 @@ static inline void store_group(__m512 acc, float *out) {
 void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
                                   int n_tok, int n, float *out, int out_stride) {
     const int nb = n / CB_QK;
-    packed_block pack[TILE_GROUPS][GEMM_BLOCKS];
+    packed pack;
     __m512 acc[CHUNK_TOKENS][TILE_GROUPS];
     const __m512i bias = _mm512_set1_epi8((char)0x80);
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int g0 = 0; g0 < n_groups; g0 += TILE_GROUPS) {
         const int gn = n_groups - g0 < TILE_GROUPS ? n_groups - g0 : TILE_GROUPS;
         for (int t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
@@ -136,17 +141,22 @@ void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_
                         const __m512i hi = _mm512_loadu_si512((const void *)(p + 72));
                         const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, lo),
                                                                  bias, hi);
-                        pack[g][b].start = _mm512_sub_epi32(_mm512_setzero_si512(), sums);
-                        pack[g][b].dw = _mm512_permutexvar_ps(
-                            spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p))));
+                        pack.start[g][b] = _mm512_sub_epi32(_mm512_setzero_si512(), sums);
                     }
+                }
+                /* the groups' scales as stored, group by group, then row by row */
+                const __m512i by_row = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+                for (int b = 0; b < kb; b++) {
+                    long long d[TILE_GROUPS] = {0, 0, 0, 0};
+                    for (int g = 0; g < gn; g++) memcpy(&d[g], blk[g] + (size_t)b * BLOCK_BYTES, sizeof d[g]);
+                    pack.dw[b] = _mm512_permutexvar_ps(by_row, _mm512_cvtph_ps(_mm256_setr_epi64x(d[0], d[1], d[2], d[3])));
                 }
                 const cb_block_q8_0 *const *xt = x + t0;
                 switch (gn) { /* the group count a constant in each tile */
-                case 4: tiles(blk, pack, kb, xt, b0, tn, 4, acc); break;
-                case 3: tiles(blk, pack, kb, xt, b0, tn, 3, acc); break;
-                case 2: tiles(blk, pack, kb, xt, b0, tn, 2, acc); break;
-                default: tiles(blk, pack, kb, xt, b0, tn, 1, acc); break;
+                case 4: tiles(blk, &pack, kb, xt, b0, tn, 4, acc); break;
+                case 3: tiles(blk, &pack, kb, xt, b0, tn, 3, acc); break;
+                case 2: tiles(blk, &pack, kb, xt, b0, tn, 2, acc); break;
+                default: tiles(blk, &pack, kb, xt, b0, tn, 1, acc); break;
                 }
             }
             for (int t = 0; t < tn; t++)
