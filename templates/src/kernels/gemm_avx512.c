@@ -26,6 +26,32 @@
 
 #if CB_KERNELS_AVX512 && (defined(__AVX512VNNI__) || defined(CB_AVX512_VNNI_FORM))
 
+/* The three steps SIMDe 0.7 has no AVX-512 form of, lane by lane there (the
+ * same values: the int32 lanes are below 2^24, so exact as floats). */
+#ifdef CB_SIMDE
+static inline __m512 to_float(__m512i v) {
+    int32_t i[16];
+    float f[16];
+    _mm512_storeu_si512(i, v);
+    for (int k = 0; k < 16; k++) f[k] = (float)i[k];
+    return _mm512_loadu_ps(f);
+}
+static inline __m512 lane_of_each_four(__m512 v, int g) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(g, g, g, g, 4 + g, 4 + g, 4 + g, 4 + g, 8 + g, 8 + g, 8 + g, 8 + g,
+                                                   12 + g, 12 + g, 12 + g, 12 + g), v);
+}
+static inline __m512 halves_to_float(__m256i h) {
+    float f[16];
+    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+    _mm256_storeu_ps(f + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+    return _mm512_loadu_ps(f);
+}
+#else
+#define to_float _mm512_cvtepi32_ps
+#define lane_of_each_four(v, g) _mm512_permute_ps(v, (g) == 0 ? 0x00 : (g) == 1 ? 0x55 : (g) == 2 ? 0xAA : 0xFF)
+#define halves_to_float _mm512_cvtph_ps
+#endif
+
 #define BLOCK_BYTES (4 * sizeof(cb_block_q8_0)) /* a q8_0x4 block: 4 scales, 128 quants */
 /* Blocks packed at a time: 32 blocks of four groups are 17 KB of weights
  * and 16 KB of packing, which the token tiles then read from L1. */
@@ -79,7 +105,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
                 const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(pack->start[g][b], ul, wl[g]), uh, wh[g]);
-                a[t][g] = _mm512_fmadd_ps(_mm512_permute_ps(d16, g == 0 ? 0x00 : g == 1 ? 0x55 : g == 2 ? 0xAA : 0xFF), _mm512_cvtepi32_ps(i), a[t][g]);
+                a[t][g] = _mm512_fmadd_ps(lane_of_each_four(d16, g), to_float(i), a[t][g]);
             }
         }
     }
@@ -107,10 +133,9 @@ static inline __attribute__((always_inline)) void tiles(const uint8_t *const *bl
 /* Row r of each group's results: lanes 4r..4r+3 of acc summed as
  * store_rows (avx2.c) does, (a0 + a1) + (a2 + a3). */
 static inline void store_group(__m512 acc, float *out) {
-    const __m512 pairs = _mm512_add_ps(acc, _mm512_permute_ps(acc, 0xB1));  /* a0+a1, ., a2+a3, . */
-    const __m512 sums = _mm512_add_ps(pairs, _mm512_permute_ps(pairs, 0x4E)); /* (a0+a1)+(a2+a3) in lane 0 */
-    const __m512 rows = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), sums);
-    _mm_storeu_ps(out, _mm512_castps512_ps128(rows));
+    float a[16];
+    _mm512_storeu_ps(a, acc);
+    for (int r = 0; r < 4; r++) out[r] = (a[4 * r] + a[4 * r + 1]) + (a[4 * r + 2] + a[4 * r + 3]);
 }
 
 void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
@@ -149,7 +174,7 @@ void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_
                 for (int b = 0; b < kb; b++) {
                     long long d[TILE_GROUPS] = {0, 0, 0, 0};
                     for (int g = 0; g < gn; g++) memcpy(&d[g], blk[g] + (size_t)b * BLOCK_BYTES, sizeof d[g]);
-                    pack.dw[b] = _mm512_permutexvar_ps(by_row, _mm512_cvtph_ps(_mm256_setr_epi64x(d[0], d[1], d[2], d[3])));
+                    pack.dw[b] = _mm512_permutexvar_ps(by_row, halves_to_float(_mm256_setr_epi64x(d[0], d[1], d[2], d[3])));
                 }
                 const cb_block_q8_0 *const *xt = x + t0;
                 switch (gn) { /* the group count a constant in each tile */
