@@ -8,9 +8,14 @@
  * j: elements 4j..4j+3 and 16+4j..16+4j+3), and two give a block's. x + 128
  * (x ^ 0x80) is the unsigned operand, so the lanes start at -128 sum(w),
  * worked out once per block and group for every token (packed with the
- * groups' scales, [d0 x4, d1 x4, d2 x4, d3 x4]); w is read as is.
- * Registers hold a tile of four tokens x four groups: 16 accumulators, the
- * groups' 8 weight vectors of a block, a token's two x halves and scale.
+ * four groups' 16 row scales); w is read as is.
+ * A tile of four tokens x four groups: 16 accumulators in registers, per
+ * token and block 8 vpdpbusd, 4 conversions, 4 fmas and one multiply for
+ * the 16 rows' scales. vpdpbusd, vmulps and the fma share two of Zen 5's
+ * four vector pipes, so at most 61% of the zmm vpdpbusd peak; one core
+ * measured about 50% (colibri-kernel-bench --prompt 64, under load).
+ * Tried, slower: a zmm per lane j of the 16 rows (x dwords broadcast,
+ * no permutes) ran at 38-43% of the peak (vpbroadcastd and copies).
  * Float steps per row as dot4_x4: acc[j] = fma(d_w * d_x, float(lane j),
  * acc[j]) block by block, then (acc[0] + acc[1]) + (acc[2] + acc[3]), so the
  * results are its bits (kernel_check). tests/test_avx512_simde.py compiles
