@@ -1,4 +1,5 @@
-"""The AVX-512 kernels of GGML's block types (kernels/kquants_avx512.c) on a
+"""The AVX-512 kernels of GGML's block types (kernels/kquants_avx512.c), and
+the AVX-512 VNNI q8_0x4 prompt GEMM (kernels/gemm_avx512.c, vnni form), on a
 CPU without AVX-512: the same source compiled over SIMDe (libsimde-dev,
 header-only; its portable forms of the AVX-512 intrinsics, on top of the
 host's AVX2), linked into colibri-kernel-check with the scalar references,
@@ -39,8 +40,8 @@ float cb_dot_f32_avx512(const float *a, const float *b, int n) { return cb_dot_f
 void cb_topk_avx512(const float *values, int n, int k, int32_t *ids) { cb_topk_avx2(values, n, k, ids); }
 """
 SOURCES = ["kernels/kernel_check.c", "kernels/kquants.c", "kernels/kquants_avx2.c", "kernels/kquants_avx512.c",
-           "kernels/kquants4_avx2.c", "kernels/kquants_gemm_avx2.c", "kernels/avx2.c", "kernels/matmul.c",
-           "kernels/quants.c", "kernels/scalar.c", "router.c", "weights.c", "platform/posix.c", "sha256.c"]
+           "kernels/gemm_avx512.c", "kernels/kquants4_avx2.c", "kernels/kquants_gemm_avx2.c", "kernels/avx2.c",
+           "kernels/matmul.c", "kernels/quants.c", "kernels/scalar.c", "router.c", "weights.c", "platform/posix.c", "sha256.c"]
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +72,6 @@ def test_avx512_block_kernels_match_scalar_bit_for_bit(folder, form):
     # bit (kernel_check.c fails a type whose result differs in any bit).
     assert "kernel-check avx512 ggml block types: ok (10 of 11 types with own kernels" in done.stdout, done.stdout
     assert "worst relative error 0.00e+00" in done.stdout.split("kernel-check avx512 ggml block types")[1].split("\n")[0]
+    if form == "vnni":  # the 512-bit q8_0x4 prompt GEMM, bit for bit the one-token kernel
+        assert "kernel-check prompt GEMM over groups: ok" in done.stdout, done.stdout
+        assert "kernel-check tokens kernels: ok" in done.stdout, done.stdout

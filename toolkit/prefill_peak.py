@@ -2,8 +2,9 @@
 
 The peak is colibri-kernel-bench's: one core running nothing but the
 instructions one signed 32-byte int8 dot product takes on the target (AVX2's
-vpsignb, vpmaddubsw, vpmaddwd, vpaddd; one vpdpbusd with VNNI; one sdot on
-NEON), per CPU second. A prompt token's work is the multiply-adds of the
+vpsignb, vpmaddubsw, vpmaddwd, vpaddd; one ymm vpdpbusd with AVX-VNNI, one
+zmm vpdpbusd, the widest form, with AVX-512 VNNI; one sdot on NEON), per CPU
+second. A prompt token's work is the multiply-adds of the
 weight matrices it goes through (engine.c's forward: every layer's attention
 projections and router, top_k experts of a MoE layer, dense and shared MLPs;
 the last layer's FFN and the output head for the prompt's last token only).

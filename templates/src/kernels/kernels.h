@@ -420,6 +420,24 @@ void cb_swiglu_avx2(float *gate, const float *up, int n);
 float cb_dot_f32_avx512(const float *a, const float *b, int n);
 void cb_topk_avx512(const float *values, int n, int k, int32_t *ids);
 #endif
+#if CB_KERNELS_AVX512 && (defined(__AVX512VNNI__) || defined(CB_AVX512_VNNI_FORM))
+/* With AVX-512 VNNI the q8_0x4 prompt GEMM is the 512-bit one
+ * (kernels/gemm_avx512.c), over one group or n_groups consecutive ones as
+ * the AVX2 ones are: the bits of cb_dot4_x4_q8_0. CB_AVX512_VNNI_FORM: the
+ * SIMDe check's stand-in for __AVX512VNNI__ (tests/test_avx512_simde.py). */
+void cb_gemm_q8_0x4_avx512(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
+void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
+                                  int n_tok, int n, float *out, int out_stride);
+#undef cb_dot4_tokens_x4_q8_0
+#define cb_dot4_tokens_x4_q8_0 cb_gemm_q8_0x4_avx512
+#undef cb_gemm_groups_x4_q8_0
+#define cb_gemm_groups_x4_q8_0 cb_gemm_q8_0x4_groups_avx512
+/* The token count from which it replaces looping cb_dot4_x4_q8_0 (matmul.c;
+ * 16 for the other tokens kernels): one core, weights from memory (64 MB,
+ * 2048 columns), weight GB a CPU second, GEMM against the loop: 4 tokens
+ * 12.2 / 13.2, 6: 10.5 / 9.6, 8: 8.9 / 7.4, 12: 7.4 / 5.2 (under load). */
+#define CB_GEMM_X4_Q8_0_MIN 6
+#endif
 #if CB_KERNELS_NEON
 float cb_dot_f32_neon(const float *a, const float *b, int n);
 void cb_topk_neon(const float *values, int n, int k, int32_t *ids);

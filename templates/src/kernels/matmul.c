@@ -50,6 +50,9 @@ static float dot(uint32_t dtype, const void *row, const cb_act *A, int ti, int c
  * of the loop. */
 static int tokens_kernel_pays(uint32_t dtype, int n_tok) {
     const int x4 = dtype == CB_Q8_0X4 || dtype == CB_Q4_0X4;
+#ifdef CB_GEMM_X4_Q8_0_MIN
+    if (dtype == CB_Q8_0X4 && n_tok >= CB_GEMM_X4_Q8_0_MIN) return 1; /* kernels.h says from how many */
+#endif
     if (n_tok < (x4 ? 16 : 8)) return 0;
 #ifdef cb_dot4_tokens_q8_0
     if (dtype == CB_Q8_0) return 1;
