@@ -260,13 +260,25 @@ def decode_rate(res: dict) -> float:
 
 
 def concurrent(fn, n: int) -> tuple[list, float]:
+    """fn(0..n-1) on n threads at once; a request that failed (e.g. a 429 from
+    a server with fewer slots than n) is raised here, not left as a None."""
     results: list = [None] * n
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, fn(i))) for i in range(n)]
+    errors: list = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = fn(i)
+        except Exception as exc:  # noqa: BLE001 - re-raised below in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return results, time.perf_counter() - t0
 
 
