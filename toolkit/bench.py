@@ -426,11 +426,14 @@ def specialisation_phases(spec_tool: Path, generic_tool: Path, model: Path, thre
     time: above 1, the specialised build is faster): the two builds' tools
     run alternately, `rounds` times, each timing every phase `reps` times;
     the ratio of each round's pair, median and range over the rounds (the
-    noise of a shared machine falls on both alike within a round)."""
+    noise of a shared machine falls on both alike within a round). Which
+    build goes first swaps every round, so that running second (warmer page
+    cache, another CPU frequency) cannot pass for a gain."""
     ratios: dict[str, list[float]] = {name: [] for name in PHASE_NAMES}
-    for _ in range(rounds):
-        generic = phase_times(generic_tool, model, threads, reps, prompt)
-        spec = phase_times(spec_tool, model, threads, reps, prompt)
+    for r in range(rounds):
+        order = (generic_tool, spec_tool) if r % 2 == 0 else (spec_tool, generic_tool)
+        first, second = (phase_times(tool, model, threads, reps, prompt) for tool in order)
+        generic, spec = (first, second) if r % 2 == 0 else (second, first)
         if not generic or not spec:
             return {}
         for name in PHASE_NAMES:
