@@ -147,6 +147,20 @@ static uint64_t cpu_ns(void) {
     STEP(c5);                                                                                                    \
     STEP(c6);                                                                                                    \
     STEP(c7)
+/* Every form's timed loop: PEAK_STEP over the chains until `seconds` of CPU
+ * time have gone; declares iters and elapsed. */
+#define PEAK_RUN(seconds)                                   \
+    uint64_t iters = 0, elapsed;                            \
+    const uint64_t start = cpu_ns();                        \
+    do {                                                    \
+        for (int k = 0; k < 1024; k++) {                    \
+            PEAK_STEPS(PEAK_STEP);                          \
+        }                                                   \
+        iters += 1024;                                      \
+        elapsed = cpu_ns() - start;                         \
+    } while (elapsed < (uint64_t)((seconds) * 1e9))
+/* The chains folded into one vector, read afterwards so none is dropped. */
+#define PEAK_FOLD(XOR) XOR(XOR(XOR(c0, c1), XOR(c2, c3)), XOR(XOR(c4, c5), XOR(c6, c7)))
 static double int8_peak(double seconds, const char **mix) {
 #if CB_KERNELS_AVX2 && defined(__AVX512VNNI__)
     /* 8 accumulators and 2 operands of 32 zmm registers */
@@ -156,20 +170,10 @@ static double int8_peak(double seconds, const char **mix) {
     *mix = "zmm-vpdpbusd";
     const int macs = 64;
 #define PEAK_STEP(c) __asm__ volatile("" : "+v"(b)); c = _mm512_dpbusd_epi32(c, a, b)
-    uint64_t iters = 0, elapsed;
-    const uint64_t start = cpu_ns();
-    do {
-        for (int k = 0; k < 1024; k++) {
-            PEAK_STEPS(PEAK_STEP);
-        }
-        iters += 1024;
-        elapsed = cpu_ns() - start;
-    } while (elapsed < (uint64_t)(seconds * 1e9));
+    PEAK_RUN(seconds);
 #undef PEAK_STEP
     int32_t sink[16];
-    const __m512i all = _mm512_xor_si512(_mm512_xor_si512(_mm512_xor_si512(c0, c1), _mm512_xor_si512(c2, c3)),
-                                         _mm512_xor_si512(_mm512_xor_si512(c4, c5), _mm512_xor_si512(c6, c7)));
-    _mm512_storeu_si512(sink, all);
+    _mm512_storeu_si512(sink, PEAK_FOLD(_mm512_xor_si512));
     if (sink[0] == 12345) printf(" ");
     return (double)iters * PEAK_CHAINS * macs / (double)elapsed;
 #elif CB_KERNELS_AVX2
@@ -193,20 +197,10 @@ static double int8_peak(double seconds, const char **mix) {
     __asm__ volatile("" : "+x"(b));                                                                              \
     c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(b, a)), ones))
 #endif
-    uint64_t iters = 0, elapsed;
-    const uint64_t start = cpu_ns();
-    do {
-        for (int k = 0; k < 1024; k++) {
-            PEAK_STEPS(PEAK_STEP);
-        }
-        iters += 1024;
-        elapsed = cpu_ns() - start;
-    } while (elapsed < (uint64_t)(seconds * 1e9));
+    PEAK_RUN(seconds);
 #undef PEAK_STEP
     int32_t sink[8];
-    const __m256i all = _mm256_xor_si256(_mm256_xor_si256(_mm256_xor_si256(c0, c1), _mm256_xor_si256(c2, c3)),
-                                         _mm256_xor_si256(_mm256_xor_si256(c4, c5), _mm256_xor_si256(c6, c7)));
-    _mm256_storeu_si256((__m256i *)sink, all);
+    _mm256_storeu_si256((__m256i *)sink, PEAK_FOLD(_mm256_xor_si256));
     if (sink[0] == 12345) printf(" ");
     return (double)iters * PEAK_CHAINS * macs / (double)elapsed;
 #elif CB_KERNELS_DOTPROD
@@ -215,19 +209,9 @@ static double int8_peak(double seconds, const char **mix) {
     int32x4_t c0 = vdupq_n_s32(0), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
     *mix = "sdot";
 #define PEAK_STEP(c) __asm__ volatile("" : "+w"(b)); c = vdotq_s32(c, a, b)
-    uint64_t iters = 0, elapsed;
-    const uint64_t start = cpu_ns();
-    do {
-        for (int k = 0; k < 1024; k++) {
-            PEAK_STEPS(PEAK_STEP);
-        }
-        iters += 1024;
-        elapsed = cpu_ns() - start;
-    } while (elapsed < (uint64_t)(seconds * 1e9));
+    PEAK_RUN(seconds);
 #undef PEAK_STEP
-    const int32x4_t all = veorq_s32(veorq_s32(veorq_s32(c0, c1), veorq_s32(c2, c3)),
-                                    veorq_s32(veorq_s32(c4, c5), veorq_s32(c6, c7)));
-    if (vgetq_lane_s32(all, 0) == 12345) printf(" ");
+    if (vgetq_lane_s32(PEAK_FOLD(veorq_s32), 0) == 12345) printf(" ");
     return (double)iters * PEAK_CHAINS * 16 / (double)elapsed;
 #else
     (void)seconds;
