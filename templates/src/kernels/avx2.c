@@ -614,57 +614,72 @@ void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n
 }
 #endif
 
-#if !VNNI
 /* A q8_0x4 group over a few tokens (a batch step's experts and dense
  * matrices): up to FEW_TOKENS tokens go over the group in one streaming
- * pass, each block's weights loaded and made absolute once for them, with no
+ * pass, each block's weights prepared once for them (few_block), with no
  * packing phase (the GEMM, which packs a chunk of blocks before any
  * arithmetic, lost to looping dot4_x4 at these counts). Per token the lanes,
  * scales and float order of dot4_x4, so the bits are its. */
 #define FEW_TOKENS 4
+#if !VNNI
+/* A block's weights made absolute and its pairs' scales. */
+typedef struct {
+    const uint8_t *blk;
+    __m256i abs_lo01, abs_lo23, abs_hi01, abs_hi23;
+    __m256 dw01, dw23;
+} few_block;
+
+static inline __attribute__((always_inline)) few_block few_prepare(const uint8_t *blk) {
+    const x4_halves h = load_halves(blk, 0);
+    const __m256 d8 = group_scales(blk);
+    return (few_block){blk,
+                       _mm256_abs_epi8(h.lo01),
+                       _mm256_abs_epi8(h.lo23),
+                       _mm256_abs_epi8(h.hi01),
+                       _mm256_abs_epi8(h.hi23),
+                       pair_scales(d8, 0),
+                       pair_scales(d8, 1)};
+}
+
 /* |w| . (x signed by w) over 32 bytes: eight 32-bit sums, dot4_x4's lanes. */
 static inline __attribute__((always_inline)) __m256i gemm_ints(__m256i abs_w, const uint8_t *w, __m256i x) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)w);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, raw)), _mm256_set1_epi16(1));
 }
 
-static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
-                                                           int nt, float *out) {
-    __m256 a[FEW_TOKENS][2];
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
-        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
-        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
-        const x4_halves h = load_halves(blk, 0);
-        const __m256i abs_lo01 = _mm256_abs_epi8(h.lo01), abs_lo23 = _mm256_abs_epi8(h.lo23);
-        const __m256i abs_hi01 = _mm256_abs_epi8(h.hi01), abs_hi23 = _mm256_abs_epi8(h.hi23);
-        const __m256 d8 = group_scales(blk);
-        const __m256 dw01 = pair_scales(d8, 0), dw23 = pair_scales(d8, 1);
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            const __m256i xlo = half_of(x[t][b].qs), xhi = half_of(x[t][b].qs + 16);
-            const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[t][b].d));
-            const __m256i i01 =
-                _mm256_add_epi32(gemm_ints(abs_lo01, blk + 8, xlo), gemm_ints(abs_hi01, blk + 72, xhi));
-            const __m256i i23 =
-                _mm256_add_epi32(gemm_ints(abs_lo23, blk + 40, xlo), gemm_ints(abs_hi23, blk + 104, xhi));
-            a[t][0] = _mm256_fmadd_ps(_mm256_mul_ps(dw01, d), _mm256_cvtepi32_ps(i01), a[t][0]);
-            a[t][1] = _mm256_fmadd_ps(_mm256_mul_ps(dw23, d), _mm256_cvtepi32_ps(i23), a[t][1]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) store_rows(a[t][0], a[t][1], out + (size_t)t * 4);
+static inline __attribute__((always_inline)) void few_token(const few_block *wb, const cb_block_q8_0 *x,
+                                                            __m256 *a01, __m256 *a23) {
+    const __m256i xlo = half_of(x->qs), xhi = half_of(x->qs + 16);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
+    const __m256i i01 =
+        _mm256_add_epi32(gemm_ints(wb->abs_lo01, wb->blk + 8, xlo), gemm_ints(wb->abs_hi01, wb->blk + 72, xhi));
+    const __m256i i23 =
+        _mm256_add_epi32(gemm_ints(wb->abs_lo23, wb->blk + 40, xlo), gemm_ints(wb->abs_hi23, wb->blk + 104, xhi));
+    *a01 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw01, d), _mm256_cvtepi32_ps(i01), *a01);
+    *a23 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw23, d), _mm256_cvtepi32_ps(i23), *a23);
+}
+#else
+/* With VNNI a block's part is x4_tokens' -128 sum(w) and the pairs' scales,
+ * in registers; a token then costs four dpbusd, two conversions and two
+ * fmas a block against dot4_x4's six dpbusd, four xors and its scales. */
+typedef x4_block few_block;
+
+static inline __attribute__((always_inline)) few_block few_prepare(const uint8_t *blk) {
+    few_block wb;
+    wb.w = load_halves(blk, 0);
+    wb.start01 = minus_sums(wb.w.lo01, wb.w.hi01, (char)0x80);
+    wb.start23 = minus_sums(wb.w.lo23, wb.w.hi23, (char)0x80);
+    const __m256 d8 = group_scales(blk);
+    wb.dw01 = pair_scales(d8, 0), wb.dw23 = pair_scales(d8, 1);
+    return wb;
 }
 
-#else
-/* With VNNI the same streaming passes work out a block's weights' part once
- * for the pass's tokens (x4_tokens' -128 sum(w) and the pairs' scales, in
- * registers: no packing phase), and a token costs four dpbusd, two
- * conversions and two fmas a block against dot4_x4's six dpbusd, four xors
- * and its scales; x4_tokens' lanes and float order, so dot4_x4's bits. */
-#define FEW_TOKENS 4
+static inline __attribute__((always_inline)) void few_token(const few_block *wb, const cb_block_q8_0 *x,
+                                                            __m256 *a01, __m256 *a23) {
+    x4_token_block(wb, x, a01, a23, 0);
+}
+#endif
+
 static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
                                                            int nt, float *out) {
     __m256 a[FEW_TOKENS][2];
@@ -674,19 +689,13 @@ static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int
         const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
         _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
         _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
-        x4_block wb;
-        wb.w = load_halves(blk, 0);
-        wb.start01 = minus_sums(wb.w.lo01, wb.w.hi01, (char)0x80);
-        wb.start23 = minus_sums(wb.w.lo23, wb.w.hi23, (char)0x80);
-        const __m256 d8 = group_scales(blk);
-        wb.dw01 = pair_scales(d8, 0), wb.dw23 = pair_scales(d8, 1);
+        const few_block wb = few_prepare(blk);
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) x4_token_block(&wb, &x[t][b], &a[t][0], &a[t][1], 0);
+        for (int t = 0; t < nt; t++) few_token(&wb, &x[t][b], &a[t][0], &a[t][1]);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) store_rows(a[t][0], a[t][1], out + (size_t)t * 4);
 }
-#endif
 
 void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
     const int nb = n / CB_QK;
