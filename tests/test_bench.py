@@ -117,3 +117,20 @@ def test_step_spread_prints_its_percentiles(tiny_model):
     assert got, done.stdout
     p50, p90, p99, top, ratio = map(float, got.groups())
     assert 0 < p50 <= p90 <= p99 <= top and ratio >= 1
+
+
+def test_the_bench_stream_client_stamps_each_token_and_raises_http_errors(tiny_model, native_server_dist):
+    """bench.stream (a raw socket, HTTP/1.0): one stamp a generated token, the
+    server's own token times beside them, and an error status raised with the
+    server's message rather than read as an empty stream."""
+    from colibri_build.bench import Server, chat_request, decode_request, stream
+    srv = Server(native_server_dist / "colibri-server", tiny_model, 1).start()
+    try:
+        got = decode_request(srv.url, 8, 12)
+        assert got["tokens"] == 12 and len(got["stamps"]) == 12 and len(got["server_stamps"]) == 12
+        assert got["start"] < got["stamps"][0] and got["stamps"] == sorted(got["stamps"])
+        assert len(chat_request(srv.url, 3)["stamps"]) == 32
+        with pytest.raises(RuntimeError, match=r"HTTP 400: .*max_tokens"):
+            stream(srv.url, "/v1/completions", {"prompt": [1, 2], "max_tokens": -1})
+    finally:
+        srv.stop()
