@@ -58,11 +58,14 @@ static inline __attribute__((always_inline)) void halves4x2(const uint8_t *const
 }
 
 /* The next four rows' bytes (they follow these rows in memory: one
- * stretch), spread over the super-blocks: share bytes per super-block. */
-static inline size_t prefetch_share(size_t row_bytes, int nb) { return (4 * row_bytes / (size_t)nb + 63) / 64 * 64; }
-static inline void prefetch_next(const void *next, size_t share, int i) {
+ * stretch), spread over the super-blocks: share bytes per super-block, four
+ * blocks' in whole lines. A constant of the type (not 4 * row_bytes / nb, a
+ * division a call), so the loop unrolls. */
+static inline size_t prefetch_share(size_t block) { return (4 * block + 63) / 64 * 64; }
+static inline __attribute__((always_inline)) void prefetch_next(const void *next, size_t share, int i) {
     if (!next) return;
     const uint8_t *p = (const uint8_t *)next + (size_t)i * share;
+#pragma GCC unroll 16
     for (size_t o = 0; o < share; o += 64) cb_prefetch(p + o);
 }
 
@@ -87,7 +90,7 @@ static inline __attribute__((always_inline)) void dot4_q45_k(const void *w, size
     const size_t block = q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q4_k);
     const __m256i low4 = _mm256_set1_epi8(0xF), bit4 = _mm256_set1_epi8(0x10);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share(row_bytes, nb);
+    const size_t share = prefetch_share(block);
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next(next, share, i);
@@ -168,7 +171,7 @@ static const uint8_t pick6[4][32] __attribute__((aligned(32))) = {
 static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
     const __m256i low4 = _mm256_set1_epi8(0xF), bits45 = _mm256_set1_epi8(0x30);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share(row_bytes, nb);
+    const size_t share = prefetch_share(sizeof(cb_block_q6_k));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next(next, share, i);

@@ -377,10 +377,14 @@ static inline void halves_of_lanes(__m512i v, int dword, __m128 *lo, __m128 *hi)
     *lo = _mm_shuffle_ps(f0, f1, 0x88), *hi = _mm_shuffle_ps(f0, f1, 0xDD);
 }
 
-static inline size_t prefetch_share4(size_t row_bytes, int nb) { return (4 * row_bytes / (size_t)nb + 63) / 64 * 64; }
-static inline void prefetch_next4(const void *next, size_t share, int i) {
+/* The next four rows (one stretch) spread over the super-blocks: four
+ * blocks' bytes a super-block, in whole lines. A constant of the type (not
+ * 4 * row_bytes / nb, a division a call), so the loop unrolls. */
+static inline size_t prefetch_share4(size_t block) { return (4 * block + 63) / 64 * 64; }
+static inline __attribute__((always_inline)) void prefetch_next4(const void *next, size_t share, int i) {
     if (!next) return;
     const uint8_t *p = (const uint8_t *)next + (size_t)i * share;
+#pragma GCC unroll 16
     for (size_t o = 0; o < share; o += 64) cb_prefetch(p + o);
 }
 
@@ -425,7 +429,7 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
     const __m512i u0u0u1u1 = _mm512_set4_epi32(0x0B0A0908, 0x0B0A0908, 0x07060504, 0x07060504);
     const __m512i u2u2u2u2 = _mm512_set1_epi32(0x0F0E0D0C);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share4(row_bytes, nb);
+    const size_t share = prefetch_share4(block);
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
@@ -507,7 +511,7 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
      * a byte lands outside bits 4..5, masked off). */
     const __m512i lo_shift = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), hi_shift = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share4(row_bytes, nb);
+    const size_t share = prefetch_share4(sizeof(cb_block_q6_k));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
