@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kquants_x86.h"
 
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
@@ -216,11 +217,59 @@ static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
     _mm_storeu_ps(out, s);
 }
 
+/* Q3_K, each row as kquants_avx2.c dot_q3_k: group c = 4 * half + k is
+ * (qs[32 * half..] >> 2k) & 3 with hmask's bit c moved to bit 2 (shifts in
+ * 16-bit lanes: bit 2 of a byte takes bit c of the same byte), unsigned
+ * 0..7; the 4 off through the scales times the per-16 sums of x. */
+static void dot4_q3_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k);
+        const __m256i bsums = load32(x->bsums);
+        __m256i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q3_k *b = (const cb_block_q3_k *)blk[r];
+            const __m256i sc16 = _mm256_cvtepi8_epi16(q3_scales(b->scales));
+            const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+            __m256i a = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2));
+            const __m256i hm = load32(b->hmask);
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const __m256i q = load32(b->qs + 32 * half);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const int c = 4 * half + k;
+                    const __m256i hb = c >= 2 ? _mm256_srli_epi16(hm, c - 2) : _mm256_slli_epi16(hm, 2 - c);
+                    const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * k), three),
+                                                      _mm256_and_si256(hb, four));
+                    const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(pick6[k]));
+                    a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x->qs + 32 * c)), sc));
+                }
+            }
+            acc[r] = a;
+        }
+        /* d: the high halves of the dwords ending at its end. */
+        const size_t off = offsetof(cb_block_q3_k, d) - 2;
+        const uint8_t *dw[4] = {blk[0] + off, blk[1] + off, blk[2] + off, blk[3] + off};
+        __m128 unused, d;
+        halves4x2(dw, &unused, &d);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
 cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_K: return dot4_q4_k;
     case CB_Q5_K: return dot4_q5_k;
     case CB_Q6_K: return dot4_q6_k;
+    case CB_Q3_K: return dot4_q3_k;
     }
     return NULL;
 }

@@ -485,6 +485,89 @@ static void dot4_q5_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
 #undef W8
 #undef W2
 
+/* vpermw controls: word 16 (r % 2) + 4z + lane is group 4z + lane of row r's
+ * 16 scales (two rows' scales as words in one vector): a product whose
+ * 128-bit lanes are register z's four 16-weight groups (Q6_K, Q3_K). */
+static const int16_t pick16[2][4][32] __attribute__((aligned(64))) = {
+#define L8(g) g, g, g, g, g, g, g, g
+#define Z(o, z) {L8(o + 4 * z), L8(o + 4 * z + 1), L8(o + 4 * z + 2), L8(o + 4 * z + 3)}
+    {Z(0, 0), Z(0, 1), Z(0, 2), Z(0, 3)},
+    {Z(16, 0), Z(16, 1), Z(16, 2), Z(16, 3)},
+#undef Z
+#undef L8
+};
+
+/* Two rows' 16 signed byte scales as the words of one vector (row a's low). */
+static inline __m512i words2(__m128i a, __m128i b) {
+    return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
+}
+
+/* The fp16 that ends each of four blocks (q6_k, q3_k: d is the last field)
+ * as four floats: the high halves of the dwords ending there. */
+static inline __m128 last_halves4(const uint8_t *const end[4]) {
+    __m128i dw = _mm_cvtsi32_si128((int)u32_of(end[0] - 4));
+    dw = _mm_insert_epi32(dw, (int)u32_of(end[1] - 4), 1);
+    dw = _mm_insert_epi32(dw, (int)u32_of(end[2] - 4), 2);
+    dw = _mm_insert_epi32(dw, (int)u32_of(end[3] - 4), 3);
+    const __m256 f = _mm256_cvtph_ps(dw);
+    return _mm_shuffle_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1), 0xDD);
+}
+
+/* Q3_K, four rows: register z of a row is weights 64z..64z + 63 (as
+ * dot_q3_k's u): the 2-bit fields of qs[32 (z / 2)..] at bits 4 (z % 2) and
+ * 4 (z % 2) + 2 (the two halves), hmask's bits 2z and 2z + 1 rotated to bit
+ * 2; unsigned 0..7, the 4 off through the sums of x (once for two rows).
+ * Each 128-bit lane of a product is one 16-weight group: scales by vpermw
+ * as Q6_K's. */
+static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    /* Shifts of qs (64-bit lanes, what crosses a byte masked off) and
+     * rotations of hmask taking bit b to bit 2 (left by 2 - b mod 64: within
+     * the byte for b < 8), per register, low half then high half. */
+    const __m512i shift[2] = {_mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2), _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6)};
+    const __m512i rot[4] = {_mm512_setr_epi64(2, 2, 2, 2, 1, 1, 1, 1), _mm512_setr_epi64(0, 0, 0, 0, 63, 63, 63, 63),
+                            _mm512_setr_epi64(62, 62, 62, 62, 61, 61, 61, 61),
+                            _mm512_setr_epi64(60, 60, 60, 60, 59, 59, 59, 59)};
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const cb_block_q3_k *b[4];
+        for (int r = 0; r < 4; r++)
+            b[r] = (const cb_block_q3_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k));
+        const __m512i bsums = _mm512_broadcast_i64x4(load32(x->bsums));
+        const __m512i sc01 = words2(q3_scales(b[0]->scales), q3_scales(b[1]->scales));
+        const __m512i sc23 = words2(q3_scales(b[2]->scales), q3_scales(b[3]->scales));
+        const __m512i m01 = _mm512_madd_epi16(sc01, bsums), m23 = _mm512_madd_epi16(sc23, bsums);
+        const __m512i offs = _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
+        __m512i xq[4];
+        for (int z = 0; z < 4; z++) xq[z] = _mm512_loadu_si512((const void *)(x->qs + 64 * z));
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i sc = r < 2 ? sc01 : sc23;
+            const __m512i hm = _mm512_broadcast_i64x4(load32(b[r]->hmask));
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int z = 0; z < 4; z++) {
+                const __m512i q = _mm512_broadcast_i64x4(load32(b[r]->qs + 32 * (z / 2)));
+                const __m512i u = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srlv_epi64(q, shift[z % 2]), three),
+                                                            _mm512_rolv_epi64(hm, rot[z]), four, 0xF8); /* a | (b & c) */
+                a = madd_acc(a, _mm512_maddubs_epi16(u, xq[z]), _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][z]), sc));
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), offs);
+        const __m128i sum = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 2));
+        const uint8_t *end[4];
+        for (int r = 0; r < 4; r++) end[r] = (const uint8_t *)(b[r] + 1);
+        s = kq_step4_512(s, x->d, last_halves4(end), sum, _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
 /* Q6_K, four rows: register pair h (0, 1) of a row is ql[64h..64h + 63]:
  * its low nibbles are weights 128h..128h + 63 in order (qh[32h..] << 4, << 2
  * for bits 4..5 of the two halves), its high nibbles 128h + 64.. (qh, qh >>
@@ -493,15 +576,6 @@ static void dot4_q5_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
  * words. The 32 off through the sums of x, once for two rows. */
 static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
                           const void *next) {
-    /* Word 16 (r % 2) + 4z + lane: group 4z + lane of row r's scales. */
-    static const int16_t pick[2][4][32] __attribute__((aligned(64))) = {
-#define L8(g) g, g, g, g, g, g, g, g
-#define Z(o, z) {L8(o + 4 * z), L8(o + 4 * z + 1), L8(o + 4 * z + 2), L8(o + 4 * z + 3)}
-        {Z(0, 0), Z(0, 1), Z(0, 2), Z(0, 3)},
-        {Z(16, 0), Z(16, 1), Z(16, 2), Z(16, 3)},
-#undef Z
-#undef L8
-    };
     const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
     /* qh's 2-bit fields to bits 4..5 (shifts in 64-bit lanes: what crosses
      * a byte lands outside bits 4..5, masked off). */
@@ -537,9 +611,9 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
                 const __m512i u1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
                                                              _mm512_srlv_epi64(qh, hi_shift), bits45, 0xF8); /* a | (b & c) */
                 a = madd_acc(a, _mm512_maddubs_epi16(u0, xq[2 * h]),
-                             _mm512_permutexvar_epi16(_mm512_load_si512(pick[r % 2][2 * h]), sc));
+                             _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][2 * h]), sc));
                 a = madd_acc(a, _mm512_maddubs_epi16(u1, xq[2 * h + 1]),
-                             _mm512_permutexvar_epi16(_mm512_load_si512(pick[r % 2][2 * h + 1]), sc));
+                             _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][2 * h + 1]), sc));
             }
             acc[r] = a;
         }
@@ -562,6 +636,7 @@ cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype) {
     case CB_Q4_K: return dot4_q4_k_512;
     case CB_Q5_K: return dot4_q5_k_512;
     case CB_Q6_K: return dot4_q6_k_512;
+    case CB_Q3_K: return dot4_q3_k_512;
     }
     return NULL;
 }
