@@ -264,12 +264,63 @@ static void dot4_q3_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
     _mm_storeu_ps(out, s);
 }
 
+/* IQ4_XS, each row as kquants_avx2.c dot_iq4_xs: qs[32c..32c + 31] holds
+ * groups 2c and 2c + 1, a 128-bit lane each: its low nibbles their first 16
+ * weights, its high ones their last 16 (x permuted to match, once for the
+ * four rows); levels' magnitudes against x with the levels' signs, pairs
+ * within int16; both halves take the same scales (less 32, as words). */
+static void dot4_iq4_xs(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    static const int8_t mag[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cb_iq4nl_values));
+    const __m256i mbook = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mag));
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_iq4_xs);
+        __m256i xl[4], xh[4];
+        for (int c = 0; c < 4; c++) {
+            const __m256i a = load32(x->qs + 64 * c), b = load32(x->qs + 64 * c + 32);
+            xl[c] = _mm256_permute2x128_si256(a, b, 0x20), xh[c] = _mm256_permute2x128_si256(a, b, 0x31);
+        }
+        __m256i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_iq4_xs *b = (const cb_block_iq4_xs *)blk[r];
+            const __m128i sc8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)cb_iq4xs_scales8(blk[r])), _mm_set1_epi8(32));
+            const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
+            __m256i a = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i q = load32(b->qs + 32 * c);
+                const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                const __m256i sc = _mm256_shuffle_epi8(sc16, load32(pick6[c]));
+                const __m256i pl = _mm256_maddubs_epi16(_mm256_shuffle_epi8(mbook, lo),
+                                                        _mm256_sign_epi8(xl[c], _mm256_shuffle_epi8(book, lo)));
+                const __m256i ph = _mm256_maddubs_epi16(_mm256_shuffle_epi8(mbook, hi),
+                                                        _mm256_sign_epi8(xh[c], _mm256_shuffle_epi8(book, hi)));
+                a = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_madd_epi16(pl, sc), _mm256_madd_epi16(ph, sc)));
+            }
+            acc[r] = a;
+        }
+        /* d: the low halves of the block's first dwords. */
+        __m128 d, unused;
+        halves4x2(blk, &d, &unused);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
 cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_K: return dot4_q4_k;
     case CB_Q5_K: return dot4_q5_k;
     case CB_Q6_K: return dot4_q6_k;
     case CB_Q3_K: return dot4_q3_k;
+    case CB_IQ4_XS: return dot4_iq4_xs;
     }
     return NULL;
 }

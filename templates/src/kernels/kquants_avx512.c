@@ -497,22 +497,6 @@ static const int16_t pick16[2][4][32] __attribute__((aligned(64))) = {
 #undef L8
 };
 
-/* Two rows' 16 signed byte scales as the words of one vector (row a's low). */
-static inline __m512i words2(__m128i a, __m128i b) {
-    return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
-}
-
-/* The fp16 that ends each of four blocks (q6_k, q3_k: d is the last field)
- * as four floats: the high halves of the dwords ending there. */
-static inline __m128 last_halves4(const uint8_t *const end[4]) {
-    __m128i dw = _mm_cvtsi32_si128((int)u32_of(end[0] - 4));
-    dw = _mm_insert_epi32(dw, (int)u32_of(end[1] - 4), 1);
-    dw = _mm_insert_epi32(dw, (int)u32_of(end[2] - 4), 2);
-    dw = _mm_insert_epi32(dw, (int)u32_of(end[3] - 4), 3);
-    const __m256 f = _mm256_cvtph_ps(dw);
-    return _mm_shuffle_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1), 0xDD);
-}
-
 /* Q3_K, four rows: register z of a row is weights 64z..64z + 63 (as
  * dot_q3_k's u): the 2-bit fields of qs[32 (z / 2)..] at bits 4 (z % 2) and
  * 4 (z % 2) + 2 (the two halves), hmask's bits 2z and 2z + 1 rotated to bit
@@ -529,6 +513,12 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     const __m512i rot[4] = {_mm512_setr_epi64(2, 2, 2, 2, 1, 1, 1, 1), _mm512_setr_epi64(0, 0, 0, 0, 63, 63, 63, 63),
                             _mm512_setr_epi64(62, 62, 62, 62, 61, 61, 61, 61),
                             _mm512_setr_epi64(60, 60, 60, 60, 59, 59, 59, 59)};
+    /* pshufb controls: the scale dwords (bytes 2..13 of a lane) u0 u1 u0 u1
+     * and u2 four times. */
+    const __m512i u0u1u0u1 = _mm512_set4_epi32(0x09080706, 0x05040302, 0x09080706, 0x05040302);
+    const __m512i u2x4 = _mm512_set1_epi32(0x0D0C0B0A);
+    const __m512i lo_shift = _mm512_set4_epi32(4, 4, 0, 0), hi_rot = _mm512_set4_epi32(30, 0, 2, 4);
+    const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
     const int nb = n / CB_QK_K;
     const size_t share = prefetch_share4(row_bytes, nb);
     __m128 s = _mm_setzero_ps();
@@ -538,8 +528,20 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         for (int r = 0; r < 4; r++)
             b[r] = (const cb_block_q3_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k));
         const __m512i bsums = _mm512_broadcast_i64x4(load32(x->bsums));
-        const __m512i sc01 = words2(q3_scales(b[0]->scales), q3_scales(b[1]->scales));
-        const __m512i sc23 = words2(q3_scales(b[2]->scales), q3_scales(b[3]->scales));
+        /* The 16 bytes ending each block (qs' last 2, the 12 scale bytes, d)
+         * in lane r; the scales as q3_scales builds them, four rows at once:
+         * of the dwords u0 u1 u2 of scale bytes, words [u0 u1 u0 >> 4
+         * u1 >> 4] & 0x0F.. | ([u2 u2 >> 2 u2 >> 4 u2 >> 6] & 0x03..) << 4
+         * (the latter as rotations, what wraps masked off), less 32. */
+        const uint8_t *end[4];
+        for (int r = 0; r < 4; r++) end[r] = (const uint8_t *)(b[r] + 1) - 16;
+        const __m512i tail = lanes4(end);
+        const __m512i lo = _mm512_srlv_epi32(_mm512_shuffle_epi8(tail, u0u1u0u1), lo_shift);
+        const __m512i hi = _mm512_rolv_epi32(_mm512_shuffle_epi8(tail, u2x4), hi_rot);
+        const __m512i sc8 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(lo, low4, _mm512_and_si512(hi, bits45), 0xEA),
+                                            _mm512_set1_epi8(32)); /* (a & b) | c */
+        const __m512i sc01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8));
+        const __m512i sc23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
         const __m512i m01 = _mm512_madd_epi16(sc01, bsums), m23 = _mm512_madd_epi16(sc23, bsums);
         const __m512i offs = _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
         __m512i xq[4];
@@ -561,9 +563,74 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         }
         const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), offs);
         const __m128i sum = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 2));
-        const uint8_t *end[4];
-        for (int r = 0; r < 4; r++) end[r] = (const uint8_t *)(b[r] + 1);
-        s = kq_step4_512(s, x->d, last_halves4(end), sum, _mm_setzero_ps(), _mm_setzero_si128());
+        __m128 unused, d;
+        halves_of_lanes(tail, 3, &unused, &d);
+        s = kq_step4_512(s, x->d, d, sum, _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+/* IQ4_XS, four rows: of qs[0..63] (qs[64..127]) the low nibbles are the
+ * first 16 weights of groups 0..3 (4..7), a group a 128-bit lane, the high
+ * nibbles their last 16; x permuted to match, once for the four rows. The
+ * levels as magnitudes (|codebook|) against x negated where the level is
+ * negative (nibble < 8), so maddubs' pairs stay within int16 (2 * 127 *
+ * 127); each lane's scale (less 32) by vpermw from the rows' scales as words. */
+static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                            const void *next) {
+    static const int8_t mag[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+    /* Word 8r + l (first half of the groups) or 8r + 4 + l (second) in lane l. */
+    static const int16_t pick[4][2][32] __attribute__((aligned(64))) = {
+#define L8(g) g, g, g, g, g, g, g, g
+#define P(r, o) {L8(8 * r + o), L8(8 * r + o + 1), L8(8 * r + o + 2), L8(8 * r + o + 3)}
+        {P(0, 0), P(0, 4)}, {P(1, 0), P(1, 4)}, {P(2, 0), P(2, 4)}, {P(3, 0), P(3, 4)},
+#undef P
+#undef L8
+    };
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mag));
+    const __m512i low4 = _mm512_set1_epi8(0xF), bit3 = _mm512_set1_epi8(0x08), bit7 = _mm512_set1_epi8((char)0x80);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const cb_block_iq4_xs *b[4];
+        for (int r = 0; r < 4; r++)
+            b[r] = (const cb_block_iq4_xs *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_iq4_xs));
+        /* The four rows' scales (bytes of a lane's low qword) as words, lane r row r's. */
+        const __m512i sc8 = _mm512_sub_epi8(_mm512_setr_epi64((long long)cb_iq4xs_scales8((const uint8_t *)b[0]), 0,
+                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[1]), 0,
+                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[2]), 0,
+                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[3]), 0),
+                                            _mm512_set1_epi8(32));
+        const __m512i sc = _mm512_srai_epi16(_mm512_unpacklo_epi8(sc8, sc8), 8);
+        const __m512i xa = _mm512_loadu_si512((const void *)x->qs), xb = _mm512_loadu_si512((const void *)(x->qs + 64));
+        const __m512i xc = _mm512_loadu_si512((const void *)(x->qs + 128)), xd = _mm512_loadu_si512((const void *)(x->qs + 192));
+        const __m512i xs[4] = {_mm512_shuffle_i32x4(xa, xb, 0x88), _mm512_shuffle_i32x4(xa, xb, 0xDD),
+                               _mm512_shuffle_i32x4(xc, xd, 0x88), _mm512_shuffle_i32x4(xc, xd, 0xDD)};
+        __m512i nx[4];
+        for (int k = 0; k < 4; k++) nx[k] = _mm512_sub_epi8(_mm512_setzero_si512(), xs[k]);
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(b[r]->qs + 64 * h));
+                const __m512i sch = _mm512_permutexvar_epi16(_mm512_load_si512(pick[r][h]), sc);
+                const __m512i lo = _mm512_and_si512(q, low4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+                const __m512i xl = _mm512_mask_blend_epi8(_mm512_testn_epi8_mask(q, bit3), xs[2 * h], nx[2 * h]);
+                const __m512i xh = _mm512_mask_blend_epi8(_mm512_testn_epi8_mask(q, bit7), xs[2 * h + 1], nx[2 * h + 1]);
+                a = madd_acc(a, _mm512_maddubs_epi16(_mm512_shuffle_epi8(book, lo), xl), sch);
+                a = madd_acc(a, _mm512_maddubs_epi16(_mm512_shuffle_epi8(book, hi), xh), sch);
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), _mm512_setzero_si512());
+        const uint8_t *head[4] = {(const uint8_t *)b[0], (const uint8_t *)b[1], (const uint8_t *)b[2], (const uint8_t *)b[3]};
+        __m128 d, unused;
+        halves_of_lanes(lanes4(head), 0, &d, &unused);
+        s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), _mm_setzero_ps(), _mm_setzero_si128());
     }
     _mm_storeu_ps(out, s);
 }
@@ -637,6 +704,7 @@ cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype) {
     case CB_Q5_K: return dot4_q5_k_512;
     case CB_Q6_K: return dot4_q6_k_512;
     case CB_Q3_K: return dot4_q3_k_512;
+    case CB_IQ4_XS: return dot4_iq4_xs_512;
     }
     return NULL;
 }
