@@ -314,6 +314,50 @@ static void dot4_iq4_xs(const void *w, size_t row_bytes, const cb_block_q8_k *x,
     _mm_storeu_ps(out, s);
 }
 
+/* Q2_K, each row as kquants_avx2.c dot_q2_k: group c = 4 * half + k is
+ * (qs[32 * half..] >> 2k) & 3, its two 16-weight scales by pick6; the mins
+ * (high nibbles of the scale bytes) against the per-16 sums of x. */
+static void dot4_q2_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    const __m256i three = _mm256_set1_epi8(3);
+    const __m128i low4 = _mm_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q2_k);
+        const __m256i bsums = load32(x->bsums);
+        __m256i acc[4], msum[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q2_k *b = (const cb_block_q2_k *)blk[r];
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+            const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, low4));
+            msum[r] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), low4)), bsums);
+            const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+            __m256i a = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const __m256i q = load32(b->qs + 32 * half);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), three);
+                    const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(pick6[k]));
+                    a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x->qs + 128 * half + 32 * k)), sc));
+                }
+            }
+            acc[r] = a;
+        }
+        const size_t off = offsetof(cb_block_q2_k, d);
+        const uint8_t *dw[4] = {blk[0] + off, blk[1] + off, blk[2] + off, blk[3] + off};
+        __m128 d, dmin;
+        halves4x2(dw, &d, &dmin);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), dmin, hsum4_i32(msum));
+    }
+    _mm_storeu_ps(out, s);
+}
+
 cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_K: return dot4_q4_k;
@@ -321,6 +365,7 @@ cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype) {
     case CB_Q6_K: return dot4_q6_k;
     case CB_Q3_K: return dot4_q3_k;
     case CB_IQ4_XS: return dot4_iq4_xs;
+    case CB_Q2_K: return dot4_q2_k;
     }
     return NULL;
 }

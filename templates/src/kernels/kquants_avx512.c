@@ -497,24 +497,55 @@ static const int16_t pick16[2][4][32] __attribute__((aligned(64))) = {
 #undef L8
 };
 
-/* Q3_K, four rows: register z of a row is weights 64z..64z + 63 (as
- * dot_q3_k's u): the 2-bit fields of qs[32 (z / 2)..] at bits 4 (z % 2) and
- * 4 (z % 2) + 2 (the two halves), hmask's bits 2z and 2z + 1 rotated to bit
- * 2; unsigned 0..7, the 4 off through the sums of x (once for two rows).
- * Each 128-bit lane of a product is one 16-weight group: scales by vpermw
- * as Q6_K's. */
+/* vpermw controls for Q2_K / Q3_K's registers u_k = (qs[0..63] >> 2k) & 3
+ * (k = 0..3, immediate shifts): bytes 0..31 are weights 32k.., bytes 32..63
+ * weights 128 + 32k.., so lane l is 16-weight group 2k + l % 2 + 8 (l / 2);
+ * word 16 (r % 2) + that group of two rows' scales as words. */
+static const int16_t pick_k2[2][4][32] __attribute__((aligned(64))) = {
+#define L8(g) g, g, g, g, g, g, g, g
+#define K(o, k) {L8(o + 2 * k), L8(o + 2 * k + 1), L8(o + 2 * k + 8), L8(o + 2 * k + 9)}
+    {K(0, 0), K(0, 1), K(0, 2), K(0, 3)},
+    {K(16, 0), K(16, 1), K(16, 2), K(16, 3)},
+#undef K
+#undef L8
+};
+
+/* The fp16 pair of the dword at each of p[0..3] as four floats each. */
+static inline void dword_halves4(const uint8_t *const p[4], __m128 *lo, __m128 *hi) {
+    __m128i dw = _mm_cvtsi32_si128((int)u32_of(p[0]));
+    dw = _mm_insert_epi32(dw, (int)u32_of(p[1]), 1);
+    dw = _mm_insert_epi32(dw, (int)u32_of(p[2]), 2);
+    dw = _mm_insert_epi32(dw, (int)u32_of(p[3]), 3);
+    const __m256 f = _mm256_cvtph_ps(dw);
+    const __m128 f0 = _mm256_castps256_ps128(f), f1 = _mm256_extractf128_ps(f, 1);
+    *lo = _mm_shuffle_ps(f0, f1, 0x88), *hi = _mm_shuffle_ps(f0, f1, 0xDD);
+}
+
+/* x's 32k.. and 128 + 32k.. as one register (u_k's weights), k = 0..3. */
+static inline void x_k2(const int8_t *xqs, __m512i xk[4]) {
+    for (int k = 0; k < 4; k++) xk[k] = join(load32(xqs + 32 * k), load32(xqs + 128 + 32 * k));
+}
+
+/* Row r's offsets (c . bsums per row, c: two rows' coefficients as words in
+ * c01, c23) in lane r's four dwords, the layout of fold4. */
+static inline __m512i bsums4(__m512i c01, __m512i c23, const int16_t *bsums) {
+    const __m512i bs = _mm512_broadcast_i64x4(load32(bsums));
+    const __m512i m01 = _mm512_madd_epi16(c01, bs), m23 = _mm512_madd_epi16(c23, bs);
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
+}
+
+/* Q3_K, four rows: u_k (pick_k2's registers) with the 3rd bit: hmask's bit
+ * k for bytes 0..31, bit 4 + k for bytes 32..63 (hmask beside hmask >> 4),
+ * moved to bit 2 by an immediate shift; unsigned 0..7, the 4 off through
+ * the sums of x. The four rows' scales built in one vector: of the dwords
+ * u0 u1 u2 of scale bytes, [u0 u1 u0 >> 4 u1 >> 4] & 0x0F.. | ([u2 u2 >> 2
+ * u2 >> 4 u2 >> 6] & 0x03..) << 4 (rotations: what wraps is masked off),
+ * less 32 (kquants_x86.h q3_scales). */
 static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
                           const void *next) {
     const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    /* Shifts of qs (64-bit lanes, what crosses a byte masked off) and
-     * rotations of hmask taking bit b to bit 2 (left by 2 - b mod 64: within
-     * the byte for b < 8), per register, low half then high half. */
-    const __m512i shift[2] = {_mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2), _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6)};
-    const __m512i rot[4] = {_mm512_setr_epi64(2, 2, 2, 2, 1, 1, 1, 1), _mm512_setr_epi64(0, 0, 0, 0, 63, 63, 63, 63),
-                            _mm512_setr_epi64(62, 62, 62, 62, 61, 61, 61, 61),
-                            _mm512_setr_epi64(60, 60, 60, 60, 59, 59, 59, 59)};
-    /* pshufb controls: the scale dwords (bytes 2..13 of a lane) u0 u1 u0 u1
-     * and u2 four times. */
+    /* pshufb controls: the scale dwords (bytes 2..13 of the 16 ending a
+     * block) u0 u1 u0 u1 and u2 four times. */
     const __m512i u0u1u0u1 = _mm512_set4_epi32(0x09080706, 0x05040302, 0x09080706, 0x05040302);
     const __m512i u2x4 = _mm512_set1_epi32(0x0D0C0B0A);
     const __m512i lo_shift = _mm512_set4_epi32(4, 4, 0, 0), hi_rot = _mm512_set4_epi32(30, 0, 2, 4);
@@ -525,39 +556,36 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
         const cb_block_q3_k *b[4];
-        for (int r = 0; r < 4; r++)
-            b[r] = (const cb_block_q3_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k));
-        const __m512i bsums = _mm512_broadcast_i64x4(load32(x->bsums));
-        /* The 16 bytes ending each block (qs' last 2, the 12 scale bytes, d)
-         * in lane r; the scales as q3_scales builds them, four rows at once:
-         * of the dwords u0 u1 u2 of scale bytes, words [u0 u1 u0 >> 4
-         * u1 >> 4] & 0x0F.. | ([u2 u2 >> 2 u2 >> 4 u2 >> 6] & 0x03..) << 4
-         * (the latter as rotations, what wraps masked off), less 32. */
         const uint8_t *end[4];
-        for (int r = 0; r < 4; r++) end[r] = (const uint8_t *)(b[r] + 1) - 16;
-        const __m512i tail = lanes4(end);
+        for (int r = 0; r < 4; r++) {
+            b[r] = (const cb_block_q3_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k));
+            end[r] = (const uint8_t *)(b[r] + 1) - 16;
+        }
+        const __m512i tail = lanes4(end); /* qs' last 2 bytes, the 12 scale bytes, d */
         const __m512i lo = _mm512_srlv_epi32(_mm512_shuffle_epi8(tail, u0u1u0u1), lo_shift);
         const __m512i hi = _mm512_rolv_epi32(_mm512_shuffle_epi8(tail, u2x4), hi_rot);
         const __m512i sc8 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(lo, low4, _mm512_and_si512(hi, bits45), 0xEA),
                                             _mm512_set1_epi8(32)); /* (a & b) | c */
         const __m512i sc01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8));
         const __m512i sc23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
-        const __m512i m01 = _mm512_madd_epi16(sc01, bsums), m23 = _mm512_madd_epi16(sc23, bsums);
-        const __m512i offs = _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
-        __m512i xq[4];
-        for (int z = 0; z < 4; z++) xq[z] = _mm512_loadu_si512((const void *)(x->qs + 64 * z));
+        const __m512i offs = bsums4(sc01, sc23, x->bsums);
+        __m512i xk[4];
+        x_k2(x->qs, xk);
         __m512i acc[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const __m512i sc = r < 2 ? sc01 : sc23;
-            const __m512i hm = _mm512_broadcast_i64x4(load32(b[r]->hmask));
+            const __m256i h = load32(b[r]->hmask);
+            const __m512i hm = join(h, _mm256_srli_epi16(h, 4));
+            const __m512i q = _mm512_loadu_si512((const void *)b[r]->qs);
             __m512i a = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int z = 0; z < 4; z++) {
-                const __m512i q = _mm512_broadcast_i64x4(load32(b[r]->qs + 32 * (z / 2)));
-                const __m512i u = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srlv_epi64(q, shift[z % 2]), three),
-                                                            _mm512_rolv_epi64(hm, rot[z]), four, 0xF8); /* a | (b & c) */
-                a = madd_acc(a, _mm512_maddubs_epi16(u, xq[z]), _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][z]), sc));
+            for (int k = 0; k < 4; k++) {
+                /* bit k of hm to bit 2 (16-bit lanes: bit 2 of a byte takes bit k of the same byte) */
+                const __m512i hb = k < 2 ? _mm512_slli_epi16(hm, 2 - k) : k == 2 ? hm : _mm512_srli_epi16(hm, 1);
+                const __m512i u = _mm512_ternarylogic_epi32(_mm512_and_si512(k ? _mm512_srli_epi16(q, 2 * k) : q, three), hb,
+                                                            four, 0xF8); /* a | (b & c) */
+                a = madd_acc(a, _mm512_maddubs_epi16(u, xk[k]), _mm512_permutexvar_epi16(_mm512_load_si512(pick_k2[r % 2][k]), sc));
             }
             acc[r] = a;
         }
@@ -566,6 +594,52 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         __m128 unused, d;
         halves_of_lanes(tail, 3, &unused, &d);
         s = kq_step4_512(s, x->d, d, sum, _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+/* Q2_K, four rows: u_k (pick_k2's registers), unsigned 0..3; the scales
+ * (low nibbles of the 16 bytes starting a block) by vpermw, the mins (high
+ * nibbles) against the sums of x; d and dmin per row as cb_kq_step takes. */
+static void dot4_q2_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    const __m512i three = _mm512_set1_epi8(3), low4 = _mm512_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const cb_block_q2_k *b[4];
+        const uint8_t *head[4], *dd[4];
+        for (int r = 0; r < 4; r++) {
+            b[r] = (const cb_block_q2_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q2_k));
+            head[r] = b[r]->scales, dd[r] = (const uint8_t *)&b[r]->d;
+        }
+        const __m512i v = lanes4(head);
+        const __m512i sc8 = _mm512_and_si512(v, low4), mn8 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        const __m512i sc01 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(sc8));
+        const __m512i sc23 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
+        const __m512i mins = bsums4(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(mn8)),
+                                    _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(mn8, 1)), x->bsums);
+        __m512i xk[4];
+        x_k2(x->qs, xk);
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i sc = r < 2 ? sc01 : sc23;
+            const __m512i q = _mm512_loadu_si512((const void *)b[r]->qs);
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i u = _mm512_and_si512(k ? _mm512_srli_epi16(q, 2 * k) : q, three);
+                a = madd_acc(a, _mm512_maddubs_epi16(u, xk[k]), _mm512_permutexvar_epi16(_mm512_load_si512(pick_k2[r % 2][k]), sc));
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
+        __m128 d, dmin;
+        dword_halves4(dd, &d, &dmin);
+        s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), dmin, _mm256_extracti128_si256(t, 1));
     }
     _mm_storeu_ps(out, s);
 }
@@ -705,6 +779,7 @@ cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype) {
     case CB_Q6_K: return dot4_q6_k_512;
     case CB_Q3_K: return dot4_q3_k_512;
     case CB_IQ4_XS: return dot4_iq4_xs_512;
+    case CB_Q2_K: return dot4_q2_k_512;
     }
     return NULL;
 }
