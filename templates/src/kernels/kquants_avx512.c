@@ -617,10 +617,11 @@ static void dot4_q2_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         }
         const __m512i v = lanes4(head);
         const __m512i sc8 = _mm512_and_si512(v, low4), mn8 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        const __m512i sc01 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(sc8));
-        const __m512i sc23 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
-        const __m512i mins = bsums4(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(mn8)),
-                                    _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(mn8, 1)), x->bsums);
+        /* nibbles: sign extension is zero extension (SIMDe lacks cvtepu8_epi16) */
+        const __m512i sc01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8));
+        const __m512i sc23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
+        const __m512i mins = bsums4(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(mn8)),
+                                    _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(mn8, 1)), x->bsums);
         __m512i xk[4];
         x_k2(x->qs, xk);
         __m512i acc[4];
@@ -662,7 +663,7 @@ static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k
 #undef L8
     };
     const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mag));
-    const __m512i low4 = _mm512_set1_epi8(0xF), bit3 = _mm512_set1_epi8(0x08), bit7 = _mm512_set1_epi8((char)0x80);
+    const __m512i low4 = _mm512_set1_epi8(0xF);
     const int nb = n / CB_QK_K;
     const size_t share = prefetch_share4(row_bytes, nb);
     __m128 s = _mm_setzero_ps();
@@ -693,8 +694,9 @@ static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k
                 const __m512i q = _mm512_loadu_si512((const void *)(b[r]->qs + 64 * h));
                 const __m512i sch = _mm512_permutexvar_epi16(_mm512_load_si512(pick[r][h]), sc);
                 const __m512i lo = _mm512_and_si512(q, low4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
-                const __m512i xl = _mm512_mask_blend_epi8(_mm512_testn_epi8_mask(q, bit3), xs[2 * h], nx[2 * h]);
-                const __m512i xh = _mm512_mask_blend_epi8(_mm512_testn_epi8_mask(q, bit7), xs[2 * h + 1], nx[2 * h + 1]);
+                /* levels >= 0 where the nibble's bit 3 is set: bytes' sign bits */
+                const __m512i xl = _mm512_mask_blend_epi8(_mm512_movepi8_mask(_mm512_slli_epi16(q, 4)), nx[2 * h], xs[2 * h]);
+                const __m512i xh = _mm512_mask_blend_epi8(_mm512_movepi8_mask(q), nx[2 * h + 1], xs[2 * h + 1]);
                 a = madd_acc(a, _mm512_maddubs_epi16(_mm512_shuffle_epi8(book, lo), xl), sch);
                 a = madd_acc(a, _mm512_maddubs_epi16(_mm512_shuffle_epi8(book, hi), xh), sch);
             }
