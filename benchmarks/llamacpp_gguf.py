@@ -39,7 +39,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 SPM = REPO.parent / "shared" / "testdata" / "tokenizers" / "mistral-v1" / "tokenizer.model.v1"
-TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q6_k": "Q6_K", "q4_0": "Q4_0", "q5_k_m": "Q5_K_M", "f16": "F16"}
+TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q6_k": "Q6_K", "q4_0": "Q4_0", "q5_k_m": "Q5_K_M", "f16": "F16",
+         "q3_k_m": "Q3_K_M", "iq4_xs": "IQ4_XS", "q2_k": "Q2_K"}
 ARCH_OF = {"bench-olmoe": "olmoe", "bench-mixtral": "mixtral"}
 INIT_STD = 0.02
 # KV length written in config.json: the side-by-side bench's 4096-token

@@ -95,17 +95,23 @@ static void fill(uint8_t *w, uint32_t dtype, uint32_t base, size_t rows) {
 /* Rows (whole x4 groups) of a bytes-sized matrix of dtype. */
 static size_t cold_rows(uint32_t dtype, size_t bytes) { return bytes / cb_row_bytes(dtype, COLS) / 4 * 4; }
 
+static uint64_t cpu_ns(void);
+/* --types: rates per CPU second of this thread (cpu_ns) rather than per
+ * wall second, so that other work on a shared machine takes less off them. */
+static int per_cpu_second;
+static uint64_t clock_ns(void) { return per_cpu_second ? cpu_ns() : cb_now_ns(); }
+
 /* GB/s of weights (bytes per nanosecond): passes over W with n_tok tokens
  * for at least seconds. */
 static double rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y, double seconds) {
     const size_t bytes = cb_row_bytes(W->dtype, W->cols) * W->rows;
     cb_matmul_tile(W, 0, (int)W->rows, A, NULL, n_tok, Y, (int)W->rows, NULL, CB_SET, NULL); /* warm */
-    const uint64_t start = cb_now_ns();
+    const uint64_t start = clock_ns();
     uint64_t passes = 0, elapsed;
     do {
         cb_matmul_tile(W, 0, (int)W->rows, A, NULL, n_tok, Y, (int)W->rows, NULL, CB_SET, NULL);
         passes++;
-        elapsed = cb_now_ns() - start;
+        elapsed = clock_ns() - start;
     } while (elapsed < (uint64_t)(seconds * 1e9));
     return (double)bytes * passes / (double)elapsed;
 }
@@ -244,12 +250,28 @@ static double gemm_rate(const cb_tensor *W, const cb_act *A, int n_tok, float *Y
     return (double)passes * W->rows * W->cols * n_tok / (double)elapsed;
 }
 
+/* Whether name is one of the comma-separated list's (every name: no list). */
+static int listed(const char *list, const char *name) {
+    if (!list) return 1;
+    const size_t len = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, name, len) == 0) return 1;
+        p += n + (end != NULL);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     cb_cpu_require("colibri-kernel-bench");
     /* --quick: each case briefly (a smoke test); --prompt [TOKENS]: the
      * peak and the prompt cases only (TOKENS: 1..64, default 64). */
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     const int prompt_only = argc > 1 && strcmp(argv[1], "--prompt") == 0;
+    /* --types a,b,...: those weight types' one-token-and-up cases only (no
+     * prompt cases), e.g. to time one kernel against another build's. */
+    const char *only = argc > 2 && strcmp(argv[1], "--types") == 0 ? argv[2] : NULL;
     int prompt_tokens = prompt_only && argc > 2 ? atoi(argv[2]) : GEMM_TOKENS_MAX;
     if (prompt_tokens < 1 || prompt_tokens > GEMM_TOKENS_MAX) {
         fprintf(stderr, "colibri-kernel-bench: --prompt TOKENS: got %s, expected 1..%d\n", argv[2], GEMM_TOKENS_MAX);
@@ -276,8 +298,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "colibri-kernel-bench: out of memory\n");
         return 1;
     }
-    printf("kernel-bench: target %s, one core, %d columns\n", CB_TARGET_NAME, COLS);
-    {
+    per_cpu_second = only != NULL;
+    printf("kernel-bench: target %s, one core, %d columns%s\n", CB_TARGET_NAME, COLS,
+           per_cpu_second ? " (per CPU second)" : "");
+    if (!only) {
         /* Prompts: a chunk's tokens of one expert over its rows (q8_0x4, from
          * L2) through cb_matmul_tile, and the same one token at a time (the
          * four-row kernel, the path before the GEMM), interleaved with the
@@ -340,6 +364,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        if (!listed(only, types[k].name)) continue;
         fill(hot, types[k].dtype, types[k].base, HOT_ROWS);
         const cb_tensor W = {hot, types[k].dtype, HOT_ROWS, COLS};
         printf("kernel-bench %-6s from L2:", types[k].name);
@@ -350,6 +375,7 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        if (!listed(only, types[k].name)) continue;
         const size_t rows = cold_rows(types[k].dtype, cold_bytes);
         uint8_t *cold = cb_aligned_alloc(cb_row_bytes(types[k].dtype, COLS) * rows);
         if (!cold) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kquants_x86.h"
 
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
@@ -219,11 +220,155 @@ static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
     _mm_storeu_ps(out, s);
 }
 
+/* Q3_K, each row as kquants_avx2.c dot_q3_k: group c = 4 * half + k is
+ * (qs[32 * half..] >> 2k) & 3 with hmask's bit c moved to bit 2 (shifts in
+ * 16-bit lanes: bit 2 of a byte takes bit c of the same byte), unsigned
+ * 0..7; the 4 off through the scales times the per-16 sums of x. */
+static void dot4_q3_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k);
+        const __m256i bsums = load32(x->bsums);
+        __m256i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q3_k *b = (const cb_block_q3_k *)blk[r];
+            const __m256i sc16 = _mm256_cvtepi8_epi16(q3_scales(b->scales));
+            const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+            __m256i a = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2));
+            const __m256i hm = load32(b->hmask);
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const __m256i q = load32(b->qs + 32 * half);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const int c = 4 * half + k;
+                    const __m256i hb = c >= 2 ? _mm256_srli_epi16(hm, c - 2) : _mm256_slli_epi16(hm, 2 - c);
+                    const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * k), three),
+                                                      _mm256_and_si256(hb, four));
+                    const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(pick6[k]));
+                    a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x->qs + 32 * c)), sc));
+                }
+            }
+            acc[r] = a;
+        }
+        /* d: the high halves of the dwords ending at its end. */
+        const size_t off = offsetof(cb_block_q3_k, d) - 2;
+        const uint8_t *dw[4] = {blk[0] + off, blk[1] + off, blk[2] + off, blk[3] + off};
+        __m128 unused, d;
+        halves4x2(dw, &unused, &d);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+/* IQ4_XS, each row as kquants_avx2.c dot_iq4_xs: qs[32c..32c + 31] holds
+ * groups 2c and 2c + 1, a 128-bit lane each: its low nibbles their first 16
+ * weights, its high ones their last 16 (x permuted to match, once for the
+ * four rows); levels' magnitudes against x with the levels' signs, pairs
+ * within int16; both halves take the same scales (less 32, as words). */
+static void dot4_iq4_xs(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    static const int8_t mag[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cb_iq4nl_values));
+    const __m256i mbook = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mag));
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_iq4_xs);
+        __m256i xl[4], xh[4];
+        for (int c = 0; c < 4; c++) {
+            const __m256i a = load32(x->qs + 64 * c), b = load32(x->qs + 64 * c + 32);
+            xl[c] = _mm256_permute2x128_si256(a, b, 0x20), xh[c] = _mm256_permute2x128_si256(a, b, 0x31);
+        }
+        __m256i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_iq4_xs *b = (const cb_block_iq4_xs *)blk[r];
+            const __m128i sc8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)cb_iq4xs_scales8(blk[r])), _mm_set1_epi8(32));
+            const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
+            __m256i a = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i q = load32(b->qs + 32 * c);
+                const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                const __m256i sc = _mm256_shuffle_epi8(sc16, load32(pick6[c]));
+                const __m256i pl = _mm256_maddubs_epi16(_mm256_shuffle_epi8(mbook, lo),
+                                                        _mm256_sign_epi8(xl[c], _mm256_shuffle_epi8(book, lo)));
+                const __m256i ph = _mm256_maddubs_epi16(_mm256_shuffle_epi8(mbook, hi),
+                                                        _mm256_sign_epi8(xh[c], _mm256_shuffle_epi8(book, hi)));
+                a = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_madd_epi16(pl, sc), _mm256_madd_epi16(ph, sc)));
+            }
+            acc[r] = a;
+        }
+        /* d: the low halves of the block's first dwords. */
+        __m128 d, unused;
+        halves4x2(blk, &d, &unused);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+/* Q2_K, each row as kquants_avx2.c dot_q2_k: group c = 4 * half + k is
+ * (qs[32 * half..] >> 2k) & 3, its two 16-weight scales by pick6; the mins
+ * (high nibbles of the scale bytes) against the per-16 sums of x. */
+static void dot4_q2_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
+    const __m256i three = _mm256_set1_epi8(3);
+    const __m128i low4 = _mm_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next(next, share, i);
+        const uint8_t *blk[4];
+        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q2_k);
+        const __m256i bsums = load32(x->bsums);
+        __m256i acc[4], msum[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q2_k *b = (const cb_block_q2_k *)blk[r];
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+            const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, low4));
+            msum[r] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), low4)), bsums);
+            const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
+            __m256i a = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const __m256i q = load32(b->qs + 32 * half);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), three);
+                    const __m256i sc = _mm256_shuffle_epi8(sc_half[half], load32(pick6[k]));
+                    a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x->qs + 128 * half + 32 * k)), sc));
+                }
+            }
+            acc[r] = a;
+        }
+        const size_t off = offsetof(cb_block_q2_k, d);
+        const uint8_t *dw[4] = {blk[0] + off, blk[1] + off, blk[2] + off, blk[3] + off};
+        __m128 d, dmin;
+        halves4x2(dw, &d, &dmin);
+        s = kq_step4(s, x->d, d, hsum4_i32(acc), dmin, hsum4_i32(msum));
+    }
+    _mm_storeu_ps(out, s);
+}
+
 cb_dot4_k_fn cb_dot4_k_avx2(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_K: return dot4_q4_k;
     case CB_Q5_K: return dot4_q5_k;
     case CB_Q6_K: return dot4_q6_k;
+    case CB_Q3_K: return dot4_q3_k;
+    case CB_IQ4_XS: return dot4_iq4_xs;
+    case CB_Q2_K: return dot4_q2_k;
     }
     return NULL;
 }

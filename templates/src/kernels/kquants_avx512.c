@@ -489,6 +489,232 @@ static void dot4_q5_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
 #undef W8
 #undef W2
 
+/* vpermw controls: word 16 (r % 2) + 4z + lane is group 4z + lane of row r's
+ * 16 scales (two rows' scales as words in one vector): a product whose
+ * 128-bit lanes are register z's four 16-weight groups (Q6_K, Q3_K). */
+static const int16_t pick16[2][4][32] __attribute__((aligned(64))) = {
+#define L8(g) g, g, g, g, g, g, g, g
+#define Z(o, z) {L8(o + 4 * z), L8(o + 4 * z + 1), L8(o + 4 * z + 2), L8(o + 4 * z + 3)}
+    {Z(0, 0), Z(0, 1), Z(0, 2), Z(0, 3)},
+    {Z(16, 0), Z(16, 1), Z(16, 2), Z(16, 3)},
+#undef Z
+#undef L8
+};
+
+/* vpermw controls for Q2_K / Q3_K's registers u_k = (qs[0..63] >> 2k) & 3
+ * (k = 0..3, immediate shifts): bytes 0..31 are weights 32k.., bytes 32..63
+ * weights 128 + 32k.., so lane l is 16-weight group 2k + l % 2 + 8 (l / 2);
+ * word 16 (r % 2) + that group of two rows' scales as words. */
+static const int16_t pick_k2[2][4][32] __attribute__((aligned(64))) = {
+#define L8(g) g, g, g, g, g, g, g, g
+#define K(o, k) {L8(o + 2 * k), L8(o + 2 * k + 1), L8(o + 2 * k + 8), L8(o + 2 * k + 9)}
+    {K(0, 0), K(0, 1), K(0, 2), K(0, 3)},
+    {K(16, 0), K(16, 1), K(16, 2), K(16, 3)},
+#undef K
+#undef L8
+};
+
+/* The fp16 pair of the dword at each of p[0..3] as four floats each. */
+static inline void dword_halves4(const uint8_t *const p[4], __m128 *lo, __m128 *hi) {
+    __m128i dw = _mm_cvtsi32_si128((int)u32_of(p[0]));
+    dw = _mm_insert_epi32(dw, (int)u32_of(p[1]), 1);
+    dw = _mm_insert_epi32(dw, (int)u32_of(p[2]), 2);
+    dw = _mm_insert_epi32(dw, (int)u32_of(p[3]), 3);
+    const __m256 f = _mm256_cvtph_ps(dw);
+    const __m128 f0 = _mm256_castps256_ps128(f), f1 = _mm256_extractf128_ps(f, 1);
+    *lo = _mm_shuffle_ps(f0, f1, 0x88), *hi = _mm_shuffle_ps(f0, f1, 0xDD);
+}
+
+/* x's 32k.. and 128 + 32k.. as one register (u_k's weights), k = 0..3. */
+static inline void x_k2(const int8_t *xqs, __m512i xk[4]) {
+    for (int k = 0; k < 4; k++) xk[k] = join(load32(xqs + 32 * k), load32(xqs + 128 + 32 * k));
+}
+
+/* Row r's offsets (c . bsums per row, c: two rows' coefficients as words in
+ * c01, c23) in lane r's four dwords, the layout of fold4. */
+static inline __m512i bsums4(__m512i c01, __m512i c23, const int16_t *bsums) {
+    const __m512i bs = _mm512_broadcast_i64x4(load32(bsums));
+    const __m512i m01 = _mm512_madd_epi16(c01, bs), m23 = _mm512_madd_epi16(c23, bs);
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
+}
+
+/* Q3_K, four rows: u_k (pick_k2's registers) with the 3rd bit: hmask's bit
+ * k for bytes 0..31, bit 4 + k for bytes 32..63 (hmask beside hmask >> 4),
+ * moved to bit 2 by an immediate shift; unsigned 0..7, the 4 off through
+ * the sums of x. The four rows' scales built in one vector: of the dwords
+ * u0 u1 u2 of scale bytes, [u0 u1 u0 >> 4 u1 >> 4] & 0x0F.. | ([u2 u2 >> 2
+ * u2 >> 4 u2 >> 6] & 0x03..) << 4 (rotations: what wraps is masked off),
+ * less 32 (kquants_x86.h q3_scales). */
+static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    /* pshufb controls: the scale dwords (bytes 2..13 of the 16 ending a
+     * block) u0 u1 u0 u1 and u2 four times. */
+    const __m512i u0u1u0u1 = _mm512_set4_epi32(0x09080706, 0x05040302, 0x09080706, 0x05040302);
+    const __m512i u2x4 = _mm512_set1_epi32(0x0D0C0B0A);
+    const __m512i lo_shift = _mm512_set4_epi32(4, 4, 0, 0), hi_rot = _mm512_set4_epi32(30, 0, 2, 4);
+    const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const cb_block_q3_k *b[4];
+        const uint8_t *end[4];
+        for (int r = 0; r < 4; r++) {
+            b[r] = (const cb_block_q3_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k));
+            end[r] = (const uint8_t *)(b[r] + 1) - 16;
+        }
+        const __m512i tail = lanes4(end); /* qs' last 2 bytes, the 12 scale bytes, d */
+        const __m512i lo = _mm512_srlv_epi32(_mm512_shuffle_epi8(tail, u0u1u0u1), lo_shift);
+        const __m512i hi = _mm512_rolv_epi32(_mm512_shuffle_epi8(tail, u2x4), hi_rot);
+        const __m512i sc8 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(lo, low4, _mm512_and_si512(hi, bits45), 0xEA),
+                                            _mm512_set1_epi8(32)); /* (a & b) | c */
+        const __m512i sc01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8));
+        const __m512i sc23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
+        const __m512i offs = bsums4(sc01, sc23, x->bsums);
+        __m512i xk[4];
+        x_k2(x->qs, xk);
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i sc = r < 2 ? sc01 : sc23;
+            const __m256i h = load32(b[r]->hmask);
+            const __m512i hm = join(h, _mm256_srli_epi16(h, 4));
+            const __m512i q = _mm512_loadu_si512((const void *)b[r]->qs);
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                /* bit k of hm to bit 2 (16-bit lanes: bit 2 of a byte takes bit k of the same byte) */
+                const __m512i hb = k < 2 ? _mm512_slli_epi16(hm, 2 - k) : k == 2 ? hm : _mm512_srli_epi16(hm, 1);
+                const __m512i u = _mm512_ternarylogic_epi32(_mm512_and_si512(k ? _mm512_srli_epi16(q, 2 * k) : q, three), hb,
+                                                            four, 0xF8); /* a | (b & c) */
+                a = madd_acc(a, _mm512_maddubs_epi16(u, xk[k]), _mm512_permutexvar_epi16(_mm512_load_si512(pick_k2[r % 2][k]), sc));
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), offs);
+        const __m128i sum = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 2));
+        __m128 unused, d;
+        halves_of_lanes(tail, 3, &unused, &d);
+        s = kq_step4_512(s, x->d, d, sum, _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+/* Q2_K, four rows: u_k (pick_k2's registers), unsigned 0..3; the scales
+ * (low nibbles of the 16 bytes starting a block) by vpermw, the mins (high
+ * nibbles) against the sums of x; d and dmin per row as cb_kq_step takes. */
+static void dot4_q2_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    const __m512i three = _mm512_set1_epi8(3), low4 = _mm512_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const cb_block_q2_k *b[4];
+        const uint8_t *head[4], *dd[4];
+        for (int r = 0; r < 4; r++) {
+            b[r] = (const cb_block_q2_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q2_k));
+            head[r] = b[r]->scales, dd[r] = (const uint8_t *)&b[r]->d;
+        }
+        const __m512i v = lanes4(head);
+        const __m512i sc8 = _mm512_and_si512(v, low4), mn8 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        /* nibbles: sign extension is zero extension (SIMDe lacks cvtepu8_epi16) */
+        const __m512i sc01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8));
+        const __m512i sc23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
+        const __m512i mins = bsums4(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(mn8)),
+                                    _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(mn8, 1)), x->bsums);
+        __m512i xk[4];
+        x_k2(x->qs, xk);
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i sc = r < 2 ? sc01 : sc23;
+            const __m512i q = _mm512_loadu_si512((const void *)b[r]->qs);
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i u = _mm512_and_si512(k ? _mm512_srli_epi16(q, 2 * k) : q, three);
+                a = madd_acc(a, _mm512_maddubs_epi16(u, xk[k]), _mm512_permutexvar_epi16(_mm512_load_si512(pick_k2[r % 2][k]), sc));
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
+        __m128 d, dmin;
+        dword_halves4(dd, &d, &dmin);
+        s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), dmin, _mm256_extracti128_si256(t, 1));
+    }
+    _mm_storeu_ps(out, s);
+}
+
+/* IQ4_XS, four rows: of qs[0..63] (qs[64..127]) the low nibbles are the
+ * first 16 weights of groups 0..3 (4..7), a group a 128-bit lane, the high
+ * nibbles their last 16; x permuted to match, once for the four rows. The
+ * levels as magnitudes (|codebook|) against x negated where the level is
+ * negative (nibble < 8), so maddubs' pairs stay within int16 (2 * 127 *
+ * 127); each lane's scale (less 32) by vpermw from the rows' scales as words. */
+static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                            const void *next) {
+    static const int8_t mag[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+    /* Word 8r + l (first half of the groups) or 8r + 4 + l (second) in lane l. */
+    static const int16_t pick[4][2][32] __attribute__((aligned(64))) = {
+#define L8(g) g, g, g, g, g, g, g, g
+#define P(r, o) {L8(8 * r + o), L8(8 * r + o + 1), L8(8 * r + o + 2), L8(8 * r + o + 3)}
+        {P(0, 0), P(0, 4)}, {P(1, 0), P(1, 4)}, {P(2, 0), P(2, 4)}, {P(3, 0), P(3, 4)},
+#undef P
+#undef L8
+    };
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mag));
+    const __m512i low4 = _mm512_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(row_bytes, nb);
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const cb_block_iq4_xs *b[4];
+        for (int r = 0; r < 4; r++)
+            b[r] = (const cb_block_iq4_xs *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_iq4_xs));
+        /* The four rows' scales (bytes of a lane's low qword) as words, lane r row r's. */
+        const __m512i sc8 = _mm512_sub_epi8(_mm512_setr_epi64((long long)cb_iq4xs_scales8((const uint8_t *)b[0]), 0,
+                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[1]), 0,
+                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[2]), 0,
+                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[3]), 0),
+                                            _mm512_set1_epi8(32));
+        const __m512i sc = _mm512_srai_epi16(_mm512_unpacklo_epi8(sc8, sc8), 8);
+        const __m512i xa = _mm512_loadu_si512((const void *)x->qs), xb = _mm512_loadu_si512((const void *)(x->qs + 64));
+        const __m512i xc = _mm512_loadu_si512((const void *)(x->qs + 128)), xd = _mm512_loadu_si512((const void *)(x->qs + 192));
+        const __m512i xs[4] = {_mm512_shuffle_i32x4(xa, xb, 0x88), _mm512_shuffle_i32x4(xa, xb, 0xDD),
+                               _mm512_shuffle_i32x4(xc, xd, 0x88), _mm512_shuffle_i32x4(xc, xd, 0xDD)};
+        __m512i nx[4];
+        for (int k = 0; k < 4; k++) nx[k] = _mm512_sub_epi8(_mm512_setzero_si512(), xs[k]);
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(b[r]->qs + 64 * h));
+                const __m512i sch = _mm512_permutexvar_epi16(_mm512_load_si512(pick[r][h]), sc);
+                const __m512i lo = _mm512_and_si512(q, low4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+                /* levels >= 0 where the nibble's bit 3 is set: bytes' sign bits */
+                const __m512i xl = _mm512_mask_blend_epi8(_mm512_movepi8_mask(_mm512_slli_epi16(q, 4)), nx[2 * h], xs[2 * h]);
+                const __m512i xh = _mm512_mask_blend_epi8(_mm512_movepi8_mask(q), nx[2 * h + 1], xs[2 * h + 1]);
+                a = madd_acc(a, _mm512_maddubs_epi16(_mm512_shuffle_epi8(book, lo), xl), sch);
+                a = madd_acc(a, _mm512_maddubs_epi16(_mm512_shuffle_epi8(book, hi), xh), sch);
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), _mm512_setzero_si512());
+        const uint8_t *head[4] = {(const uint8_t *)b[0], (const uint8_t *)b[1], (const uint8_t *)b[2], (const uint8_t *)b[3]};
+        __m128 d, unused;
+        halves_of_lanes(lanes4(head), 0, &d, &unused);
+        s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
 /* Q6_K, four rows: register pair h (0, 1) of a row is ql[64h..64h + 63]:
  * its low nibbles are weights 128h..128h + 63 in order (qh[32h..] << 4, << 2
  * for bits 4..5 of the two halves), its high nibbles 128h + 64.. (qh, qh >>
@@ -497,15 +723,6 @@ static void dot4_q5_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
  * words. The 32 off through the sums of x, once for two rows. */
 static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
                           const void *next) {
-    /* Word 16 (r % 2) + 4z + lane: group 4z + lane of row r's scales. */
-    static const int16_t pick[2][4][32] __attribute__((aligned(64))) = {
-#define L8(g) g, g, g, g, g, g, g, g
-#define Z(o, z) {L8(o + 4 * z), L8(o + 4 * z + 1), L8(o + 4 * z + 2), L8(o + 4 * z + 3)}
-        {Z(0, 0), Z(0, 1), Z(0, 2), Z(0, 3)},
-        {Z(16, 0), Z(16, 1), Z(16, 2), Z(16, 3)},
-#undef Z
-#undef L8
-    };
     const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
     /* qh's 2-bit fields to bits 4..5 (shifts in 64-bit lanes: what crosses
      * a byte lands outside bits 4..5, masked off). */
@@ -541,9 +758,9 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
                 const __m512i u1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
                                                              _mm512_srlv_epi64(qh, hi_shift), bits45, 0xF8); /* a | (b & c) */
                 a = madd_acc(a, _mm512_maddubs_epi16(u0, xq[2 * h]),
-                             _mm512_permutexvar_epi16(_mm512_load_si512(pick[r % 2][2 * h]), sc));
+                             _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][2 * h]), sc));
                 a = madd_acc(a, _mm512_maddubs_epi16(u1, xq[2 * h + 1]),
-                             _mm512_permutexvar_epi16(_mm512_load_si512(pick[r % 2][2 * h + 1]), sc));
+                             _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][2 * h + 1]), sc));
             }
             acc[r] = a;
         }
@@ -566,6 +783,9 @@ cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype) {
     case CB_Q4_K: return dot4_q4_k_512;
     case CB_Q5_K: return dot4_q5_k_512;
     case CB_Q6_K: return dot4_q6_k_512;
+    case CB_Q3_K: return dot4_q3_k_512;
+    case CB_IQ4_XS: return dot4_iq4_xs_512;
+    case CB_Q2_K: return dot4_q2_k_512;
     }
     return NULL;
 }

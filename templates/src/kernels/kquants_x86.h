@@ -24,6 +24,25 @@ static inline __m128i q3_scales(const uint8_t s[12]) {
     return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
+/* IQ4_XS's eight 6-bit scales of a block (its first 8 bytes: d, scales_h,
+ * scales_l) as bytes 0..63, group g's in byte g: scales_l's nibble g and
+ * scales_h's 2-bit field g spread a byte apart by shifts and masks (no
+ * pdep: microcoded on some AVX2 CPUs). 32 not yet subtracted. */
+static inline uint64_t cb_iq4xs_scales8(const uint8_t *blk) {
+    uint16_t h;
+    uint32_t l;
+    memcpy(&h, blk + 2, 2);
+    memcpy(&l, blk + 4, 4);
+    uint64_t a = l, b = h;
+    a = (a | a << 16) & 0x0000FFFF0000FFFFull;
+    a = (a | a << 8) & 0x00FF00FF00FF00FFull;
+    a = (a | a << 4) & 0x0F0F0F0F0F0F0F0Full;
+    b = (b | b << 24) & 0x000000FF000000FFull;
+    b = (b | b << 12) & 0x000F000F000F000Full;
+    b = (b | b << 6) & 0x0303030303030303ull;
+    return a | b << 4;
+}
+
 /* Q4_K / Q5_K's 12 packed scale bytes (kquants.c scale_min_k4) as the eight
  * 6-bit scales (bytes of *sc) and the eight mins (of *mn). Bytes 0..3 hold
  * scales 0..3 and, in bits 6..7, bits 4..5 of scales 4..7; bytes 4..7 the
