@@ -227,7 +227,7 @@ static void dot4_q6_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
 static void dot4_q3_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4], const void *next) {
     const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share(row_bytes, nb);
+    const size_t share = prefetch_share(sizeof(cb_block_q3_k));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next(next, share, i);
@@ -278,7 +278,7 @@ static void dot4_iq4_xs(const void *w, size_t row_bytes, const cb_block_q8_k *x,
     const __m256i mbook = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mag));
     const __m256i low4 = _mm256_set1_epi8(0xF);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share(row_bytes, nb);
+    const size_t share = prefetch_share(sizeof(cb_block_iq4_xs));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next(next, share, i);
@@ -324,7 +324,7 @@ static void dot4_q2_k(const void *w, size_t row_bytes, const cb_block_q8_k *x, i
     const __m256i three = _mm256_set1_epi8(3);
     const __m128i low4 = _mm_set1_epi8(0xF);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share(row_bytes, nb);
+    const size_t share = prefetch_share(sizeof(cb_block_q2_k));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next(next, share, i);

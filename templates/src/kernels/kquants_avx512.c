@@ -555,7 +555,7 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     const __m512i lo_shift = _mm512_set4_epi32(4, 4, 0, 0), hi_rot = _mm512_set4_epi32(30, 0, 2, 4);
     const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share4(row_bytes, nb);
+    const size_t share = prefetch_share4(sizeof(cb_block_q3_k));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
@@ -609,7 +609,7 @@ static void dot4_q2_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
                           const void *next) {
     const __m512i three = _mm512_set1_epi8(3), low4 = _mm512_set1_epi8(0xF);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share4(row_bytes, nb);
+    const size_t share = prefetch_share4(sizeof(cb_block_q2_k));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
@@ -669,7 +669,7 @@ static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k
     const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mag));
     const __m512i low4 = _mm512_set1_epi8(0xF);
     const int nb = n / CB_QK_K;
-    const size_t share = prefetch_share4(row_bytes, nb);
+    const size_t share = prefetch_share4(sizeof(cb_block_iq4_xs));
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
