@@ -124,7 +124,7 @@ void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_st
     const size_t pw = (size_t)e->attn_part_width;
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
-    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
     /* part: [heads][chunks][pw] */
     for (int c = 0; c < chunks; c++)
         cb_attn_partial(e, s, q, q_stride, heads, c, scale, scores, tmp, part + c * pw, (size_t)e->attn_max_chunks * pw);
@@ -177,7 +177,7 @@ void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, 
     const size_t pw = (size_t)e->attn_part_width, qs = (size_t)e->attn_max_chunks * pw;
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
-    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
     /* part: [query][chunks][pw] */
     const int together = m == CB_ATTN_BLOCK && s[0].start == 0 && s[m - 1].start == 0;
     for (int c = 0; c < last; c++) {
@@ -198,6 +198,45 @@ void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, 
     }
     for (int j = 0; j < m; j++)
         cb_attn_combine(part + j * qs, pw, cb_attn_chunks(e, s[j].n), s[j].vd, sink, out + j * out_stride);
+}
+
+void cb_attn_long_runs(cb_engine *e, const cb_kv_span *s, int n_runs, const float *const *q, size_t q_stride,
+                       float scale, const float *sink, float *const *out, size_t out_stride, int worker) {
+    const int ch = e->attn_chunk, B = CB_ATTN_BLOCK;
+    const size_t pw = (size_t)e->attn_part_width, qs = (size_t)e->attn_max_chunks * pw;
+    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *tmp = e->mix_part + (size_t)worker * e->widest_head;
+    /* part: [run][query][chunks][pw] */
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * qs;
+    int last = 0;
+    for (int r = 0; r < n_runs; r++) {
+        const int c = cb_attn_chunks(e, s[r * B + B - 1].n);
+        last = c > last ? c : last;
+    }
+    for (int c = 0; c < last; c++)
+        for (int r = 0; r < n_runs; r++) {
+            const cb_kv_span *sr = s + r * B;
+            float *pr = part + (size_t)r * B * qs;
+            if (c >= cb_attn_chunks(e, sr[B - 1].n)) continue;
+            if ((c + 1) * ch <= sr[0].n) { /* as cb_attn_long_run, all four from position 0 */
+                cb_attn_partial(e, &sr[0], q[r], q_stride, B, c, scale, scores, tmp, pr + c * pw, qs);
+                continue;
+            }
+#ifdef cb_attn_scores4
+            if (c * ch < sr[0].n && sr[B - 1].n <= (c + 1) * ch) {
+                partial_stair(e, &sr[0], q[r], q_stride, c, scale, scores, pr + c * pw, qs);
+                continue;
+            }
+#endif
+            for (int j = 0; j < B; j++)
+                if (c < cb_attn_chunks(e, sr[j].n))
+                    cb_attn_partial(e, &sr[j], q[r] + j * q_stride, q_stride, 1, c, scale, scores, tmp,
+                                    pr + j * qs + c * pw, qs);
+        }
+    for (int r = 0; r < n_runs; r++)
+        for (int j = 0; j < B; j++)
+            cb_attn_combine(part + ((size_t)r * B + j) * qs, pw, cb_attn_chunks(e, s[r * B + j].n), s[r * B + j].vd,
+                            sink, out[r] + j * out_stride);
 }
 
 /* The split items' partials: [CB_ATTN_SPLIT_ITEMS][n_heads][attn_max_chunks][pw]. */
