@@ -237,3 +237,31 @@ void cb_attn_mix4_f16_avx512(float *out, size_t out_stride, const float *w, size
     if (hd % 16) cb_attn_mix4_f16_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
     else attn_mix4_same_512(out, out_stride, w, w_stride, v, stride, n, hd, 1, 1);
 }
+
+/* cb_expf (kernels/scalar.c) on sixteen lanes, operation for operation as
+ * avx2.c's exp8: the same bits. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(CB_EXP_MAX), _mm512_max_ps(_mm512_set1_ps(CB_EXP_MIN), x));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CB_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CB_LN2_HI), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CB_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(CB_EXP_C7);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CB_EXP_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CB_EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CB_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CB_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CB_EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+void cb_exp_shifted_avx512(float *x, int n, float shift, float scale) {
+    const __m512 s = _mm512_set1_ps(shift), c = _mm512_set1_ps(scale);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s), c)));
+    }
+}

@@ -596,7 +596,12 @@ void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float cb_expf(float x);
 /* x[i] = cb_expf((x[i] - shift) * scale): a sampler's exp((l - max) / T). */
 void cb_exp_shifted_scalar(float *x, int n, float shift, float scale);
+#if CB_KERNELS_AVX512
+void cb_exp_shifted_avx512(float *x, int n, float shift, float scale);
+#define cb_exp_shifted cb_exp_shifted_avx512
+#else
 #define cb_exp_shifted CB_KERNEL(cb_exp_shifted)
+#endif
 /* In place, numerically safe (max subtracted). */
 void cb_softmax_scalar(float *x, int n);
 /* silu(gate) * up, into gate. */
