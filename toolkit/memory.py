@@ -35,6 +35,7 @@ LOGIT_ROWS_MIN = 64  # engine.c
 _ATTN_MIN_CHUNK = 256   # CB_ATTN_MIN_CHUNK (engine_internal.h): long attention's chunks of positions
 _ATTN_MAX_CHUNKS = 32   # CB_ATTN_MAX_CHUNKS
 _ATTN_SPLIT_ITEMS = 8   # CB_ATTN_SPLIT_ITEMS: queries a step spreads over the threads by chunk
+_ATTN_LONG_RUNS = 8     # CB_ATTN_LONG_RUNS: prompt runs a job takes chunk by chunk together
 
 
 def weight_bytes(model: Path, cfg: dict | None = None) -> dict:
@@ -152,7 +153,7 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, widest_head), _F32),
         (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
         (B * q_dim, _F32), (B * H, _F32), (threads * _ATTN_BLOCK * ctx, _F32), (threads * widest_head, _F32),
-        (threads * _ATTN_BLOCK * attn_chunk_parts(d, widest_head), _F32),
+        (threads * _ATTN_LONG_RUNS * _ATTN_BLOCK * attn_chunk_parts(d, widest_head), _F32),
         (_ATTN_SPLIT_ITEMS * d["n_heads"] * attn_chunk_parts(d, widest_head), _F32),
         (B + 1, _I32),
         (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),

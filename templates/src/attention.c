@@ -17,6 +17,7 @@ typedef struct {
     const cb_batch_item *items;
     const int32_t *runs; /* run r: items runs[r] .. runs[r+1] - 1 */
     int n_runs, n_tasks;
+    int run_block; /* runs a job takes (CB_ATTN_LONG_RUNS where every run is a whole CB_ATTN_BLOCK, else 1) */
     int heads_per_job; /* CB_ATTN_BLOCK where a GQA group's heads go together, else 1 */
     /* Runs of one query over several chunks whose chunks are jobs of their
      * own (attn_split.c): jobs from split_first[s] are run split_run[s]'s
@@ -126,7 +127,8 @@ static void attend_task(void *p, int task, int worker) {
     const float scale = attn_scale(d, hd);
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * ctx;
     float *part = e->mix_part + (size_t)worker * e->widest_head;
-    const int base = t->n_runs * per_run, group = (int)(d->n_heads / ld->n_kv_heads);
+    const int n_blocks = (t->n_runs + t->run_block - 1) / t->run_block;
+    const int base = n_blocks * per_run, group = (int)(d->n_heads / ld->n_kv_heads);
     int begin, end;
     cb_split(t->split_first[t->n_split], task, t->n_tasks, &begin, &end);
     for (int job = begin; job < end; job++) {
@@ -139,77 +141,103 @@ static void attend_task(void *p, int task, int worker) {
                                 local / per_run, scale, worker);
             continue;
         }
-        const int r = job / per_run, h0 = job % per_run * t->heads_per_job, i0 = t->runs[r], m = t->runs[r + 1] - i0;
-        const int kvh = h0 / group;
-        const cb_batch_item *it = &t->items[i0];
-        int split = 0;
-        for (int sp = 0; sp < t->n_split; sp++) split |= t->split_run[sp] == r;
-        if (split) continue;
-        if (cb_attn_chunks(e, item_span(e, t->layer, &t->items[i0 + m - 1], kvh).n) > 1) {
-            /* Some query past one chunk. A whole run past one, from
-             * position 0 (no window), goes chunk by chunk for its four
-             * queries together; else each query in turn. Either way the
-             * same bits as one-query kernels and split runs give. */
-            const float *sinks = e->w.layers[t->layer].sinks;
-            cb_kv_span spans[CB_ATTN_BLOCK];
-            for (int i = i0; i < i0 + m; i++) spans[i - i0] = item_span(e, t->layer, &t->items[i], kvh);
-            if (m == CB_ATTN_BLOCK && spans[0].start == 0 && cb_attn_chunks(e, spans[0].n) > 1) {
-                for (int h = h0; h < h0 + t->heads_per_job; h++)
-                    cb_attn_long_run(e, spans, m, e->q + (size_t)i0 * q_dim + (size_t)h * hd, (size_t)q_dim, scale,
-                                     sinks ? sinks + h : NULL, e->attn + (size_t)i0 * q_dim + (size_t)h * hd,
-                                     (size_t)q_dim, worker);
+        /* Jobs head-major (a task's consecutive jobs read one head's K and
+         * V rows), each a block of runs; the block's long prompt runs go
+         * through their chunks together at the end. */
+        const int b = job % n_blocks, h0 = job / n_blocks * t->heads_per_job;
+        const int r_end = (b + 1) * t->run_block < t->n_runs ? (b + 1) * t->run_block : t->n_runs;
+        cb_kv_span long_spans[CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK];
+        int long_at[CB_ATTN_LONG_RUNS], n_long = 0;
+        for (int r = b * t->run_block; r < r_end; r++) {
+            const int i0 = t->runs[r], m = t->runs[r + 1] - i0;
+            const int kvh = h0 / group;
+            const cb_batch_item *it = &t->items[i0];
+            int split = 0;
+            for (int sp = 0; sp < t->n_split; sp++) split |= t->split_run[sp] == r;
+            if (split) continue;
+            if (cb_attn_chunks(e, item_span(e, t->layer, &t->items[i0 + m - 1], kvh).n) > 1) {
+                /* Some query past one chunk. A whole run past one, from
+                 * position 0 (no window), goes chunk by chunk for its four
+                 * queries together; else each query in turn. Either way the
+                 * same bits as one-query kernels and split runs give. */
+                const float *sinks = e->w.layers[t->layer].sinks;
+                cb_kv_span spans[CB_ATTN_BLOCK];
+                for (int i = i0; i < i0 + m; i++) spans[i - i0] = item_span(e, t->layer, &t->items[i], kvh);
+                if (m == CB_ATTN_BLOCK && spans[0].start == 0 && cb_attn_chunks(e, spans[0].n) > 1 && t->run_block > 1 &&
+                    !sinks && spans[m - 1].start == 0) {
+                    memcpy(long_spans + n_long * CB_ATTN_BLOCK, spans, sizeof spans);
+                    long_at[n_long++] = i0;
+                    continue;
+                }
+                if (m == CB_ATTN_BLOCK && spans[0].start == 0 && cb_attn_chunks(e, spans[0].n) > 1) {
+                    for (int h = h0; h < h0 + t->heads_per_job; h++)
+                        cb_attn_long_run(e, spans, m, e->q + (size_t)i0 * q_dim + (size_t)h * hd, (size_t)q_dim, scale,
+                                         sinks ? sinks + h : NULL, e->attn + (size_t)i0 * q_dim + (size_t)h * hd,
+                                         (size_t)q_dim, worker);
+                    continue;
+                }
+                for (int i = i0; i < i0 + m; i++) {
+                    const cb_kv_span *span = &spans[i - i0];
+                    if (cb_attn_chunks(e, span->n) > 1)
+                        cb_attn_long(e, span, e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, t->heads_per_job, scale,
+                                     sinks ? sinks + h0 : NULL, e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
+                                     worker);
+                    else
+                        for (int h = h0; h < h0 + t->heads_per_job; h++) attend_one(e, t->layer, &t->items[i], i, h, scores, part);
+                }
                 continue;
             }
-            for (int i = i0; i < i0 + m; i++) {
-                const cb_kv_span *span = &spans[i - i0];
-                if (cb_attn_chunks(e, span->n) > 1)
-                    cb_attn_long(e, span, e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, t->heads_per_job, scale,
-                                 sinks ? sinks + h0 : NULL, e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
-                                 worker);
-                else
-                    for (int h = h0; h < h0 + t->heads_per_job; h++) attend_one(e, t->layer, &t->items[i], i, h, scores, part);
-            }
-            continue;
-        }
-        const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
-        const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
+            const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
+            const void *v = cache_head(e, e->v_cache, it->slot, t->layer, kvh);
 #ifdef cb_attn_scores4
-        if (m == CB_ATTN_BLOCK && !ld->window && !d->attn_sinks) {
-            const int n = it->pos + 1;
-            for (int h = h0; h < h0 + t->heads_per_job; h++) {
-                const float *q = e->q + (size_t)i0 * q_dim + (size_t)h * hd;
-                float *out = e->attn + (size_t)i0 * q_dim + (size_t)h * hd;
-                if (e->kv_f16) cb_attn_scores4_f16(q, q_dim, k, hd, n, hd, scale, scores, ctx, 1);
-                else cb_attn_scores4(q, q_dim, k, hd, n, hd, scale, scores, ctx, 1);
-                for (int j = 0; j < CB_ATTN_BLOCK; j++) cb_softmax(scores + j * ctx, n + j);
-                if (e->kv_f16) cb_attn_mix4_f16(out, q_dim, scores, ctx, v, hd, n, hd);
-                else cb_attn_mix4(out, q_dim, scores, ctx, v, hd, n, hd);
-            }
-            continue;
-        }
-        if (t->heads_per_job == CB_ATTN_BLOCK) {
-            for (int i = i0; i < i0 + m; i++) {
-                const int n = t->items[i].pos + 1;
-                const float *q = e->q + (size_t)i * q_dim + (size_t)h0 * hd;
-                float *out = e->attn + (size_t)i * q_dim + (size_t)h0 * hd;
-                if (e->kv_f16) cb_attn_scores4_f16(q, hd, k, hd, n, hd, scale, scores, ctx, 0);
-                else cb_attn_scores4(q, hd, k, hd, n, hd, scale, scores, ctx, 0);
-                for (int j = 0; j < CB_ATTN_BLOCK; j++) cb_softmax(scores + j * ctx, n);
-                /* V one head at a time: its rows come from memory once, from
-                 * L2 for the other heads, and the one-query mix is twice as
-                 * fast as the four-query one here (one core, 944 positions,
-                 * 1024 groups: 16 against 34 ms). */
-                for (int j = 0; j < CB_ATTN_BLOCK; j++) {
-                    if (e->kv_f16) cb_attn_mix_f16(out + j * hd, scores + j * ctx, v, hd, n, hd);
-                    else cb_attn_mix(out + j * hd, scores + j * ctx, v, hd, n, hd);
+            if (m == CB_ATTN_BLOCK && !ld->window && !d->attn_sinks) {
+                const int n = it->pos + 1;
+                for (int h = h0; h < h0 + t->heads_per_job; h++) {
+                    const float *q = e->q + (size_t)i0 * q_dim + (size_t)h * hd;
+                    float *out = e->attn + (size_t)i0 * q_dim + (size_t)h * hd;
+                    if (e->kv_f16) cb_attn_scores4_f16(q, q_dim, k, hd, n, hd, scale, scores, ctx, 1);
+                    else cb_attn_scores4(q, q_dim, k, hd, n, hd, scale, scores, ctx, 1);
+                    for (int j = 0; j < CB_ATTN_BLOCK; j++) cb_softmax(scores + j * ctx, n + j);
+                    if (e->kv_f16) cb_attn_mix4_f16(out, q_dim, scores, ctx, v, hd, n, hd);
+                    else cb_attn_mix4(out, q_dim, scores, ctx, v, hd, n, hd);
                 }
+                continue;
             }
-            continue;
-        }
+            if (t->heads_per_job == CB_ATTN_BLOCK) {
+                for (int i = i0; i < i0 + m; i++) {
+                    const int n = t->items[i].pos + 1;
+                    const float *q = e->q + (size_t)i * q_dim + (size_t)h0 * hd;
+                    float *out = e->attn + (size_t)i * q_dim + (size_t)h0 * hd;
+                    if (e->kv_f16) cb_attn_scores4_f16(q, hd, k, hd, n, hd, scale, scores, ctx, 0);
+                    else cb_attn_scores4(q, hd, k, hd, n, hd, scale, scores, ctx, 0);
+                    for (int j = 0; j < CB_ATTN_BLOCK; j++) cb_softmax(scores + j * ctx, n);
+                    /* V one head at a time: its rows come from memory once, from
+                     * L2 for the other heads, and the one-query mix is twice as
+                     * fast as the four-query one here (one core, 944 positions,
+                     * 1024 groups: 16 against 34 ms). */
+                    for (int j = 0; j < CB_ATTN_BLOCK; j++) {
+                        if (e->kv_f16) cb_attn_mix_f16(out + j * hd, scores + j * ctx, v, hd, n, hd);
+                        else cb_attn_mix(out + j * hd, scores + j * ctx, v, hd, n, hd);
+                    }
+                }
+                continue;
+            }
 #else
-        (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
+            (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
 #endif
-        for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part);
+            for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part);
+        }
+        if (!n_long) continue;
+        for (int h = h0; h < h0 + t->heads_per_job; h++) {
+            const float *qs[CB_ATTN_LONG_RUNS];
+            float *outs[CB_ATTN_LONG_RUNS];
+            for (int k = 0; k < n_long; k++) {
+                qs[k] = e->q + (size_t)long_at[k] * q_dim + (size_t)h * hd;
+                outs[k] = e->attn + (size_t)long_at[k] * q_dim + (size_t)h * hd;
+            }
+            /* spans depend on the KV head only: the same for a GQA group's heads */
+            cb_attn_long_runs(e, long_spans, n_long, qs, (size_t)q_dim, scale, NULL, outs, (size_t)q_dim, worker);
+        }
     }
 }
 
@@ -325,8 +353,11 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     cb_for_tokens(e, n, place_qkv_token, &tokens);
     const int n_runs = find_runs(items, n, e->attn_runs);
     const int per = heads_per_job(d, L->desc, n_runs, cb_threadpool_size(e->pool));
-    const int jobs = n_runs * (int)d->n_heads / per, most = 8 * cb_threadpool_size(e->pool);
-    attn_task task = {e, layer, items, e->attn_runs, n_runs, 0, per, 0, {0}, {jobs}};
+    int whole = 1; /* every run a whole CB_ATTN_BLOCK (a prompt's chunk): runs go to jobs in blocks */
+    for (int r = 0; r < n_runs; r++) whole &= e->attn_runs[r + 1] - e->attn_runs[r] == CB_ATTN_BLOCK;
+    const int run_block = whole && !L->desc->window && !d->attn_sinks ? CB_ATTN_LONG_RUNS : 1;
+    const int jobs = (n_runs + run_block - 1) / run_block * ((int)d->n_heads / per), most = 8 * cb_threadpool_size(e->pool);
+    attn_task task = {e, layer, items, e->attn_runs, n_runs, 0, run_block, per, 0, {0}, {jobs}};
     mark_split_runs(e, &task);
     task.n_tasks = task.split_first[task.n_split] < most ? task.split_first[task.n_split] : most;
     cb_threadpool_run(e->pool, attend_task, &task, task.n_tasks);

@@ -73,6 +73,22 @@ void cb_attn_partial(const cb_engine *e, const cb_kv_span *s, const float *q, si
     const size_t row = s->stride * kv_element(e);
     scores_of(e, q, q_stride, heads, s->k + r0 * row, s->stride, n1, s->kd, scale, scores, (size_t)ch);
     if (n1 < len) scores_of(e, q, q_stride, heads, s->k, s->stride, len - n1, s->kd, scale, scores + n1, (size_t)ch);
+#ifdef cb_attn_mix4_same
+    if (heads == CB_ATTN_BLOCK && n1 == len) { /* V's rows read once for the four */
+        float m[CB_ATTN_BLOCK];
+        for (int j = 0; j < heads; j++) {
+            m[j] = max_of(scores + (size_t)j * ch, len);
+            cb_exp_shifted(scores + (size_t)j * ch, len, m[j], 1.0f);
+        }
+        if (e->kv_f16) cb_attn_mix4_same_f16(part, part_stride, scores, (size_t)ch, (const cb_half *)(s->v + r0 * row), s->stride, len, s->vd);
+        else cb_attn_mix4_same(part, part_stride, scores, (size_t)ch, (const float *)(s->v + r0 * row), s->stride, len, s->vd);
+        for (int j = 0; j < heads; j++) {
+            part[j * part_stride + s->vd] = m[j];
+            part[j * part_stride + s->vd + 1] = sum_of(scores + (size_t)j * ch, len);
+        }
+        return;
+    }
+#endif
     for (int j = 0; j < heads; j++) {
         float *w = scores + (size_t)j * ch, *o = part + j * part_stride;
         const float m = max_of(w, len);
@@ -108,7 +124,7 @@ void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_st
     const size_t pw = (size_t)e->attn_part_width;
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
-    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
     /* part: [heads][chunks][pw] */
     for (int c = 0; c < chunks; c++)
         cb_attn_partial(e, s, q, q_stride, heads, c, scale, scores, tmp, part + c * pw, (size_t)e->attn_max_chunks * pw);
@@ -116,6 +132,36 @@ void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_st
         cb_attn_combine(part + (size_t)j * e->attn_max_chunks * pw, pw, chunks, s->vd, sinks ? sinks + j : NULL,
                         out + j * out_stride);
 }
+
+#ifdef cb_attn_scores4
+/* The last chunk c of a run of four queries from position 0 (no window, so
+ * no ring wrap) where each query's positions end inside it: query j over
+ * len + j of its rows, scored and mixed four at a time (the stair kernels),
+ * each query's partial the bits cb_attn_partial gives it alone. */
+static void partial_stair(const cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int c, float scale,
+                          float *scores, float *part, size_t part_stride) {
+    const int ch = e->attn_chunk, p0 = c * ch, len = s->n - p0;
+    const size_t row = s->stride * kv_element(e);
+    if (e->kv_f16) cb_attn_scores4_f16(q, q_stride, (const cb_half *)(s->k + p0 * row), s->stride, len, s->kd, scale, scores, (size_t)ch, 1);
+    else cb_attn_scores4(q, q_stride, (const float *)(s->k + p0 * row), s->stride, len, s->kd, scale, scores, (size_t)ch, 1);
+    float m[CB_ATTN_BLOCK];
+    for (int j = 0; j < CB_ATTN_BLOCK; j++) {
+        m[j] = max_of(scores + (size_t)j * ch, len + j);
+        cb_exp_shifted(scores + (size_t)j * ch, len + j, m[j], 1.0f);
+    }
+#ifdef cb_attn_mix4_same /* AVX-512: 16 chains in zmm; AVX2's four-query mix is slower than four one-query ones */
+    if (e->kv_f16) cb_attn_mix4_f16(part, part_stride, scores, (size_t)ch, (const cb_half *)(s->v + p0 * row), s->stride, len, s->vd);
+    else cb_attn_mix4(part, part_stride, scores, (size_t)ch, (const float *)(s->v + p0 * row), s->stride, len, s->vd);
+#else
+    for (int j = 0; j < CB_ATTN_BLOCK; j++)
+        mix_of(e, part + j * part_stride, scores + (size_t)j * ch, s->v + p0 * row, s->stride, len + j, s->vd);
+#endif
+    for (int j = 0; j < CB_ATTN_BLOCK; j++) {
+        part[j * part_stride + s->vd] = m[j];
+        part[j * part_stride + s->vd + 1] = sum_of(scores + (size_t)j * ch, len + j);
+    }
+}
+#endif
 
 /* m <= CB_ATTN_BLOCK queries of one slot at consecutive positions (a prompt
  * step's run), each past one chunk, over one head: chunk by chunk, so that a
@@ -131,7 +177,7 @@ void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, 
     const size_t pw = (size_t)e->attn_part_width, qs = (size_t)e->attn_max_chunks * pw;
     float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
-    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
     /* part: [query][chunks][pw] */
     const int together = m == CB_ATTN_BLOCK && s[0].start == 0 && s[m - 1].start == 0;
     for (int c = 0; c < last; c++) {
@@ -139,6 +185,12 @@ void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, 
             cb_attn_partial(e, &s[0], q, q_stride, CB_ATTN_BLOCK, c, scale, scores, tmp, part + c * pw, qs);
             continue;
         }
+#ifdef cb_attn_scores4
+        if (together && c * ch < s[0].n && s[m - 1].n <= (c + 1) * ch) {
+            partial_stair(e, &s[0], q, q_stride, c, scale, scores, part + c * pw, qs);
+            continue;
+        }
+#endif
         for (int j = 0; j < m; j++)
             if (c < cb_attn_chunks(e, s[j].n))
                 cb_attn_partial(e, &s[j], q + j * q_stride, q_stride, 1, c, scale, scores, tmp, part + j * qs + c * pw,
@@ -146,6 +198,45 @@ void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, 
     }
     for (int j = 0; j < m; j++)
         cb_attn_combine(part + j * qs, pw, cb_attn_chunks(e, s[j].n), s[j].vd, sink, out + j * out_stride);
+}
+
+void cb_attn_long_runs(cb_engine *e, const cb_kv_span *s, int n_runs, const float *const *q, size_t q_stride,
+                       float scale, const float *sink, float *const *out, size_t out_stride, int worker) {
+    const int ch = e->attn_chunk, B = CB_ATTN_BLOCK;
+    const size_t pw = (size_t)e->attn_part_width, qs = (size_t)e->attn_max_chunks * pw;
+    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *tmp = e->mix_part + (size_t)worker * e->widest_head;
+    /* part: [run][query][chunks][pw] */
+    float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * qs;
+    int last = 0;
+    for (int r = 0; r < n_runs; r++) {
+        const int c = cb_attn_chunks(e, s[r * B + B - 1].n);
+        last = c > last ? c : last;
+    }
+    for (int c = 0; c < last; c++)
+        for (int r = 0; r < n_runs; r++) {
+            const cb_kv_span *sr = s + r * B;
+            float *pr = part + (size_t)r * B * qs;
+            if (c >= cb_attn_chunks(e, sr[B - 1].n)) continue;
+            if ((c + 1) * ch <= sr[0].n) { /* as cb_attn_long_run, all four from position 0 */
+                cb_attn_partial(e, &sr[0], q[r], q_stride, B, c, scale, scores, tmp, pr + c * pw, qs);
+                continue;
+            }
+#ifdef cb_attn_scores4
+            if (c * ch < sr[0].n && sr[B - 1].n <= (c + 1) * ch) {
+                partial_stair(e, &sr[0], q[r], q_stride, c, scale, scores, pr + c * pw, qs);
+                continue;
+            }
+#endif
+            for (int j = 0; j < B; j++)
+                if (c < cb_attn_chunks(e, sr[j].n))
+                    cb_attn_partial(e, &sr[j], q[r] + j * q_stride, q_stride, 1, c, scale, scores, tmp,
+                                    pr + j * qs + c * pw, qs);
+        }
+    for (int r = 0; r < n_runs; r++)
+        for (int j = 0; j < B; j++)
+            cb_attn_combine(part + ((size_t)r * B + j) * qs, pw, cb_attn_chunks(e, s[r * B + j].n), s[r * B + j].vd,
+                            sink, out[r] + j * out_stride);
 }
 
 /* The split items' partials: [CB_ATTN_SPLIT_ITEMS][n_heads][attn_max_chunks][pw]. */

@@ -199,7 +199,7 @@ static int prompt_span(cb_engine *e, int slot, int from, int to, char *err, size
  *   decode-1 / decode-8: one forward step of 1 / 8 slots (at position 64,
  *     and slot 0 after its P);
  *   prefill: a P-token prompt (in chunks of the engine's batch).
- * P: --prompt (default 512), at most half the context. */
+ * P: --prompt (default 512), at most the context less 2 (the steps after it). */
 static int phases_bench(const char *model, int reps, int threads, int prompt) {
     char err[512];
     cb_engine *e = cb_engine_open(model, threads, 8, CB_KV_AUTO, err, sizeof err);
@@ -209,7 +209,7 @@ static int phases_bench(const char *model, int reps, int threads, int prompt) {
     }
     const cb_dims *d = CB_DIMS(e);
     const int E = (int)d->n_experts, k = (int)d->top_k, L = (int)d->n_layers;
-    const int P = (int)d->context_len / 2 < prompt ? (int)d->context_len / 2 : prompt, D = P < 64 ? P / 2 : 64;
+    const int P = (int)d->context_len - 2 < prompt ? (int)d->context_len - 2 : prompt, D = P < 64 ? P / 2 : 64;
     enum { ROWS = 4096, ROUTE_RUN = 64 };
     float *logits = malloc(sizeof(float) * (size_t)E * ROWS), *work = malloc(sizeof(float) * (size_t)E);
     double *t[5];

@@ -167,7 +167,7 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(scores, (size_t)n_threads * CB_ATTN_BLOCK * ctx);
     TAKE(mix_part, (size_t)n_threads * widest_head);
     const size_t chunk_parts = e->attn_max_chunks > 1 ? (size_t)e->attn_max_chunks * e->attn_part_width : 0;
-    TAKE(attn_scratch, (size_t)n_threads * CB_ATTN_BLOCK * chunk_parts);
+    TAKE(attn_scratch, (size_t)n_threads * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * chunk_parts);
     TAKE(attn_part, (size_t)CB_ATTN_SPLIT_ITEMS * d->n_heads * chunk_parts);
     TAKE(attn_runs, B + 1);
     TAKE(router_logits, B * E);

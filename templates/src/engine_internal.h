@@ -37,7 +37,7 @@ struct cb_engine {
     int attn_chunk;            /* positions a chunk (cb_attn_chunk_size of the context) */
     int attn_max_chunks;       /* chunks of a whole context; 1: no query is ever cut */
     int attn_part_width;       /* a chunk's partial: the widest mix (a head, MLA's latent) + max + sum */
-    float *attn_scratch;       /* per worker [n_threads][CB_ATTN_BLOCK][max_chunks][part_width] */
+    float *attn_scratch;       /* per worker [n_threads][CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK][max_chunks][part_width] */
     float *attn_part;          /* split items' [CB_ATTN_SPLIT_ITEMS][n_heads][max_chunks][part_width] */
     float *router_logits;      /* [B][E] */
     int32_t *routing;          /* chosen experts [B][L][top_k] */
@@ -188,6 +188,9 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
 #define CB_ATTN_MIN_CHUNK 256
 #define CB_ATTN_MAX_CHUNKS 32
 #define CB_ATTN_SPLIT_ITEMS 8 /* queries a step may spread over the threads by chunk; the rest one job each */
+/* Prompt runs a job takes together chunk by chunk (cb_attn_long_runs), so
+ * each chunk's K and V rows come from memory once for all their queries. */
+#define CB_ATTN_LONG_RUNS 8
 int cb_attn_chunk_size(uint32_t context);
 static inline int cb_attn_chunks(const cb_engine *e, int n) { return (n + e->attn_chunk - 1) / e->attn_chunk; }
 /* The cached rows a query attends: positions start .. start+n-1 in rows
@@ -213,6 +216,13 @@ void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_st
  * of cb_attn_long for each. */
 void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, size_t q_stride, float scale,
                       const float *sink, float *out, size_t out_stride, int worker);
+/* n_runs <= CB_ATTN_LONG_RUNS runs of CB_ATTN_BLOCK queries of one slot's
+ * prompt from position 0 (no window), over one head: chunk c of every run
+ * before chunk c + 1 of any, so each chunk's K and V rows are read from
+ * memory once for the runs. s: [n_runs][CB_ATTN_BLOCK] spans; run r's
+ * queries from q[r], outputs to out[r]. The bits of cb_attn_long_run. */
+void cb_attn_long_runs(cb_engine *e, const cb_kv_span *s, int n_runs, const float *const *q, size_t q_stride,
+                       float scale, const float *sink, float *const *out, size_t out_stride, int worker);
 /* One chunk of split item `split` (< CB_ATTN_SPLIT_ITEMS), heads from h0, into attn_part. */
 void cb_attn_split_chunk(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int h0, int split,
                          int c, float scale, int worker);

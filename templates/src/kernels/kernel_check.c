@@ -527,6 +527,21 @@ static int check_attention4(int *cases) {
                     }
                     *cases += 1;
                 }
+#ifdef cb_attn_mix4_same
+                /* A long prompt's run over one chunk: the four over the same n positions. */
+                if (f16) cb_attn_mix4_same_f16(out4, hd, weights4, ATTN_POS, kv16 + 5, ATTN_STRIDE, n, hd);
+                else cb_attn_mix4_same(out4, hd, weights4, ATTN_POS, kv + 5, ATTN_STRIDE, n, hd);
+                for (int i = 0; i < CB_ATTN_BLOCK; i++) {
+                    if (f16) cb_attn_mix_f16_scalar(o_ref, weights4 + i * ATTN_POS, kv16 + 5, ATTN_STRIDE, n, hd);
+                    else cb_attn_mix_scalar(o_ref, weights4 + i * ATTN_POS, kv + 5, ATTN_STRIDE, n, hd);
+                    if (memcmp(out4 + i * hd, o_ref, sizeof(float) * hd) != 0) {
+                        printf("  four-query mix over the same positions (%s cache) hd=%d n=%d query %d: differs from "
+                               "the one-query reference\n", f16 ? "f16" : "f32", hd, n, i);
+                        return 1;
+                    }
+                    *cases += 1;
+                }
+#endif
             }
         }
     }

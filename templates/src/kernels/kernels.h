@@ -322,6 +322,10 @@ void cb_attn_mix4_scalar(float *out, size_t out_stride, const float *w, size_t w
                          int n, int hd);
 void cb_attn_mix4_f16_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
                              size_t stride, int n, int hd);
+void cb_attn_mix4_same_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v,
+                              size_t stride, int n, int hd);
+void cb_attn_mix4_same_f16_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                                  size_t stride, int n, int hd);
 void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n);
 #if CB_KERNELS_AVX2
 float cb_dot_f32_avx2(const float *a, const float *b, int n);
@@ -419,6 +423,32 @@ void cb_swiglu_avx2(float *gate, const float *up, int n);
 #if CB_KERNELS_AVX512
 float cb_dot_f32_avx512(const float *a, const float *b, int n);
 void cb_topk_avx512(const float *values, int n, int k, int32_t *ids);
+/* The four-query score kernels in zmm (two positions a register), the AVX2
+ * kernels' bits; and four queries' mix over the same positions (a long
+ * prompt's chunk: attn_split.c), the one-query mix's bits. */
+void cb_attn_scores4_avx512(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd, float scale,
+                            float *scores, size_t s_stride, int stair);
+void cb_attn_scores4_f16_avx512(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride, int stair);
+#undef cb_attn_scores4
+#undef cb_attn_scores4_f16
+#define cb_attn_scores4 cb_attn_scores4_avx512
+#define cb_attn_scores4_f16 cb_attn_scores4_f16_avx512
+void cb_attn_mix4_same_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v,
+                              size_t stride, int n, int hd);
+void cb_attn_mix4_same_f16_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                                  size_t stride, int n, int hd);
+#define cb_attn_mix4_same cb_attn_mix4_same_avx512
+#define cb_attn_mix4_same_f16 cb_attn_mix4_same_f16_avx512
+/* and the four-query stair mix (prompt runs) in zmm, 16 chains of 16 */
+void cb_attn_mix4_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
+                         int n, int hd);
+void cb_attn_mix4_f16_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                             size_t stride, int n, int hd);
+#undef cb_attn_mix4
+#undef cb_attn_mix4_f16
+#define cb_attn_mix4 cb_attn_mix4_avx512
+#define cb_attn_mix4_f16 cb_attn_mix4_f16_avx512
 #endif
 #if CB_KERNELS_AVX512 && (defined(__AVX512VNNI__) || defined(CB_AVX512_VNNI_FORM))
 /* With AVX-512 VNNI the q8_0x4 prompt GEMM is the 512-bit one
@@ -566,7 +596,12 @@ void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float cb_expf(float x);
 /* x[i] = cb_expf((x[i] - shift) * scale): a sampler's exp((l - max) / T). */
 void cb_exp_shifted_scalar(float *x, int n, float shift, float scale);
+#if CB_KERNELS_AVX512
+void cb_exp_shifted_avx512(float *x, int n, float shift, float scale);
+#define cb_exp_shifted cb_exp_shifted_avx512
+#else
 #define cb_exp_shifted CB_KERNEL(cb_exp_shifted)
+#endif
 /* In place, numerically safe (max subtracted). */
 void cb_softmax_scalar(float *x, int n);
 /* silu(gate) * up, into gate. */

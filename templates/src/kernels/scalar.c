@@ -224,6 +224,19 @@ void cb_attn_mix4_f16_scalar(float *out, size_t out_stride, const float *w, size
         cb_attn_mix_f16_scalar(out + i * out_stride, w + i * w_stride, v, stride, n + i, hd);
 }
 
+/* Four queries over the same n positions (a run's chunk of a long prompt):
+ * the one-query mix for each, what cb_attn_mix4_same's SIMD forms compute. */
+void cb_attn_mix4_same_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v,
+                              size_t stride, int n, int hd) {
+    for (int i = 0; i < CB_ATTN_BLOCK; i++) cb_attn_mix_scalar(out + i * out_stride, w + i * w_stride, v, stride, n, hd);
+}
+
+void cb_attn_mix4_same_f16_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                                  size_t stride, int n, int hd) {
+    for (int i = 0; i < CB_ATTN_BLOCK; i++)
+        cb_attn_mix_f16_scalar(out + i * out_stride, w + i * w_stride, v, stride, n, hd);
+}
+
 void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n) {
     for (int i = 0; i < n; i++) y[i] = cb_float_to_half(x[i]);
 }
