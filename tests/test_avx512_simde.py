@@ -31,13 +31,39 @@ BUILD_CONFIG = """#ifndef CB_BUILD_CONFIG_H
 #define CB_KERNELS_DOTPROD 0
 #endif
 """
-# The check's other AVX-512 kernels (avx512.c: f32 dot and top-k) use
-# intrinsics SIMDe 0.7 lacks; they stand in as the AVX2 ones here, and the CPU
-# requirement check is the real build's business.
+# The check's other AVX-512 kernels (avx512.c: f32 dot, top-k, attention,
+# exp) use intrinsics SIMDe 0.7 lacks; they stand in as the AVX2 (or scalar)
+# kernels whose bits they give (kernel_check compares them natively on an
+# AVX-512 CPU), and the CPU requirement check is the real build's business.
 STUBS = """#include "kernels.h"
 void cb_cpu_require(const char *prog) { (void)prog; }
 float cb_dot_f32_avx512(const float *a, const float *b, int n) { return cb_dot_f32_avx2(a, b, n); }
 void cb_topk_avx512(const float *values, int n, int k, int32_t *ids) { cb_topk_avx2(values, n, k, ids); }
+void cb_exp_shifted_avx512(float *x, int n, float shift, float scale) { cb_exp_shifted_avx2(x, n, shift, scale); }
+void cb_attn_scores4_avx512(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
+                            float scale, float *scores, size_t s_stride, int stair) {
+    cb_attn_scores4_avx2(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
+}
+void cb_attn_scores4_f16_avx512(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
+                                float scale, float *scores, size_t s_stride, int stair) {
+    cb_attn_scores4_f16_avx2(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
+}
+void cb_attn_mix4_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v,
+                         size_t stride, int n, int hd) {
+    cb_attn_mix4_avx2(out, out_stride, w, w_stride, v, stride, n, hd);
+}
+void cb_attn_mix4_f16_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                             size_t stride, int n, int hd) {
+    cb_attn_mix4_f16_avx2(out, out_stride, w, w_stride, v, stride, n, hd);
+}
+void cb_attn_mix4_same_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v,
+                              size_t stride, int n, int hd) {
+    cb_attn_mix4_same_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
+}
+void cb_attn_mix4_same_f16_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
+                                  size_t stride, int n, int hd) {
+    cb_attn_mix4_same_f16_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
+}
 """
 SOURCES = ["kernels/kernel_check.c", "kernels/kquants.c", "kernels/kquants_avx2.c", "kernels/kquants_avx512.c",
            "kernels/gemm_avx512.c", "kernels/kquants4_avx2.c", "kernels/kquants_gemm_avx2.c", "kernels/avx2.c",
