@@ -36,34 +36,23 @@ BUILD_CONFIG = """#ifndef CB_BUILD_CONFIG_H
 # kernels whose bits they give (kernel_check compares them natively on an
 # AVX-512 CPU), and the CPU requirement check is the real build's business.
 STUBS = """#include "kernels.h"
+/* avx512.c's kernels (not built here) as their AVX2 or scalar forms: name, parameters, stand-in, arguments. */
+#define STUB(name, params, to, args) void name##_avx512 params { to args; }
+#define QKV(T) (const float *q, size_t q_stride, const T *k, size_t stride, int n, int hd, float scale, float *scores, \\
+                size_t s_stride, int stair)
+#define QKV_ARGS (q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair)
+#define MIX(T) (float *out, size_t out_stride, const float *w, size_t w_stride, const T *v, size_t stride, int n, int hd)
+#define MIX_ARGS (out, out_stride, w, w_stride, v, stride, n, hd)
 void cb_cpu_require(const char *prog) { (void)prog; }
 float cb_dot_f32_avx512(const float *a, const float *b, int n) { return cb_dot_f32_avx2(a, b, n); }
-void cb_topk_avx512(const float *values, int n, int k, int32_t *ids) { cb_topk_avx2(values, n, k, ids); }
-void cb_exp_shifted_avx512(float *x, int n, float shift, float scale) { cb_exp_shifted_avx2(x, n, shift, scale); }
-void cb_attn_scores4_avx512(const float *q, size_t q_stride, const float *k, size_t stride, int n, int hd,
-                            float scale, float *scores, size_t s_stride, int stair) {
-    cb_attn_scores4_avx2(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
-}
-void cb_attn_scores4_f16_avx512(const float *q, size_t q_stride, const cb_half *k, size_t stride, int n, int hd,
-                                float scale, float *scores, size_t s_stride, int stair) {
-    cb_attn_scores4_f16_avx2(q, q_stride, k, stride, n, hd, scale, scores, s_stride, stair);
-}
-void cb_attn_mix4_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v,
-                         size_t stride, int n, int hd) {
-    cb_attn_mix4_avx2(out, out_stride, w, w_stride, v, stride, n, hd);
-}
-void cb_attn_mix4_f16_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
-                             size_t stride, int n, int hd) {
-    cb_attn_mix4_f16_avx2(out, out_stride, w, w_stride, v, stride, n, hd);
-}
-void cb_attn_mix4_same_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v,
-                              size_t stride, int n, int hd) {
-    cb_attn_mix4_same_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
-}
-void cb_attn_mix4_same_f16_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
-                                  size_t stride, int n, int hd) {
-    cb_attn_mix4_same_f16_scalar(out, out_stride, w, w_stride, v, stride, n, hd);
-}
+STUB(cb_topk, (const float *values, int n, int k, int32_t *ids), cb_topk_avx2, (values, n, k, ids))
+STUB(cb_exp_shifted, (float *x, int n, float shift, float scale), cb_exp_shifted_avx2, (x, n, shift, scale))
+STUB(cb_attn_scores4, QKV(float), cb_attn_scores4_avx2, QKV_ARGS)
+STUB(cb_attn_scores4_f16, QKV(cb_half), cb_attn_scores4_f16_avx2, QKV_ARGS)
+STUB(cb_attn_mix4, MIX(float), cb_attn_mix4_avx2, MIX_ARGS)
+STUB(cb_attn_mix4_f16, MIX(cb_half), cb_attn_mix4_f16_avx2, MIX_ARGS)
+STUB(cb_attn_mix4_same, MIX(float), cb_attn_mix4_same_scalar, MIX_ARGS)
+STUB(cb_attn_mix4_same_f16, MIX(cb_half), cb_attn_mix4_same_f16_scalar, MIX_ARGS)
 """
 SOURCES = ["kernels/kernel_check.c", "kernels/kquants.c", "kernels/kquants_avx2.c", "kernels/kquants_avx512.c",
            "kernels/gemm_avx512.c", "kernels/kquants4_avx2.c", "kernels/kquants_gemm_avx2.c", "kernels/avx2.c",
