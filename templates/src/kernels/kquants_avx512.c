@@ -388,6 +388,27 @@ static inline __attribute__((always_inline)) void prefetch_next4(const void *nex
     for (size_t o = 0; o < share; o += 64) cb_prefetch(p + o);
 }
 
+#if KQ_VNNI
+/* Two rows' accumulators whose 128-bit lanes hold (row a, row a, row b,
+ * row b) partials (a, b: rows 0, 1 in p01, 2, 3 in p23) -> one vector whose
+ * lane r holds row r's partials (two, zeros beside), as fold4 gives. */
+static inline __m512i rows_of_pairs(__m512i p01, __m512i p23) {
+    const __m512i h = _mm512_add_epi32(_mm512_shuffle_i32x4(p01, p23, 0x44), _mm512_shuffle_i32x4(p01, p23, 0xEE));
+    const __m512i f = _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, 0xB1)); /* lanes 0 and 2: whole */
+    return _mm512_maskz_permutexvar_epi32(0x3333, _mm512_setr_epi32(0, 1, 0, 0, 2, 3, 0, 0, 8, 9, 0, 0, 10, 11, 0, 0), f);
+}
+/* vpermw controls for q4_k / q5_k's packed pairs: register z's low half is
+ * group gz (z: 0, 1, 4, 5 for z = 0..3), its high half gz + 2; words 0..3 of
+ * a lane row 2p's scale (word g of scw[p]), 4..7 row 2p + 1's (word 16 + g). */
+#define G4(g) g, g, g, g
+#define LANE(g) G4(g), G4(16 + g)
+#define PAIR(g) {LANE(g), LANE(g), LANE(g + 2), LANE(g + 2)}
+static const int16_t pair_scales[4][32] __attribute__((aligned(64))) = {PAIR(0), PAIR(1), PAIR(4), PAIR(5)};
+#undef PAIR
+#undef LANE
+#undef G4
+#endif
+
 /* pshufb controls: scale byte a as the words of the low half, b of the
  * high half (a lane's bytes 0..7: the eight scales). */
 #define W2(a) a, -1
@@ -409,15 +430,20 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
     const __m512i rot0 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), rot1 = _mm512_setr_epi64(3, 3, 3, 3, 1, 1, 1, 1);
     const __m512i rot2 = _mm512_setr_epi64(0, 0, 0, 0, 62, 62, 62, 62), rot3 = _mm512_setr_epi64(63, 63, 63, 63, 61, 61, 61, 61);
     const __m512i bit4 = _mm512_set1_epi8(0x10);
+#if !KQ_VNNI
     static const int8_t pick[4][64] __attribute__((aligned(64))) = {PICK2(0, 2), PICK2(1, 3), PICK2(4, 6), PICK2(5, 7)};
+#endif
     static const int8_t pick_mn[64] __attribute__((aligned(64))) = {
 #define M8 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1
         M8, M8, M8, M8
 #undef M8
     };
     const __m512i low4 = _mm512_set1_epi8(0xF);
+#if !KQ_VNNI
     const __m512i p0 = _mm512_load_si512(pick[0]), p1 = _mm512_load_si512(pick[1]), p2 = _mm512_load_si512(pick[2]),
-                  p3 = _mm512_load_si512(pick[3]), pmn = _mm512_load_si512(pick_mn);
+                  p3 = _mm512_load_si512(pick[3]);
+#endif
+    const __m512i pmn = _mm512_load_si512(pick_mn);
     /* Per lane (dwords h u0 u1 u2 of a block's start): sc_lo = u0 & 0x3F..,
      * sc_hi = u2 & 0x0F.. | (u0 >> 2) & 0x30.., mn_lo = u1 & 0x3F..,
      * mn_hi = (u2 >> 4) & 0x0F.. | (u1 >> 2) & 0x30.. */
@@ -449,28 +475,57 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
         const __m512i xc = _mm512_loadu_si512((const void *)(x->qs + 128)), xd = _mm512_loadu_si512((const void *)(x->qs + 192));
         const __m512i x0 = _mm512_shuffle_i32x4(xa, xb, 0x44), x1 = _mm512_shuffle_i32x4(xa, xb, 0xEE);
         const __m512i x2 = _mm512_shuffle_i32x4(xc, xd, 0x44), x3 = _mm512_shuffle_i32x4(xc, xd, 0xEE);
-        __m512i acc[4];
+        __m512i u[4][4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
             const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
-            const __m512i sc = _mm512_shuffle_i32x4(scmn, scmn, r * 0x55);
             const __m512i q0 = _mm512_loadu_si512((const void *)qs), q1 = _mm512_loadu_si512((const void *)(qs + 64));
-            __m512i u0 = _mm512_and_si512(q0, low4), u1 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4);
-            __m512i u2 = _mm512_and_si512(q1, low4), u3 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4);
+            u[r][0] = _mm512_and_si512(q0, low4), u[r][1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4);
+            u[r][2] = _mm512_and_si512(q1, low4), u[r][3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4);
             if (q5) { /* u | (rotated qh & 0x10) */
                 const __m512i qh = _mm512_broadcast_i64x4(load32(k5->qh));
-                u0 = _mm512_ternarylogic_epi32(u0, _mm512_rolv_epi64(qh, rot0), bit4, 0xF8);
-                u1 = _mm512_ternarylogic_epi32(u1, _mm512_rolv_epi64(qh, rot1), bit4, 0xF8);
-                u2 = _mm512_ternarylogic_epi32(u2, _mm512_rolv_epi64(qh, rot2), bit4, 0xF8);
-                u3 = _mm512_ternarylogic_epi32(u3, _mm512_rolv_epi64(qh, rot3), bit4, 0xF8);
+                u[r][0] = _mm512_ternarylogic_epi32(u[r][0], _mm512_rolv_epi64(qh, rot0), bit4, 0xF8);
+                u[r][1] = _mm512_ternarylogic_epi32(u[r][1], _mm512_rolv_epi64(qh, rot1), bit4, 0xF8);
+                u[r][2] = _mm512_ternarylogic_epi32(u[r][2], _mm512_rolv_epi64(qh, rot2), bit4, 0xF8);
+                u[r][3] = _mm512_ternarylogic_epi32(u[r][3], _mm512_rolv_epi64(qh, rot3), bit4, 0xF8);
             }
-            __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(u0, x0), _mm512_shuffle_epi8(sc, p0));
-            a = madd_acc(a, _mm512_maddubs_epi16(u1, x1), _mm512_shuffle_epi8(sc, p1));
-            a = madd_acc(a, _mm512_maddubs_epi16(u2, x2), _mm512_shuffle_epi8(sc, p2));
-            acc[r] = madd_acc(a, _mm512_maddubs_epi16(u3, x3), _mm512_shuffle_epi8(sc, p3));
+        }
+#if KQ_VNNI
+        /* Rows 2p, 2p + 1 together: vpdpbusd's lanes (four products, at most
+         * 4 * 31 * 128: int16) of the two rows packed to words, lane k's
+         * words 0..3 row 2p's, 4..7 row 2p + 1's, each pair one group's of
+         * one row; vpdpwssd then adds scale * pair straight to int32 lanes
+         * (no per-register scale shuffles; figures: the commit). */
+        const __m512i scw[2] = {_mm512_cvtepu8_epi16(_mm512_castsi512_si256(scmn)),
+                                _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(scmn, 1))};
+        const __m512i xz[4] = {x0, x1, x2, x3};
+        __m512i acc2[2];
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int z = 0; z < 4; z++) {
+                const __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * p][z], xz[z]);
+                const __m512i o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * p + 1][z], xz[z]);
+                a = _mm512_dpwssd_epi32(a, _mm512_packs_epi32(e, o),
+                                        _mm512_permutexvar_epi16(_mm512_load_si512(pair_scales[z]), scw[p]));
+            }
+            acc2[p] = a;
+        }
+        const __m256i t = totals4x2(rows_of_pairs(acc2[0], acc2[1]), mins);
+#else
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i sc = _mm512_shuffle_i32x4(scmn, scmn, r * 0x55);
+            __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(u[r][0], x0), _mm512_shuffle_epi8(sc, p0));
+            a = madd_acc(a, _mm512_maddubs_epi16(u[r][1], x1), _mm512_shuffle_epi8(sc, p1));
+            a = madd_acc(a, _mm512_maddubs_epi16(u[r][2], x2), _mm512_shuffle_epi8(sc, p2));
+            acc[r] = madd_acc(a, _mm512_maddubs_epi16(u[r][3], x3), _mm512_shuffle_epi8(sc, p3));
         }
         const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
+#endif
         __m128 d, dmin;
         halves_of_lanes(head, 0, &d, &dmin);
         s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), dmin, _mm256_extracti128_si256(t, 1));
