@@ -546,7 +546,8 @@ static void dot4_q5_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
 
 /* vpermw controls: word 16 (r % 2) + 4z + lane is group 4z + lane of row r's
  * 16 scales (two rows' scales as words in one vector): a product whose
- * 128-bit lanes are register z's four 16-weight groups (Q6_K, Q3_K). */
+ * 128-bit lanes are register z's four 16-weight groups (Q6_K without VNNI). */
+#if !KQ_VNNI
 static const int16_t pick16[2][4][32] __attribute__((aligned(64))) = {
 #define L8(g) g, g, g, g, g, g, g, g
 #define Z(o, z) {L8(o + 4 * z), L8(o + 4 * z + 1), L8(o + 4 * z + 2), L8(o + 4 * z + 3)}
@@ -555,6 +556,7 @@ static const int16_t pick16[2][4][32] __attribute__((aligned(64))) = {
 #undef Z
 #undef L8
 };
+#endif
 
 /* vpermw controls for Q2_K / Q3_K's registers u_k = (qs[0..63] >> 2k) & 3
  * (k = 0..3, immediate shifts): bytes 0..31 are weights 32k.., bytes 32..63
@@ -770,6 +772,19 @@ static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k
     _mm_storeu_ps(out, s);
 }
 
+#if KQ_VNNI
+/* vpermw controls for Q6_K's packed pairs: register z's lane k is group
+ * 4z + k; words 0..3 row 2p's scale (word 4z + k of the pair's scales), 4..7
+ * row 2p + 1's (word 16 + 4z + k). */
+#define G4(g) g, g, g, g
+#define LANE(g) G4(g), G4(16 + g)
+#define Z4(z) {LANE(4 * z), LANE(4 * z + 1), LANE(4 * z + 2), LANE(4 * z + 3)}
+static const int16_t pair16[4][32] __attribute__((aligned(64))) = {Z4(0), Z4(1), Z4(2), Z4(3)};
+#undef Z4
+#undef LANE
+#undef G4
+#endif
+
 /* Q6_K, four rows: register pair h (0, 1) of a row is ql[64h..64h + 63]:
  * its low nibbles are weights 128h..128h + 63 in order (qh[32h..] << 4, << 2
  * for bits 4..5 of the two halves), its high nibbles 128h + 64.. (qh, qh >>
@@ -800,26 +815,49 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         const __m512i mins = _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
         __m512i xq[4];
         for (int z = 0; z < 4; z++) xq[z] = _mm512_loadu_si512((const void *)(x->qs + 64 * z));
+        __m512i u[4][4]; /* row r's weights 64z.., unsigned 0..63 */
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i ql = _mm512_loadu_si512((const void *)(b[r]->ql + 64 * h));
+                const __m512i qh = _mm512_broadcast_i64x4(load32(b[r]->qh + 32 * h));
+                u[r][2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, low4), _mm512_sllv_epi64(qh, lo_shift), bits45, 0xF8);
+                u[r][2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                                            _mm512_srlv_epi64(qh, hi_shift), bits45, 0xF8); /* a | (b & c) */
+            }
+#if KQ_VNNI
+        /* As q4_k's: vpdpbusd lanes (at most 4 * 63 * 128 = 32256: int16)
+         * of rows 2p, 2p + 1 packed to words, vpdpwssd against the groups'
+         * scales (figures: the commit). */
+        __m512i acc2[2];
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int z = 0; z < 4; z++) {
+                const __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * p][z], xq[z]);
+                const __m512i o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * p + 1][z], xq[z]);
+                a = _mm512_dpwssd_epi32(a, _mm512_packs_epi32(e, o),
+                                        _mm512_permutexvar_epi16(_mm512_load_si512(pair16[z]), p ? sc23 : sc01));
+            }
+            acc2[p] = a;
+        }
+        const __m256i t = totals4x2(rows_of_pairs(acc2[0], acc2[1]), mins);
+#else
         __m512i acc[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const __m512i sc = r < 2 ? sc01 : sc23;
             __m512i a = _mm512_setzero_si512();
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const __m512i ql = _mm512_loadu_si512((const void *)(b[r]->ql + 64 * h));
-                const __m512i qh = _mm512_broadcast_i64x4(load32(b[r]->qh + 32 * h));
-                const __m512i u0 = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, low4), _mm512_sllv_epi64(qh, lo_shift), bits45, 0xF8);
-                const __m512i u1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
-                                                             _mm512_srlv_epi64(qh, hi_shift), bits45, 0xF8); /* a | (b & c) */
-                a = madd_acc(a, _mm512_maddubs_epi16(u0, xq[2 * h]),
-                             _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][2 * h]), sc));
-                a = madd_acc(a, _mm512_maddubs_epi16(u1, xq[2 * h + 1]),
-                             _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][2 * h + 1]), sc));
-            }
+#pragma GCC unroll 4
+            for (int z = 0; z < 4; z++)
+                a = madd_acc(a, _mm512_maddubs_epi16(u[r][z], xq[z]),
+                             _mm512_permutexvar_epi16(_mm512_load_si512(pick16[r % 2][z]), sc));
             acc[r] = a;
         }
         const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
+#endif
         const __m128i sum = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 5));
         /* d: the high halves of the dwords ending at its end. */
         __m128i dw = _mm_cvtsi32_si128((int)u32_of((const uint8_t *)&b[0]->d - 2));
