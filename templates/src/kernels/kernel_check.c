@@ -275,13 +275,34 @@ static int check_block_types(int f, int *cases, double *worst) {
     return own;
 }
 
+/* Extreme blocks of the K types (the fp16 scales kept): 1: every other
+ * byte 0xFF (q4_k / q5_k scales and mins 63, weights 15 / 31; q6_k weights
+ * +31, scales -1); 2: the weights 0 (q6_k: -32) and the scales at their
+ * largest (q4_k / q5_k 63, mins 63; q6_k -128). */
+static void extreme_block_row(int t, int n, int mode) {
+    const uint32_t dtype = block_types[t].dtype;
+    const int size = block_types[t].bytes;
+    for (int b = 0; b < n / block_types[t].elems; b++) {
+        uint8_t *blk = block_row + (size_t)b * size;
+        for (int i = 0; i < size; i++) {
+            if (i == block_types[t].half0 || i == block_types[t].half0 + 1 || i == block_types[t].half1 ||
+                i == block_types[t].half1 + 1)
+                continue;
+            const int scale_byte = dtype == CB_Q6_K ? i >= 192 && i < 208 : i >= 4 && i < 16;
+            blk[i] = mode == 1 ? 0xFF : !scale_byte ? 0 : dtype == CB_Q6_K ? 0x80 : 0xFF;
+        }
+    }
+}
+
 /* The q8_k types and MXFP4 (four-row and multi-token kernels) through
  * cb_matmul_tile, as the engine calls it: rows of a 15-row matrix in ranges
- * that start and end off a multiple of four, for two tokens and for K_TOKENS
- * gathered in reverse order (so four-row and multi-token kernels, where the
- * target has them, meet the one-row loop for the rest, and prefetch rows
- * ahead in the longer ranges), each result bit for bit the scalar
- * reference's for its row and token. Returns 1 on a mismatch. */
+ * that start and end off a multiple of four, for one, two and K_TOKENS
+ * tokens gathered in reverse order (so four-row and multi-token kernels,
+ * where the target has them, meet the one-row loop for the rest, and
+ * prefetch rows ahead in the longer ranges), each result bit for bit the
+ * scalar reference's for its row and token; the K types' extremes too
+ * (extreme_block_row, x at +-128 / 127: the four-product sums at their
+ * bounds). Returns 1 on a mismatch. */
 #define K_ROWS 15
 #define K_TOKENS 19
 static int check_k_rows(int *cases) {
@@ -296,31 +317,37 @@ static int check_k_rows(int *cases) {
         const uint32_t dtype = block_types[t].dtype;
         const int on_k = cb_wants_q8_k(dtype);
         if (!on_k && dtype != CB_MXFP4) continue;
+        const int k_type = dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K;
+        for (int extreme = 0; extreme < (k_type ? 3 : 1); extreme++)
         for (int n = on_k ? CB_QK_K : CB_QK; n <= BLOCK_N_MAX; n *= 2) {
             const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
             for (int r = 0; r < K_ROWS; r++) {
                 random_block_row(t, n);
+                if (extreme && r % 3 != 2) extreme_block_row(t, n, extreme); /* some rows random beside them */
                 memcpy(rows + r * row_bytes, block_row, row_bytes);
             }
             for (int tok = 0; tok < K_TOKENS; tok++) {
-                for (int i = 0; i < n; i++) block_x[i] = uniform() * (i % 9 == 0 ? 4.0f : 1.0f);
+                for (int i = 0; i < n; i++)
+                    block_x[i] = !extreme ? uniform() * (i % 9 == 0 ? 4.0f : 1.0f)
+                                          : tok % 3 == 0 ? 1.0f : tok % 3 == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
                 if (on_k) cb_quantize_row_q8_k(block_x, xk[tok], n);
                 else cb_quantize_row_q8_0(block_x, xq[tok], n);
             }
             const cb_tensor W = {rows, dtype, K_ROWS, (uint32_t)n};
             const cb_act A = {NULL, &xq[0][0], 0, BLOCK_N_MAX / CB_QK, &xk[0][0], BLOCK_N_MAX / CB_QK_K};
             for (int k = 0; k < (int)(sizeof ranges / sizeof ranges[0]); k++)
-                for (int many = 0; many < 2; many++) {
-                    const int r0 = ranges[k][0], r1 = ranges[k][1], n_tok = many ? K_TOKENS : 2;
-                    cb_matmul_tile(&W, r0, r1, &A, many ? reversed : NULL, n_tok, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
+                for (int many = 0; many < 3; many++) {
+                    const int r0 = ranges[k][0], r1 = ranges[k][1], n_tok = many == 2 ? K_TOKENS : 1 + many;
+                    cb_matmul_tile(&W, r0, r1, &A, many == 2 ? reversed : NULL, n_tok, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
                     for (int tok = 0; tok < n_tok; tok++)
                         for (int r = r0; r < r1; r++) {
-                            const int src = many ? reversed[tok] : tok;
+                            const int src = many == 2 ? reversed[tok] : tok;
                             const float want = on_k ? cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[src], n)
                                                  : cb_dot_block_scalar(dtype)(rows + r * row_bytes, xq[src], n);
                             if (memcmp(&y[tok][r], &want, sizeof want) != 0) {
-                                printf("  %s n=%d rows [%d, %d) row %d token %d of %d: got %.9g, reference %.9g\n",
-                                       block_types[t].name, n, r0, r1, r, src, n_tok, y[tok][r], want);
+                                printf("  %s%s n=%d rows [%d, %d) row %d token %d of %d: got %.9g, reference %.9g\n",
+                                       block_types[t].name, extreme ? " (extremes)" : "", n, r0, r1, r, src, n_tok,
+                                       y[tok][r], want);
                                 return 1;
                             }
                             (*cases)++;
@@ -917,7 +944,7 @@ int main(void) {
 #else
         const char *alone = "";
 #endif
-        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 2 and %d tokens%s; "
+        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 1, 2 and %d tokens, extremes%s; "
                "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, alone, cases);
         failed |= bad;
     }
