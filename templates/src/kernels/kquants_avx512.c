@@ -397,6 +397,34 @@ static inline __m512i rows_of_pairs(__m512i p01, __m512i p23) {
     const __m512i f = _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, 0xB1)); /* lanes 0 and 2: whole */
     return _mm512_maskz_permutexvar_epi32(0x3333, _mm512_setr_epi32(0, 1, 0, 0, 2, 3, 0, 0, 8, 9, 0, 0, 10, 11, 0, 0), f);
 }
+/* Sums p0 (rows 0, 1), p1 (rows 2, 3) whose 128-bit lanes hold (row a,
+ * row a, row b, row b) partials, and m whose lanes 0, 1 hold rows 0, 1's
+ * that way and lanes 2, 3 rows 2, 3's -> row r's total of the sums in dword
+ * r, of m in dword 4 + r (as totals4x2(fold4(..), ..), fewer shuffles). */
+static inline __m256i sums_and_mins(__m512i p0, __m512i p1, __m512i m) {
+    const __m512i h = _mm512_add_epi32(_mm512_shuffle_i32x4(p0, p1, 0x44), _mm512_shuffle_i32x4(p0, p1, 0xEE));
+    const __m512i even = _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(h), _mm512_castsi512_ps(m), 0x88));
+    const __m512i odd = _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(h), _mm512_castsi512_ps(m), 0xDD));
+    __m512i g = _mm512_add_epi32(even, odd); /* lane: sums of rows a, b, mins of rows a, b */
+    g = _mm512_add_epi32(g, _mm512_shuffle_i32x4(g, g, 0xB1));
+    return _mm512_castsi512_si256(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0), g));
+}
+/* kq_step4_512 with d, dmin in one vector and sum, mins in t (the same
+ * operations lane for lane). */
+static inline __m128 kq_step4x2(__m128 s, float dx, __m256 dd, __m256i t) {
+    const __m256 m = _mm256_mul_ps(_mm256_set1_ps(dx), dd), tf = _mm256_cvtepi32_ps(t);
+    return _mm_fnmadd_ps(_mm256_extractf128_ps(m, 1), _mm256_extractf128_ps(tf, 1),
+                         _mm_fmadd_ps(_mm256_castps256_ps128(m), _mm256_castps256_ps128(tf), s));
+}
+/* vpermw controls: the mins of rows 0, 1 (scw[0]: words 8.., 24..) and 2, 3
+ * (scw[1]: 40.., 56..), groups 4j.. in lane 2p + j; x's per-32 sums
+ * (words 0..7) to match; d, dmin of a block's start (lane r of head). */
+#define Q4(a) a, a + 1, a + 2, a + 3
+static const int16_t pair_mins[32] __attribute__((aligned(64))) = {Q4(8), Q4(24), Q4(12), Q4(28), Q4(40), Q4(56), Q4(44), Q4(60)};
+static const int16_t bs_pairs[32] __attribute__((aligned(64))) = {Q4(0), Q4(0), Q4(4), Q4(4), Q4(0), Q4(0), Q4(4), Q4(4)};
+#undef Q4
+static const int16_t d_dmin[32] __attribute__((aligned(64))) = {0, 8, 16, 24, 1, 9, 17, 25};
 /* vpermw controls for q4_k / q5_k's packed pairs: register z's low half is
  * group gz (z: 0, 1, 4, 5 for z = 0..3), its high half gz + 2; words 0..3 of
  * a lane row 2p's scale (word g of scw[p]), 4..7 row 2p + 1's (word 16 + g). */
@@ -433,17 +461,21 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
 #if !KQ_VNNI
     static const int8_t pick[4][64] __attribute__((aligned(64))) = {PICK2(0, 2), PICK2(1, 3), PICK2(4, 6), PICK2(5, 7)};
 #endif
+#if !KQ_VNNI
     static const int8_t pick_mn[64] __attribute__((aligned(64))) = {
 #define M8 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1
         M8, M8, M8, M8
 #undef M8
     };
+#endif
     const __m512i low4 = _mm512_set1_epi8(0xF);
 #if !KQ_VNNI
     const __m512i p0 = _mm512_load_si512(pick[0]), p1 = _mm512_load_si512(pick[1]), p2 = _mm512_load_si512(pick[2]),
                   p3 = _mm512_load_si512(pick[3]);
 #endif
+#if !KQ_VNNI
     const __m512i pmn = _mm512_load_si512(pick_mn);
+#endif
     /* Per lane (dwords h u0 u1 u2 of a block's start): sc_lo = u0 & 0x3F..,
      * sc_hi = u2 & 0x0F.. | (u0 >> 2) & 0x30.., mn_lo = u1 & 0x3F..,
      * mn_hi = (u2 >> 4) & 0x0F.. | (u1 >> 2) & 0x30.. */
@@ -470,7 +502,9 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
         /* bsums' per-32 sums (8 words), in every lane. */
         const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),
                                           _mm_loadu_si128((const __m128i *)x->bsums + 1));
+#if !KQ_VNNI
         const __m512i mins = _mm512_madd_epi16(_mm512_shuffle_epi8(scmn, pmn), _mm512_broadcast_i32x4(bs));
+#endif
         const __m512i xa = _mm512_loadu_si512((const void *)x->qs), xb = _mm512_loadu_si512((const void *)(x->qs + 64));
         const __m512i xc = _mm512_loadu_si512((const void *)(x->qs + 128)), xd = _mm512_loadu_si512((const void *)(x->qs + 192));
         const __m512i x0 = _mm512_shuffle_i32x4(xa, xb, 0x44), x1 = _mm512_shuffle_i32x4(xa, xb, 0xEE);
@@ -513,7 +547,14 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
             }
             acc2[p] = a;
         }
-        const __m256i t = totals4x2(rows_of_pairs(acc2[0], acc2[1]), mins);
+        /* The mins' sums with x's per-32 sums in the same pair layout:
+         * lane 2p + j, rows 2p (dwords 0, 1) and 2p + 1 (2, 3), groups 4j... */
+        const __m512i mnw = _mm512_permutex2var_epi16(scw[0], _mm512_load_si512(pair_mins), scw[1]);
+        const __m512i bsw = _mm512_permutexvar_epi16(_mm512_load_si512(bs_pairs), _mm512_castsi128_si512(bs));
+        const __m256i t = sums_and_mins(acc2[0], acc2[1], _mm512_madd_epi16(mnw, bsw));
+        /* d, dmin of the four rows: words 8r, 8r + 1 of head. */
+        const __m256 dd = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(_mm512_load_si512(d_dmin), head)));
+        s = kq_step4x2(s, x->d, dd, t);
 #else
         __m512i acc[4];
 #pragma GCC unroll 4
@@ -525,10 +566,10 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
             acc[r] = madd_acc(a, _mm512_maddubs_epi16(u[r][3], x3), _mm512_shuffle_epi8(sc, p3));
         }
         const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
-#endif
         __m128 d, dmin;
         halves_of_lanes(head, 0, &d, &dmin);
         s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), dmin, _mm256_extracti128_si256(t, 1));
+#endif
     }
     _mm_storeu_ps(out, s);
 }
