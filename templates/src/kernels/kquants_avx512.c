@@ -824,6 +824,21 @@ static const int16_t pair16[4][32] __attribute__((aligned(64))) = {Z4(0), Z4(1),
 #undef Z4
 #undef LANE
 #undef G4
+/* The offset's operands: lane k's words 0..3 and 4..7 x's sums of groups
+ * 4k.. (bs16_pairs, from the 16 sums), rows 2p and 2p + 1's scales of the
+ * same groups (sc16_pairs, from a pair's scales as words). */
+#define Q4(a) a, a + 1, a + 2, a + 3
+static const int16_t bs16_pairs[32] __attribute__((aligned(64))) = {Q4(0), Q4(0), Q4(4), Q4(4), Q4(8), Q4(8), Q4(12), Q4(12)};
+static const int16_t sc16_pairs[32] __attribute__((aligned(64))) = {Q4(0), Q4(16), Q4(4), Q4(20), Q4(8), Q4(24), Q4(12), Q4(28)};
+#undef Q4
+/* Row totals of p0 (rows 0, 1), p1 (rows 2, 3) whose 128-bit lanes hold
+ * (row a, row a, row b, row b) partials. */
+static inline __m128i pair_totals(__m512i p0, __m512i p1) {
+    __m512i h = _mm512_add_epi32(_mm512_shuffle_i32x4(p0, p1, 0x44), _mm512_shuffle_i32x4(p0, p1, 0xEE));
+    h = _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, 0xB1)); /* lanes 0, 2 whole */
+    h = _mm512_add_epi32(h, _mm512_ror_epi64(h, 32));           /* dwords 0, 2, 8, 10: the rows' */
+    return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 2, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), h));
+}
 #endif
 
 /* Q6_K, four rows: register pair h (0, 1) of a row is ql[64h..64h + 63]:
@@ -846,14 +861,16 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         const cb_block_q6_k *b[4];
         for (int r = 0; r < 4; r++)
             b[r] = (const cb_block_q6_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q6_k));
-        const __m512i bsums = _mm512_broadcast_i64x4(load32(x->bsums));
         /* Rows 0, 1 and 2, 3's scales as words; their sums with x's per-16 sums. */
         const __m512i sc01 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b[0]->scales)), _mm_loadu_si128((const __m128i *)b[1]->scales), 1));
         const __m512i sc23 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b[2]->scales)), _mm_loadu_si128((const __m128i *)b[3]->scales), 1));
+#if !KQ_VNNI
+        const __m512i bsums = _mm512_broadcast_i64x4(load32(x->bsums));
         const __m512i m01 = _mm512_madd_epi16(sc01, bsums), m23 = _mm512_madd_epi16(sc23, bsums);
         const __m512i mins = _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
+#endif
         __m512i xq[4];
         for (int z = 0; z < 4; z++) xq[z] = _mm512_loadu_si512((const void *)(x->qs + 64 * z));
         __m512i u[4][4]; /* row r's weights 64z.., unsigned 0..63 */
@@ -871,20 +888,32 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         /* As q4_k's: vpdpbusd lanes (at most 4 * 63 * 128 = 32256: int16)
          * of rows 2p, 2p + 1 packed to words, vpdpwssd against the groups'
          * scales (figures: the commit). */
+        /* The accumulators start at the 32 off: -32 scale(g) * (x's sum over
+         * group g) in the same layout (x's 16 sums, lane k's words 0..3
+         * and 4..7 those of groups 4k..; the scales as in pair16[0]). */
+        const __m512i bsw = _mm512_permutexvar_epi16(_mm512_load_si512(bs16_pairs), _mm512_castsi256_si512(load32(x->bsums)));
         __m512i acc2[2];
 #pragma GCC unroll 2
         for (int p = 0; p < 2; p++) {
-            __m512i a = _mm512_setzero_si512();
+            const __m512i sc = p ? sc23 : sc01;
+            __m512i a = _mm512_madd_epi16(
+                bsw, _mm512_permutexvar_epi16(_mm512_load_si512(sc16_pairs), _mm512_mullo_epi16(sc, _mm512_set1_epi16(-32))));
 #pragma GCC unroll 4
             for (int z = 0; z < 4; z++) {
                 const __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * p][z], xq[z]);
                 const __m512i o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * p + 1][z], xq[z]);
                 a = _mm512_dpwssd_epi32(a, _mm512_packs_epi32(e, o),
-                                        _mm512_permutexvar_epi16(_mm512_load_si512(pair16[z]), p ? sc23 : sc01));
+                                        _mm512_permutexvar_epi16(_mm512_load_si512(pair16[z]), sc));
             }
             acc2[p] = a;
         }
-        const __m256i t = totals4x2(rows_of_pairs(acc2[0], acc2[1]), mins);
+        const __m128i sum = pair_totals(acc2[0], acc2[1]);
+        /* d: the last word of the 16 bytes ending at its end, in each lane. */
+        const uint8_t *dend[4] = {(const uint8_t *)&b[0]->d - 14, (const uint8_t *)&b[1]->d - 14,
+                                  (const uint8_t *)&b[2]->d - 14, (const uint8_t *)&b[3]->d - 14};
+        const __m128 d = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(
+            _mm512_setr_epi32(0x000F0007, 0x001F0017, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), lanes4(dend))));
+        s = kq_step4_512(s, x->d, d, sum, _mm_setzero_ps(), _mm_setzero_si128());
 #else
         __m512i acc[4];
 #pragma GCC unroll 4
@@ -898,7 +927,6 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
             acc[r] = a;
         }
         const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), mins);
-#endif
         const __m128i sum = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 5));
         /* d: the high halves of the dwords ending at its end. */
         __m128i dw = _mm_cvtsi32_si128((int)u32_of((const uint8_t *)&b[0]->d - 2));
@@ -908,6 +936,7 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         const __m256 f = _mm256_cvtph_ps(dw);
         const __m128 d = _mm_shuffle_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1), 0xDD);
         s = kq_step4_512(s, x->d, d, sum, _mm_setzero_ps(), _mm_setzero_si128());
+#endif
     }
     _mm_storeu_ps(out, s);
 }
