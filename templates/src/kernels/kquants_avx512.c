@@ -449,6 +449,14 @@ static const int16_t pair_scales[4][32] __attribute__((aligned(64))) = {PAIR(0),
  * qh[0..31], group c's, rotated to bit 4); x's groups permuted to match,
  * once for the four rows. The 16 bytes at a block's start (d, dmin, the 12
  * scale bytes) of the four rows in one vector, unpacked together. */
+/* The high nibbles of q's bytes (low4: 0x0F bytes in scope). With VNNI and
+ * GFNI one gf2p8affineqb (bit 4 + i to bit i, a 0x00..0x0F byte out), a
+ * shift and mask less (figures: the commit). */
+#if KQ_VNNI && defined(__GFNI__) && !defined(CB_SIMDE)
+#define HI_NIB(q) _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000LL), 0)
+#else
+#define HI_NIB(q) _mm512_and_si512(_mm512_srli_epi16(q, 4), low4)
+#endif
 static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, size_t row_bytes,
                                                                  const cb_block_q8_k *x, int n, float out[4],
                                                                  const void *next, int q5) {
@@ -515,8 +523,8 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
             const cb_block_q5_k *k5 = (const cb_block_q5_k *)blk[r];
             const uint8_t *qs = q5 ? k5->qs : ((const cb_block_q4_k *)k5)->qs;
             const __m512i q0 = _mm512_loadu_si512((const void *)qs), q1 = _mm512_loadu_si512((const void *)(qs + 64));
-            u[r][0] = _mm512_and_si512(q0, low4), u[r][1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4);
-            u[r][2] = _mm512_and_si512(q1, low4), u[r][3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4);
+            u[r][0] = _mm512_and_si512(q0, low4), u[r][1] = HI_NIB(q0);
+            u[r][2] = _mm512_and_si512(q1, low4), u[r][3] = HI_NIB(q1);
             if (q5) { /* u | (rotated qh & 0x10) */
                 const __m512i qh = _mm512_broadcast_i64x4(load32(k5->qh));
                 u[r][0] = _mm512_ternarylogic_epi32(u[r][0], _mm512_rolv_epi64(qh, rot0), bit4, 0xF8);
@@ -881,8 +889,7 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
                 const __m512i ql = _mm512_loadu_si512((const void *)(b[r]->ql + 64 * h));
                 const __m512i qh = _mm512_broadcast_i64x4(load32(b[r]->qh + 32 * h));
                 u[r][2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, low4), _mm512_sllv_epi64(qh, lo_shift), bits45, 0xF8);
-                u[r][2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
-                                                            _mm512_srlv_epi64(qh, hi_shift), bits45, 0xF8); /* a | (b & c) */
+                u[r][2 * h + 1] = _mm512_ternarylogic_epi32(HI_NIB(ql), _mm512_srlv_epi64(qh, hi_shift), bits45, 0xF8); /* a | (b & c) */
             }
 #if KQ_VNNI
         /* As q4_k's: vpdpbusd lanes (at most 4 * 63 * 128 = 32256: int16)
