@@ -356,6 +356,13 @@ static inline __m256i totals4x2(__m512i s, __m512i m) {
         _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0), q));
 }
 
+/* The four rows' addresses at p: in general registers (GCC's SLP otherwise
+ * builds them in a vector and moves each out, some vector slots an
+ * iteration; figures: the commit). */
+static inline __attribute__((always_inline)) void rows4(const uint8_t *p, size_t row_bytes, const uint8_t *blk[4]) {
+    __asm__("" : "+r"(p));
+    blk[0] = p, blk[1] = p + row_bytes, blk[2] = p + 2 * row_bytes, blk[3] = p + 3 * row_bytes;
+}
 static inline uint32_t u32_of(const uint8_t *p) {
     uint32_t u;
     memcpy(&u, p, 4);
@@ -389,14 +396,6 @@ static inline __attribute__((always_inline)) void prefetch_next4(const void *nex
 }
 
 #if KQ_VNNI
-/* Two rows' accumulators whose 128-bit lanes hold (row a, row a, row b,
- * row b) partials (a, b: rows 0, 1 in p01, 2, 3 in p23) -> one vector whose
- * lane r holds row r's partials (two, zeros beside), as fold4 gives. */
-static inline __m512i rows_of_pairs(__m512i p01, __m512i p23) {
-    const __m512i h = _mm512_add_epi32(_mm512_shuffle_i32x4(p01, p23, 0x44), _mm512_shuffle_i32x4(p01, p23, 0xEE));
-    const __m512i f = _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, 0xB1)); /* lanes 0 and 2: whole */
-    return _mm512_maskz_permutexvar_epi32(0x3333, _mm512_setr_epi32(0, 1, 0, 0, 2, 3, 0, 0, 8, 9, 0, 0, 10, 11, 0, 0), f);
-}
 /* Sums p0 (rows 0, 1), p1 (rows 2, 3) whose 128-bit lanes hold (row a,
  * row a, row b, row b) partials, and m whose lanes 0, 1 hold rows 0, 1's
  * that way and lanes 2, 3 rows 2, 3's -> row r's total of the sums in dword
@@ -500,7 +499,7 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
         const uint8_t *blk[4];
-        for (int r = 0; r < 4; r++) blk[r] = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * block;
+        rows4((const uint8_t *)w + (size_t)i * block, row_bytes, blk);
         const __m512i head = lanes4(blk);
         const __m512i v1 = _mm512_shuffle_epi8(head, u0u0u1u1);
         const __m512i v2 = _mm512_srlv_epi32(_mm512_shuffle_epi8(head, u2u2u2u2), u2_shift);
@@ -539,8 +538,9 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
          * words 0..3 row 2p's, 4..7 row 2p + 1's, each pair one group's of
          * one row; vpdpwssd then adds scale * pair straight to int32 lanes
          * (no per-register scale shuffles; figures: the commit). */
-        const __m512i scw[2] = {_mm512_cvtepu8_epi16(_mm512_castsi512_si256(scmn)),
-                                _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(scmn, 1))};
+        /* 6-bit: sign extension is zero extension (SIMDe lacks cvtepu8_epi16) */
+        const __m512i scw[2] = {_mm512_cvtepi8_epi16(_mm512_castsi512_si256(scmn)),
+                                _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(scmn, 1))};
         const __m512i xz[4] = {x0, x1, x2, x3};
         __m512i acc2[2];
 #pragma GCC unroll 2
@@ -866,9 +866,9 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
-        const cb_block_q6_k *b[4];
-        for (int r = 0; r < 4; r++)
-            b[r] = (const cb_block_q6_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q6_k));
+        const uint8_t *rp[4];
+        rows4((const uint8_t *)w + (size_t)i * sizeof(cb_block_q6_k), row_bytes, rp);
+        const cb_block_q6_k *b[4] = {(const void *)rp[0], (const void *)rp[1], (const void *)rp[2], (const void *)rp[3]};
         /* Rows 0, 1 and 2, 3's scales as words; their sums with x's per-16 sums. */
         const __m512i sc01 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b[0]->scales)), _mm_loadu_si128((const __m128i *)b[1]->scales), 1));
