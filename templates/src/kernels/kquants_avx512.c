@@ -665,12 +665,11 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
-        const cb_block_q3_k *b[4];
+        const uint8_t *rp[4];
+        rows4((const uint8_t *)w + (size_t)i * sizeof(cb_block_q3_k), row_bytes, rp);
+        const cb_block_q3_k *b[4] = {(const void *)rp[0], (const void *)rp[1], (const void *)rp[2], (const void *)rp[3]};
         const uint8_t *end[4];
-        for (int r = 0; r < 4; r++) {
-            b[r] = (const cb_block_q3_k *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_q3_k));
-            end[r] = (const uint8_t *)(b[r] + 1) - 16;
-        }
+        for (int r = 0; r < 4; r++) end[r] = (const uint8_t *)(b[r] + 1) - 16;
         const __m512i tail = lanes4(end); /* qs' last 2 bytes, the 12 scale bytes, d */
         const __m512i lo = _mm512_srlv_epi32(_mm512_shuffle_epi8(tail, u0u1u0u1), lo_shift);
         const __m512i hi = _mm512_rolv_epi32(_mm512_shuffle_epi8(tail, u2x4), hi_rot);
@@ -779,9 +778,9 @@ static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k
     __m128 s = _mm_setzero_ps();
     for (int i = 0; i < nb; i++, x++) {
         prefetch_next4(next, share, i);
-        const cb_block_iq4_xs *b[4];
-        for (int r = 0; r < 4; r++)
-            b[r] = (const cb_block_iq4_xs *)((const uint8_t *)w + (size_t)r * row_bytes + (size_t)i * sizeof(cb_block_iq4_xs));
+        const uint8_t *rp[4];
+        rows4((const uint8_t *)w + (size_t)i * sizeof(cb_block_iq4_xs), row_bytes, rp);
+        const cb_block_iq4_xs *b[4] = {(const void *)rp[0], (const void *)rp[1], (const void *)rp[2], (const void *)rp[3]};
         /* The four rows' scales (bytes of a lane's low qword) as words, lane r row r's. */
         const __m512i sc8 = _mm512_sub_epi8(_mm512_setr_epi64((long long)cb_iq4xs_scales8((const uint8_t *)b[0]), 0,
                                                               (long long)cb_iq4xs_scales8((const uint8_t *)b[1]), 0,
