@@ -1,12 +1,13 @@
 /* Eight rows of q4_k, q5_k, q6_k, q3_k, q2_k or iq4_xs against many tokens'
- * q8_k rows at once (prompts), AVX2. A super-block of the eight rows is unpacked once into a
- * tile on the stack (about 3 KB, in L1): the weights as unsigned bytes laid
- * out row-interleaved, four weights of each row in turn (dword r of a vector
- * is row r's), and the scales as int16 in the same lanes. A token then
- * costs, per four weights of the eight rows, a broadcast of its four bytes,
- * one maddubs and one 16-bit add; a madd per scale group brings in the
- * scales. Every int32 lane is one row's sum, so no lane is ever summed
- * across (the one-row kernels' per-super-block reduction).
+ * q8_k rows at once (prompts), AVX2. A super-block of the eight rows is
+ * unpacked once into a tile on the stack (about 3 KB, in L1): the weights as
+ * unsigned bytes (iq4_xs without VNNI: signed levels) laid out
+ * row-interleaved, four weights of each row in turn (dword r of a vector is
+ * row r's), and the scales as int16 in the same lanes. A token then costs,
+ * per four weights of the eight rows, a broadcast of its four bytes, one
+ * maddubs and one 16-bit add; a madd per scale group brings in the scales
+ * (iq4_xs: tokens_step). Every int32 lane is one row's sum, so no lane is
+ * ever summed across (the one-row kernels' per-super-block reduction).
  *
  * Each (row, token) result is bit for bit the one-row kernel's (and so the
  * scalar reference's): the integer sums are exact whatever their order (the
@@ -214,7 +215,8 @@ static inline __attribute__((always_inline)) void unpack_q23(const uint8_t *cons
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
 #pragma GCC unroll 8
-            for (int m = 0; m < 8; m++) u->q[32 * half + 8 * j + m] = _mm256_and_si256(_mm256_srli_epi16(t[m], 2 * j), low2);
+            for (int m = 0; m < 8; m++)
+                u->q[32 * half + 8 * j + m] = _mm256_and_si256(_mm256_srli_epi16(t[m], 2 * j), low2);
     }
     __m256i w[8];
     if (q3) {
@@ -349,7 +351,8 @@ static inline __attribute__((always_inline)) void tokens_step(int type, const ti
             const int16_t *bs = x[t][i].bsums;
             __m256i mb = _mm256_madd_epi16(u->m[0], bcast4((const int8_t *)bs));
 #pragma GCC unroll 7
-            for (int g = 1; g < 8; g++) mb = _mm256_add_epi32(mb, _mm256_madd_epi16(u->m[g], bcast4((const int8_t *)(bs + 2 * g))));
+            for (int g = 1; g < 8; g++)
+                mb = _mm256_add_epi32(mb, _mm256_madd_epi16(u->m[g], bcast4((const int8_t *)(bs + 2 * g))));
             acc[t] = _mm256_sub_epi32(acc[t], _mm256_slli_epi32(mb, 7));
 #endif
             s[t] = kq_step8(s[t], dx, u->d, acc[t], u->dmin, _mm256_setzero_si256());

@@ -338,7 +338,8 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
      * after the first reading it from L1. */
     const cb_dot_k_fn k_dot = cb_dot_k(W->dtype);
 #ifdef cb_tokens_k
-    if (k_dot && n_tok >= k_tokens_min(W->dtype)) r = k_tokens_rows(W, r, r1, A, in, n_tok, Y, y_stride, out, mode, scale);
+    if (k_dot && n_tok >= k_tokens_min(W->dtype))
+        r = k_tokens_rows(W, r, r1, A, in, n_tok, Y, y_stride, out, mode, scale);
 #endif
 #ifdef cb_dot4_k
     /* Four rows at a time where the family has a kernel for the type (the
