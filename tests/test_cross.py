@@ -202,8 +202,8 @@ def test_kernel_bench_prints_every_case(built, workdir, tiny_model):
     prompt = re.search(r"kernel-bench q8_0x4 prompt from L2: 64 tokens (\d+\.\d) GMAC/s \((\d+)% of peak\), "
                        r"one token at a time (\d+\.\d) GMAC/s", done.stdout)
     assert prompt and float(prompt.group(1)) > 0 and float(prompt.group(3)) > 0, done.stdout
-    # A Q4_K_M file's types through the same prompt case, beside q8_0x4.
-    for dtype in ("q4_k", "q5_k", "q6_k"):
+    # The K types of Q4_K_M, Q3_K_M, Q2_K and IQ4_XS files through the same prompt case.
+    for dtype in ("q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs"):
         k = re.search(rf"kernel-bench {dtype} prompt from L2: 64 tokens (\d+\.\d) GMAC/s \((\d+)% of peak, "
                       r"(\d+\.\d\d)x q8_0x4\)", done.stdout)
         assert k and float(k.group(1)) > 0 and float(k.group(3)) > 0, done.stdout

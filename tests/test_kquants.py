@@ -343,7 +343,9 @@ def test_bench_k_quant_models_follow_the_mixture_plan(tmp_path):
         assert np.isfinite(logits).all() and logits.std() > 0
 
 
-K_TYPES = ["q4_k", "q5_k", "q6_k"]  # a Q4_K_M / Q5_K_M / Q6_K file's matrix types
+# The matrix types of Q4_K_M / Q5_K_M / Q6_K, Q3_K_M, Q2_K and IQ4_XS files:
+# every type with a multi-token kernel.
+K_TYPES = ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs"]
 
 
 def k_dtype(name, shape):

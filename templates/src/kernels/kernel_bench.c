@@ -6,7 +6,8 @@
  *   - from memory: 1, 2, 4, 8 and 16 tokens over a 512 MB matrix read once
  *     a pass, what a step's expert reads look like to one core.
  *   - prompts: the int8 peak, and n tokens (64 unless --prompt says) over a
- *     matrix from L2 in GMAC/s: q8_0x4, then q4_k, q5_k and q6_k beside it.
+ *     matrix from L2 in GMAC/s: q8_0x4, then q4_k, q5_k, q6_k, q3_k, q2_k
+ *     and iq4_xs beside it.
  * Prints one line a case; --quick runs each case briefly (a smoke test).
  * Built on demand (ninja colibri-kernel-bench). */
 #include <stdio.h>
@@ -331,10 +332,10 @@ int main(int argc, char **argv) {
         printf("kernel-bench int8 peak: %.1f GMAC/s (%s; per CPU second)\n", p, mix);
         printf("kernel-bench q8_0x4 prompt from L2: %d tokens %.1f GMAC/s (%.0f%% of peak), one token at a time %.1f "
                "GMAC/s (%.0f%%)\n", n_tok, g, p > 0 ? 100 * g / p : 0.0, l, p > 0 ? 100 * l / p : 0.0);
-        /* The K types of a Q4_K_M file the same way (GGML rows, random
-         * blocks), rounds interleaved with the types. */
-        static const uint32_t k_types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K};
-        static const char *const k_names[] = {"q4_k", "q5_k", "q6_k"};
+        /* The K types of Q4_K_M, Q3_K_M, Q2_K and IQ4_XS files the same
+         * way (GGML rows, random blocks), rounds interleaved with the types. */
+        static const uint32_t k_types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K, CB_Q3_K, CB_Q2_K, CB_IQ4_XS};
+        static const char *const k_names[] = {"q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs"};
         enum { NK = sizeof k_types / sizeof k_types[0] };
         static uint8_t *k_hot[NK];
         double k_gemm[NK][ROUNDS];

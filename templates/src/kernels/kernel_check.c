@@ -361,33 +361,38 @@ static int check_k_rows(int *cases) {
 #ifdef cb_tokens_k
 /* The family's multi-token K kernel called directly, against the scalar
  * reference bit for bit: 1..CB_TOKENS_K_ROWS rows, token counts across its
- * token groups and past one call's 64, random blocks and the extremes (every
- * weight at its largest unsigned value, x all +127 or all -127: the 16-bit
- * partial sums at their bound). Returns 1 on a mismatch. */
+ * token groups (and matmul.c's K_TOKENS_MIN) and past one call's 64, random
+ * blocks and the extremes: every bit set but the fp16 scales (every weight
+ * at its largest unsigned value, the 16-bit partial sums at their bound;
+ * iq4_xs: level 113, scale 31) and every bit clear (q3_k: q -4 and scale
+ * -32; iq4_xs: level -127 and scale -32), x all +127 or all -127. Returns 1
+ * on a mismatch. */
 #define KT_TOKENS 70
 static int check_k_tokens(int *cases) {
-    static const uint32_t types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K};
-    static uint8_t rows[CB_TOKENS_K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q5_k)];
+    static const uint32_t types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K, CB_Q3_K, CB_Q2_K, CB_IQ4_XS};
+    static uint8_t rows[CB_TOKENS_K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
     static cb_block_q8_k xk[KT_TOKENS][BLOCK_N_MAX / CB_QK_K];
     static const cb_block_q8_k *xs[KT_TOKENS];
     static float got[KT_TOKENS * CB_TOKENS_K_ROWS];
-    static const int counts[] = {1, 2, 3, 4, 5, 7, 19, 64, KT_TOKENS}, widths[] = {1, 5, CB_TOKENS_K_ROWS};
+    static const int counts[] = {1, 2, 3, 4, 5, 7, 19, 64, KT_TOKENS}, widths[] = {1, 3, 5, 7, CB_TOKENS_K_ROWS};
     for (int k = 0; k < (int)(sizeof types / sizeof types[0]); k++) {
         int t = 0;
         while (block_types[t].dtype != types[k]) t++;
         const cb_tokens_k_fn kernel = cb_tokens_k(types[k]);
+        if (!kernel) continue; /* none in this family */
         const cb_dot_k_fn ref = cb_dot_k_scalar(types[k]);
-        for (int extreme = 0; extreme < 2; extreme++)
+        for (int extreme = 0; extreme < 3; extreme++)
             for (int n = CB_QK_K; n <= BLOCK_N_MAX; n *= 4) {
                 const size_t row_bytes = cb_row_bytes(types[k], (uint32_t)n);
                 for (int r = 0; r < CB_TOKENS_K_ROWS; r++) {
                     random_block_row(t, n);
-                    if (extreme) /* all bits set but the fp16 scales (finite, from random_block_row) */
+                    if (extreme) /* all bits set (1) or clear (2) but the fp16 scales (finite, from random_block_row) */
                         for (size_t b = 0; b < row_bytes; b += (size_t)block_types[t].bytes)
-                            for (int i = 0; i < block_types[t].bytes; i++)
-                                if (i != block_types[t].half0 && i != block_types[t].half0 + 1 &&
-                                    i != block_types[t].half1 && i != block_types[t].half1 + 1)
-                                    block_row[b + i] = 0xFF;
+                            for (int i = 0; i < block_types[t].bytes; i++) {
+                                const int h0 = block_types[t].half0, h1 = block_types[t].half1;
+                                if (i != h0 && i != h0 + 1 && (h1 < 0 || (i != h1 && i != h1 + 1)))
+                                    block_row[b + i] = extreme == 1 ? 0xFF : 0x00;
+                            }
                     memcpy(rows + r * row_bytes, block_row, row_bytes);
                 }
                 for (int tok = 0; tok < KT_TOKENS; tok++) {
@@ -405,7 +410,8 @@ static int check_k_tokens(int *cases) {
                                 const float want = ref(rows + r * row_bytes, xk[tok], n);
                                 if (memcmp(&got[tok * CB_TOKENS_K_ROWS + r], &want, sizeof want) != 0) {
                                     printf("  tokens kernel %s%s n=%d rows %d tokens %d: row %d token %d got %.9g, "
-                                           "reference %.9g\n", block_types[t].name, extreme ? " (extremes)" : "", n,
+                                           "reference %.9g\n", block_types[t].name,
+                                           extreme == 1 ? " (bits set)" : extreme == 2 ? " (bits clear)" : "", n,
                                            width, n_tok, r, tok, got[tok * CB_TOKENS_K_ROWS + r], want);
                                     return 1;
                                 }

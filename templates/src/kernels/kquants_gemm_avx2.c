@@ -1,12 +1,13 @@
-/* Eight rows of q4_k, q5_k or q6_k against many tokens' q8_k rows at once
- * (prompts), AVX2. A super-block of the eight rows is unpacked once into a
- * tile on the stack (about 3 KB, in L1): the weights as unsigned bytes laid
- * out row-interleaved, four weights of each row in turn (dword r of a vector
- * is row r's), and the scales as int16 in the same lanes. A token then
- * costs, per four weights of the eight rows, a broadcast of its four bytes,
- * one maddubs and one 16-bit add; a madd per scale group brings in the
- * scales. Every int32 lane is one row's sum, so no lane is ever summed
- * across (the one-row kernels' per-super-block reduction).
+/* Eight rows of q4_k, q5_k, q6_k, q3_k, q2_k or iq4_xs against many tokens'
+ * q8_k rows at once (prompts), AVX2. A super-block of the eight rows is
+ * unpacked once into a tile on the stack (about 3 KB, in L1): the weights as
+ * unsigned bytes (iq4_xs without VNNI: signed levels) laid out
+ * row-interleaved, four weights of each row in turn (dword r of a vector is
+ * row r's), and the scales as int16 in the same lanes. A token then costs,
+ * per four weights of the eight rows, a broadcast of its four bytes, one
+ * maddubs and one 16-bit add; a madd per scale group brings in the scales
+ * (iq4_xs: tokens_step). Every int32 lane is one row's sum, so no lane is
+ * ever summed across (the one-row kernels' per-super-block reduction).
  *
  * Each (row, token) result is bit for bit the one-row kernel's (and so the
  * scalar reference's): the integer sums are exact whatever their order (the
@@ -21,22 +22,44 @@
 
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
-enum { K_Q4, K_Q5, K_Q6 };
+enum { K_Q4, K_Q5, K_Q6, K_Q3, K_Q2, K_IQ4XS };
+/* The types with a scale a 16 weights (four k-steps), against the bsums in
+ * pairs as q6_k. */
+#define PER16(type) ((type) == K_Q6 || (type) == K_Q3 || (type) == K_Q2)
+
+/* 256-bit dpbusd: AVX-512 VNNI (with VL) or AVX-VNNI (iq4_xs). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#define VNNI 1
+static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#else
+#define VNNI 0
+#endif
 #define ROWS 8 /* a vector's dwords */
 _Static_assert(ROWS == CB_TOKENS_K_ROWS, "the rows a call takes (matmul.c) are the tile's lanes");
 
 /* Four weights' k-steps of a super-block (64). maddubs' pair sums, added
  * over STEPS16 k-steps in int16 before one madd with their scale, stay in
  * range: q4_k 8 steps of 2 * 15 * 128, q5_k 4 of 2 * 31 * 128, q6_k (q + 32)
- * 2 of 2 * 63 * 128, all under 32768 (x is -127..127; -128 would fit too). */
+ * 2 of 2 * 63 * 128, q3_k (q + 4) and q2_k 4 (a scale's 16 weights) of
+ * 2 * 7 * 128, all under 32768 (x is -127..127; -128 would fit too).
+ * iq4_xs goes its own way (tokens_step). */
 #define STEPS (CB_QK_K / 4)
-#define STEPS16(type) ((type) == K_Q4 ? 8 : (type) == K_Q5 ? 4 : 2)
+#define STEPS16(type) ((type) == K_Q4 ? 8 : (type) == K_Q5 || (type) == K_Q3 || (type) == K_Q2 ? 4 : 2)
 
 /* A super-block of eight rows, unpacked. */
 typedef struct {
-    __m256i q[STEPS]; /* k-step s: weights 4s..4s+3 of row r in dword r, unsigned (q6_k: q + 32) */
-    __m256i sc[16];   /* k-step s's scale (q4_k / q5_k: sc[s / 8]; q6_k: sc[s / 4]), int16 twice in dword r */
-    __m256i m[8];     /* against bsums 2p, 2p + 1: q4_k / q5_k group p's min twice; q6_k scales 2p, 2p + 1 */
+    __m256i q[STEPS]; /* k-step s: weights 4s..4s+3 of row r in dword r, unsigned (q6_k: q + 32, q3_k:
+                         q + 4; iq4_xs: the signed level, or level + 128 with VNNI) */
+    __m256i sc[16];   /* k-step s's scale (q4_k / q5_k / iq4_xs: sc[s / 8]; q6_k / q3_k / q2_k: sc[s / 4]),
+                         int16 twice in dword r (iq4_xs with VNNI: int32) */
+    __m256i m[8];     /* against bsums 2p, 2p + 1: q4_k / q5_k group p's min twice, iq4_xs its scale twice;
+                         q6_k / q3_k scales 2p, 2p + 1; q2_k mins 2p, 2p + 1 */
     __m256 d, dmin;
 } tile;
 
@@ -167,6 +190,100 @@ static inline __attribute__((always_inline)) void unpack_q6(const uint8_t *const
     u->dmin = _mm256_setzero_ps();
 }
 
+/* Sixteen int16 per row (w[r]: row r's 0..15) to the tile's per-16 fields:
+ * sc[2p], sc[2p + 1] word 2p / 2p + 1 twice, and, where m, the pair as is. */
+static inline __attribute__((always_inline)) void per16(__m256i w[8], __m256i *sc, __m256i *m) {
+    __m256i p[8];
+    transpose8(w, p);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        if (m) m[k] = p[k];
+        if (sc) sc[2 * k] = dup_word(p[k], 0), sc[2 * k + 1] = dup_word(p[k], 1);
+    }
+}
+
+/* Q3_K / Q2_K: k-step 32h + 8j + m is bits 2j..2j+1 of qs[32h + 4m..]
+ * (kquants.c q2_bits); q3_k's third bit is bit 4h + j of hmask[4m..], so
+ * q3_k's q + 4 is 0..7. */
+static inline __attribute__((always_inline)) void unpack_q23(const uint8_t *const blk[ROWS], int q3, tile *u) {
+    const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    const size_t qs = q3 ? offsetof(cb_block_q3_k, qs) : offsetof(cb_block_q2_k, qs);
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; half++) {
+        __m256i t[8];
+        rows32(blk, qs + 32 * half, t);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; m++)
+                u->q[32 * half + 8 * j + m] = _mm256_and_si256(_mm256_srli_epi16(t[m], 2 * j), low2);
+    }
+    __m256i w[8];
+    if (q3) {
+        __m256i h[8];
+        rows32(blk, offsetof(cb_block_q3_k, hmask), h);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; m++) { /* bit c to bit 2, shifted in 16-bit lanes and masked */
+                const __m256i b = c < 2 ? _mm256_slli_epi16(h[m], 2 - c) : _mm256_srli_epi16(h[m], c - 2);
+                u->q[8 * c + m] = _mm256_or_si256(u->q[8 * c + m], _mm256_and_si256(b, bit2));
+            }
+#pragma GCC unroll 8
+        for (int r = 0; r < ROWS; r++) w[r] = _mm256_cvtepi8_epi16(q3_scales(blk[r] + offsetof(cb_block_q3_k, scales)));
+        per16(w, u->sc, u->m);
+        u->d = halves8_at(blk, offsetof(cb_block_q3_k, d));
+        u->dmin = _mm256_setzero_ps();
+    } else { /* each scale byte: the scale (low nibble) and the min */
+        const __m128i low4 = _mm_set1_epi8(0xF);
+        __m256i mn[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < ROWS; r++) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(blk[r] + offsetof(cb_block_q2_k, scales)));
+            w[r] = _mm256_cvtepu8_epi16(_mm_and_si128(v, low4));
+            mn[r] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), low4));
+        }
+        per16(w, u->sc, NULL);
+        per16(mn, NULL, u->m);
+        u->d = halves8_at(blk, offsetof(cb_block_q2_k, d));
+        u->dmin = halves8_at(blk, offsetof(cb_block_q2_k, dmin));
+    }
+}
+
+/* IQ4_XS: group g (k-steps 8g..8g+7) is the low then the high nibbles of
+ * qs[16g..16g + 15], through the codebook by pshufb: the signed level, or
+ * with VNNI level + 128 (1..241), dpbusd's unsigned side. */
+static inline __attribute__((always_inline)) void unpack_iq4xs(const uint8_t *const blk[ROWS], tile *u) {
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    const __m128i levels = _mm_loadu_si128((const __m128i *)cb_iq4nl_values);
+    const __m256i table = _mm256_broadcastsi128_si256(VNNI ? _mm_xor_si128(levels, _mm_set1_epi8((char)0x80)) : levels);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m256i t[8];
+        rows32(blk, offsetof(cb_block_iq4_xs, qs) + 32 * j, t);
+#pragma GCC unroll 8
+        for (int m = 0; m < 8; m++) { /* bytes 16 (2j + m / 4) + 4 (m % 4).. */
+            __m256i *q = u->q + 8 * (2 * j + m / 4) + m % 4;
+            q[0] = _mm256_shuffle_epi8(table, _mm256_and_si256(t[m], low4));
+            q[4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(t[m], 4), low4));
+        }
+    }
+    /* The eight scales less 32 as int16 (words 8..15 unused), transposed. */
+    __m256i w[8], p[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; r++)
+        w[r] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_cvtsi64_si128((long long)cb_iq4xs_scales8(blk[r]))),
+                                _mm256_set1_epi16(32));
+    transpose8(w, p);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        u->m[g] = dup_word(p[g / 2], g % 2);
+        u->sc[g] = VNNI ? _mm256_srai_epi32(u->m[g], 16) : u->m[g];
+    }
+    u->d = halves8_at(blk, offsetof(cb_block_iq4_xs, d));
+    u->dmin = _mm256_setzero_ps();
+}
+
 /* cb_kq_step on eight lanes (the eight rows): s + dx * (d * sum - dmin * mins). */
 static inline __m256 kq_step8(__m256 s, __m256 dx, __m256 d, __m256i sum, __m256 dmin, __m256i mins) {
 #if defined(__FMA__)
@@ -194,6 +311,54 @@ static inline __attribute__((always_inline)) void tokens_step(int type, const ti
     const int8_t *xq[4];
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_si256(), xq[t] = x[t][i].qs;
+    if (type == K_IQ4XS) {
+#if VNNI
+        /* A group's (level + 128) . x in int32 by dpbusd, times its scale;
+         * the 128 sum(x) comes off with the bsums. One chain a token: two
+         * (more registers) had the weights reloaded for every token and
+         * ran 0.80-0.97x q4_k against 1.04-1.14x (the commit). */
+#pragma GCC unroll 1
+        for (int g = 0; g < 8; g++) {
+            __m256i a[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m256i w = u->q[8 * g + k];
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) a[t] = dpbusd(a[t], w, bcast4(xq[t] + 4 * (8 * g + k)));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_mullo_epi32(a[t], u->sc[g]));
+        }
+#else
+        /* maddubs of |level| and x with the level's sign (each pair sum
+         * at most 2 * 127 * 127, so madd by the scale every k-step). */
+#pragma GCC unroll 2
+        for (int k = 0; k < STEPS; k++) {
+            const __m256i l = u->q[k], w = _mm256_abs_epi8(l), sc = u->sc[k / 8];
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const __m256i v = _mm256_maddubs_epi16(w, _mm256_sign_epi8(bcast4(xq[t] + 4 * k), l));
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(v, sc));
+            }
+        }
+#endif
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const __m256 dx = _mm256_set1_ps(x[t][i].d);
+#if VNNI
+            const int16_t *bs = x[t][i].bsums;
+            __m256i mb = _mm256_madd_epi16(u->m[0], bcast4((const int8_t *)bs));
+#pragma GCC unroll 7
+            for (int g = 1; g < 8; g++)
+                mb = _mm256_add_epi32(mb, _mm256_madd_epi16(u->m[g], bcast4((const int8_t *)(bs + 2 * g))));
+            acc[t] = _mm256_sub_epi32(acc[t], _mm256_slli_epi32(mb, 7));
+#endif
+            s[t] = kq_step8(s[t], dx, u->d, acc[t], u->dmin, _mm256_setzero_si256());
+        }
+        return;
+    }
     for (int s0 = 0; s0 < STEPS; s0 += steps16) {
         __m256i p[4];
 #pragma GCC unroll 8
@@ -209,21 +374,21 @@ static inline __attribute__((always_inline)) void tokens_step(int type, const ti
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) __asm__("" : "+x"(p[t]));
         }
-        const __m256i sc = u->sc[type == K_Q6 ? s0 / 4 : s0 / 8];
+        const __m256i sc = u->sc[PER16(type) ? s0 / 4 : s0 / 8];
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p[t], sc));
     }
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
-        /* The mins (q4_k / q5_k) or the 32 taken off q6_k's q, against the per-16 sums of x. */
+        /* The mins (q4_k / q5_k / q2_k) or the 32 / 4 taken off q6_k's / q3_k's q, against the per-16 sums of x. */
         const int16_t *bs = x[t][i].bsums;
         __m256i mb = _mm256_madd_epi16(u->m[0], bcast4((const int8_t *)bs));
 #pragma GCC unroll 7
         for (int k = 1; k < 8; k++) mb = _mm256_add_epi32(mb, _mm256_madd_epi16(u->m[k], bcast4((const int8_t *)(bs + 2 * k))));
         const __m256 dx = _mm256_set1_ps(x[t][i].d);
-        if (type == K_Q6)
-            s[t] = kq_step8(s[t], dx, u->d, _mm256_sub_epi32(acc[t], _mm256_slli_epi32(mb, 5)), u->dmin,
-                            _mm256_setzero_si256());
+        if (type == K_Q6 || type == K_Q3)
+            s[t] = kq_step8(s[t], dx, u->d, _mm256_sub_epi32(acc[t], _mm256_slli_epi32(mb, type == K_Q6 ? 5 : 2)),
+                            u->dmin, _mm256_setzero_si256());
         else s[t] = kq_step8(s[t], dx, u->d, acc[t], u->dmin, mb);
     }
 }
@@ -235,8 +400,12 @@ static inline __attribute__((always_inline)) void tokens_step(int type, const ti
 static inline __attribute__((always_inline)) void tokens_k(int type, const void *w, size_t row_bytes, int rows,
                                                           const cb_block_q8_k *const *x, int n_tok, int n, float *out,
                                                           const void *next) {
-    const size_t block = type == K_Q4 ? sizeof(cb_block_q4_k) : type == K_Q5 ? sizeof(cb_block_q5_k)
-                                                                              : sizeof(cb_block_q6_k);
+    const size_t block = type == K_Q4   ? sizeof(cb_block_q4_k)
+                         : type == K_Q5 ? sizeof(cb_block_q5_k)
+                         : type == K_Q6 ? sizeof(cb_block_q6_k)
+                         : type == K_Q3 ? sizeof(cb_block_q3_k)
+                         : type == K_Q2 ? sizeof(cb_block_q2_k)
+                                        : sizeof(cb_block_iq4_xs);
     const int nb = n / CB_QK_K;
     /* The next rows (one stretch after these), spread over the super-blocks. */
     const size_t share = ((size_t)rows * row_bytes / (size_t)nb + 63) / 64 * 64;
@@ -253,6 +422,8 @@ static inline __attribute__((always_inline)) void tokens_k(int type, const void 
             for (int r = 0; r < ROWS; r++) blk[r] = (const uint8_t *)w + (size_t)(r < rows ? r : 0) * row_bytes + (size_t)i * block;
             tile u;
             if (type == K_Q6) unpack_q6(blk, &u);
+            else if (type == K_Q3 || type == K_Q2) unpack_q23(blk, type == K_Q3, &u);
+            else if (type == K_IQ4XS) unpack_iq4xs(blk, &u);
             else unpack_q45(blk, type == K_Q5, &u);
             int t = 0;
             for (; t + 4 <= tn; t += 4) tokens_step(type, &u, xt + t, i, 4, s + t);
@@ -279,11 +450,27 @@ static void tokens_q6_k(const void *w, size_t row_bytes, int rows, const cb_bloc
     tokens_k(K_Q6, w, row_bytes, rows, x, n_tok, n, out, next);
 }
 
+static void tokens_q3_k(const void *w, size_t row_bytes, int rows, const cb_block_q8_k *const *x, int n_tok, int n,
+                        float *out, const void *next) {
+    tokens_k(K_Q3, w, row_bytes, rows, x, n_tok, n, out, next);
+}
+static void tokens_q2_k(const void *w, size_t row_bytes, int rows, const cb_block_q8_k *const *x, int n_tok, int n,
+                        float *out, const void *next) {
+    tokens_k(K_Q2, w, row_bytes, rows, x, n_tok, n, out, next);
+}
+static void tokens_iq4_xs(const void *w, size_t row_bytes, int rows, const cb_block_q8_k *const *x, int n_tok, int n,
+                          float *out, const void *next) {
+    tokens_k(K_IQ4XS, w, row_bytes, rows, x, n_tok, n, out, next);
+}
+
 cb_tokens_k_fn cb_tokens_k_avx2(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_K: return tokens_q4_k;
     case CB_Q5_K: return tokens_q5_k;
     case CB_Q6_K: return tokens_q6_k;
+    case CB_Q3_K: return tokens_q3_k;
+    case CB_Q2_K: return tokens_q2_k;
+    case CB_IQ4_XS: return tokens_iq4_xs;
     }
     return NULL;
 }

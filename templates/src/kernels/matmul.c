@@ -125,8 +125,13 @@ static void dot4(uint32_t dtype, const void *rows, size_t row_bytes, const cb_bl
  * eight rows unpacked once for all tokens) replaces looping the four-row
  * one-token kernel: at 2 tokens the unpacking, shared by too few tokens,
  * lost to the loop on q6_k; from 3 it won on both q4_k and q6_k (figures:
- * the commit). */
+ * the commit). q3_k, q2_k and iq4_xs, whose one-token kernels are slower,
+ * take it from 2: at 2 tokens it ran 1.7-1.9x the loop on iq4_xs (VNNI),
+ * 1.1-1.3x on all three without VNNI, about even on q3_k / q2_k with it. */
 #define K_TOKENS_MIN 3
+static inline int k_tokens_min(uint32_t dtype) {
+    return dtype == CB_Q3_K || dtype == CB_Q2_K || dtype == CB_IQ4_XS ? 2 : K_TOKENS_MIN;
+}
 /* Rows r..r1 of a K-type W for n_tok tokens through the family's
  * multi-token kernel (CB_TOKENS_K_ROWS rows a call, the last call fewer),
  * staged as the q8_0 path above stages them; returns r1, or r where the
@@ -333,7 +338,8 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
      * after the first reading it from L1. */
     const cb_dot_k_fn k_dot = cb_dot_k(W->dtype);
 #ifdef cb_tokens_k
-    if (k_dot && n_tok >= K_TOKENS_MIN) r = k_tokens_rows(W, r, r1, A, in, n_tok, Y, y_stride, out, mode, scale);
+    if (k_dot && n_tok >= k_tokens_min(W->dtype))
+        r = k_tokens_rows(W, r, r1, A, in, n_tok, Y, y_stride, out, mode, scale);
 #endif
 #ifdef cb_dot4_k
     /* Four rows at a time where the family has a kernel for the type (the
