@@ -356,7 +356,7 @@ def k_dtype(name, shape):
 
 def test_a_k_quant_prompt_gives_the_bits_of_decoding_it_token_by_token(tmp_path):
     """A prompt runs its K-type matrices through the multi-token kernel (each
-    super-block of four rows unpacked once for a group of tokens: the
+    super-block of eight rows unpacked once for a group of tokens: the
     attention matrices see all 60 tokens, the busier experts 8 or more);
     decoding the same tokens one at a time runs the one-token kernels. The
     logits must be the same bits at every position."""
