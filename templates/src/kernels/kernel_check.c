@@ -4,6 +4,7 @@
  * Built on demand (ninja colibri-kernel-check) and run by the tests on each
  * target, natively or under wine / qemu. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -277,8 +278,15 @@ static int check_block_types(int f, int *cases, double *worst) {
 
 /* Extreme blocks of the K types (the fp16 scales kept): 1: every other
  * byte 0xFF (q4_k / q5_k scales and mins 63, weights 15 / 31; q6_k weights
- * +31, scales -1); 2: the weights 0 (q6_k: -32) and the scales at their
- * largest (q4_k / q5_k 63, mins 63; q6_k -128). */
+ * +31, scales -1; q2_k weights 3, scales and mins 15; q3_k weights 3 with
+ * hmask set, scales 31; iq4_xs level 113, scale 31); 2: the weights 0 (q6_k:
+ * -32; q3_k: hmask clear, -4) and the scales at their largest (q4_k / q5_k
+ * 63, mins 63; q6_k -128; q2_k 15, mins 15; q3_k -32); iq4_xs every bit
+ * clear (level -127, scale -32); 3 (iq4_xs): every scale 0..63 over the
+ * blocks of a 2048-wide row and every level in every group; 3 (q2_k,
+ * q3_k): the weights' fields all 3, q3_k's hmask clear (-1), the scale
+ * bytes 0x0F and 0xF0 in turn (q2_k: scale 15 min 0, scale 0 min 15; q3_k:
+ * 6-bit scales from -32 to 31 mixed). */
 static void extreme_block_row(int t, int n, int mode) {
     const uint32_t dtype = block_types[t].dtype;
     const int size = block_types[t].bytes;
@@ -288,8 +296,25 @@ static void extreme_block_row(int t, int n, int mode) {
             if (i == block_types[t].half0 || i == block_types[t].half0 + 1 || i == block_types[t].half1 ||
                 i == block_types[t].half1 + 1)
                 continue;
+            if (dtype == CB_Q2_K || dtype == CB_Q3_K) {
+                const int q2 = dtype == CB_Q2_K, scale_byte = q2 ? i < 16 : i >= 96, hmask = !q2 && i < 32;
+                blk[i] = mode == 1   ? 0xFF
+                         : mode == 2 ? (scale_byte && q2 ? 0xFF : 0x00)
+                                     : (scale_byte ? (i % 2 ? 0xF0 : 0x0F) : hmask ? 0x00 : 0xFF);
+                continue;
+            }
             const int scale_byte = dtype == CB_Q6_K ? i >= 192 && i < 208 : i >= 4 && i < 16;
-            blk[i] = mode == 1 ? 0xFF : !scale_byte ? 0 : dtype == CB_Q6_K ? 0x80 : 0xFF;
+            blk[i] = mode == 1 ? 0xFF : !scale_byte || dtype == CB_IQ4_XS ? 0 : dtype == CB_Q6_K ? 0x80 : 0xFF;
+        }
+        if (mode == 3 && dtype == CB_IQ4_XS) { /* group g of block b scale (8b + g) % 64, its bytes j every level at nibbles j, j + 7 */
+            uint16_t h = 0;
+            uint8_t l[4] = {0};
+            for (int g = 0; g < 8; g++) {
+                const int sc = (8 * b + g) % 64;
+                h |= (uint16_t)((sc >> 4) << (2 * g)), l[g / 2] |= (uint8_t)((sc & 0xF) << (4 * (g % 2)));
+            }
+            memcpy(blk + 2, &h, 2), memcpy(blk + 4, l, 4);
+            for (int j = 0; j < 128; j++) blk[8 + j] = (uint8_t)((j + b) % 16 | ((j + b + 7) % 16) << 4);
         }
     }
 }
@@ -317,8 +342,9 @@ static int check_k_rows(int *cases) {
         const uint32_t dtype = block_types[t].dtype;
         const int on_k = cb_wants_q8_k(dtype);
         if (!on_k && dtype != CB_MXFP4) continue;
-        const int k_type = dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K;
-        for (int extreme = 0; extreme < (k_type ? 3 : 1); extreme++)
+        const int k_type = dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K || dtype == CB_IQ4_XS;
+        const int four = dtype == CB_IQ4_XS || dtype == CB_Q2_K || dtype == CB_Q3_K; /* a third extreme */
+        for (int extreme = 0; extreme < (four ? 4 : k_type ? 3 : 1); extreme++)
         for (int n = on_k ? CB_QK_K : CB_QK; n <= BLOCK_N_MAX; n *= 2) {
             const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
             for (int r = 0; r < K_ROWS; r++) {
@@ -345,8 +371,8 @@ static int check_k_rows(int *cases) {
                             const float want = on_k ? cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[src], n)
                                                  : cb_dot_block_scalar(dtype)(rows + r * row_bytes, xq[src], n);
                             if (memcmp(&y[tok][r], &want, sizeof want) != 0) {
-                                printf("  %s%s n=%d rows [%d, %d) row %d token %d of %d: got %.9g, reference %.9g\n",
-                                       block_types[t].name, extreme ? " (extremes)" : "", n, r0, r1, r, src, n_tok,
+                                printf("  %s%s %d n=%d rows [%d, %d) row %d token %d of %d: got %.9g, reference %.9g\n",
+                                       block_types[t].name, extreme ? " (extremes)" : "", extreme, n, r0, r1, r, src, n_tok,
                                        y[tok][r], want);
                                 return 1;
                             }
@@ -374,15 +400,19 @@ static int check_k_tokens(int *cases) {
     static cb_block_q8_k xk[KT_TOKENS][BLOCK_N_MAX / CB_QK_K];
     static const cb_block_q8_k *xs[KT_TOKENS];
     static float got[KT_TOKENS * CB_TOKENS_K_ROWS];
-    static const int counts[] = {1, 2, 3, 4, 5, 7, 19, 64, KT_TOKENS}, widths[] = {1, 3, 5, 7, CB_TOKENS_K_ROWS};
+    /* widths past 8: the sixteen-row AVX-512 VNNI kernels (kernels.h), whole,
+     * eight rows (the eight-row kernel's) and a tile not a multiple of 8 */
+    static const int counts[] = {1, 2, 3, 4, 5, 7, 8, 9, 19, 64, KT_TOKENS},
+                     widths[] = {1, 3, 5, 7, 8, 9, 13, 15, CB_TOKENS_K_ROWS};
     for (int k = 0; k < (int)(sizeof types / sizeof types[0]); k++) {
         int t = 0;
         while (block_types[t].dtype != types[k]) t++;
         const cb_tokens_k_fn kernel = cb_tokens_k(types[k]);
         if (!kernel) continue; /* none in this family */
         const cb_dot_k_fn ref = cb_dot_k_scalar(types[k]);
-        for (int extreme = 0; extreme < 3; extreme++)
+        for (int extreme = 0; extreme < 4; extreme++)
             for (int n = CB_QK_K; n <= BLOCK_N_MAX; n *= 4) {
+                if (extreme == 3 && types[k] != CB_Q6_K) continue;
                 const size_t row_bytes = cb_row_bytes(types[k], (uint32_t)n);
                 for (int r = 0; r < CB_TOKENS_K_ROWS; r++) {
                     random_block_row(t, n);
@@ -393,6 +423,12 @@ static int check_k_tokens(int *cases) {
                                 if (i != h0 && i != h0 + 1 && (h1 < 0 || (i != h1 && i != h1 + 1)))
                                     block_row[b + i] = extreme == 1 ? 0xFF : 0x00;
                             }
+                    if (extreme == 3) /* q6_k: q +31 (even rows) or -32, each scale 127 or -128 */
+                        for (size_t b = 0; b < row_bytes; b += sizeof(cb_block_q6_k)) {
+                            memset(block_row + b, r % 2 ? 0x00 : 0xFF, offsetof(cb_block_q6_k, scales));
+                            for (int j = 0; j < 16; j++)
+                                block_row[b + offsetof(cb_block_q6_k, scales) + j] = (uint8_t)((j + r) % 2 ? 0x80 : 0x7F);
+                        }
                     memcpy(rows + r * row_bytes, block_row, row_bytes);
                 }
                 for (int tok = 0; tok < KT_TOKENS; tok++) {
@@ -404,6 +440,7 @@ static int check_k_tokens(int *cases) {
                 for (int c = 0; c < (int)(sizeof counts / sizeof counts[0]); c++)
                     for (int wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++) {
                         const int n_tok = counts[c], width = widths[wi];
+                        if (width > CB_TOKENS_K_ROWS) continue;
                         kernel(rows, row_bytes, width, xs, n_tok, n, got, NULL);
                         for (int tok = 0; tok < n_tok; tok++)
                             for (int r = 0; r < width; r++) {
@@ -411,7 +448,8 @@ static int check_k_tokens(int *cases) {
                                 if (memcmp(&got[tok * CB_TOKENS_K_ROWS + r], &want, sizeof want) != 0) {
                                     printf("  tokens kernel %s%s n=%d rows %d tokens %d: row %d token %d got %.9g, "
                                            "reference %.9g\n", block_types[t].name,
-                                           extreme == 1 ? " (bits set)" : extreme == 2 ? " (bits clear)" : "", n,
+                                           extreme == 1 ? " (bits set)" : extreme == 2 ? " (bits clear)"
+                                           : extreme == 3 ? " (q +31 / -32, scales 127 / -128)" : "", n,
                                            width, n_tok, r, tok, got[tok * CB_TOKENS_K_ROWS + r], want);
                                     return 1;
                                 }

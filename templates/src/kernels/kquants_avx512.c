@@ -176,7 +176,7 @@ static inline __attribute__((always_inline)) int32_t scaled_sum(const __m512i u[
 
 /* The groups' scales are signed bytes (16, one a group), built in
  * registers: stored bytes read back as a vector would stall store
- * forwarding. As int32 lanes: */
+ * forwarding. As int32 lanes (_mm512_cvtepi8_epi32, which SIMDe lacks): */
 static inline __m512i lanes16(__m128i c8) {
     return join(_mm256_cvtepi8_epi32(c8), _mm256_cvtepi8_epi32(_mm_srli_si128(c8, 8)));
 }
@@ -294,6 +294,67 @@ static float dot_q3_k(const void *w, const cb_block_q8_k *x, int n) {
     return s;
 }
 
+/* x's eight per-32 sums (the per-16 bsums added in pairs), as words. */
+static inline __attribute__((always_inline)) __m128i per32_sums(const cb_block_q8_k *x) {
+    return _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums), _mm_loadu_si128((const __m128i *)x->bsums + 1));
+}
+/* x's 256 bytes for registers whose 128-bit lane g holds 32-weight group g
+ * of qs[64h..] (IQ4_XS): out[2h] the groups' first 16 bytes (4h..4h + 3),
+ * out[2h + 1] their last 16. */
+static inline __attribute__((always_inline)) void x_by_group(const int8_t *qs, __m512i out[4]) {
+    const __m512i xa = _mm512_loadu_si512((const void *)qs), xb = _mm512_loadu_si512((const void *)(qs + 64));
+    const __m512i xc = _mm512_loadu_si512((const void *)(qs + 128)), xd = _mm512_loadu_si512((const void *)(qs + 192));
+    out[0] = _mm512_shuffle_i32x4(xa, xb, 0x88), out[1] = _mm512_shuffle_i32x4(xa, xb, 0xDD);
+    out[2] = _mm512_shuffle_i32x4(xc, xd, 0x88), out[3] = _mm512_shuffle_i32x4(xc, xd, 0xDD);
+}
+
+/* The high nibbles of q's bytes (low4: 0x0F bytes in scope). With VNNI and
+ * GFNI one gf2p8affineqb (bit 4 + i to bit i, a 0x00..0x0F byte out), a
+ * shift and mask less (figures: the commit). */
+#if KQ_VNNI && defined(__GFNI__) && !defined(CB_SIMDE)
+#define HI_NIB(q) _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000LL), 0)
+#else
+#define HI_NIB(q) _mm512_and_si512(_mm512_srli_epi16(q, 4), low4)
+#endif
+#if KQ_VNNI
+/* IQ4_XS with VNNI: group g of qs[64h..] in lane g (low nibbles its first
+ * 16 weights, high ones its last 16), x permuted to match; levels + 128
+ * (unsigned) into vpdpbusd, times the group's scale less 32 (vpmulld), the
+ * 128 off through x's per-32 sums (dot4_iq4_xs_vnni's way, one row). */
+static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
+    static const int32_t pick[2][16] __attribute__((aligned(64))) = {
+#define L4(g) g, g, g, g
+        {L4(0), L4(1), L4(2), L4(3)}, {L4(4), L4(5), L4(6), L4(7)},
+#undef L4
+    };
+    const cb_block_iq4_xs *b = w;
+    const __m512i book = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cb_iq4nl_values)),
+                                          _mm512_set1_epi8((char)0x80)); /* level + 128 */
+    const __m512i low4 = _mm512_set1_epi8(0xF);
+    float s = 0;
+    for (int i = 0; i < n / CB_QK_K; i++, b++, x++) {
+        const __m128i sc8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)cb_iq4xs_scales8((const uint8_t *)b)), _mm_set1_epi8(32));
+        const __m512i sc32 = _mm512_castsi256_si512(_mm256_cvtepi8_epi32(sc8)); /* dwords 0..7 */
+        const __m128i bs = per32_sums(x);
+        __m128i m = _mm_madd_epi16(_mm_cvtepi8_epi16(sc8), bs);
+        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4E));
+        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xB1));
+        __m512i xs[4];
+        x_by_group(x->qs, xs);
+        __m512i acc = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
+            const __m512i ul = _mm512_shuffle_epi8(book, _mm512_and_si512(q, low4));
+            const __m512i uh = _mm512_shuffle_epi8(book, HI_NIB(q));
+            const __m512i g = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ul, xs[2 * h]), uh, xs[2 * h + 1]);
+            acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(g, _mm512_permutexvar_epi32(_mm512_load_si512(pick[h]), sc32)));
+        }
+        const int32_t sum = total512(acc) - 128 * _mm_cvtsi128_si32(m);
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), sum, 0.0f, 0);
+    }
+    return s;
+}
+#else
 /* IQ4_XS: group g (32 weights) is the codebook at nibbles(qs + 16g), signed;
  * its 6-bit scale less 32. */
 static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
@@ -304,14 +365,12 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
         __m512i u[4];
         for (int z = 0; z < 4; z++)
             u[z] = _mm512_shuffle_epi8(book, nibbles_pair(b->qs + 32 * z, b->qs + 32 * z + 16));
-        uint64_t ls = 0;
-        for (int g = 0; g < 8; g++)
-            ls |= (uint64_t)(uint8_t)((((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | ((b->scales_h >> (2 * g)) & 3) << 4) - 32)
-                  << (8 * g);
-        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), scaled_sum(u, lanes16(per32(ls)), x->qs, 1), 0.0f, 0);
+        const __m128i sc8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)cb_iq4xs_scales8((const uint8_t *)b)), _mm_set1_epi8(32));
+        s = cb_kq_step(s, x->d, _cvtsh_ss(b->d), scaled_sum(u, lanes16(_mm_unpacklo_epi8(sc8, sc8)), x->qs, 1), 0.0f, 0);
     }
     return s;
 }
+#endif
 
 cb_dot_k_fn cb_dot_k_avx512(uint32_t dtype) {
     CB_DOT_K_DISPATCH(dtype);
@@ -448,14 +507,6 @@ static const int16_t pair_scales[4][32] __attribute__((aligned(64))) = {PAIR(0),
  * qh[0..31], group c's, rotated to bit 4); x's groups permuted to match,
  * once for the four rows. The 16 bytes at a block's start (d, dmin, the 12
  * scale bytes) of the four rows in one vector, unpacked together. */
-/* The high nibbles of q's bytes (low4: 0x0F bytes in scope). With VNNI and
- * GFNI one gf2p8affineqb (bit 4 + i to bit i, a 0x00..0x0F byte out), a
- * shift and mask less (figures: the commit). */
-#if KQ_VNNI && defined(__GFNI__) && !defined(CB_SIMDE)
-#define HI_NIB(q) _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000LL), 0)
-#else
-#define HI_NIB(q) _mm512_and_si512(_mm512_srli_epi16(q, 4), low4)
-#endif
 static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, size_t row_bytes,
                                                                  const cb_block_q8_k *x, int n, float out[4],
                                                                  const void *next, int q5) {
@@ -507,8 +558,7 @@ static inline __attribute__((always_inline)) void dot4_q45_k_512(const void *w, 
             _mm512_srli_epi32(v1, 2), m_top,
             _mm512_ternarylogic_epi32(v1, m_lo6, _mm512_and_si512(v2, m_u2), 0xEA), 0xEA); /* (a & b) | c */
         /* bsums' per-32 sums (8 words), in every lane. */
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),
-                                          _mm_loadu_si128((const __m128i *)x->bsums + 1));
+        const __m128i bs = per32_sums(x);
 #if !KQ_VNNI
         const __m512i mins = _mm512_madd_epi16(_mm512_shuffle_epi8(scmn, pmn), _mm512_broadcast_i32x4(bs));
 #endif
@@ -610,7 +660,9 @@ static const int16_t pick16[2][4][32] __attribute__((aligned(64))) = {
 /* vpermw controls for Q2_K / Q3_K's registers u_k = (qs[0..63] >> 2k) & 3
  * (k = 0..3, immediate shifts): bytes 0..31 are weights 32k.., bytes 32..63
  * weights 128 + 32k.., so lane l is 16-weight group 2k + l % 2 + 8 (l / 2);
- * word 16 (r % 2) + that group of two rows' scales as words. */
+ * word 16 (r % 2) + that group of two rows' scales as words. (With VNNI
+ * the kernels after Q6_K's.) */
+#if !KQ_VNNI
 static const int16_t pick_k2[2][4][32] __attribute__((aligned(64))) = {
 #define L8(g) g, g, g, g, g, g, g, g
 #define K(o, k) {L8(o + 2 * k), L8(o + 2 * k + 1), L8(o + 2 * k + 8), L8(o + 2 * k + 9)}
@@ -619,6 +671,7 @@ static const int16_t pick_k2[2][4][32] __attribute__((aligned(64))) = {
 #undef K
 #undef L8
 };
+#endif
 
 /* The fp16 pair of the dword at each of p[0..3] as four floats each. */
 static inline void dword_halves4(const uint8_t *const p[4], __m128 *lo, __m128 *hi) {
@@ -644,22 +697,30 @@ static inline __m512i bsums4(__m512i c01, __m512i c23, const int16_t *bsums) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(m01, m23, 0x88), _mm512_shuffle_i32x4(m01, m23, 0xDD));
 }
 
-/* Q3_K, four rows: u_k (pick_k2's registers) with the 3rd bit: hmask's bit
- * k for bytes 0..31, bit 4 + k for bytes 32..63 (hmask beside hmask >> 4),
- * moved to bit 2 by an immediate shift; unsigned 0..7, the 4 off through
- * the sums of x. The four rows' scales built in one vector: of the dwords
- * u0 u1 u2 of scale bytes, [u0 u1 u0 >> 4 u1 >> 4] & 0x0F.. | ([u2 u2 >> 2
- * u2 >> 4 u2 >> 6] & 0x03..) << 4 (rotations: what wraps is masked off),
- * less 32 (kquants_x86.h q3_scales). */
-static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
-                          const void *next) {
-    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    /* pshufb controls: the scale dwords (bytes 2..13 of the 16 ending a
-     * block) u0 u1 u0 u1 and u2 four times. */
+/* Q3_K's scales of four rows, from the 16 bytes ending each block (lane r
+ * row r's: qs' last 2 bytes, the 12 scale bytes, d): the 16 scales (less
+ * 32) as bytes, lane r row r's. Of the dwords u0 u1 u2 of scale bytes,
+ * [u0 u1 u0 >> 4 u1 >> 4] & 0x0F.. | ([u2 u2 >> 2 u2 >> 4 u2 >> 6] & 0x03..)
+ * << 4 (rotations: what wraps is masked off); kquants_x86.h q3_scales. */
+static inline __m512i q3_scales4(__m512i tail) {
+    /* pshufb controls: the scale dwords (bytes 2..13) u0 u1 u0 u1 and u2 four times. */
     const __m512i u0u1u0u1 = _mm512_set4_epi32(0x09080706, 0x05040302, 0x09080706, 0x05040302);
     const __m512i u2x4 = _mm512_set1_epi32(0x0D0C0B0A);
     const __m512i lo_shift = _mm512_set4_epi32(4, 4, 0, 0), hi_rot = _mm512_set4_epi32(30, 0, 2, 4);
-    const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
+    const __m512i lo = _mm512_srlv_epi32(_mm512_shuffle_epi8(tail, u0u1u0u1), lo_shift);
+    const __m512i hi = _mm512_rolv_epi32(_mm512_shuffle_epi8(tail, u2x4), hi_rot);
+    return _mm512_sub_epi8(_mm512_ternarylogic_epi32(lo, _mm512_set1_epi8(0xF), _mm512_and_si512(hi, _mm512_set1_epi8(0x30)), 0xEA),
+                           _mm512_set1_epi8(32)); /* (a & b) | c */
+}
+
+#if !KQ_VNNI
+/* Q3_K, four rows: u_k (pick_k2's registers) with the 3rd bit: hmask's bit
+ * k for bytes 0..31, bit 4 + k for bytes 32..63 (hmask beside hmask >> 4),
+ * moved to bit 2 by an immediate shift; unsigned 0..7, the 4 off through
+ * the sums of x; the four rows' scales by q3_scales4. */
+static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
     const int nb = n / CB_QK_K;
     const size_t share = prefetch_share4(sizeof(cb_block_q3_k));
     __m128 s = _mm_setzero_ps();
@@ -671,10 +732,7 @@ static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
         const uint8_t *end[4];
         for (int r = 0; r < 4; r++) end[r] = (const uint8_t *)(b[r] + 1) - 16;
         const __m512i tail = lanes4(end); /* qs' last 2 bytes, the 12 scale bytes, d */
-        const __m512i lo = _mm512_srlv_epi32(_mm512_shuffle_epi8(tail, u0u1u0u1), lo_shift);
-        const __m512i hi = _mm512_rolv_epi32(_mm512_shuffle_epi8(tail, u2x4), hi_rot);
-        const __m512i sc8 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(lo, low4, _mm512_and_si512(hi, bits45), 0xEA),
-                                            _mm512_set1_epi8(32)); /* (a & b) | c */
+        const __m512i sc8 = q3_scales4(tail);
         const __m512i sc01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8));
         const __m512i sc23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1));
         const __m512i offs = bsums4(sc01, sc23, x->bsums);
@@ -753,7 +811,31 @@ static void dot4_q2_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     }
     _mm_storeu_ps(out, s);
 }
+#endif
 
+/* The eight 6-bit scales of each lane's IQ4_XS block (lane r: row r's
+ * block start; qword 0 holds d, scales_h, scales_l) as bytes 0..7 of the
+ * lane, 0..63, 32 not yet subtracted. With VBMI two vpmultishiftqb (scale
+ * g's low nibble from bit 32 + 4g, its top bits from bit 16 + 2g, brought
+ * to bits 4..5); else byte shuffles and shifts: scales_l byte g / 2 to byte
+ * g (odd bytes shifted down 4), scales_h to words j = 0..3 shifted down 4j,
+ * its fields 2j and 2j + 1 to bits 4..5 of bytes 2j and 2j + 1. */
+static inline __m512i iq4xs_scales_of_lanes(__m512i head) {
+#if defined(__AVX512VBMI__) && !defined(CB_SIMDE) /* the SIMDe check takes the other way */
+    const __m512i lo = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x3C3834302C282420LL), head);
+    const __m512i hi = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x1A18161412100E0CLL), head);
+#else
+    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+    const __m512i l = _mm512_shuffle_epi8(head, _mm512_set4_epi32(-1, -1, 0x07070606, 0x05050404));
+    const __m512i lo = _mm512_mask_blend_epi8(odd, l, _mm512_srli_epi16(l, 4));
+    const __m512i h = _mm512_srlv_epi16(_mm512_shuffle_epi8(head, _mm512_set4_epi32(-1, -1, 0x03020302, 0x03020302)),
+                                        _mm512_set4_epi32(0, 0, 0x000C0008, 0x00040000));
+    const __m512i hi = _mm512_mask_blend_epi8(odd, _mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 10));
+#endif
+    return _mm512_ternarylogic_epi32(lo, _mm512_set1_epi8(0x0F), _mm512_and_si512(hi, _mm512_set1_epi8(0x30)), 0xEA);
+}
+
+#if !KQ_VNNI /* with VNNI: dot4_iq4_xs_vnni */
 /* IQ4_XS, four rows: of qs[0..63] (qs[64..127]) the low nibbles are the
  * first 16 weights of groups 0..3 (4..7), a group a 128-bit lane, the high
  * nibbles their last 16; x permuted to match, once for the four rows. The
@@ -782,16 +864,11 @@ static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k
         rows4((const uint8_t *)w + (size_t)i * sizeof(cb_block_iq4_xs), row_bytes, rp);
         const cb_block_iq4_xs *b[4] = {(const void *)rp[0], (const void *)rp[1], (const void *)rp[2], (const void *)rp[3]};
         /* The four rows' scales (bytes of a lane's low qword) as words, lane r row r's. */
-        const __m512i sc8 = _mm512_sub_epi8(_mm512_setr_epi64((long long)cb_iq4xs_scales8((const uint8_t *)b[0]), 0,
-                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[1]), 0,
-                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[2]), 0,
-                                                              (long long)cb_iq4xs_scales8((const uint8_t *)b[3]), 0),
-                                            _mm512_set1_epi8(32));
+        const __m512i head = lanes4(rp);
+        const __m512i sc8 = _mm512_sub_epi8(iq4xs_scales_of_lanes(head), _mm512_set1_epi8(32));
         const __m512i sc = _mm512_srai_epi16(_mm512_unpacklo_epi8(sc8, sc8), 8);
-        const __m512i xa = _mm512_loadu_si512((const void *)x->qs), xb = _mm512_loadu_si512((const void *)(x->qs + 64));
-        const __m512i xc = _mm512_loadu_si512((const void *)(x->qs + 128)), xd = _mm512_loadu_si512((const void *)(x->qs + 192));
-        const __m512i xs[4] = {_mm512_shuffle_i32x4(xa, xb, 0x88), _mm512_shuffle_i32x4(xa, xb, 0xDD),
-                               _mm512_shuffle_i32x4(xc, xd, 0x88), _mm512_shuffle_i32x4(xc, xd, 0xDD)};
+        __m512i xs[4];
+        x_by_group(x->qs, xs);
         __m512i nx[4];
         for (int k = 0; k < 4; k++) nx[k] = _mm512_sub_epi8(_mm512_setzero_si512(), xs[k]);
         __m512i acc[4];
@@ -812,13 +889,79 @@ static void dot4_iq4_xs_512(const void *w, size_t row_bytes, const cb_block_q8_k
             acc[r] = a;
         }
         const __m256i t = totals4x2(fold4(acc[0], acc[1], acc[2], acc[3]), _mm512_setzero_si512());
-        const uint8_t *head[4] = {(const uint8_t *)b[0], (const uint8_t *)b[1], (const uint8_t *)b[2], (const uint8_t *)b[3]};
         __m128 d, unused;
-        halves_of_lanes(lanes4(head), 0, &d, &unused);
+        halves_of_lanes(head, 0, &d, &unused);
         s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), _mm_setzero_ps(), _mm_setzero_si128());
     }
     _mm_storeu_ps(out, s);
 }
+#endif
+
+#if KQ_VNNI
+/* IQ4_XS, four rows, with VNNI: as dot4_iq4_xs_512 (group g of qs[64h..]
+ * in lane g, low nibbles against xs[2h], high against xs[2h + 1]) but the
+ * levels + 128 (1..241, unsigned) go to vpdpbusd, eight products of one
+ * group in an int32 lane, times the group's scale less 32 (vpmulld, the
+ * scale in each dword of its lane); the 128 comes off once per block as
+ * 128 * sum over g of scale(g) * (x's sum over group g), the four rows in
+ * one madd. Every sum exact in int32 (|8 * 241 * 128 * 32| per lane), so
+ * the bits are the one-row kernel's. */
+static void dot4_iq4_xs_vnni(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                             const void *next) {
+    /* Dword lane g: scale of group 4h + g of row r % 2 (8 (r % 2) + 4h + g of a pair's dwords). */
+    static const int32_t pick[2][2][16] __attribute__((aligned(64))) = {
+#define L4(g) g, g, g, g
+        {{L4(0), L4(1), L4(2), L4(3)}, {L4(4), L4(5), L4(6), L4(7)}},
+        {{L4(8), L4(9), L4(10), L4(11)}, {L4(12), L4(13), L4(14), L4(15)}},
+#undef L4
+    };
+    const __m512i book = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cb_iq4nl_values)),
+                                          _mm512_set1_epi8((char)0x80)); /* level + 128 */
+    const __m512i low4 = _mm512_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(sizeof(cb_block_iq4_xs));
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const uint8_t *rp[4];
+        rows4((const uint8_t *)w + (size_t)i * sizeof(cb_block_iq4_xs), row_bytes, rp);
+        const cb_block_iq4_xs *b[4] = {(const void *)rp[0], (const void *)rp[1], (const void *)rp[2], (const void *)rp[3]};
+        const __m512i head = lanes4(rp);
+        /* The rows' scales less 32: 32 bytes, row r's at 8r; as dwords (rows 0, 1 and 2, 3) and as words. */
+        const __m256i sc8 = _mm512_castsi512_si256(_mm512_permutexvar_epi64(
+            _mm512_setr_epi64(0, 2, 4, 6, 0, 0, 0, 0),
+            _mm512_sub_epi8(iq4xs_scales_of_lanes(head), _mm512_set1_epi8(32))));
+        const __m512i sc32[2] = {lanes16(_mm256_castsi256_si128(sc8)), lanes16(_mm256_extracti128_si256(sc8, 1))};
+        /* x's eight per-32 sums in every lane; lane r of m: row r's scale . sums, four partials */
+        const __m128i bs = per32_sums(x);
+        const __m512i m = _mm512_madd_epi16(_mm512_cvtepi8_epi16(sc8), _mm512_broadcast_i32x4(bs));
+        __m512i xs[4];
+        x_by_group(x->qs, xs);
+        __m512i acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(b[r]->qs + 64 * h));
+                const __m512i ul = _mm512_shuffle_epi8(book, _mm512_and_si512(q, low4));
+                const __m512i uh = _mm512_shuffle_epi8(book, HI_NIB(q));
+                const __m512i g = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ul, xs[2 * h]), uh,
+                                                      xs[2 * h + 1]);
+                const __m512i sc = _mm512_permutexvar_epi32(_mm512_load_si512(pick[r % 2][h]), sc32[r / 2]);
+                a = _mm512_add_epi32(a, _mm512_mullo_epi32(g, sc));
+            }
+            acc[r] = a;
+        }
+        const __m256i t = totals4x2(_mm512_sub_epi32(fold4(acc[0], acc[1], acc[2], acc[3]), _mm512_slli_epi32(m, 7)),
+                                    _mm512_setzero_si512());
+        __m128 d, unused;
+        halves_of_lanes(head, 0, &d, &unused);
+        s = kq_step4_512(s, x->d, d, _mm256_castsi256_si128(t), _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+#endif
 
 #if KQ_VNNI
 /* vpermw controls for Q6_K's packed pairs: register z's lane k is group
@@ -947,13 +1090,166 @@ static void dot4_q6_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *
     _mm_storeu_ps(out, s);
 }
 
+#if KQ_VNNI
+/* Q3_K / Q2_K, four rows, VNNI: register k of a row (k = 0..3) holds the
+ * 2-bit fields k of qs[0..63] (bytes 0..31 weights 32k.., 32..63 weights
+ * 128 + 32k..: x_k2's registers), so each 128-bit lane is one 16-weight
+ * group, 2k + l % 2 + 8 (l / 2) in lane l. As q6_k's: vpdpbusd lanes (four
+ * products, at most 4 * 7 * 128: int16) of rows 2p, 2p + 1 packed to words,
+ * vpdpwssd against the groups' scales placed by one vpermw a register pair
+ * (pair_k2: words 0..3 of lane l row 2p's scale, word g of the pair's
+ * scales as words, 4..7 row 2p + 1's, word 16 + g). */
+#define G4(g) g, g, g, g
+#define LANE(g) G4(g), G4(16 + g)
+#define K4(k) {LANE(2 * k), LANE(2 * k + 1), LANE(2 * k + 8), LANE(2 * k + 9)}
+static const int16_t pair_k2[4][32] __attribute__((aligned(64))) = {K4(0), K4(1), K4(2), K4(3)};
+#undef K4
+#undef LANE
+#undef G4
+/* Field k (bits 2k, 2k + 1) of q's bytes as 0..3: with GFNI one
+ * gf2p8affineqb (bit 2k + i to bit i; output bit i takes matrix byte 7 - i),
+ * else a shift and a mask. */
+#if defined(__GFNI__) && !defined(CB_SIMDE)
+#define Q2_FIELD(q, k)                                                                                               \
+    ((k) == 0 ? _mm512_and_si512(q, _mm512_set1_epi8(3))                                                             \
+              : _mm512_gf2p8affine_epi64_epi8(                                                                       \
+                    q, _mm512_set1_epi64((long long)((uint64_t)1 << (2 * (k) + 56) | (uint64_t)2 << (2 * (k) + 48))), 0))
+#else
+#define Q2_FIELD(q, k) _mm512_and_si512((k) ? _mm512_srli_epi16(q, 2 * (k)) : (q), _mm512_set1_epi8(3))
+#endif
+
+/* One pair's term for register k: rows a, b's fields ua, ub against xk. */
+static inline __m512i pair_term(__m512i acc, __m512i ua, __m512i ub, __m512i xk, __m512i sc, int k) {
+    const __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ua, xk);
+    const __m512i o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ub, xk);
+    return _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(e, o), _mm512_permutexvar_epi16(_mm512_load_si512(pair_k2[k]), sc));
+}
+
+/* Q3_K: field k | the 3rd bit << 2 (unsigned 0..7); the 3rd bit is
+ * hmask's bit k for bytes 0..31 and 4 + k for bytes 32..63: hmask beside
+ * hmask >> 4, moved to bit 2 by an immediate shift (faster here than a
+ * gf2p8affineqb of hmask in both halves, or a vprolvq of it; the commit).
+ * The accumulators start at the 4 off: -4 scale(g) * (x's
+ * sum over group g), in the pair layout (q6_k's bs16_pairs, sc16_pairs). */
+static void dot4_q3_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(sizeof(cb_block_q3_k));
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const uint8_t *rp[4];
+        rows4((const uint8_t *)w + (size_t)i * sizeof(cb_block_q3_k), row_bytes, rp);
+        const uint8_t *end[4] = {rp[0] + sizeof(cb_block_q3_k) - 16, rp[1] + sizeof(cb_block_q3_k) - 16,
+                                 rp[2] + sizeof(cb_block_q3_k) - 16, rp[3] + sizeof(cb_block_q3_k) - 16};
+        const __m512i tail = lanes4(end); /* qs' last 2 bytes, the 12 scale bytes, d */
+        const __m512i sc8 = q3_scales4(tail);
+        const __m512i sc[2] = {_mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8)),
+                               _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1))};
+        /* -4 times x's per-16 sums (at most 4 * 16 * 128: int16), lane k's words 0..3 and 4..7 groups 4k.. */
+        const __m512i bsw = _mm512_permutexvar_epi16(_mm512_load_si512(bs16_pairs), _mm512_castsi256_si512(load32(x->bsums)));
+        const __m512i nbs = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(bsw, 2));
+        __m512i xk[4];
+        x_k2(x->qs, xk);
+        __m512i u[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const cb_block_q3_k *b = (const cb_block_q3_k *)rp[r];
+            const __m512i q = _mm512_loadu_si512((const void *)b->qs);
+            const __m256i h = load32(b->hmask);
+            const __m512i hm = join(h, _mm256_srli_epi16(h, 4));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) { /* bit k of hm to bit 2 (a byte's bit 2 takes bit k of the same byte) */
+                const __m512i hb = k < 2 ? _mm512_slli_epi16(hm, 2 - k) : k == 2 ? hm : _mm512_srli_epi16(hm, 1);
+                u[r][k] = _mm512_ternarylogic_epi32(Q2_FIELD(q, k), hb, _mm512_set1_epi8(4), 0xF8); /* a | (b & c) */
+            }
+        }
+        __m512i acc2[2];
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+            __m512i a = _mm512_madd_epi16(nbs, _mm512_permutexvar_epi16(_mm512_load_si512(sc16_pairs), sc[p]));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) a = pair_term(a, u[2 * p][k], u[2 * p + 1][k], xk[k], sc[p], k);
+            acc2[p] = a;
+        }
+        /* d: word 7 of each lane of tail. */
+        const __m128 d = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(
+            _mm512_setr_epi32(0x000F0007, 0x001F0017, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), tail)));
+        s = kq_step4_512(s, x->d, d, pair_totals(acc2[0], acc2[1]), _mm_setzero_ps(), _mm_setzero_si128());
+    }
+    _mm_storeu_ps(out, s);
+}
+
+/* Q2_K: fields 0..3; the scales (low nibbles of the 16 bytes starting a
+ * block) by pair_k2; the mins (high nibbles, bytes) against x's per-16
+ * sums split into unsigned low and signed high bytes, two vpdpbusd (sum =
+ * lo + 256 hi; fewer ops than vpermw'd words and madds: the commit), laid
+ * out as sums_and_mins takes them; d and dmin as kq_step4x2 takes. */
+static void dot4_q2_k_512(const void *w, size_t row_bytes, const cb_block_q8_k *x, int n, float out[4],
+                          const void *next) {
+    const __m512i low4 = _mm512_set1_epi8(0xF);
+    const int nb = n / CB_QK_K;
+    const size_t share = prefetch_share4(sizeof(cb_block_q2_k));
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++, x++) {
+        prefetch_next4(next, share, i);
+        const uint8_t *rp[4];
+        rows4((const uint8_t *)w + (size_t)i * sizeof(cb_block_q2_k), row_bytes, rp);
+        const __m512i v = lanes4(rp); /* the 16 scale bytes, lane r row r's */
+        /* nibbles: sign extension is zero extension (SIMDe lacks cvtepu8_epi16) */
+        const __m512i sc8 = _mm512_and_si512(v, low4), mn8 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        const __m512i sc[2] = {_mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc8)),
+                               _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc8, 1))};
+        /* Lane 2p + j: rows 2p, 2p + 1's mins of groups 8j.. (a qword each),
+         * against x's sums of the same groups (lane j % 2 of the broadcast
+         * bsums), their low and high bytes twice. */
+        const __m512i mnp = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 1, 3, 4, 6, 5, 7), mn8);
+        const __m512i bsb = _mm512_broadcast_i64x4(load32(x->bsums));
+        const __m512i lo = _mm512_shuffle_epi8(bsb, _mm512_set4_epi32(0x0E0C0A08, 0x06040200, 0x0E0C0A08, 0x06040200));
+        const __m512i hi = _mm512_shuffle_epi8(bsb, _mm512_set4_epi32(0x0F0D0B09, 0x07050301, 0x0F0D0B09, 0x07050301));
+        const __m512i mins = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, mnp),
+                                              _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mnp, hi), 8));
+        __m512i xk[4];
+        x_k2(x->qs, xk);
+        __m512i u[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i q = _mm512_loadu_si512((const void *)((const cb_block_q2_k *)rp[r])->qs);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) u[r][k] = Q2_FIELD(q, k);
+        }
+        __m512i acc2[2];
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+            __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) a = pair_term(a, u[2 * p][k], u[2 * p + 1][k], xk[k], sc[p], k);
+            acc2[p] = a;
+        }
+        /* d, dmin: the dwords at 80 (scalar loads: faster than a lanes4), as d0..d3 dmin0..dmin3 */
+        __m128i dw = _mm_cvtsi32_si128((int)u32_of(rp[0] + offsetof(cb_block_q2_k, d)));
+        dw = _mm_insert_epi32(dw, (int)u32_of(rp[1] + offsetof(cb_block_q2_k, d)), 1);
+        dw = _mm_insert_epi32(dw, (int)u32_of(rp[2] + offsetof(cb_block_q2_k, d)), 2);
+        dw = _mm_insert_epi32(dw, (int)u32_of(rp[3] + offsetof(cb_block_q2_k, d)), 3);
+        const __m256 dd = _mm256_cvtph_ps(_mm_shuffle_epi8(dw, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)));
+        s = kq_step4x2(s, x->d, dd, sums_and_mins(acc2[0], acc2[1], mins));
+    }
+    _mm_storeu_ps(out, s);
+}
+#undef Q2_FIELD
+#endif
+
 cb_dot4_k_fn cb_dot4_k_avx512(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_K: return dot4_q4_k_512;
     case CB_Q5_K: return dot4_q5_k_512;
     case CB_Q6_K: return dot4_q6_k_512;
     case CB_Q3_K: return dot4_q3_k_512;
+#if KQ_VNNI
+    case CB_IQ4_XS: return dot4_iq4_xs_vnni;
+#else
     case CB_IQ4_XS: return dot4_iq4_xs_512;
+#endif
     case CB_Q2_K: return dot4_q2_k_512;
     }
     return NULL;

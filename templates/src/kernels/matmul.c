@@ -127,7 +127,10 @@ static void dot4(uint32_t dtype, const void *rows, size_t row_bytes, const cb_bl
  * lost to the loop on q6_k; from 3 it won on both q4_k and q6_k (figures:
  * the commit). q3_k, q2_k and iq4_xs, whose one-token kernels are slower,
  * take it from 2: at 2 tokens it ran 1.7-1.9x the loop on iq4_xs (VNNI),
- * 1.1-1.3x on all three without VNNI, about even on q3_k / q2_k with it. */
+ * 1.1-1.3x on all three without VNNI, about even on q3_k / q2_k with it.
+ * Against iq4_xs's later VNNI four-row kernel 2 tokens are about even
+ * (kernel-bench from L2: 13.4-19.5 token-GB/s against the loop's
+ * 16.7-18.3, load 4.2-4.5): left at 2. */
 #define K_TOKENS_MIN 3
 static inline int k_tokens_min(uint32_t dtype) {
     return dtype == CB_Q3_K || dtype == CB_Q2_K || dtype == CB_IQ4_XS ? 2 : K_TOKENS_MIN;
