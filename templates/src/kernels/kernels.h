@@ -209,6 +209,18 @@ typedef void (*cb_tokens_k_fn)(const void *w, size_t row_bytes, int rows, const 
 cb_tokens_k_fn cb_tokens_k_avx2(uint32_t dtype);
 #define cb_tokens_k cb_tokens_k_avx2
 #endif
+#if CB_KERNELS_AVX512 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* With AVX-512 VNNI (-march=native on such a CPU) the kernels take 16 rows
+ * (kernels/kquants_gemm_avx2.c: q4_k, q5_k and q6_k in zmm from 16 tokens;
+ * fewer tokens and the other types as two calls of the eight-row AVX2
+ * kernel); the same bits. */
+#define CB_TOKENS_K_WIDE 1
+cb_tokens_k_fn cb_tokens_k_avx512(uint32_t dtype);
+#undef cb_tokens_k
+#define cb_tokens_k cb_tokens_k_avx512
+#undef CB_TOKENS_K_ROWS
+#define CB_TOKENS_K_ROWS 16
+#endif
 /* A family's kernels by dtype: each of kquants.c, kquants_avx2.c and
  * kquants_neon.c defines static dot_<type> functions under the same names
  * and dispatches through these (one table for all of them). */
