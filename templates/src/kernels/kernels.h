@@ -211,8 +211,8 @@ cb_tokens_k_fn cb_tokens_k_avx2(uint32_t dtype);
 #endif
 #if CB_KERNELS_AVX512 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* With AVX-512 VNNI (-march=native on such a CPU) the kernels take 16 rows
- * (kernels/kquants_gemm_avx2.c: q4_k, q5_k and q6_k in zmm from 16 tokens;
- * fewer tokens and the other types as two calls of the eight-row AVX2
+ * (kernels/kquants_gemm_avx2.c: q4_k, q5_k, q6_k and iq4_xs in zmm from 16
+ * tokens; fewer tokens and q3_k / q2_k as two calls of the eight-row AVX2
  * kernel); the same bits. */
 #define CB_TOKENS_K_WIDE 1
 cb_tokens_k_fn cb_tokens_k_avx512(uint32_t dtype);

@@ -466,15 +466,16 @@ static void tokens_iq4_xs(const void *w, size_t row_bytes, int rows, const cb_bl
 }
 
 #ifdef CB_TOKENS_K_WIDE
-/* ---- AVX-512 VNNI: sixteen rows a call (kernels.h), q4_k / q5_k / q6_k in
- * zmm. A super-block of the sixteen rows is unpacked as the eight-row tile
- * is, in zmm (dword r: row r; the scales as int32), so a token costs per
+/* ---- AVX-512 VNNI: sixteen rows a call (kernels.h), q4_k / q5_k / q6_k /
+ * iq4_xs in zmm. A super-block of the sixteen rows is unpacked as the
+ * eight-row tile is, in zmm (dword r: row r; the scales as int32), so a token costs per
  * four weights of the sixteen rows one vpdpbusd with its four bytes as an
  * embedded broadcast, and per scale group one vpmulld and one add (the
- * group's int32 sum times the row's scale). The integer sums are the
+ * group's int32 sum times the row's scale; iq4_xs: level + 128, the 128
+ * off through the per-16 sums as q6_k's 32). The integer sums are the
  * eight-row tile's (exact), the float step its operations on 16 lanes: the
- * same bits. The other types take the eight-row kernel twice; so do q4_k -
- * q6_k calls of at most eight rows or fewer than WIDE_MIN tokens. */
+ * same bits. q3_k and q2_k take the eight-row kernel twice; so do the
+ * others' calls of at most eight rows or fewer than WIDE_MIN tokens. */
 #define WROWS 16
 _Static_assert(WROWS == CB_TOKENS_K_ROWS, "the rows a call takes (matmul.c) are the wide tile's lanes");
 /* Tokens a pass over a scale group takes at once: 2 x 8 accumulators. */
@@ -578,6 +579,26 @@ static inline __attribute__((always_inline)) void wide_q6(const uint8_t *const b
     }
 }
 
+/* unpack_iq4xs's weights for sixteen rows (level + 128, VNNI's form), in
+ * zmm: chunk j's t[m] is qs bytes 16 (4j + m / 4) + 4 (m % 4).., group
+ * 4j + m / 4's k-step m % 4 (low nibbles) and 4 + m % 4 (high). */
+static inline __attribute__((always_inline)) void wide_iq4xs(const uint8_t *const blk[WROWS], wtile *u) {
+    const __m512i low4 = _mm512_set1_epi8(0xF);
+    const __m128i levels = _mm_loadu_si128((const __m128i *)cb_iq4nl_values);
+    const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(levels, _mm_set1_epi8((char)0x80)));
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) {
+        __m512i t[16];
+        rows64(blk, offsetof(cb_block_iq4_xs, qs) + 64 * j, t);
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; m++) {
+            __m512i *q = u->q + 8 * (4 * j + m / 4) + m % 4;
+            q[0] = _mm512_shuffle_epi8(table, _mm512_and_si512(t[m], low4));
+            q[4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(t[m], 4), low4));
+        }
+    }
+}
+
 /* 16 bytes at each row's blk + off as four fields (dwords): out[f] dword r
  * is row r's field f. Four rows a zmm (one a lane), each lane's 4 x 4
  * dwords transposed by one permute, then the lanes. */
@@ -656,6 +677,26 @@ static inline __attribute__((always_inline)) void wide_scales_q6(const uint8_t *
     u->dmin = _mm512_setzero_ps();
 }
 
+/* IQ4_XS's scales less 32 (int32; unpack_iq4xs's m: int16 twice) and d for
+ * sixteen rows from the blocks' first dwords: d | scales_h << 16, then
+ * scales_l, so group g's low four bits are bits 4g.. of the second and its
+ * high two bits 16 + 2g.. of the first (cb_iq4xs_scales8 on every row). */
+static inline __attribute__((always_inline)) void wide_scales_iq4xs(const uint8_t *const blk[WROWS], wtile *u) {
+    __m512i f[4]; /* f[2], f[3]: qs's first bytes, unused */
+    fields16(blk, 0, f);
+    _Static_assert(offsetof(cb_block_iq4_xs, scales_h) == 2 && offsetof(cb_block_iq4_xs, scales_l) == 4, "the fields' dwords");
+    const __m512i lo4 = _mm512_set1_epi32(0xF), hi2 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        const __m512i sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(f[1], 4 * g), lo4),
+                                           _mm512_and_si512(_mm512_srli_epi32(f[0], 12 + 2 * g), hi2));
+        u->sc[g] = _mm512_sub_epi32(sc, k32); /* -32..31 */
+        u->m[g] = _mm512_sub_epi16(_mm512_or_si512(sc, _mm512_slli_epi32(sc, 16)), _mm512_set1_epi16(32)); /* both words */
+    }
+    u->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(f[0]));
+    u->dmin = _mm512_setzero_ps();
+}
+
 /* Four bytes at p in every dword (an embedded broadcast where it feeds vpdpbusd). */
 static inline __m512i bcast4w(const void *p) {
     int32_t v;
@@ -700,14 +741,16 @@ static inline __attribute__((always_inline)) void wide_step(int type, const wtil
     }
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
-        /* the mins (q4_k / q5_k) or the 32 taken off q6_k's q, against the bsums in pairs */
+        /* the mins (q4_k / q5_k), the 32 taken off q6_k's q or the 128 off
+         * iq4_xs's level + 128 (its scales), against the bsums in pairs */
         const int16_t *bs = x[t][i].bsums;
         __m512i mb = _mm512_madd_epi16(u->m[0], bcast4w(bs));
 #pragma GCC unroll 7
         for (int k = 1; k < 8; k++) mb = _mm512_dpwssd_epi32(mb, u->m[k], bcast4w(bs + 2 * k));
         const __m512 dx = _mm512_set1_ps(x[t][i].d);
         __m512i sum = acc[t], mins = mb;
-        if (type == K_Q6) sum = _mm512_sub_epi32(acc[t], _mm512_slli_epi32(mb, 5)), mins = _mm512_setzero_si512();
+        if (type == K_Q6 || type == K_IQ4XS)
+            sum = _mm512_sub_epi32(acc[t], _mm512_slli_epi32(mb, type == K_Q6 ? 5 : 7)), mins = _mm512_setzero_si512();
         s[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dx, u->dmin), _mm512_cvtepi32_ps(mins),
                                 _mm512_fmadd_ps(_mm512_mul_ps(dx, u->d), _mm512_cvtepi32_ps(sum), s[t]));
     }
@@ -716,7 +759,10 @@ static inline __attribute__((always_inline)) void wide_step(int type, const wtil
 static inline __attribute__((always_inline)) void wide_k(int type, const void *w, size_t row_bytes, int rows,
                                                         const cb_block_q8_k *const *x, int n_tok, int n, float *out,
                                                         const void *next) {
-    const size_t block = type == K_Q4 ? sizeof(cb_block_q4_k) : type == K_Q5 ? sizeof(cb_block_q5_k) : sizeof(cb_block_q6_k);
+    const size_t block = type == K_Q4   ? sizeof(cb_block_q4_k)
+                         : type == K_Q5 ? sizeof(cb_block_q5_k)
+                         : type == K_Q6 ? sizeof(cb_block_q6_k)
+                                        : sizeof(cb_block_iq4_xs);
     const int nb = n / CB_QK_K;
     const size_t share = ((size_t)rows * row_bytes / (size_t)nb + 63) / 64 * 64;
     size_t off[WROWS]; /* each row's block from row 0's (rows past the last: row 0 again, their results unused) */
@@ -733,6 +779,7 @@ static inline __attribute__((always_inline)) void wide_k(int type, const void *w
             for (int r = 0; r < WROWS; r++) blk[r] = (const uint8_t *)w + (size_t)i * block + off[r];
             wtile u;
             if (type == K_Q6) wide_q6(blk, &u), wide_scales_q6(blk, &u);
+            else if (type == K_IQ4XS) wide_iq4xs(blk, &u), wide_scales_iq4xs(blk, &u);
             else wide_q45(blk, type == K_Q5, &u), wide_scales_q45(blk, &u);
             int t = 0;
             for (; t + WIDE_TOKENS <= tn; t += WIDE_TOKENS) wide_step(type, &u, xt + t, i, WIDE_TOKENS, s + t);
@@ -772,7 +819,8 @@ static void by_halves(cb_tokens_k_fn f, const void *w, size_t row_bytes, int row
  * columns, two alternating runs, load 1.2-1.4) the sixteen rows at 4 and 8
  * tokens ran q4_k 22.1 / 17.7 and 36.0 / 30.0 token-GB/s against the eight
  * rows' 35.1 / 30.4 and 45.0 / 42.6 (q6_k alike), even at 16 (48.4 / 49.3
- * against 53.5 / 47.7); from L2 they win from 3 tokens (the commit). */
+ * against 53.5 / 47.7); from L2 they win from 3 tokens (the commit).
+ * iq4_xs alike: from memory 4 tokens lost, 8 even (docs/kernels.md). */
 #define WIDE_MIN 16
 #define WIDE(name, type)                                                                                               \
     static void wide_##name(const void *w, size_t row_bytes, int rows, const cb_block_q8_k *const *x, int n_tok,     \
@@ -783,6 +831,7 @@ static void by_halves(cb_tokens_k_fn f, const void *w, size_t row_bytes, int row
 WIDE(q4_k, K_Q4)
 WIDE(q5_k, K_Q5)
 WIDE(q6_k, K_Q6)
+WIDE(iq4_xs, K_IQ4XS)
 #define HALVES(name)                                                                                                   \
     static void halves_##name(const void *w, size_t row_bytes, int rows, const cb_block_q8_k *const *x, int n_tok,   \
                               int n, float *out, const void *next) {                                                 \
@@ -790,7 +839,6 @@ WIDE(q6_k, K_Q6)
     }
 HALVES(q3_k)
 HALVES(q2_k)
-HALVES(iq4_xs)
 
 cb_tokens_k_fn cb_tokens_k_avx512(uint32_t dtype) {
     switch (dtype) {
@@ -799,7 +847,7 @@ cb_tokens_k_fn cb_tokens_k_avx512(uint32_t dtype) {
     case CB_Q6_K: return wide_q6_k;
     case CB_Q3_K: return halves_q3_k;
     case CB_Q2_K: return halves_q2_k;
-    case CB_IQ4_XS: return halves_iq4_xs;
+    case CB_IQ4_XS: return wide_iq4_xs;
     }
     return NULL;
 }
