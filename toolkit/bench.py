@@ -29,6 +29,7 @@ import numpy as np
 
 from . import prefill_peak
 from .errors import ModelError
+from .memory import GENERIC_MAX_BATCH
 from .weights import DTYPE_NAMES, expert_alignment, read_header, tensor_dtype, warm_page_cache
 
 # llama.cpp (commit 0c1e57098, 2 threads) on these models, from the speed issue.
@@ -438,8 +439,11 @@ PHASE_NAMES = ("routing", "attention", "decode_1", "decode_8", "prefill")
 def phase_times(tool: Path, model: Path, threads: int, reps: int, prompt: int) -> dict | None:
     """colibri-decode-bench --phases: each phase's median time (routing in
     us a call, the others ms), or None (logged) when the tool failed."""
+    # Prompt steps of the generic build's batch in both builds: a model config's
+    # max_batch_tokens (default 256) would otherwise pass for specialisation.
     done = subprocess.run([str(tool), str(model), "--phases", "--pairs", str(reps), "--threads", str(threads),
-                           "--prompt", str(prompt)], capture_output=True, text=True, timeout=1800)
+                           "--prompt", str(prompt), "--chunk", str(GENERIC_MAX_BATCH)], capture_output=True,
+                          text=True, timeout=1800)
     got = PHASES.search(done.stdout)
     if done.returncode != 0 or not got:
         log(f"colibri-decode-bench --phases failed: {done.stdout[-300:]}{done.stderr[-300:]}")

@@ -6,7 +6,7 @@
  * right after it, through the engine's own thread pool (the same threads),
  * from a buffer of its own; the pairs' ratios then compare like with like.
  *
- *   colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B | --phases [--prompt P]]
+ *   colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B | --phases [--prompt P] [--chunk C]]
  *
  * --phases: no reads; the median time (of --pairs repeats) of each phase the
  * specialised build could change, one line (colibri-build bench runs it in
@@ -176,14 +176,19 @@ static int batch_bench(const char *model, int pairs, int threads, int batch) {
 
 static double seconds_since(uint64_t start) { return (double)(cb_now_ns() - start) * 1e-9; }
 
+/* --chunk: tokens a prompt step takes, when under the engine's batch (0: the
+ * batch), so that two builds of other batches step alike (bench.py). */
+static int prompt_chunk;
+
 /* Prompt tokens [from, to) of slot in chunks of the engine's batch, the last
  * one's logits wanted. */
 static int prompt_span(cb_engine *e, int slot, int from, int to, char *err, size_t err_len) {
     const cb_dims *d = CB_DIMS(e);
-    cb_batch_item *items = malloc(sizeof *items * (size_t)e->max_batch);
+    const int step = prompt_chunk > 0 && prompt_chunk < e->max_batch ? prompt_chunk : e->max_batch;
+    cb_batch_item *items = malloc(sizeof *items * (size_t)step);
     if (!items) return snprintf(err, err_len, "out of memory"), -1;
-    for (int at = from; at < to; at += e->max_batch) {
-        const int n = to - at < e->max_batch ? to - at : e->max_batch;
+    for (int at = from; at < to; at += step) {
+        const int n = to - at < step ? to - at : step;
         for (int i = 0; i < n; i++) items[i] = (cb_batch_item){(7 * (at + i) + 1) % (int)d->vocab, slot, at + i, at + i == to - 1, 0};
         if (cb_engine_forward(e, items, n, err, err_len)) return free(items), -1;
     }
@@ -198,7 +203,7 @@ static int prompt_span(cb_engine *e, int slot, int from, int to, char *err, size
  *     cached positions, o) of one token, cb_attention_layer alone;
  *   decode-1 / decode-8: one forward step of 1 / 8 slots (at position 64,
  *     and slot 0 after its P);
- *   prefill: a P-token prompt (in chunks of the engine's batch).
+ *   prefill: a P-token prompt (in chunks of the engine's batch, or --chunk).
  * P: --prompt (default 512), at most the context less 2 (the steps after it). */
 static int phases_bench(const char *model, int reps, int threads, int prompt) {
     char err[512];
@@ -296,9 +301,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--phases")) phases = 1;
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) phase_prompt = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) prompt_chunk = atoi(argv[++i]);
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
-            fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B | --phases [--prompt P]]\n");
+            fprintf(stderr, "usage: colibri-decode-bench MODEL_DIR [--pairs N] [--threads T] [--batch B | --phases [--prompt P] [--chunk C]]\n");
             return 2;
         }
     }
