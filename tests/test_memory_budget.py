@@ -235,7 +235,8 @@ def status_bytes(pid: int) -> dict:
 
 # What the budget leaves out: the executable's own pages, libc, thread
 # stacks, the request and connection buffers touched (measured: 5.4 MiB
-# RSS at idle, 4.3 of it anonymous, of which the arena is 1.7).
+# RSS at idle, 4.3 of it anonymous, of which the arena is 1.7, with 64-token
+# steps; the arena is in the budget).
 RSS_SLACK = 8 << 20
 
 

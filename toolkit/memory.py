@@ -30,7 +30,9 @@ _POINTER = _SIZE_T = 8
 _ATTN_BLOCK = 4         # CB_ATTN_BLOCK (kernels.h): queries a worker scores at once
 _QK = 32                # CB_QK
 _BLOCK_GEMMA4 = 1       # enum cb_block: its layer types may each have a RoPE of their own
-GENERIC_MAX_BATCH = 64  # CB_MAX_BATCH of the generic build (render.py)
+# CB_MAX_BATCH of the generic build and the Python binding (render.py): not a
+# model config's default (config.py), so that tests' sliding rings stay small.
+GENERIC_MAX_BATCH = 64
 LOGIT_ROWS_MIN = 64  # engine.c
 _ATTN_MIN_CHUNK = 256   # CB_ATTN_MIN_CHUNK (engine_internal.h): long attention's chunks of positions
 _ATTN_MAX_CHUNKS = 32   # CB_ATTN_MAX_CHUNKS

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from .memory import size_text
+from .memory import GENERIC_MAX_BATCH, size_text
 from . import __version__
 from .resources import data_dir
 from .targets import Target, cpu_fallbacks
@@ -76,7 +76,7 @@ def context(inputs: RenderInputs) -> dict:
         "specialised": cfg is not None,
         "model": cfg,
         "slots": cfg["batch_slots"] if cfg else inputs.slots,
-        "max_batch_tokens": cfg["max_batch_tokens"] if cfg else 64,
+        "max_batch_tokens": cfg["max_batch_tokens"] if cfg else GENERIC_MAX_BATCH,
         "max_memory": inputs.max_memory,
         "max_memory_text": size_text(inputs.max_memory),
         "config_hash": inputs.config.canonical_hash() if inputs.config else "generic",
