@@ -48,6 +48,17 @@ def tiny_config(tiny_model) -> dict:
     return json.loads((tiny_model / "model-config.json").read_text())
 
 
+def set_max_batch_tokens(model: Path, tokens: int) -> Path:
+    """A converted model's prompt step (max_batch_tokens, default 256) set to
+    tokens: tests of sliding-window rings (window + tokens - 1 positions) use
+    64 so that short prompts wrap them."""
+    path = model / "model-config.json"
+    cfg = json.loads(path.read_text())
+    cfg["max_batch_tokens"] = tokens
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return model
+
+
 def build_server(workdir: Path, model: Path, target: str, tag: str = "", sanitize: bool = False) -> Path:
     dist = workdir / f"dist{tag}"
     run_cli("--model", model / "model-config.json", "--target", target, "--dist", dist,

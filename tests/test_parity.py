@@ -187,7 +187,8 @@ def test_windowed_models_built_server_gives_transformers_tokens_and_batches_bit_
     experts) each got alone, prompts that wrap the sliding layers' ring
     (window + 63 positions) among them."""
     ref = TINY_MOE / name
-    model_dir = convert(ref, tmp_path / name, progress=False)
+    from conftest import set_max_batch_tokens
+    model_dir = set_max_batch_tokens(convert(ref, tmp_path / name, progress=False), 64)
     prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(6)]
     prompts += [[(5 * j + i) % 250 + 1 for j in range(n)] for i, n in enumerate((150, 200))]
     startup = check_built_server(tmp_path, ref, model_dir, prompts)

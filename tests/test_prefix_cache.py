@@ -247,8 +247,8 @@ def test_a_prefix_whose_window_the_ring_overwrote_is_not_reused(tmp_path):
     refuses a window the ring no longer holds). A prompt that continues the
     first one still reuses it."""
     from colibri_build.convert import convert
-    from conftest import build_server
-    model = convert(TINY_GPT_OSS, tmp_path / "gpt_oss", progress=False)
+    from conftest import build_server, set_max_batch_tokens
+    model = set_max_batch_tokens(convert(TINY_GPT_OSS, tmp_path / "gpt_oss", progress=False), 64)
     exe = build_server(tmp_path, model, "native") / "colibri-server"
     first = [(5 * j) % 250 + 1 for j in range(200)]
     diverging = first[:20] + [(3 * j) % 250 + 1 for j in range(30)]
