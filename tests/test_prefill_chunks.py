@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from colibri_build import Engine, memory
-from conftest import build_server, synth_model
+from conftest import build_server, set_max_batch_tokens, synth_model
 from test_memory_budget import MEMORY_LINE
 
 # 200 tokens of the byte vocabulary: more than three 64-token chunks.
@@ -59,12 +59,7 @@ def test_chunk_outside_the_batch_is_refused(engine):
 def long_chunk_model(workdir):
     """The q8_0 model with a 512-token context, served in 256-token steps."""
     folder = synth_model(workdir, "tiny-q8-512", "--dtype", "q8_0", "--context-length", "512")
-    cfg_path = folder / "model-config.json"
-    cfg = json.loads(cfg_path.read_text())
-    if cfg["max_batch_tokens"] != 256:
-        cfg["max_batch_tokens"] = 256
-        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-    return folder
+    return set_max_batch_tokens(folder, 256)
 
 
 def test_server_prefills_256_tokens_a_step_with_64_rows_of_logits(workdir, long_chunk_model, start_server):
