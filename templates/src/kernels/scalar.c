@@ -114,10 +114,26 @@ void cb_dot4_q4_0x4_scalar(const void *group, const cb_block_q8_0 *x, int n, flo
 }
 
 void cb_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double ss = 0; /* double: the sum of squares of a 4096-wide row loses bits in float */
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    /* double: the sum of squares of a 4096-wide row loses bits in float.
+     * Eight sums (element i in sum i % 8), added in one fixed order: no
+     * chain of dependent adds, which took 2.7-3.3% of a prefill's samples,
+     * and the same bits on every target (a float's square is exact in a
+     * double, so a fused multiply-add rounds as a multiply and an add). */
+    double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) part[j] += (double)x[i + j] * x[i + j];
+    for (int j = 0; i < n; i++, j++) part[j] += (double)x[i] * x[i];
+    const double ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
     float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+    /* Eight at a time through a copy: out is often x, which made gcc's
+     * alias check take its one-at-a-time loop. */
+    for (i = 0; i + 8 <= n; i += 8) {
+        float t[8];
+        for (int j = 0; j < 8; j++) t[j] = (x[i + j] * scale) * w[i + j];
+        memcpy(out + i, t, sizeof t);
+    }
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
 /* e^x, the engine's own: x = k ln2 + r (|r| <= ln2 / 2, ln2 in two parts),
