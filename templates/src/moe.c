@@ -47,6 +47,7 @@ typedef struct {
     int n_units, n, to_x;             /* to_x: the sum goes into x (else it stays in proj) */
     int chunk, down_chunk, sum_chunk; /* rows per gate/up, down and sum task */
     cb_act xa;                        /* the FFN input, xn (quantized) */
+    int sum_tokens;                   /* tokens per sum task, each over all rows (0: by sum_chunk) */
 } ffn_job;
 
 /* Tasks run unit by unit, each unit's rows in chunks, so the tasks are in
@@ -163,8 +164,10 @@ static void sum_task(void *p, int task, int worker) {
     const ffn_job *j = p;
     cb_engine *e = j->e;
     const int H = (int)CB_DIMS(e)->hidden, per = (int)CB_DIMS(e)->top_k + 1;
-    const int r0 = task * j->sum_chunk, r1 = r0 + j->sum_chunk < H ? r0 + j->sum_chunk : H;
-    for (int i = 0; i < j->n; i++) {
+    int r0 = 0, r1 = H, i0 = 0, i1 = j->n;
+    if (j->sum_tokens) i0 = task * j->sum_tokens, i1 = i0 + j->sum_tokens < j->n ? i0 + j->sum_tokens : j->n;
+    else r0 = task * j->sum_chunk, r1 = r0 + j->sum_chunk < H ? r0 + j->sum_chunk : H;
+    for (int i = i0; i < i1; i++) {
         float *proj = e->proj + (size_t)i * H;
         memset(proj + r0, 0, sizeof(float) * (r1 - r0));
         for (int k = 0; k < e->item_pair_count[i]; k++) {
@@ -195,12 +198,17 @@ static void run_units(cb_engine *e, int n_units, int n, int to_x) {
     /* gate/up chunks hold whole blocks of the hid they quantize */
     ffn_job j = {e, n_units, n, to_x, cb_task_rows(e, rows, e->w.k_matrices ? CB_QK_K : CB_QK), cb_task_rows(e, n_units * H, 4),
                  cb_task_rows(e, H, 4),
-                 cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride)};
+                 cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride), 0};
     const int gate_up_tasks = number_tasks(e, e->unit_task, 0, n_units, j.chunk, 0);
     const int down_tasks = number_tasks(e, e->down_task, gate_up_tasks, n_units, j.down_chunk, 1);
     for (int u = 0; u < n_units; u++) atomic_store_explicit(&e->unit_gate_up_done[u], 0, memory_order_relaxed);
     cb_threadpool_run2(e->pool, ffn_task, &j, gate_up_tasks, down_tasks);
-    const int sum_tasks = (H + j.sum_chunk - 1) / j.sum_chunk;
+    /* A prompt step's tasks take whole tokens: a token's pairs lie anywhere
+     * in pair_out (megabytes), and a whole row of each streams where a
+     * sum_chunk's 256 bytes stalled on every read (figures: the commit).
+     * The same adds in the same order either way. */
+    if (n >= 16 * cb_threadpool_size(e->pool)) j.sum_tokens = cb_task_rows(e, n, 1);
+    const int sum_tasks = j.sum_tokens ? (n + j.sum_tokens - 1) / j.sum_tokens : (H + j.sum_chunk - 1) / j.sum_chunk;
     if (n * n_units < 64) /* a few thousand adds: done here, not as a job */
         for (int t = 0; t < sum_tasks; t++) sum_task(&j, t, 0);
     else
