@@ -373,6 +373,17 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                       block_dot(row, A->q + (size_t)(in ? in[t] : t) * A->q_stride, cols));
         }
     }
+    /* Four rows a token: each token's activations read (from L2 where the
+     * tokens are many) once for four rows in L1, not once a row; the same
+     * calls, so the same bits (a prompt's f32 router: figures, the commit). */
+    for (; n_tok > 1 && r + 4 <= r1; r += 4) {
+        const uint8_t *rows = w + (size_t)r * row_bytes;
+        for (int t = 0; t < n_tok; t++) {
+            float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
+            for (int i = 0; i < 4; i++)
+                store(y + i, mode, scale, t, dot(W->dtype, rows + (size_t)i * row_bytes, A, in ? in[t] : t, cols));
+        }
+    }
     for (; r < r1; r++) {
         const void *row = w + (size_t)r * row_bytes;
         for (int t = 0; t < n_tok; t++)
