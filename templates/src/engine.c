@@ -105,7 +105,7 @@ typedef struct {
 static void quantize_token(cb_engine *e, void *p, int t) {
     (void)e;
     const quantize_job *j = p;
-    cb_quantize_act_q8_0(j->X + (size_t)t * j->x_stride, j->q + (size_t)t * j->q_stride, j->cols);
+    if (j->q) cb_quantize_act_q8_0(j->X + (size_t)t * j->x_stride, j->q + (size_t)t * j->q_stride, j->cols);
     if (j->k) cb_quantize_act_q8_k(j->X + (size_t)t * j->x_stride, j->k + (size_t)t * j->k_stride, j->cols);
 }
 
@@ -115,6 +115,10 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
         /* q8_k for rows of whole super-blocks: a matrix that takes it has
          * 256-multiple rows, so a narrower input is not one of its. */
         cb_block_q8_k *k = e->w.k_matrices && cols % CB_QK_K == 0 ? e->xk : NULL;
+        /* q8_0 only where some matrix takes it: a K-quant file (Q4_K_M,
+         * IQ4_XS ...) often has none, and quantizing for it was 1.6-1.8% of
+         * a prompt's samples (figures: the commit). */
+        if (!e->w.q8_0_matrices) q = NULL;
         quantize_job j = {X, q, x_stride, q_stride, cols, k, e->xk_stride};
         cb_for_tokens(e, n, quantize_token, &j);
         a.q = q;

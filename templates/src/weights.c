@@ -319,6 +319,7 @@ typedef struct {
     uint32_t next;  /* where the next lookup starts */
     int block_matrices; /* a bound matrix is block-quantized */
     int k_matrices;     /* a bound matrix takes q8_k activations */
+    int q8_0_matrices;  /* a bound matrix takes q8_0 activations */
 } binder;
 
 /* The file lists tensors in about the order they are bound, so each search
@@ -376,6 +377,7 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
     out->dtype = dtype;
     if (cols && dtype >= CB_Q8_0) b->block_matrices = 1;
     if (cols && cb_wants_q8_k(dtype)) b->k_matrices = 1;
+    if (cols && dtype >= CB_Q8_0 && !cb_wants_q8_k(dtype)) b->q8_0_matrices = 1;
     out->rows = (uint32_t)(cols ? rows : 1);
     out->cols = (uint32_t)inner;
     return 0;
@@ -573,6 +575,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     }
     w->block_matrices = b.block_matrices;
     w->k_matrices = b.k_matrices;
+    w->q8_0_matrices = b.q8_0_matrices;
     return b.failed ? -1 : 0;
 }
 

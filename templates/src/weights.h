@@ -132,6 +132,7 @@ typedef struct {
     cb_layer_weights *layers;            /* [n_layers], from the arena */
     int block_matrices;                  /* some matrix is block-quantized: activations get quantized */
     int k_matrices;                      /* some matrix takes q8_k activations (cb_wants_q8_k) */
+    int q8_0_matrices;                   /* some matrix takes q8_0 activations (the other block types) */
 } cb_weights;
 
 /* Maps path and checks magic, version, bounds and every tensor's shape
