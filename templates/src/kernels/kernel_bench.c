@@ -8,7 +8,8 @@
  *   - prompts: the int8 peak, and n tokens (64 unless --prompt says) over a
  *     matrix from L2 in GMAC/s: q8_0x4, then q4_k, q5_k, q6_k, q3_k, q2_k
  *     and iq4_xs beside it.
- * Prints one line a case; --quick runs each case briefly (a smoke test).
+ * Prints one line a case; --quick runs each case briefly (a smoke test);
+ * --types a,b [--cols N] times those types only, at N columns if given.
  * Built on demand (ninja colibri-kernel-bench). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,7 @@
 #include <arm_neon.h>
 #endif
 
-#define COLS 1024
+#define COLS 1024 /* the most columns: --cols picks fewer */
 #define HOT_ROWS 128
 #define COLD_BYTES ((size_t)512 << 20)
 #define MAX_TOKENS 8
@@ -64,37 +65,40 @@ static float uniform(void) {
     return (float)(rng >> 8) / 16777216.0f * 2.0f - 1.0f;
 }
 
-/* rows x COLS of random weights in dtype (x4 from four GGML rows at a time). */
+/* The matrices' columns: COLS, or --cols (a multiple of 256 up to COLS). */
+static int cols = COLS;
+
+/* rows x cols of random weights in dtype (x4 from four GGML rows at a time). */
 static void fill(uint8_t *w, uint32_t dtype, uint32_t base, size_t rows) {
     static float row[COLS];
     static uint8_t four[4 * COLS * 2];
-    const size_t row_bytes = cb_row_bytes(dtype, COLS), base_bytes = cb_row_bytes(base, COLS);
+    const size_t row_bytes = cb_row_bytes(dtype, cols), base_bytes = cb_row_bytes(base, cols);
     for (size_t r = 0; r < rows; r += 4) {
         for (int i = 0; i < 4; i++) {
-            for (int c = 0; c < COLS; c++) row[c] = uniform();
+            for (int c = 0; c < cols; c++) row[c] = uniform();
             uint8_t *dst = dtype == base ? w + (r + i) * row_bytes : four + i * base_bytes;
             if (base >= CB_Q4_1) { /* random bytes, small normal scales (no denormal slow paths) */
                 for (size_t b = 0; b < row_bytes; b++) dst[b] = (uint8_t)(uniform() * 127 + 128);
                 int elems, h0, h1;
                 block_layout(base, &elems, &h0, &h1);
-                const size_t block = row_bytes / (COLS / elems);
+                const size_t block = row_bytes / (cols / elems);
                 for (uint8_t *blk = dst; blk < dst + row_bytes; blk += block) {
                     const cb_half h = cb_float_to_half(0.001f);
                     if (base == CB_MXFP4) blk[0] = 120;
                     if (h0 >= 0) memcpy(blk + h0, &h, 2);
                     if (h1 >= 0) memcpy(blk + h1, &h, 2);
                 }
-            } else if (base == CB_Q8_0) cb_quantize_row_q8_0(row, (cb_block_q8_0 *)dst, COLS);
-            else if (base == CB_Q4_0) cb_quantize_row_q4_0(row, (cb_block_q4_0 *)dst, COLS);
+            } else if (base == CB_Q8_0) cb_quantize_row_q8_0(row, (cb_block_q8_0 *)dst, cols);
+            else if (base == CB_Q4_0) cb_quantize_row_q4_0(row, (cb_block_q4_0 *)dst, cols);
             else
-                for (int c = 0; c < COLS; c++) ((cb_half *)dst)[c] = cb_float_to_half(row[c]);
+                for (int c = 0; c < cols; c++) ((cb_half *)dst)[c] = cb_float_to_half(row[c]);
         }
-        if (dtype != base) cb_interleave4(four, base_bytes, base, COLS / CB_QK, w + r * row_bytes);
+        if (dtype != base) cb_interleave4(four, base_bytes, base, cols / CB_QK, w + r * row_bytes);
     }
 }
 
 /* Rows (whole x4 groups) of a bytes-sized matrix of dtype. */
-static size_t cold_rows(uint32_t dtype, size_t bytes) { return bytes / cb_row_bytes(dtype, COLS) / 4 * 4; }
+static size_t cold_rows(uint32_t dtype, size_t bytes) { return bytes / cb_row_bytes(dtype, cols) / 4 * 4; }
 
 static uint64_t cpu_ns(void);
 /* --types: rates per CPU second of this thread (cpu_ns) rather than per
@@ -273,6 +277,15 @@ int main(int argc, char **argv) {
     /* --types a,b,...: those weight types' one-token-and-up cases only (no
      * prompt cases), e.g. to time one kernel against another build's. */
     const char *only = argc > 2 && strcmp(argv[1], "--types") == 0 ? argv[2] : NULL;
+    /* ... --cols N: N columns (bench-olmoe's down matrices have 512). */
+    if (only && argc > 4 && strcmp(argv[3], "--cols") == 0) {
+        cols = atoi(argv[4]);
+        if (cols < CB_QK_K || cols > COLS || cols % CB_QK_K) {
+            fprintf(stderr, "colibri-kernel-bench: --cols N: got %s, expected a multiple of %d up to %d\n", argv[4],
+                    CB_QK_K, COLS);
+            return 2;
+        }
+    }
     int prompt_tokens = prompt_only && argc > 2 ? atoi(argv[2]) : GEMM_TOKENS_MAX;
     if (prompt_tokens < 1 || prompt_tokens > GEMM_TOKENS_MAX) {
         fprintf(stderr, "colibri-kernel-bench: --prompt TOKENS: got %s, expected 1..%d\n", argv[2], GEMM_TOKENS_MAX);
@@ -300,7 +313,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     per_cpu_second = only != NULL;
-    printf("kernel-bench: target %s, one core, %d columns%s\n", CB_TARGET_NAME, COLS,
+    printf("kernel-bench: target %s, one core, %d columns%s\n", CB_TARGET_NAME, cols,
            per_cpu_second ? " (per CPU second)" : "");
     if (!only) {
         /* Prompts: a chunk's tokens of one expert over its rows (q8_0x4, from
@@ -367,7 +380,7 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         if (!listed(only, types[k].name)) continue;
         fill(hot, types[k].dtype, types[k].base, HOT_ROWS);
-        const cb_tensor W = {hot, types[k].dtype, HOT_ROWS, COLS};
+        const cb_tensor W = {hot, types[k].dtype, HOT_ROWS, cols};
         printf("kernel-bench %-6s from L2:", types[k].name);
         for (int n_tok = 1; n_tok <= MAX_TOKENS; n_tok *= 2) {
             const double gbs = rate(&W, &A, n_tok, Y, seconds);
@@ -378,13 +391,13 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         if (!listed(only, types[k].name)) continue;
         const size_t rows = cold_rows(types[k].dtype, cold_bytes);
-        uint8_t *cold = cb_aligned_alloc(cb_row_bytes(types[k].dtype, COLS) * rows);
+        uint8_t *cold = cb_aligned_alloc(cb_row_bytes(types[k].dtype, cols) * rows);
         if (!cold) {
             fprintf(stderr, "colibri-kernel-bench: out of memory\n");
             return 1;
         }
         fill(cold, types[k].dtype, types[k].base, rows);
-        const cb_tensor W = {cold, types[k].dtype, (uint32_t)rows, COLS};
+        const cb_tensor W = {cold, types[k].dtype, (uint32_t)rows, (uint32_t)cols};
         printf("kernel-bench %-6s from memory:", types[k].name);
         for (int n_tok = 1; n_tok <= COLD_TOKENS; n_tok *= 2) {
             const double gbs = rate(&W, &A, n_tok, Y, 3 * seconds);
