@@ -205,8 +205,8 @@ static void run_units(cb_engine *e, int n_units, int n, int to_x) {
     cb_threadpool_run2(e->pool, ffn_task, &j, gate_up_tasks, down_tasks);
     /* A prompt step's tasks take whole tokens: a token's pairs lie anywhere
      * in pair_out (megabytes), and a whole row of each streams where a
-     * sum_chunk's 256 bytes stalled on every read (figures: the commit).
-     * The same adds in the same order either way. */
+     * sum_chunk's piece (256 bytes for H 1024 on two threads) stalled on
+     * every read (figures: the commit). The same adds in the same order. */
     if (n >= 16 * cb_threadpool_size(e->pool)) j.sum_tokens = cb_task_rows(e, n, 1);
     const int sum_tasks = j.sum_tokens ? (n + j.sum_tokens - 1) / j.sum_tokens : (H + j.sum_chunk - 1) / j.sum_chunk;
     if (n * n_units < 64) /* a few thousand adds: done here, not as a job */
