@@ -217,6 +217,16 @@ def test_kernel_bench_prints_every_case(built, workdir, tiny_model):
         cold = re.search(rf"kernel-bench {dtype} +from memory:(.*)", done.stdout)
         assert cold and len(re.findall(r"(\d+\.\d) GB/s", cold.group(1))) == 5, done.stdout
         assert all(float(v) > 0 for v in re.findall(r"(\d+\.\d) GB/s", cold.group(1)))
+    # --types T --cols N: one type at N columns (bench-olmoe's down matrices have 512); N must be a
+    # multiple of 256 up to 1024.
+    bench = build / "colibri-kernel-bench"
+    narrow = subprocess.run([str(bench), "--types", "q6_k", "--cols", "512"], capture_output=True, text=True,
+                            timeout=300)
+    assert narrow.returncode == 0 and "one core, 512 columns" in narrow.stdout, narrow.stdout + narrow.stderr
+    assert re.search(r"kernel-bench q6_k +from memory:.*\d+\.\d GB/s", narrow.stdout), narrow.stdout
+    assert "q4_k" not in narrow.stdout, narrow.stdout
+    bad = subprocess.run([str(bench), "--types", "q6_k", "--cols", "300"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--cols N: got 300, expected a multiple of 256 up to 1024" in bad.stderr, bad.stderr
 
 
 def test_windows_exe_imports_only_system_dlls(built):
