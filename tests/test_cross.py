@@ -227,6 +227,8 @@ def test_kernel_bench_prints_every_case(built, workdir, tiny_model):
     assert "q4_k" not in narrow.stdout, narrow.stdout
     bad = subprocess.run([str(bench), "--types", "q6_k", "--cols", "300"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--cols N: got 300, expected a multiple of 256 up to 1024" in bad.stderr, bad.stderr
+    bare = subprocess.run([str(bench), "--types", "q6_k", "--cols"], capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and "--cols N: got nothing" in bare.stderr, bare.stderr
 
 
 def test_windows_exe_imports_only_system_dlls(built):

@@ -69,6 +69,8 @@ static inline int cb_wants_q8_k(uint32_t dtype) {
     return dtype == CB_Q2_K || dtype == CB_Q3_K || dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K ||
            dtype == CB_IQ4_XS;
 }
+/* 1 for the other block types, whose kernels take q8_0 activations. */
+static inline int cb_wants_q8_0(uint32_t dtype) { return dtype >= CB_Q8_0 && !cb_wants_q8_k(dtype); }
 
 typedef struct {
     uint32_t arch;          /* enum cb_arch (informational) */

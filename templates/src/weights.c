@@ -377,7 +377,7 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
     out->dtype = dtype;
     if (cols && dtype >= CB_Q8_0) b->block_matrices = 1;
     if (cols && cb_wants_q8_k(dtype)) b->k_matrices = 1;
-    if (cols && dtype >= CB_Q8_0 && !cb_wants_q8_k(dtype)) b->q8_0_matrices = 1;
+    if (cols && cb_wants_q8_0(dtype)) b->q8_0_matrices = 1;
     out->rows = (uint32_t)(cols ? rows : 1);
     out->cols = (uint32_t)inner;
     return 0;

@@ -278,11 +278,11 @@ int main(int argc, char **argv) {
      * prompt cases), e.g. to time one kernel against another build's. */
     const char *only = argc > 2 && strcmp(argv[1], "--types") == 0 ? argv[2] : NULL;
     /* ... --cols N: N columns (bench-olmoe's down matrices have 512). */
-    if (only && argc > 4 && strcmp(argv[3], "--cols") == 0) {
-        cols = atoi(argv[4]);
+    if (only && argc > 3 && strcmp(argv[3], "--cols") == 0) {
+        cols = argc > 4 ? atoi(argv[4]) : 0;
         if (cols < CB_QK_K || cols > COLS || cols % CB_QK_K) {
-            fprintf(stderr, "colibri-kernel-bench: --cols N: got %s, expected a multiple of %d up to %d\n", argv[4],
-                    CB_QK_K, COLS);
+            fprintf(stderr, "colibri-kernel-bench: --cols N: got %s, expected a multiple of %d up to %d\n",
+                    argc > 4 ? argv[4] : "nothing", CB_QK_K, COLS);
             return 2;
         }
     }

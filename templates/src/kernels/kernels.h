@@ -562,14 +562,10 @@ void cb_gemm_q8_0x4_dotprod(const void *group, const cb_block_q8_0 *const *x, in
 
 static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 static inline void cb_prefetch_write(const void *p) { __builtin_prefetch(p, 1, 3); }
-
-/* 1 when W's kernel wants the activations quantized to q8_0 first. */
-static inline int cb_wants_q8_activations(const cb_tensor *W) {
-    return W->dtype >= CB_Q8_0;
-}
+static inline void cb_prefetch_l2(const void *p) { __builtin_prefetch(p, 0, 2); } /* prefetcht1 on x86 */
 
 /* The activation rows of a matmul: float32 rows x_stride floats apart and,
- * for weights that cb_wants_q8_activations(), the same rows quantized to
+ * for weights that cb_wants_q8_0() (dims.h), the same rows quantized to
  * q8_0, q_stride blocks apart (quantized once, shared by every matrix that
  * reads them). */
 typedef struct {

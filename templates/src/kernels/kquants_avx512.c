@@ -447,19 +447,20 @@ static inline void halves_of_lanes(__m512i v, int dword, __m128 *lo, __m128 *hi)
  * blocks' bytes a super-block, in whole lines. A constant of the type (not
  * 4 * row_bytes / nb, a division a call), so the loop unrolls. With VNNI
  * into L2 (prefetcht1), not L1: one token from memory on an AMD EPYC, q6_k
- * 1.2-1.7x as fast, the other K types as fast or faster; the maddubs forms
+ * 1.3-1.7x as fast (medians), the other K types as fast or faster; the maddubs forms
  * (no VNNI) up to 10% slower so (q3_k, q4_k; figures: the commit). */
-#if KQ_VNNI
-#define NEXT4_LOCALITY 2 /* __builtin_prefetch's: prefetcht1 */
-#else
-#define NEXT4_LOCALITY 3 /* prefetcht0 */
-#endif
 static inline size_t prefetch_share4(size_t block) { return (4 * block + 63) / 64 * 64; }
 static inline __attribute__((always_inline)) void prefetch_next4(const void *next, size_t share, int i) {
     if (!next) return;
     const uint8_t *p = (const uint8_t *)next + (size_t)i * share;
 #pragma GCC unroll 16
-    for (size_t o = 0; o < share; o += 64) __builtin_prefetch(p + o, 0, NEXT4_LOCALITY);
+    for (size_t o = 0; o < share; o += 64) {
+#if KQ_VNNI
+        cb_prefetch_l2(p + o);
+#else
+        cb_prefetch(p + o);
+#endif
+    }
 }
 
 #if KQ_VNNI
