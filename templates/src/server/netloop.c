@@ -467,7 +467,10 @@ int cb_conn_stream_begin(cb_conn *c, int status, const char *content_type)
     if (r != CB_CONN_OK)
         return r;
     c->state = ST_STREAMING;
-    kick(c);
+    /* No send yet: the head leaves with the first piece (one send), so a
+     * client or proxy never holds a 200 whose instance died before its first
+     * event (nginx cannot retry it then). The next poll sends it otherwise. */
+    update_interest(c);
     return CB_CONN_OK;
 }
 

@@ -669,6 +669,7 @@ typedef struct {
     cb_conn_id deferred;     /* loop thread only, like the flood fields */
     cb_conn_id flood_id;
     size_t flood_sent, flood_total;
+    atomic_size_t space_after_begin, space_after_write; /* /stream's write room */
 } echo_app;
 
 /* The flood's byte at offset i: a pattern a reader can check. */
@@ -681,7 +682,9 @@ static void echo_on_request(void *arg, cb_conn *c, const cb_http_request *req, c
     atomic_fetch_add(&app->requests, 1);
     if (cb_http_path_is(req, "/stream")) {
         cb_conn_stream_begin(c, 200, "text/event-stream");
+        app->space_after_begin = cb_conn_write_space(c);
         cb_conn_stream_write(c, "data: one\n\n", 11);
+        app->space_after_write = cb_conn_write_space(c);
         cb_conn_stream_write(c, "data: two\n\n", 11);
         cb_conn_stream_write(c, "", 0);
         cb_conn_stream_write(c, "data: [DONE]\n\n", 14);
@@ -989,7 +992,7 @@ static int is_openai_error(const response *r, const char *type)
 static client cl_a, cl_b, cl_c, cl_s; /* big buffers: keep them off the stack */
 static response resp;
 
-static void test_loop_basic(int port)
+static void test_loop_basic(const echo_app *app, int port)
 {
     static const char *pieces[] = {"PO", "ST /echo HT", "TP/1.1\r\nHost: x\r\nContent-Le",
                                    "ngth: 11\r\n\r", "\nhello", " world"};
@@ -1021,6 +1024,8 @@ static void test_loop_basic(int port)
     CHECK(client_response(&cl_a, &resp, 0) == 0 && resp.status == 200 && resp.chunked);
     CHECK(body_is(&resp, "data: one\n\ndata: two\n\ndata: [DONE]\n\n"));
     CHECK(strstr(resp.head, "Content-Type: text/event-stream") != NULL);
+    /* The head waited in the buffer for the first event, then both left. */
+    CHECK(app->space_after_begin < app->space_after_write);
 
     /* Answer given in a later round. */
     client_sends(&cl_a, "POST /later HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}");
@@ -1475,7 +1480,7 @@ static void test_loop(void)
     CHECK(port > 0);
     pthread_create(&th, NULL, loop_thread, &app);
 
-    test_loop_basic(port);
+    test_loop_basic(&app, port);
     test_loop_large_body(port);
     test_loop_errors(port);
     test_loop_slow_client(port);
