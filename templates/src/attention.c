@@ -345,7 +345,8 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     const int H = (int)d->hidden, hd = (int)L->desc->head_dim;
     const int q_dim = (int)d->n_heads * hd, kv_dim = (int)L->desc->n_kv_heads * hd;
     cb_rmsnorm_tokens(e, n, L->attn_norm);
-    const cb_act xa = cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride);
+    const int qkv_q8_0 = cb_takes_q8_0(&L->wq) || cb_takes_q8_0(&L->wk) || cb_takes_q8_0(&L->wv);
+    const cb_act xa = cb_activations(e, e->xn, H, n, H, qkv_q8_0 ? e->xq : NULL, e->xq_stride);
     const cb_mm_part qkv[3] = {{&L->wq, e->q, q_dim, CB_SET}, {&L->wk, e->k, kv_dim, CB_SET},
                                {&L->wv, e->v, kv_dim, CB_SET}};
     cb_parallel_matmul(e, qkv, L->desc->k_eq_v ? 2 : 3, &xa, n);
@@ -366,7 +367,7 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
         task.n_tasks = units < most ? units : most;
         cb_threadpool_run(e->pool, combine_task, &task, task.n_tasks);
     }
-    const cb_act aa = cb_activations(e, e->attn, q_dim, n, q_dim, e->xq, e->xq_stride);
+    const cb_act aa = cb_activations(e, e->attn, q_dim, n, q_dim, cb_takes_q8_0(&L->wo) ? e->xq : NULL, e->xq_stride);
     if (L->attn_post_norm) {
         const cb_mm_part wo = {&L->wo, e->proj, H, CB_SET};
         cb_parallel_matmul(e, &wo, 1, &aa, n);

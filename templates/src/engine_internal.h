@@ -142,6 +142,10 @@ int cb_task_rows(const cb_engine *e, int total_rows, int multiple);
 /* A's float rows X, quantized into q when the model's matrices want q8_0
  * activations, and into e->xk (rows of whole 256s) where some take q8_k. */
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride);
+/* 1 when W reads q8_0 activations: callers hand cb_activations a NULL q
+ * where none of an input's matrices does (a Q4_K_M file's q8_0 attn_k and
+ * attn_v leave its expert and attention-output inputs to q8_k alone). */
+static inline int cb_takes_q8_0(const cb_tensor *W) { return W->cols && cb_wants_q8_0(W->dtype); }
 /* fn(e, ctx, i) for each token i < n: a layer's per-token work (norms,
  * quantizing activations, RoPE, routing), over the thread pool from
  * CB_PARALLEL_TOKENS tokens (a prompt chunk, a batch step), where it is 5-7%

@@ -47,6 +47,7 @@ typedef struct {
     int n_units, n, to_x;             /* to_x: the sum goes into x (else it stays in proj) */
     int chunk, down_chunk, sum_chunk; /* rows per gate/up, down and sum task */
     cb_act xa;                        /* the FFN input, xn (quantized) */
+    int hid_q8_0;                     /* some unit's down reads hid in q8_0 */
     int sum_tokens;                   /* tokens per sum task, each over all rows (0: by sum_chunk) */
 } ffn_job;
 
@@ -117,7 +118,7 @@ static void gate_up_task(const ffn_job *j, int task) {
         if (d->ffn_act == CB_ACT_GELU_TANH) geglu(g, u, r1 - r0);
         else if (d->ffn_act == CB_ACT_SWIGLU_OAI) swiglu_oai(g, u, r1 - r0, d->swiglu_alpha, d->swiglu_limit);
         else cb_swiglu(g, u, r1 - r0);
-        if (j->xa.q)
+        if (j->hid_q8_0)
             cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
                                  e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
         if (e->w.k_matrices && I % CB_QK_K == 0) /* chunk is then a multiple of 256 too (run_units) */
@@ -137,7 +138,7 @@ static void down_task(const ffn_job *j, int task) {
     cb_wait_count(&e->unit_gate_up_done[u], e->unit_task[u + 1] - e->unit_task[u]);
     const int I = (int)unit->f->gate.rows;
     const cb_act a = {e->hid + (size_t)unit->begin * e->ffn_max,
-                      j->xa.q ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride,
+                      j->hid_q8_0 ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride,
                       e->w.k_matrices && I % CB_QK_K == 0 ? e->hk + (size_t)unit->begin * e->xk_stride : NULL,
                       e->xk_stride};
     cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->pair_out + (size_t)unit->begin * H, H, NULL,
@@ -192,13 +193,18 @@ static void list_item_pairs(cb_engine *e, int n_units, int n) {
 
 static void run_units(cb_engine *e, int n_units, int n, int to_x) {
     const int H = (int)CB_DIMS(e)->hidden;
-    int rows = 0;
-    for (int u = 0; u < n_units; u++) rows += (int)e->units[u].f->gate.rows;
+    int rows = 0, in_q8_0 = 0, hid_q8_0 = 0;
+    for (int u = 0; u < n_units; u++) {
+        const cb_ffn_weights *f = e->units[u].f;
+        rows += (int)f->gate.rows;
+        in_q8_0 |= cb_takes_q8_0(&f->gate) || cb_takes_q8_0(&f->up);
+        hid_q8_0 |= cb_takes_q8_0(&f->down);
+    }
     list_item_pairs(e, n_units, n);
     /* gate/up chunks hold whole blocks of the hid they quantize */
     ffn_job j = {e, n_units, n, to_x, cb_task_rows(e, rows, e->w.k_matrices ? CB_QK_K : CB_QK), cb_task_rows(e, n_units * H, 4),
                  cb_task_rows(e, H, 4),
-                 cb_activations(e, e->xn, H, n, H, e->xq, e->xq_stride), 0};
+                 cb_activations(e, e->xn, H, n, H, in_q8_0 ? e->xq : NULL, e->xq_stride), hid_q8_0, 0};
     const int gate_up_tasks = number_tasks(e, e->unit_task, 0, n_units, j.chunk, 0);
     const int down_tasks = number_tasks(e, e->down_task, gate_up_tasks, n_units, j.down_chunk, 1);
     for (int u = 0; u < n_units; u++) atomic_store_explicit(&e->unit_gate_up_done[u], 0, memory_order_relaxed);
