@@ -166,7 +166,7 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
         assert "kernel-check avx512 ggml block types: ok (10 of 11 types with own kernels" in done.stdout, done.stdout
     assert "kernel-check scalar ggml block types: ok (11 types" in done.stdout, done.stdout
     # The q8_k types' matrices through cb_matmul_tile (four-row and
-    # multi-token kernels where the family has them; 1, 2 and 19 tokens, and
+    # multi-token kernels where the family has them; 1, 2, 3, 5 and 19 tokens, and
     # the blocks' extremes) bit for bit the scalar reference.
     assert "kernel-check q8_k matrices: ok" in done.stdout, done.stdout
     assert "kernel-check attention: ok" in done.stdout, done.stdout

@@ -362,12 +362,16 @@ static int check_k_rows(int *cases) {
             const cb_tensor W = {rows, dtype, K_ROWS, (uint32_t)n};
             const cb_act A = {NULL, &xq[0][0], 0, BLOCK_N_MAX / CB_QK, &xk[0][0], BLOCK_N_MAX / CB_QK_K};
             for (int k = 0; k < (int)(sizeof ranges / sizeof ranges[0]); k++)
-                for (int many = 0; many < 3; many++) {
-                    const int r0 = ranges[k][0], r1 = ranges[k][1], n_tok = many == 2 ? K_TOKENS : 1 + many;
-                    cb_matmul_tile(&W, r0, r1, &A, many == 2 ? reversed : NULL, n_tok, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
+                for (int many = 0; many < 5; many++) {
+                    /* each side of where the four-row loop hands over to
+                     * the multi-token kernel (2 or 3 tokens by type), whose
+                     * tokens go four at a time: 3 and 5 its short calls */
+                    static const int counts[5] = {1, 2, 3, 5, K_TOKENS};
+                    const int r0 = ranges[k][0], r1 = ranges[k][1], n_tok = counts[many], last = many == 4;
+                    cb_matmul_tile(&W, r0, r1, &A, last ? reversed : NULL, n_tok, &y[0][0], K_ROWS, NULL, CB_SET, NULL);
                     for (int tok = 0; tok < n_tok; tok++)
                         for (int r = r0; r < r1; r++) {
-                            const int src = many == 2 ? reversed[tok] : tok;
+                            const int src = last ? reversed[tok] : tok;
                             const float want = on_k ? cb_dot_k_scalar(dtype)(rows + r * row_bytes, xk[src], n)
                                                  : cb_dot_block_scalar(dtype)(rows + r * row_bytes, xq[src], n);
                             if (memcmp(&y[tok][r], &want, sizeof want) != 0) {
@@ -988,7 +992,7 @@ int main(void) {
 #else
         const char *alone = "";
 #endif
-        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 1, 2 and %d tokens, extremes%s; "
+        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 1, 2, 3, 5 and %d tokens, extremes%s; "
                "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, alone, cases);
         failed |= bad;
     }
