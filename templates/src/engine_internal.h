@@ -139,8 +139,9 @@ typedef struct {
 void cb_parallel_matmul(cb_engine *e, const cb_mm_part *parts, int n_parts, const cb_act *A, int n);
 /* Rows per task for a job of total_rows (a multiple of multiple). */
 int cb_task_rows(const cb_engine *e, int total_rows, int multiple);
-/* A's float rows X, quantized into q when the model's matrices want q8_0
- * activations, and into e->xk (rows of whole 256s) where some take q8_k. */
+/* A's float rows X, quantized into q (NULL where none of the matrices
+ * reading X takes q8_0: cb_takes_q8_0) when the model has q8_0 matrices,
+ * and into e->xk (rows of whole 256s) where some take q8_k. */
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride);
 /* 1 when W reads q8_0 activations: callers hand cb_activations a NULL q
  * where none of an input's matrices does (a Q4_K_M file's q8_0 attn_k and
