@@ -40,6 +40,12 @@ float cb_dot_f32_avx2(const float *a, const float *b, int n) {
  * q8_0 0.87 at 2 KB, bench-olmoe f16 0.79 at 4 KB and 0.78 at 8. The
  * multi-token x4 kernel (prompts) too: 512-token prefill 0.96-0.98. */
 #define STREAM_PREFETCH_BYTES 4096
+/* Into L1 (prefetcht0): on an AMD EPYC (2 cores, AVX-512 VNNI) prefetcht1
+ * left the x4 kernels at about half their rate from memory (one core,
+ * colibri-kernel-bench: q8_0x4 one token 10.3-12.6 against 18.7-21.4 GB/s,
+ * q4_0x4 8.5-8.9 against 17.7-21.4) and bench-olmoe q8_0 batch-1 decode at
+ * 53-58 against 84-108 tok/s. The Xeon figures above were taken with t1. */
+#define STREAM_PREFETCH_HINT _MM_HINT_T0
 
 /* 8 f16 or bf16 weights as floats: F16C, or bf16 as the top half of a
  * float32 (widen, shift left 16). */
@@ -57,7 +63,7 @@ static inline __attribute__((always_inline)) float dot_half(const uint16_t *w, c
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        if ((i & 31) == 0) _mm_prefetch((const char *)(w + i) + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
+        if ((i & 31) == 0) _mm_prefetch((const char *)(w + i) + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
         acc0 = _mm256_fmadd_ps(widen8(w + i, bf16), _mm256_loadu_ps(x + i), acc0);
         acc1 = _mm256_fmadd_ps(widen8(w + i + 8, bf16), _mm256_loadu_ps(x + i + 8), acc1);
     }
@@ -393,8 +399,8 @@ static inline __attribute__((always_inline)) void dot4_x4(const void *group, con
     __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * 4 * block_bytes;
-        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
-        if (!q4) _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1); /* 136 bytes a block */
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
+        if (!q4) _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, STREAM_PREFETCH_HINT); /* 136 bytes a block */
         const __m256i xlo = half_of(x[b].qs), xhi = half_of(x[b].qs + 16);
         const __m256i start = q4 || VNNI ? minus_sums(xlo, xhi, q4 ? 8 : (char)0x80) : _mm256_setzero_si256();
         const __m256 d8 = _mm256_mul_ps(group_scales(blk), _mm256_set1_ps(_cvtsh_ss(x[b].d)));
@@ -465,8 +471,8 @@ static inline __attribute__((always_inline)) void x4_tokens(const void *group, c
             for (int b = 0; b < bn; b++) {
                 const uint8_t *blk = g + (size_t)(b0 + b) * 4 * block_bytes;
                 if (t0 == 0) { /* the first pass over the group streams it */
-                    _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
-                    if (!q4) _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+                    _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
+                    if (!q4) _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, STREAM_PREFETCH_HINT);
                 }
                 pre[b].w = load_halves(blk, q4);
                 if (!q4) {
@@ -583,8 +589,8 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
                     for (int b = 0; b < bn; b++) {
                         const uint8_t *blk = blk0 + (size_t)b * 4 * sizeof(cb_block_q8_0);
                         if (t0 == 0) { /* the first pass streams the group */
-                            _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
-                            _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+                            _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
+                            _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, STREAM_PREFETCH_HINT);
                         }
                         const x4_halves h = load_halves(blk, 0);
                         pack[b].abs_lo01 = _mm256_abs_epi8(h.lo01), pack[b].abs_lo23 = _mm256_abs_epi8(h.lo23);
@@ -687,8 +693,8 @@ static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int
     for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
-        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, _MM_HINT_T1);
-        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, _MM_HINT_T1);
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, STREAM_PREFETCH_HINT);
         const few_block wb = few_prepare(blk);
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) few_token(&wb, &x[t][b], &a[t][0], &a[t][1]);
