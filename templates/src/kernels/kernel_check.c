@@ -319,7 +319,7 @@ static void extreme_block_row(int t, int n, int mode) {
     }
 }
 
-/* The q8_k types and MXFP4 (four-row and multi-token kernels) through
+/* The q8_k types and the 32-weight ones (four-row and multi-token kernels) through
  * cb_matmul_tile, as the engine calls it: rows of a 15-row matrix in ranges
  * that start and end off a multiple of four, for one, two and K_TOKENS
  * tokens gathered in reverse order (so four-row and multi-token kernels,
@@ -336,16 +336,21 @@ static int check_k_rows(int *cases) {
     static cb_block_q8_0 xq[K_TOKENS][BLOCK_N_MAX / CB_QK];
     static float y[K_TOKENS][K_ROWS];
     static const int ranges[][2] = {{0, 15}, {0, 4}, {1, 14}, {2, 6}, {3, 5}};
+    /* powers of two and counts off the eight-block steps (1408 columns:
+     * Qwen1.5-MoE's experts, in Q5_0 / Q5_1 in llama.cpp's K-quant files) */
+    static const int blocks_per_row[] = {1, 2, 4, 8, 16, 32, 64, 5, 11, 44};
     int32_t reversed[K_TOKENS];
     for (int t = 0; t < K_TOKENS; t++) reversed[t] = K_TOKENS - 1 - t;
     for (int t = 0; t < N_BLOCK_TYPES; t++) {
         const uint32_t dtype = block_types[t].dtype;
         const int on_k = cb_wants_q8_k(dtype);
-        if (!on_k && dtype != CB_MXFP4) continue;
+        if (!on_k && !cb_dot_block_scalar(dtype)) continue;
         const int k_type = dtype == CB_Q4_K || dtype == CB_Q5_K || dtype == CB_Q6_K || dtype == CB_IQ4_XS;
         const int four = dtype == CB_IQ4_XS || dtype == CB_Q2_K || dtype == CB_Q3_K; /* a third extreme */
         for (int extreme = 0; extreme < (four ? 4 : k_type ? 3 : 1); extreme++)
-        for (int n = on_k ? CB_QK_K : CB_QK; n <= BLOCK_N_MAX; n *= 2) {
+        for (int c = 0; c < (int)(sizeof blocks_per_row / sizeof blocks_per_row[0]); c++) {
+            const int n = blocks_per_row[c] * (on_k ? CB_QK_K : CB_QK);
+            if (n > BLOCK_N_MAX) continue;
             const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
             for (int r = 0; r < K_ROWS; r++) {
                 random_block_row(t, n);
@@ -992,7 +997,7 @@ int main(void) {
 #else
         const char *alone = "";
 #endif
-        printf("kernel-check q8_k matrices: %s (the q8_k types and mxfp4 through cb_matmul_tile, 1, 2, 3, 5 and %d tokens, extremes%s; "
+        printf("kernel-check q8_k matrices: %s (the q8_k and 32-weight block types through cb_matmul_tile, 1, 2, 3, 5 and %d tokens, extremes%s; "
                "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, alone, cases);
         failed |= bad;
     }

@@ -187,13 +187,24 @@ static inline cb_dot4_k_fn cb_dot4_k_wide(uint32_t dtype) {
 #endif
 /* Four rows . x on q8_0 at once, for the 32-weight types: out[i] bit for
  * bit what the one-row kernel gives for row i; next as cb_dot4_k.
- * cb_dot4_block: NULL for a type the family has none for (MXFP4 only, in
- * kernels/kquants_avx2.c); defined where a family has any. */
+ * cb_dot4_block: NULL for a type the family has none for; defined where a
+ * family has any. */
 typedef void (*cb_dot4_block_fn)(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],
                                  const void *next);
 #if CB_KERNELS_AVX2
 cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype);
 #define cb_dot4_block cb_dot4_block_avx2
+#endif
+#if CB_KERNELS_AVX512
+/* kernels/kquants_avx512.c: Q4_1, Q5_0, Q5_1 and IQ4_NL (MXFP4: the AVX2
+ * one; a 512-bit form, two rows a register, was slower: the commit). */
+cb_dot4_block_fn cb_dot4_block_avx512(uint32_t dtype);
+static inline cb_dot4_block_fn cb_dot4_block_wide(uint32_t dtype) {
+    const cb_dot4_block_fn f = cb_dot4_block_avx512(dtype);
+    return f ? f : cb_dot4_block_avx2(dtype);
+}
+#undef cb_dot4_block
+#define cb_dot4_block cb_dot4_block_wide
 #endif
 /* Up to CB_TOKENS_K_ROWS rows (rows of them, row_bytes apart) . n_tok
  * tokens' q8_k rows x[t] (prompts): out[CB_TOKENS_K_ROWS t + i] bit for bit
