@@ -248,7 +248,9 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
     const __m512i w_idx = _mm512_add_epi16(_mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(size / 2))),
                                            _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_setzero_si512(), _mm512_set1_epi16(1)));
     const __m512i x_idx = _mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(sizeof(cb_block_q8_0) / 2)));
-    __m512 acc01 = _mm512_setzero_ps(), acc23 = acc01;
+    /* float steps in 256-bit halves: lanes 0..7 and 8..15 of each fold (the
+     * file's float work is AVX2's: SIMDe has no 512-bit cvtph_ps / cvtepi32_ps) */
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int i = 0;
     for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
         prefetch_blocks4(next, size, i, CB_B32_LANES);
@@ -275,28 +277,33 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
          * min) of w, and d of x */
         const __m256i hx =
             _mm512_castsi512_si256(halves_of4(x + i + 4, x_idx, 0xAAAA, halves_of4(x + i, x_idx, 0x5555, _mm512_setzero_si512())));
-        const __m512 dx = _mm512_cvtph_ps(hx);
-        __m512i h[2];
+        const __m256 dx[2] = {_mm256_cvtph_ps(_mm256_castsi256_si128(hx)), _mm256_cvtph_ps(_mm256_extracti128_si256(hx, 1))};
+        __m256 fx[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        if (with_min)
+            fx[0] = _mm256_cvtepi32_ps(_mm512_castsi512_si256(sx)), fx[1] = _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sx, 1));
 #pragma GCC unroll 2
         for (int f = 0; f < 2; f++) {
             const uint8_t *ra = b + (size_t)(2 * f) * row_bytes + (size_t)i * size, *rb = ra + row_bytes;
-            const __m512i hw = _mm512_setzero_si512();
-            h[f] = halves_of4(ra, w_idx, 0x11111111, hw);
-            h[f] = halves_of4(ra + 4 * size, w_idx, 0x22222222, h[f]);
-            h[f] = halves_of4(rb, w_idx, 0x44444444, h[f]);
-            h[f] = halves_of4(rb + 4 * size, w_idx, 0x88888888, h[f]);
-        }
-        acc01 = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_cvtph_ps(_mm512_castsi512_si256(h[0]))), _mm512_cvtepi32_ps(tot[0]), acc01);
-        acc23 = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_cvtph_ps(_mm512_castsi512_si256(h[1]))), _mm512_cvtepi32_ps(tot[1]), acc23);
-        if (with_min) {
-            const __m512 fx = _mm512_cvtepi32_ps(sx);
-            acc01 = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[0], 1))), fx, acc01);
-            acc23 = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[1], 1))), fx, acc23);
+            __m512i h = halves_of4(ra, w_idx, 0x11111111, _mm512_setzero_si512());
+            h = halves_of4(ra + 4 * size, w_idx, 0x22222222, h);
+            h = halves_of4(rb, w_idx, 0x44444444, h);
+            h = halves_of4(rb + 4 * size, w_idx, 0x88888888, h);
+            const __m256i d = _mm512_castsi512_si256(h), m = _mm512_extracti64x4_epi64(h, 1);
+            const __m256i tt[2] = {_mm512_castsi512_si256(tot[f]), _mm512_extracti64x4_epi64(tot[f], 1)};
+#pragma GCC unroll 2
+            for (int k = 0; k < 2; k++) {
+                const __m256 dw = _mm256_cvtph_ps(k ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d));
+                __m256 a = _mm256_fmadd_ps(_mm256_mul_ps(dx[k], dw), _mm256_cvtepi32_ps(tt[k]), acc[2 * f + k]);
+                if (with_min) {
+                    const __m256 mw = _mm256_cvtph_ps(k ? _mm256_extracti128_si256(m, 1) : _mm256_castsi256_si128(m));
+                    a = _mm256_fmadd_ps(_mm256_mul_ps(dx[k], mw), fx[k], a);
+                }
+                acc[2 * f + k] = a;
+            }
         }
     }
     float l[2][16], lane[4][CB_B32_LANES];
-    _mm512_storeu_ps(l[0], acc01);
-    _mm512_storeu_ps(l[1], acc23);
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(&l[k / 2][8 * (k % 2)], acc[k]);
     for (int k = 0; k < 16; k++) {
         const int m = k & 3;
         lane[m >> 1][B32_BLOCK_OF(k)] = l[0][k];
