@@ -118,7 +118,6 @@ static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
     out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
 }
 
-cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype) { return dtype == CB_MXFP4 ? dot4_mxfp4 : NULL; }
 
 /* ---- the 32-weight types on q8_0: a block's integer sums in int32 lanes,
  * eight blocks' totals gathered into one register (block j in lane j), then
@@ -149,6 +148,25 @@ static inline __attribute__((always_inline)) __m256i b32_sums(int t, const uint8
     return sq;
 }
 
+/* Blocks i..nb - 1 (fewer than eight) into their lanes one by one; the
+ * row's total. */
+static inline float b32_rest(int t, const uint8_t *b, const cb_block_q8_0 *x, int i, int nb, float lane[CB_B32_LANES]) {
+    const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1;
+    const __m256i book = codebook(cb_iq4nl_values);
+    for (; i < nb; i++) {
+        const uint8_t *blk = b + (size_t)i * size;
+        __m256i sx = _mm256_setzero_si256();
+        const int32_t sq = total1(b32_sums(t, blk, x[i].qs, book, &sx));
+        cb_half hd, hm;
+        memcpy(&hd, blk, 2);
+        const float dx = _cvtsh_ss(x[i].d);
+        float *l = &lane[i % CB_B32_LANES];
+        *l = cb_b32_step(*l, dx * _cvtsh_ss(hd), sq);
+        if (with_min) memcpy(&hm, blk + 2, 2), *l = cb_b32_step(*l, dx * _cvtsh_ss(hm), total1(sx));
+    }
+    return cb_b32_sum(lane);
+}
+
 static inline __attribute__((always_inline)) float dot_b32(int t, const void *w, const cb_block_q8_0 *x, int n) {
     const uint8_t *b = w;
     const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
@@ -165,18 +183,7 @@ static inline __attribute__((always_inline)) float dot_b32(int t, const void *w,
     }
     float lane[CB_B32_LANES];
     _mm256_storeu_ps(lane, acc);
-    for (; i < nb; i++) {
-        const uint8_t *blk = b + (size_t)i * size;
-        __m256i sx = _mm256_setzero_si256();
-        const int32_t sq = total1(b32_sums(t, blk, x[i].qs, book, &sx));
-        cb_half hd, hm;
-        memcpy(&hd, blk, 2);
-        const float dx = _cvtsh_ss(x[i].d);
-        float *l = &lane[i % CB_B32_LANES];
-        *l = cb_b32_step(*l, dx * _cvtsh_ss(hd), sq);
-        if (with_min) memcpy(&hm, blk + 2, 2), *l = cb_b32_step(*l, dx * _cvtsh_ss(hm), total1(sx));
-    }
-    return cb_b32_sum(lane);
+    return b32_rest(t, b, x, i, nb, lane);
 }
 /* q4_1, q5_1: q8_0 activations (their block size), d and m steps per block. */
 static float dot_q4_1(const void *w, const cb_block_q8_0 *x, int n) { return dot_b32(B32_Q4_1, w, x, n); }
@@ -187,6 +194,130 @@ static float dot_iq4_nl(const void *w, const cb_block_q8_0 *x, int n) { return d
 
 cb_dot_block_fn cb_dot_block_avx2(uint32_t dtype) {
     CB_DOT_BLOCK_DISPATCH(dtype);
+}
+
+/* ---- four rows of the 32-weight types at once: a register holds one half
+ * (elements 0..15 or 16..31) of two blocks of a row, a 128-bit lane a
+ * block, so x's halves (loaded once for the four rows) meet a row's low
+ * and high nibbles as they lie; one fold gives a row's eight block totals
+ * (block B32_PERM[l] in lane l). Each lane then meets the one-row kernel's
+ * steps in its order: out[r] is its bits. ---- */
+static const int B32_PERM[CB_B32_LANES] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+/* Lane k of the result: the totals of lane k of p0, p1, p2, p3. */
+static inline __attribute__((always_inline)) __m256i lane_totals4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+    const __m256i b = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+
+/* The 16 bytes at a, then those at b. */
+static inline __m256i two16(const void *a, const void *b) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+/* Blocks a, b (size bytes apart) of one row . x's halves xl, xh: each
+ * 128-bit lane one block's sums. */
+static inline __attribute__((always_inline)) __m256i b32_duo(int t, const uint8_t *blk, int size, __m256i xl, __m256i xh,
+                                                            __m256i book) {
+    const int qs = b32_qs[t];
+    const __m256i q = two16(blk + qs, blk + size + qs), low4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
+    __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+    if (t == B32_IQ4_NL)
+        return _mm256_add_epi32(dot_signed(_mm256_shuffle_epi8(book, lo), xl), dot_signed(_mm256_shuffle_epi8(book, hi), xh));
+    if (t != B32_Q4_1) { /* the 5th bits: qh's bits 0..15 for the low nibbles, 16..31 the high */
+        uint32_t ha, hb;
+        memcpy(&ha, blk + qs - 4, 4);
+        memcpy(&hb, blk + size + qs - 4, 4);
+        uint8_t ml[4], mh[4];
+        const uint32_t l = (ha & 0xFFFF) | hb << 16, h = ha >> 16 | (hb & 0xFFFF0000u);
+        memcpy(ml, &l, 4);
+        memcpy(mh, &h, 4);
+        lo = _mm256_or_si256(lo, bit5_bytes(ml));
+        hi = _mm256_or_si256(hi, bit5_bytes(mh));
+    }
+    /* u <= 31: each half's pair sums within int16, so are both's */
+    return _mm256_madd_epi16(_mm256_add_epi16(pairs(lo, xl), pairs(hi, xh)), ones);
+}
+
+static inline short i16_at(const uint8_t *p) {
+    short h;
+    memcpy(&h, p, 2);
+    return h;
+}
+/* The fp16 values of eight blocks' field at p (blocks size bytes apart) in
+ * B32_PERM's order, as floats, inserted one by one (as halves8). */
+static inline __attribute__((always_inline)) __m256 halves8_perm(const uint8_t *p, size_t size) {
+    return _mm256_cvtph_ps(_mm_setr_epi16(i16_at(p), i16_at(p + 2 * size), i16_at(p + 4 * size), i16_at(p + 6 * size),
+                                          i16_at(p + size), i16_at(p + 3 * size), i16_at(p + 5 * size), i16_at(p + 7 * size)));
+}
+
+static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w, size_t row_bytes, const cb_block_q8_0 *x,
+                                                           int n, float out[4], const void *next) {
+    const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
+    const uint8_t *b = w;
+    const __m256i book = codebook(cb_iq4nl_values), ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
+        if (next) { /* the next four rows' lines starting in these blocks' share of them, into L2 */
+            const size_t lo = (size_t)i * 4 * size, hi = lo + (size_t)CB_B32_LANES * 4 * size;
+            for (size_t o = (lo + 63) & ~(size_t)63; o < hi; o += 64) cb_prefetch_l2((const uint8_t *)next + o);
+        }
+        __m256i xl[4], xh[4], sx = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            xl[j] = two16(x[i + 2 * j].qs, x[i + 2 * j + 1].qs), xh[j] = two16(x[i + 2 * j].qs + 16, x[i + 2 * j + 1].qs + 16);
+        if (t != B32_IQ4_NL) { /* sum(x) of each lane's block */
+            __m256i s[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                s[j] = _mm256_madd_epi16(_mm256_add_epi16(pairs(_mm256_set1_epi8(1), xl[j]), pairs(_mm256_set1_epi8(1), xh[j])), ones);
+            sx = lane_totals4(s[0], s[1], s[2], s[3]);
+        }
+        const __m256 dx = halves8_perm((const uint8_t *)&x[i].d, sizeof(cb_block_q8_0));
+        const __m256 fx = _mm256_cvtepi32_ps(sx);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *row = b + (size_t)r * row_bytes + (size_t)i * size;
+            __m256i tot = lane_totals4(b32_duo(t, row, size, xl[0], xh[0], book), b32_duo(t, row + 2 * size, size, xl[1], xh[1], book),
+                                       b32_duo(t, row + 4 * size, size, xl[2], xh[2], book),
+                                       b32_duo(t, row + 6 * size, size, xl[3], xh[3], book));
+            if (t == B32_Q5_0) tot = _mm256_sub_epi32(tot, _mm256_slli_epi32(sx, 4)); /* q - 16 */
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8_perm(row, size)), f32(tot), acc[r]);
+            if (with_min) acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dx, halves8_perm(row + 2, size)), fx, acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float l[CB_B32_LANES], lane[CB_B32_LANES];
+        _mm256_storeu_ps(l, acc[r]);
+        for (int k = 0; k < CB_B32_LANES; k++) lane[B32_PERM[k]] = l[k];
+        out[r] = b32_rest(t, b + (size_t)r * row_bytes, x, i, nb, lane);
+    }
+}
+static void dot4_q4_1(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    dot4_b32(B32_Q4_1, w, row_bytes, x, n, out, next);
+}
+static void dot4_q5_0(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    dot4_b32(B32_Q5_0, w, row_bytes, x, n, out, next);
+}
+static void dot4_q5_1(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    dot4_b32(B32_Q5_1, w, row_bytes, x, n, out, next);
+}
+static void dot4_iq4_nl(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+    dot4_b32(B32_IQ4_NL, w, row_bytes, x, n, out, next);
+}
+
+cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q4_1: return dot4_q4_1;
+    case CB_Q5_0: return dot4_q5_0;
+    case CB_Q5_1: return dot4_q5_1;
+    case CB_IQ4_NL: return dot4_iq4_nl;
+    case CB_MXFP4: return dot4_mxfp4;
+    }
+    return NULL;
 }
 
 /* ---- q8_k activations: a super-block's products summed in int32 lanes,
