@@ -186,21 +186,21 @@ static inline __attribute__((always_inline)) __m512i dot4_acc(__m512i acc, __m51
 #endif
 }
 
-/* Blocks 0..3 (from blk, size bytes apart) of one row . x's halves xl, xh:
- * each 128-bit lane one block's four-product sums. */
-static inline __attribute__((always_inline)) __m512i b32_quad(int t, const uint8_t *blk, int size, __m512i xl, __m512i xh) {
+/* Blocks 0..3 (from blk, size bytes apart) of one row as the bytes that
+ * meet x's halves: *lo elements 0..15, *hi 16..31, a block a 128-bit lane
+ * (iq4_nl: its signed levels; the others unsigned, the 5th bit set). */
+static inline __attribute__((always_inline)) void b32_unpack(int t, const uint8_t *blk, int size, __m512i *lo, __m512i *hi) {
     const int qs = b32_qs[t];
     __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + qs)));
     q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(blk + size + qs)), 1);
     q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(blk + 2 * size + qs)), 2);
     q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(blk + 3 * size + qs)), 3);
     const __m512i low4 = _mm512_set1_epi8(0xF);
-    __m512i lo = _mm512_and_si512(q, low4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+    *lo = _mm512_and_si512(q, low4), *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
     if (t == B32_IQ4_NL) {
         const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cb_iq4nl_values));
-        return _mm512_add_epi32(dot4_signed(_mm512_shuffle_epi8(book, lo), xl), dot4_signed(_mm512_shuffle_epi8(book, hi), xh));
-    }
-    if (t != B32_Q4_1) { /* the 5th bits: qh's bits 0..15 for the low nibbles, 16..31 the high */
+        *lo = _mm512_shuffle_epi8(book, *lo), *hi = _mm512_shuffle_epi8(book, *hi);
+    } else if (t != B32_Q4_1) { /* the 5th bits: qh's bits 0..15 for the low nibbles, 16..31 the high */
         uint32_t h[4];
         for (int k = 0; k < 4; k++) memcpy(&h[k], blk + k * size + qs - 4, 4);
         const uint64_t ml = (h[0] & 0xFFFF) | (uint64_t)(h[1] & 0xFFFF) << 16 | (uint64_t)(h[2] & 0xFFFF) << 32 |
@@ -208,10 +208,20 @@ static inline __attribute__((always_inline)) __m512i b32_quad(int t, const uint8
         const uint64_t mh = (h[0] >> 16) | (uint64_t)(h[1] >> 16) << 16 | (uint64_t)(h[2] >> 16) << 32 |
                             (uint64_t)(h[3] >> 16) << 48;
         const __m512i bit4 = _mm512_set1_epi8(0x10);
-        lo = _mm512_mask_or_epi32(lo, 0xFFFF, lo, _mm512_maskz_mov_epi8((__mmask64)ml, bit4));
-        hi = _mm512_mask_or_epi32(hi, 0xFFFF, hi, _mm512_maskz_mov_epi8((__mmask64)mh, bit4));
+        *lo = _mm512_or_si512(*lo, _mm512_maskz_mov_epi8((__mmask64)ml, bit4));
+        *hi = _mm512_or_si512(*hi, _mm512_maskz_mov_epi8((__mmask64)mh, bit4));
     }
+}
+/* b32_unpack's lo, hi . x's halves xl, xh: each 128-bit lane one block's
+ * four-product sums. */
+static inline __attribute__((always_inline)) __m512i b32_dot(int t, __m512i lo, __m512i hi, __m512i xl, __m512i xh) {
+    if (t == B32_IQ4_NL) return _mm512_add_epi32(dot4_signed(lo, xl), dot4_signed(hi, xh));
     return dot4_acc(dot4(lo, xl), hi, xh);
+}
+static inline __attribute__((always_inline)) __m512i b32_quad(int t, const uint8_t *blk, int size, __m512i xl, __m512i xh) {
+    __m512i lo, hi;
+    b32_unpack(t, blk, size, &lo, &hi);
+    return b32_dot(t, lo, hi, xl, xh);
 }
 
 /* The next four rows' bytes (one stretch) in step with these: the lines
@@ -311,7 +321,104 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
     }
     for (int r = 0; r < 4; r++) out[r] = b32_rest(t, b + (size_t)r * row_bytes, x, i, nb, lane[r]);
 }
+/* Four rows . n_tok (at most CB_TOKENS_BLOCK_MAX) tokens' q8_0 rows xs[k]
+ * (a prompt's): out[4k + r], each dot4_b32's bits. Each eight blocks of
+ * the four rows are unpacked once, their scales too, for all the tokens;
+ * a token's lanes wait in acc between them, in the same order of steps. */
+static inline __attribute__((always_inline)) void tokens4_b32(int t, const void *w, size_t row_bytes,
+                                                              const cb_block_q8_0 *const *xs, int n_tok, int n,
+                                                              float *out) {
+    const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
+    const uint8_t *b = w;
+    const __m512i k_of = _mm512_load_si512((const void *)b32_k_of);
+    const __m512i w_idx = _mm512_add_epi16(_mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(size / 2))),
+                                           _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_setzero_si512(), _mm512_set1_epi16(1)));
+    const __m512i x_idx = _mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(sizeof(cb_block_q8_0) / 2)));
+    float acc[CB_TOKENS_BLOCK_MAX][4][CB_B32_LANES]; /* a token's four fold halves; 8 KB of stack */
+    memset(acc, 0, sizeof(float) * 4 * CB_B32_LANES * (size_t)n_tok);
+    int i = 0;
+    for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
+        __m512i u[2][4][2];
+        __m256 dw[2][2], mw[2][2];
+#pragma GCC unroll 2
+        for (int f = 0; f < 2; f++) {
+            const uint8_t *ra = b + (size_t)(2 * f) * row_bytes + (size_t)i * size, *rb = ra + row_bytes;
+            const uint8_t *quad[4] = {ra, ra + 4 * size, rb, rb + 4 * size};
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) b32_unpack(t, quad[q], size, &u[f][q][0], &u[f][q][1]);
+            __m512i h = halves_of4(ra, w_idx, 0x11111111, _mm512_setzero_si512());
+            h = halves_of4(ra + 4 * size, w_idx, 0x22222222, h);
+            h = halves_of4(rb, w_idx, 0x44444444, h);
+            h = halves_of4(rb + 4 * size, w_idx, 0x88888888, h);
+            const __m256i d = _mm512_castsi512_si256(h), m = _mm512_extracti64x4_epi64(h, 1);
+            dw[f][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(d)), dw[f][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(d, 1));
+            mw[f][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(m)), mw[f][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(m, 1));
+        }
+        for (int k = 0; k < n_tok; k++) {
+            const cb_block_q8_0 *x = xs[k] + i;
+            const __m512i xl0 = x_halves4(x, 0), xh0 = x_halves4(x, 1), xl1 = x_halves4(x + 4, 0), xh1 = x_halves4(x + 4, 1);
+            __m512i sx = _mm512_setzero_si512();
+            if (t != B32_IQ4_NL) {
+                const __m512i one = _mm512_set1_epi8(1);
+                const __m512i s0 = dot4_acc(dot4(one, xl0), one, xh0), s1 = dot4_acc(dot4(one, xl1), one, xh1);
+                sx = lane_totals4(s0, s1, s0, s1);
+            }
+            const __m256i hx =
+                _mm512_castsi512_si256(halves_of4(x + 4, x_idx, 0xAAAA, halves_of4(x, x_idx, 0x5555, _mm512_setzero_si512())));
+            const __m256 dx[2] = {_mm256_cvtph_ps(_mm256_castsi256_si128(hx)), _mm256_cvtph_ps(_mm256_extracti128_si256(hx, 1))};
+            __m256 fx[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            if (with_min)
+                fx[0] = _mm256_cvtepi32_ps(_mm512_castsi512_si256(sx)), fx[1] = _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sx, 1));
+#pragma GCC unroll 2
+            for (int f = 0; f < 2; f++) {
+                __m512i tot = lane_totals4(b32_dot(t, u[f][0][0], u[f][0][1], xl0, xh0), b32_dot(t, u[f][1][0], u[f][1][1], xl1, xh1),
+                                           b32_dot(t, u[f][2][0], u[f][2][1], xl0, xh0), b32_dot(t, u[f][3][0], u[f][3][1], xl1, xh1));
+                if (t == B32_Q5_0) tot = _mm512_sub_epi32(tot, _mm512_slli_epi32(sx, 4)); /* q - 16 */
+                const __m256i tt[2] = {_mm512_castsi512_si256(tot), _mm512_extracti64x4_epi64(tot, 1)};
+#pragma GCC unroll 2
+                for (int j = 0; j < 2; j++) {
+                    __m256 a = _mm256_fmadd_ps(_mm256_mul_ps(dx[j], dw[f][j]), _mm256_cvtepi32_ps(tt[j]),
+                                               _mm256_loadu_ps(acc[k][2 * f + j]));
+                    if (with_min) a = _mm256_fmadd_ps(_mm256_mul_ps(dx[j], mw[f][j]), fx[j], a);
+                    _mm256_storeu_ps(acc[k][2 * f + j], a);
+                }
+            }
+        }
+    }
+    for (int k = 0; k < n_tok; k++) {
+        float l[2][16], lane[4][CB_B32_LANES];
+        for (int j = 0; j < 4; j++) memcpy(&l[j / 2][8 * (j % 2)], acc[k][j], sizeof acc[k][j]);
+        for (int j = 0; j < 16; j++) {
+            const int m = j & 3;
+            lane[m >> 1][B32_BLOCK_OF(j)] = l[0][j];
+            lane[2 + (m >> 1)][B32_BLOCK_OF(j)] = l[1][j];
+        }
+        for (int r = 0; r < 4; r++) out[4 * k + r] = b32_rest(t, b + (size_t)r * row_bytes, xs[k], i, nb, lane[r]);
+    }
+}
 #undef B32_BLOCK_OF
+static void tokens4_q4_1(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_Q4_1, w, row_bytes, xs, n_tok, n, out);
+}
+static void tokens4_q5_0(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_Q5_0, w, row_bytes, xs, n_tok, n, out);
+}
+static void tokens4_q5_1(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_Q5_1, w, row_bytes, xs, n_tok, n, out);
+}
+static void tokens4_iq4_nl(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_IQ4_NL, w, row_bytes, xs, n_tok, n, out);
+}
+cb_tokens4_block_fn cb_tokens4_block_avx512(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q4_1: return tokens4_q4_1;
+    case CB_Q5_0: return tokens4_q5_0;
+    case CB_Q5_1: return tokens4_q5_1;
+    case CB_IQ4_NL: return tokens4_iq4_nl;
+    }
+    return NULL;
+}
+
 static void dot4_q4_1(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
     dot4_b32(B32_Q4_1, w, row_bytes, x, n, out, next);
 }

@@ -373,6 +373,23 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         }
     }
     const cb_dot_block_fn block_dot = cb_dot_block(W->dtype);
+#ifdef cb_tokens4_block
+    /* A prompt's tokens: four rows unpacked once for a group of them. */
+    const cb_tokens4_block_fn b_tok4 = block_dot && n_tok > 1 ? cb_tokens4_block(W->dtype) : NULL;
+    for (; b_tok4 && r + 4 <= r1; r += 4) {
+        for (int t0 = 0; t0 < n_tok; t0 += CB_TOKENS_BLOCK_MAX) {
+            const int tn = n_tok - t0 < CB_TOKENS_BLOCK_MAX ? n_tok - t0 : CB_TOKENS_BLOCK_MAX;
+            const cb_block_q8_0 *xs[CB_TOKENS_BLOCK_MAX];
+            float d[CB_TOKENS_BLOCK_MAX * 4];
+            for (int t = 0; t < tn; t++) xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
+            b_tok4(w + (size_t)r * row_bytes, row_bytes, xs, tn, cols, d);
+            for (int t = 0; t < tn; t++) {
+                float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
+                for (int i = 0; i < 4; i++) store(y + i, mode, scale, t0 + t, d[t * 4 + i]);
+            }
+        }
+    }
+#endif
 #ifdef cb_dot4_block
     /* The same for the types on q8_0 (MXFP4's rows' chains interleaved). */
     const cb_dot4_block_fn b_dot4 = block_dot ? cb_dot4_block(W->dtype) : NULL;
