@@ -205,14 +205,21 @@ static inline cb_dot4_block_fn cb_dot4_block_wide(uint32_t dtype) {
 }
 #undef cb_dot4_block
 #define cb_dot4_block cb_dot4_block_wide
-/* Four rows . up to CB_TOKENS_BLOCK_MAX tokens' q8_0 rows xs[k] for the
- * same four types (prompts): out[4k + r] bit for bit what the one-row
- * kernel gives for row r and token k, the rows unpacked once for all
- * (AVX-512 only so far). */
+#endif
+/* Four rows . up to CB_TOKENS_BLOCK_MAX tokens' q8_0 rows xs[k] for Q4_1,
+ * Q5_0, Q5_1 and IQ4_NL (prompts): out[4k + r] bit for bit what the
+ * one-row kernel gives for row r and token k, the rows unpacked once for
+ * all (x86 so far). */
 #define CB_TOKENS_BLOCK_MAX 64
 typedef void (*cb_tokens4_block_fn)(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n,
                                     float *out);
+#if CB_KERNELS_AVX2
+cb_tokens4_block_fn cb_tokens4_block_avx2(uint32_t dtype);
+#define cb_tokens4_block cb_tokens4_block_avx2
+#endif
+#if CB_KERNELS_AVX512
 cb_tokens4_block_fn cb_tokens4_block_avx512(uint32_t dtype);
+#undef cb_tokens4_block
 #define cb_tokens4_block cb_tokens4_block_avx512
 #endif
 /* Up to CB_TOKENS_K_ROWS rows (rows of them, row_bytes apart) . n_tok

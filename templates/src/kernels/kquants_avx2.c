@@ -217,16 +217,14 @@ static inline __m256i two16(const void *a, const void *b) {
                                    _mm_loadu_si128((const __m128i *)b), 1);
 }
 
-/* Blocks a, b (size bytes apart) of one row . x's halves xl, xh: each
- * 128-bit lane one block's sums. */
-static inline __attribute__((always_inline)) __m256i b32_duo(int t, const uint8_t *blk, int size, __m256i xl, __m256i xh,
-                                                            __m256i book) {
+static inline __attribute__((always_inline)) void b32_duo_unpack(int t, const uint8_t *blk, int size, __m256i book,
+                                                                 __m256i *lo, __m256i *hi) {
     const int qs = b32_qs[t];
-    const __m256i q = two16(blk + qs, blk + size + qs), low4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
-    __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-    if (t == B32_IQ4_NL)
-        return _mm256_add_epi32(dot_signed(_mm256_shuffle_epi8(book, lo), xl), dot_signed(_mm256_shuffle_epi8(book, hi), xh));
-    if (t != B32_Q4_1) { /* the 5th bits: qh's bits 0..15 for the low nibbles, 16..31 the high */
+    const __m256i q = two16(blk + qs, blk + size + qs), low4 = _mm256_set1_epi8(0xF);
+    *lo = _mm256_and_si256(q, low4), *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+    if (t == B32_IQ4_NL) {
+        *lo = _mm256_shuffle_epi8(book, *lo), *hi = _mm256_shuffle_epi8(book, *hi);
+    } else if (t != B32_Q4_1) { /* the 5th bits: qh's bits 0..15 for the low nibbles, 16..31 the high */
         uint32_t ha, hb;
         memcpy(&ha, blk + qs - 4, 4);
         memcpy(&hb, blk + size + qs - 4, 4);
@@ -234,11 +232,22 @@ static inline __attribute__((always_inline)) __m256i b32_duo(int t, const uint8_
         const uint32_t l = (ha & 0xFFFF) | hb << 16, h = ha >> 16 | (hb & 0xFFFF0000u);
         memcpy(ml, &l, 4);
         memcpy(mh, &h, 4);
-        lo = _mm256_or_si256(lo, bit5_bytes(ml));
-        hi = _mm256_or_si256(hi, bit5_bytes(mh));
+        *lo = _mm256_or_si256(*lo, bit5_bytes(ml));
+        *hi = _mm256_or_si256(*hi, bit5_bytes(mh));
     }
+}
+static inline __attribute__((always_inline)) __m256i b32_duo_dot(int t, __m256i lo, __m256i hi, __m256i xl, __m256i xh) {
+    if (t == B32_IQ4_NL) return _mm256_add_epi32(dot_signed(lo, xl), dot_signed(hi, xh));
     /* u <= 31: each half's pair sums within int16, so are both's */
-    return _mm256_madd_epi16(_mm256_add_epi16(pairs(lo, xl), pairs(hi, xh)), ones);
+    return _mm256_madd_epi16(_mm256_add_epi16(pairs(lo, xl), pairs(hi, xh)), _mm256_set1_epi16(1));
+}
+/* Blocks a, b (size bytes apart) of one row . x's halves xl, xh: each
+ * 128-bit lane one block's sums. */
+static inline __attribute__((always_inline)) __m256i b32_duo(int t, const uint8_t *blk, int size, __m256i xl, __m256i xh,
+                                                            __m256i book) {
+    __m256i lo, hi;
+    b32_duo_unpack(t, blk, size, book, &lo, &hi);
+    return b32_duo_dot(t, lo, hi, xl, xh);
 }
 
 static inline short i16_at(const uint8_t *p) {
@@ -296,6 +305,93 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
         out[r] = b32_rest(t, b + (size_t)r * row_bytes, x, i, nb, lane);
     }
 }
+/* Four rows . n_tok (at most CB_TOKENS_BLOCK_MAX) tokens' q8_0 rows xs[k]
+ * (a prompt's): out[4k + r], each dot4_b32's bits. Each eight blocks of
+ * the four rows are unpacked once (to the stack: 16 registers hold two
+ * rows' at most), scales too, for all the tokens; a token's lanes wait in
+ * acc between them, in the same order of steps. */
+static inline __attribute__((always_inline)) void tokens4_b32(int t, const void *w, size_t row_bytes,
+                                                              const cb_block_q8_0 *const *xs, int n_tok, int n,
+                                                              float *out) {
+    const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
+    const uint8_t *b = w;
+    const __m256i book = codebook(cb_iq4nl_values), ones = _mm256_set1_epi16(1);
+    float acc[CB_TOKENS_BLOCK_MAX][4][CB_B32_LANES]; /* 8 KB of stack */
+    memset(acc, 0, sizeof(float) * 4 * CB_B32_LANES * (size_t)n_tok);
+    int i = 0;
+    for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
+        uint8_t u[4][4][2][32];
+        float dw[4][CB_B32_LANES], mw[4][CB_B32_LANES];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *row = b + (size_t)r * row_bytes + (size_t)i * size;
+            for (int j = 0; j < 4; j++) {
+                __m256i lo, hi;
+                b32_duo_unpack(t, row + 2 * j * size, size, book, &lo, &hi);
+                _mm256_storeu_si256((__m256i *)u[r][j][0], lo);
+                _mm256_storeu_si256((__m256i *)u[r][j][1], hi);
+            }
+            _mm256_storeu_ps(dw[r], halves8_perm(row, size));
+            if (with_min) _mm256_storeu_ps(mw[r], halves8_perm(row + 2, size));
+        }
+        for (int k = 0; k < n_tok; k++) {
+            const cb_block_q8_0 *x = xs[k] + i;
+            __m256i xl[4], xh[4], sx = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                xl[j] = two16(x[2 * j].qs, x[2 * j + 1].qs), xh[j] = two16(x[2 * j].qs + 16, x[2 * j + 1].qs + 16);
+            if (t != B32_IQ4_NL) {
+                __m256i s[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    s[j] = _mm256_madd_epi16(_mm256_add_epi16(pairs(_mm256_set1_epi8(1), xl[j]), pairs(_mm256_set1_epi8(1), xh[j])), ones);
+                sx = lane_totals4(s[0], s[1], s[2], s[3]);
+            }
+            const __m256 dx = halves8_perm((const uint8_t *)&x->d, sizeof(cb_block_q8_0));
+            const __m256 fx = _mm256_cvtepi32_ps(sx);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                __m256i p[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    p[j] = b32_duo_dot(t, _mm256_loadu_si256((const __m256i *)u[r][j][0]), _mm256_loadu_si256((const __m256i *)u[r][j][1]),
+                                       xl[j], xh[j]);
+                __m256i tot = lane_totals4(p[0], p[1], p[2], p[3]);
+                if (t == B32_Q5_0) tot = _mm256_sub_epi32(tot, _mm256_slli_epi32(sx, 4)); /* q - 16 */
+                __m256 a = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_loadu_ps(dw[r])), f32(tot), _mm256_loadu_ps(acc[k][r]));
+                if (with_min) a = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_loadu_ps(mw[r])), fx, a);
+                _mm256_storeu_ps(acc[k][r], a);
+            }
+        }
+    }
+    for (int k = 0; k < n_tok; k++)
+        for (int r = 0; r < 4; r++) {
+            float lane[CB_B32_LANES];
+            for (int j = 0; j < CB_B32_LANES; j++) lane[B32_PERM[j]] = acc[k][r][j];
+            out[4 * k + r] = b32_rest(t, b + (size_t)r * row_bytes, xs[k], i, nb, lane);
+        }
+}
+static void tokens4_q4_1(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_Q4_1, w, row_bytes, xs, n_tok, n, out);
+}
+static void tokens4_q5_0(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_Q5_0, w, row_bytes, xs, n_tok, n, out);
+}
+static void tokens4_q5_1(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_Q5_1, w, row_bytes, xs, n_tok, n, out);
+}
+static void tokens4_iq4_nl(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
+    tokens4_b32(B32_IQ4_NL, w, row_bytes, xs, n_tok, n, out);
+}
+cb_tokens4_block_fn cb_tokens4_block_avx2(uint32_t dtype) {
+    switch (dtype) {
+    case CB_Q4_1: return tokens4_q4_1;
+    case CB_Q5_0: return tokens4_q5_0;
+    case CB_Q5_1: return tokens4_q5_1;
+    case CB_IQ4_NL: return tokens4_iq4_nl;
+    }
+    return NULL;
+}
+
 static void dot4_q4_1(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
     dot4_b32(B32_Q4_1, w, row_bytes, x, n, out, next);
 }
