@@ -950,6 +950,56 @@ static int check_x4(int *cases, double *worst) {
     return 0;
 }
 
+#ifdef cb_tokens4_block
+/* The 32-weight prompt kernel past CB_TOKENS_BLOCK_MAX tokens (the seam of
+ * its token groups) through cb_matmul_tile: tokens gathered (in) and
+ * scattered (out), added with a per-token scale, rows [1, 10) of 10 (a
+ * four-row pass, then the one-row loop), 11 blocks a row (the lanes' tail);
+ * each result bit for bit Y + scale * the scalar reference. Returns 1 on a
+ * mismatch. */
+#define G_TOKENS (CB_TOKENS_BLOCK_MAX + 5)
+#define G_ROWS 10
+#define G_BLOCKS 11
+static int check_tokens4_groups(int *cases) {
+    static uint8_t rows[G_ROWS * G_BLOCKS * 32];
+    static cb_block_q8_0 xq[G_TOKENS][G_BLOCKS];
+    static float y[G_TOKENS][G_ROWS], y0[G_TOKENS][G_ROWS];
+    int32_t in[G_TOKENS], out[G_TOKENS];
+    float scale[G_TOKENS];
+    for (int k = 0; k < G_TOKENS; k++) in[k] = G_TOKENS - 1 - k, out[k] = (k + 3) % G_TOKENS, scale[k] = 0.5f + 0.25f * (k % 5);
+    const int n = G_BLOCKS * CB_QK;
+    for (int t = 0; t < N_BLOCK_TYPES; t++) {
+        const uint32_t dtype = block_types[t].dtype;
+        if (!cb_tokens4_block(dtype)) continue;
+        const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
+        for (int r = 0; r < G_ROWS; r++) {
+            random_block_row(t, n);
+            memcpy(rows + r * row_bytes, block_row, row_bytes);
+        }
+        for (int tok = 0; tok < G_TOKENS; tok++) {
+            for (int i = 0; i < n; i++) block_x[i] = uniform();
+            cb_quantize_row_q8_0(block_x, xq[tok], n);
+            for (int r = 0; r < G_ROWS; r++) y[tok][r] = y0[tok][r] = uniform();
+        }
+        const cb_tensor W = {rows, dtype, G_ROWS, (uint32_t)n};
+        const cb_act A = {NULL, &xq[0][0], 0, G_BLOCKS, NULL, 0};
+        cb_matmul_tile(&W, 1, G_ROWS, &A, in, G_TOKENS, &y[0][0], G_ROWS, out, CB_ADD_SCALED, scale);
+        for (int k = 0; k < G_TOKENS; k++)
+            for (int r = 0; r < G_ROWS; r++) {
+                const float d = cb_dot_block_scalar(dtype)(rows + r * row_bytes, xq[in[k]], n);
+                const float want = r ? y0[out[k]][r] + scale[k] * d : y0[out[k]][r];
+                if (memcmp(&y[out[k]][r], &want, sizeof want) != 0) {
+                    printf("  %s prompt kernel, %d tokens: row %d token %d got %.9g, reference %.9g\n", block_types[t].name,
+                           G_TOKENS, r, k, y[out[k]][r], want);
+                    return 1;
+                }
+                (*cases)++;
+            }
+    }
+    return 0;
+}
+#endif
+
 int main(void) {
     cb_cpu_require("colibri-kernel-check");
     int failed = 0;
@@ -991,14 +1041,19 @@ int main(void) {
 #ifdef cb_tokens_k
         bad = bad || check_k_tokens(&cases);
 #endif
+        char groups[64] = "";
+#ifdef cb_tokens4_block
+        bad = bad || check_tokens4_groups(&cases);
+        snprintf(groups, sizeof groups, ", the 32-weight prompt kernel at %d tokens", G_TOKENS);
+#endif
 #ifdef cb_tokens_k
         const char *alone = ", and the multi-token kernel alone at 1..70 tokens and the extremes";
         _Static_assert(KT_TOKENS == 70, "the line above says 70");
 #else
         const char *alone = "";
 #endif
-        printf("kernel-check q8_k matrices: %s (the q8_k and 32-weight block types through cb_matmul_tile, 1, 2, 3, 5 and %d tokens, extremes%s; "
-               "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, alone, cases);
+        printf("kernel-check q8_k matrices: %s (the q8_k and 32-weight block types through cb_matmul_tile, 1, 2, 3, 5 and %d tokens, extremes%s%s; "
+               "%d results bit for bit the scalar reference)\n", bad ? "FAILED" : "ok", K_TOKENS, alone, groups, cases);
         failed |= bad;
     }
     {
