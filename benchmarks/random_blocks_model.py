@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri_build import quant
-from colibri_build.bench import preset_arch
+from colibri_build.bench import preset_arch, random_k_blocks
 from colibri_build.outputs import MODEL_FILES_ORDER, OutputError, check_destination, staged_folder
 from colibri_build.synth import make_config
 from colibri_build.weights import Stored, expected_shapes, write_weights
@@ -48,8 +47,7 @@ def main() -> None:
             types[name] = a.dtype
     cfg["weights"]["tensor_dtypes"] = types
     rng = np.random.default_rng(0)
-    elems, size = quant.GGML_BLOCKS[a.dtype]
-    scale, low = np.float16(0.002).tobytes(), np.float16(-0.03).tobytes()
+    fields = ((0, 0.002), (2, -0.03)) if a.dtype in ("q4_1", "q5_1") else ((0, 0.002),)  # d (and m) as fp16
 
     def tensors():
         for name, shape in expected_shapes(cfg):
@@ -57,11 +55,7 @@ def main() -> None:
                 v = rng.standard_normal(shape, dtype=np.float32)
                 yield name, (1 + 0.1 * v if name.endswith(("norm", "norm_1", "norm_2")) else 0.02 * v).astype(np.float32)
                 continue
-            b = rng.integers(0, 256, (int(np.prod(shape)) // elems, size), dtype=np.uint8)
-            b[:, 0:2] = np.frombuffer(scale, np.uint8)
-            if a.dtype in ("q4_1", "q5_1"):
-                b[:, 2:4] = np.frombuffer(low, np.uint8)
-            yield name, Stored(a.dtype, shape, b.tobytes())
+            yield name, Stored(a.dtype, shape, random_k_blocks(a.dtype, shape, rng, fields))
 
     try:
         exists = check_destination(a.out, a.force, "model")

@@ -615,13 +615,15 @@ def ensure_model(models_dir: Path, spec: str, dtype: str) -> Path:
 K_SCALE_FIELDS = {"q4_k": ((0, 0.00005), (2, 0.0003)), "q5_k": ((0, 0.00003), (2, 0.0005)), "q6_k": ((208, 0.00001),)}
 
 
-def random_k_blocks(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> bytes:
+def random_k_blocks(dtype: str, shape: tuple[int, ...], rng: np.random.Generator,
+                    scale_fields: tuple[tuple[int, float], ...] | None = None) -> bytes:
     """Random bytes in dtype's blocks (every bit pattern is a valid block)
-    with the scale fields set to small finite values."""
+    with the scale fields (K_SCALE_FIELDS[dtype] unless given) set to small
+    finite values."""
     from . import quant
     elems, size = quant.GGML_BLOCKS[dtype]
     b = rng.integers(0, 256, (int(np.prod(shape)) // elems, size), dtype=np.uint8)
-    for off, value in K_SCALE_FIELDS[dtype]:
+    for off, value in K_SCALE_FIELDS[dtype] if scale_fields is None else scale_fields:
         b[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
     return b.tobytes()
 

@@ -370,18 +370,10 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
             out[4 * k + r] = b32_rest(t, b + (size_t)r * row_bytes, xs[k], i, nb, lane);
         }
 }
-static void tokens4_q4_1(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
-    tokens4_b32(B32_Q4_1, w, row_bytes, xs, n_tok, n, out);
-}
-static void tokens4_q5_0(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
-    tokens4_b32(B32_Q5_0, w, row_bytes, xs, n_tok, n, out);
-}
-static void tokens4_q5_1(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
-    tokens4_b32(B32_Q5_1, w, row_bytes, xs, n_tok, n, out);
-}
-static void tokens4_iq4_nl(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n, float *out) {
-    tokens4_b32(B32_IQ4_NL, w, row_bytes, xs, n_tok, n, out);
-}
+CB_B32_ENTRY_POINTS(q4_1, B32_Q4_1)
+CB_B32_ENTRY_POINTS(q5_0, B32_Q5_0)
+CB_B32_ENTRY_POINTS(q5_1, B32_Q5_1)
+CB_B32_ENTRY_POINTS(iq4_nl, B32_IQ4_NL)
 cb_tokens4_block_fn cb_tokens4_block_avx2(uint32_t dtype) {
     switch (dtype) {
     case CB_Q4_1: return tokens4_q4_1;
@@ -390,19 +382,6 @@ cb_tokens4_block_fn cb_tokens4_block_avx2(uint32_t dtype) {
     case CB_IQ4_NL: return tokens4_iq4_nl;
     }
     return NULL;
-}
-
-static void dot4_q4_1(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    dot4_b32(B32_Q4_1, w, row_bytes, x, n, out, next);
-}
-static void dot4_q5_0(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    dot4_b32(B32_Q5_0, w, row_bytes, x, n, out, next);
-}
-static void dot4_q5_1(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    dot4_b32(B32_Q5_1, w, row_bytes, x, n, out, next);
-}
-static void dot4_iq4_nl(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    dot4_b32(B32_IQ4_NL, w, row_bytes, x, n, out, next);
 }
 
 cb_dot4_block_fn cb_dot4_block_avx2(uint32_t dtype) {

@@ -74,4 +74,18 @@ static inline __m256i totals8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* A 32-weight type's four-row and prompt entry points (the file's
+ * always_inline dot4_b32 and tokens4_b32 with the type a constant):
+ * dot4_NAME and tokens4_NAME, for its cb_dot4_block_* and
+ * cb_tokens4_block_*. */
+#define CB_B32_ENTRY_POINTS(name, type)                                                                                  \
+    static void dot4_##name(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4],              \
+                            const void *next) {                                                                        \
+        dot4_b32(type, w, row_bytes, x, n, out, next);                                                                 \
+    }                                                                                                                  \
+    static void tokens4_##name(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n,      \
+                               float *out) {                                                                           \
+        tokens4_b32(type, w, row_bytes, xs, n_tok, n, out);                                                            \
+    }
+
 #endif
