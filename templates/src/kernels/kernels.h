@@ -209,10 +209,10 @@ static inline cb_dot4_block_fn cb_dot4_block_wide(uint32_t dtype) {
 /* Four rows . up to CB_TOKENS_BLOCK_MAX tokens' q8_0 rows xs[k] for Q4_1,
  * Q5_0, Q5_1 and IQ4_NL (prompts): out[4k + r] bit for bit what the
  * one-row kernel gives for row r and token k, the rows unpacked once for
- * all (x86 so far). */
+ * all (x86 so far); next (or NULL): four rows to pull into L2 meanwhile. */
 #define CB_TOKENS_BLOCK_MAX 64
 typedef void (*cb_tokens4_block_fn)(const void *w, size_t row_bytes, const cb_block_q8_0 *const *xs, int n_tok, int n,
-                                    float *out);
+                                    float *out, const void *next);
 #if CB_KERNELS_AVX2
 cb_tokens4_block_fn cb_tokens4_block_avx2(uint32_t dtype);
 #define cb_tokens4_block cb_tokens4_block_avx2

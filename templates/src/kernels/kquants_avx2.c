@@ -270,10 +270,7 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int i = 0;
     for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
-        if (next) { /* the next four rows' lines starting in these blocks' share of them, into L2 */
-            const size_t lo = (size_t)i * 4 * size, hi = lo + (size_t)CB_B32_LANES * 4 * size;
-            for (size_t o = (lo + 63) & ~(size_t)63; o < hi; o += 64) cb_prefetch_l2((const uint8_t *)next + o);
-        }
+        cb_b32_prefetch_next(next, size, i, nb);
         __m256i xl[4], xh[4], sx = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
@@ -312,7 +309,7 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
  * acc between them, in the same order of steps. */
 static inline __attribute__((always_inline)) void tokens4_b32(int t, const void *w, size_t row_bytes,
                                                               const cb_block_q8_0 *const *xs, int n_tok, int n,
-                                                              float *out) {
+                                                              float *out, const void *next) {
     const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
     const uint8_t *b = w;
     const __m256i book = codebook(cb_iq4nl_values), ones = _mm256_set1_epi16(1);
@@ -322,6 +319,7 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
     for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
         uint8_t u[4][4][2][32];
         float dw[4][CB_B32_LANES], mw[4][CB_B32_LANES];
+        cb_b32_prefetch_next(next, size, i, nb);
         for (int r = 0; r < 4; r++) {
             const uint8_t *row = b + (size_t)r * row_bytes + (size_t)i * size;
             for (int j = 0; j < 4; j++) {

@@ -224,15 +224,6 @@ static inline __attribute__((always_inline)) __m512i b32_quad(int t, const uint8
     return b32_dot(t, lo, hi, xl, xh);
 }
 
-/* The next four rows' bytes (one stretch) in step with these: the lines
- * starting in blocks [i, i + k)'s share of them, into L2 (one token from
- * memory, q5_0 / q5_1 / iq4_nl 11.0-12.2 GB/s against 7.9-10.1 into L1). */
-static inline __attribute__((always_inline)) void prefetch_blocks4(const void *next, size_t size, int i, int k) {
-    if (!next) return;
-    const size_t lo = (size_t)i * 4 * size, hi = lo + (size_t)k * 4 * size;
-    for (size_t o = (lo + 63) & ~(size_t)63; o < hi; o += 64) cb_prefetch_l2((const uint8_t *)next + o);
-}
-
 /* The words idx picks from the 128 bytes at p, into the words of into that
  * mask selects (a row's four blocks' scales, or x's). */
 static inline __attribute__((always_inline)) __m512i halves_of4(const void *p, __m512i idx, __mmask32 mask, __m512i into) {
@@ -263,7 +254,7 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int i = 0;
     for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
-        prefetch_blocks4(next, size, i, CB_B32_LANES);
+        cb_b32_prefetch_next(next, size, i, nb);
         const __m512i xl0 = x_halves4(x + i, 0), xh0 = x_halves4(x + i, 1);
         const __m512i xl1 = x_halves4(x + i + 4, 0), xh1 = x_halves4(x + i + 4, 1);
         __m512i tot[2];
@@ -327,7 +318,7 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
  * a token's lanes wait in acc between them, in the same order of steps. */
 static inline __attribute__((always_inline)) void tokens4_b32(int t, const void *w, size_t row_bytes,
                                                               const cb_block_q8_0 *const *xs, int n_tok, int n,
-                                                              float *out) {
+                                                              float *out, const void *next) {
     const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
     const uint8_t *b = w;
     const __m512i k_of = _mm512_load_si512((const void *)b32_k_of);
@@ -340,6 +331,7 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
     for (; i + CB_B32_LANES <= nb; i += CB_B32_LANES) {
         __m512i u[2][4][2];
         __m256 dw[2][2], mw[2][2];
+        cb_b32_prefetch_next(next, size, i, nb);
 #pragma GCC unroll 2
         for (int f = 0; f < 2; f++) {
             const uint8_t *ra = b + (size_t)(2 * f) * row_bytes + (size_t)i * size, *rb = ra + row_bytes;

@@ -195,6 +195,19 @@ static int k_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, con
 #endif
 
 #if defined(cb_dot4_k) || defined(cb_dot4_block)
+/* How many rows ahead of row r a GGML-row four-row kernel prefetches W
+ * (PREFETCH_ROWS or K_PREFETCH_BYTES, whichever is more, in fours); those
+ * first ones pulled in here. */
+static int rows_ahead(const cb_tensor *W, int r) {
+    const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
+    int dist = (int)((K_PREFETCH_BYTES + row_bytes - 1) / row_bytes + 3) / 4 * 4;
+    if (dist < PREFETCH_ROWS) dist = PREFETCH_ROWS;
+    const int ahead = r + dist < (int)W->rows ? r + dist : (int)W->rows;
+    const uint8_t *w = W->data;
+    for (const uint8_t *p = w + (size_t)r * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64) cb_prefetch(p);
+    return dist;
+}
+
 /* Rows r.. (by fours, up to r1) of a GGML-row W through a four-row kernel,
  * on q8_k activations (k4) or q8_0 ones (b4, when k4 is NULL), the rows
  * PREFETCH_ROWS or K_PREFETCH_BYTES ahead (whichever is more, in fours)
@@ -207,10 +220,7 @@ static int four_rows(const cb_tensor *W, int r, int r1, cb_dot4_k_fn k4, cb_dot4
     const int cols = (int)W->cols, n_rows = (int)W->rows;
     const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
     const uint8_t *w = W->data;
-    int dist = (int)((K_PREFETCH_BYTES + row_bytes - 1) / row_bytes + 3) / 4 * 4;
-    if (dist < PREFETCH_ROWS) dist = PREFETCH_ROWS;
-    const int ahead = r + dist < n_rows ? r + dist : n_rows;
-    for (const uint8_t *p = w + (size_t)r * row_bytes; p < w + (size_t)ahead * row_bytes; p += 64) cb_prefetch(p);
+    const int dist = rows_ahead(W, r);
     for (; r + 4 <= r1; r += 4) {
         const void *rows = w + (size_t)r * row_bytes;
         const void *next = r + dist + 4 <= n_rows ? w + (size_t)(r + dist) * row_bytes : NULL;
@@ -376,13 +386,16 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
 #ifdef cb_tokens4_block
     /* A prompt's tokens: four rows unpacked once for a group of them. */
     const cb_tokens4_block_fn b_tok4 = block_dot && n_tok > 1 ? cb_tokens4_block(W->dtype) : NULL;
+    const int b_dist = b_tok4 && r + 4 <= r1 ? rows_ahead(W, r) : 0;
     for (; b_tok4 && r + 4 <= r1; r += 4) {
+        /* the rows b_dist ahead pulled in as the first token group goes */
+        const void *next = r + b_dist + 4 <= (int)W->rows ? w + (size_t)(r + b_dist) * row_bytes : NULL;
         for (int t0 = 0; t0 < n_tok; t0 += CB_TOKENS_BLOCK_MAX) {
             const int tn = n_tok - t0 < CB_TOKENS_BLOCK_MAX ? n_tok - t0 : CB_TOKENS_BLOCK_MAX;
             const cb_block_q8_0 *xs[CB_TOKENS_BLOCK_MAX];
             float d[CB_TOKENS_BLOCK_MAX * 4];
             for (int t = 0; t < tn; t++) xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
-            b_tok4(w + (size_t)r * row_bytes, row_bytes, xs, tn, cols, d);
+            b_tok4(w + (size_t)r * row_bytes, row_bytes, xs, tn, cols, d, t0 ? NULL : next);
             for (int t = 0; t < tn; t++) {
                 float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
                 for (int i = 0; i < 4; i++) store(y + i, mode, scale, t0 + t, d[t * 4 + i]);
