@@ -528,15 +528,20 @@ typedef struct {
 /* nt (<= GEMM_TOKENS, a constant where inlined) tokens over kb packed blocks
  * of the group (blk: its first block's bytes); dx: the tokens' scales, rows
  * BLOCKS_AT_ONCE apart. Pair by pair and half by half, so that one |w| is
- * live at a time; the raw w is vpsignb's memory operand. */
+ * live at a time; the raw w is vpsignb's memory operand. next (or NULL):
+ * the blocks the next pack reads, pulled into L2 block by block meanwhile. */
 static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pack, const uint8_t *blk, int kb,
                                                             const cb_block_q8_0 *const *x, const float *dx, int nt,
-                                                            __m256 (*acc)[2]) {
+                                                            __m256 (*acc)[2], const uint8_t *next) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 a[GEMM_TOKENS][2];
 #pragma GCC unroll 2
     for (int t = 0; t < nt; t++) a[t][0] = acc[t][0], a[t][1] = acc[t][1];
     for (int b = 0; b < kb; b++, blk += 4 * sizeof(cb_block_q8_0)) {
+        if (next) {
+            const char *q = (const char *)next + (size_t)b * 4 * sizeof(cb_block_q8_0);
+            _mm_prefetch(q, _MM_HINT_T1), _mm_prefetch(q + 64, _MM_HINT_T1), _mm_prefetch(q + 128, _MM_HINT_T1);
+        }
         const gemm_block *p = &pack[b];
         __m256i xl[GEMM_TOKENS], xh[GEMM_TOKENS];
 #pragma GCC unroll 2
@@ -566,7 +571,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pa
 }
 
 void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
-                                int n_tok, int n, float *out, int out_stride) {
+                                int n_tok, int n, float *out, int out_stride, const void *next) {
     enum { CHUNK_TOKENS = 64 };
     const int nb = n / CB_QK;
     gemm_block pack[BLOCKS_AT_ONCE];
@@ -598,13 +603,19 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
                         const __m256 d8 = group_scales(blk);
                         pack[b].dw01 = pair_scales(d8, 0), pack[b].dw23 = pair_scales(d8, 1);
                     }
+                    /* on the first pass, what the next pack reads: this
+                     * group's next blocks, the next group's, or the caller's */
+                    const uint8_t *nx = t0                      ? NULL
+                                        : b0 + BLOCKS_AT_ONCE < nb ? blk0 + (size_t)BLOCKS_AT_ONCE * 4 * sizeof(cb_block_q8_0)
+                                        : g0 + g + 1 < n_groups    ? (const uint8_t *)groups + (size_t)(g0 + g + 1) * group_bytes
+                                                                   : next;
                     for (int t = 0; t < tn; t += GEMM_TOKENS) {
                         const cb_block_q8_0 *xt[GEMM_TOKENS] = {x[t0 + t] + b0};
                         const float *d = dx + (size_t)t * BLOCKS_AT_ONCE;
                         if (tn - t >= 2) {
                             xt[1] = x[t0 + t + 1] + b0;
-                            gemm_tile(pack, blk0, bn, xt, d, 2, acc[g] + t);
-                        } else gemm_tile(pack, blk0, bn, xt, d, 1, acc[g] + t);
+                            gemm_tile(pack, blk0, bn, xt, d, 2, acc[g] + t, t ? NULL : nx);
+                        } else gemm_tile(pack, blk0, bn, xt, d, 1, acc[g] + t, t ? NULL : nx);
                     }
                 }
             }
@@ -616,7 +627,7 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
 }
 
 void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
-    cb_gemm_q8_0x4_groups_avx2(group, 0, 1, x, n_tok, n, out, 4);
+    cb_gemm_q8_0x4_groups_avx2(group, 0, 1, x, n_tok, n, out, 4, NULL);
 }
 #endif
 

@@ -82,10 +82,12 @@ static inline __m512i half_x4(const int8_t *qs, __m512i bias) {
 
 /* nt tokens (x: each token's first block of the chunk) over ng groups (blk:
  * each group's first block of the chunk) and kb blocks; nt and ng are
- * constants where inlined. */
+ * constants where inlined. next (or NULL): per group, the blocks the next
+ * pack reads (NULL where it has no such group), pulled into L2 block by
+ * block, so that memory works while this tile computes. */
 static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk, const packed *pack, int kb,
                                                        const cb_block_q8_0 *const *x, int nt, int ng,
-                                                       __m512 (*acc)[TILE_GROUPS]) {
+                                                       __m512 (*acc)[TILE_GROUPS], const uint8_t *const *next) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512 a[TILE_TOKENS][TILE_GROUPS];
 #pragma GCC unroll 4
@@ -93,6 +95,13 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk
 #pragma GCC unroll 4
         for (int g = 0; g < ng; g++) a[t][g] = acc[t][g];
     for (int b = 0; b < kb; b++) {
+        if (next)
+#pragma GCC unroll 4
+            for (int g = 0; g < ng; g++)
+                if (next[g]) {
+                    const char *p = (const char *)next[g] + b * BLOCK_BYTES;
+                    _mm_prefetch(p, _MM_HINT_T1), _mm_prefetch(p + 64, _MM_HINT_T1), _mm_prefetch(p + 128, _MM_HINT_T1);
+                }
         __m512i wl[TILE_GROUPS], wh[TILE_GROUPS];
 #pragma GCC unroll 4
         for (int g = 0; g < ng; g++) {
@@ -120,18 +129,19 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *const *blk
         for (int g = 0; g < ng; g++) acc[t][g] = a[t][g];
 }
 
-/* The tokens of a chunk in tiles of TILE_TOKENS over ng groups. */
+/* The tokens of a chunk in tiles of TILE_TOKENS over ng groups; the first
+ * tile prefetches next. */
 static inline __attribute__((always_inline)) void tiles(const uint8_t *const *blk, const packed *pack, int kb,
                                                         const cb_block_q8_0 *const *x, int b0, int tn, int ng,
-                                                        __m512 (*acc)[TILE_GROUPS]) {
+                                                        __m512 (*acc)[TILE_GROUPS], const uint8_t *const *next) {
     int t = 0;
     for (; t + TILE_TOKENS <= tn; t += TILE_TOKENS) {
         const cb_block_q8_0 *xt[TILE_TOKENS] = {x[t] + b0, x[t + 1] + b0, x[t + 2] + b0, x[t + 3] + b0};
-        tile(blk, pack, kb, xt, TILE_TOKENS, ng, acc + t);
+        tile(blk, pack, kb, xt, TILE_TOKENS, ng, acc + t, t ? NULL : next);
     }
     for (; t < tn; t++) {
         const cb_block_q8_0 *xt[1] = {x[t] + b0};
-        tile(blk, pack, kb, xt, 1, ng, acc + t);
+        tile(blk, pack, kb, xt, 1, ng, acc + t, t ? NULL : next);
     }
 }
 
@@ -144,7 +154,7 @@ static inline void store_group(__m512 acc, float *out) {
 }
 
 void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
-                                  int n_tok, int n, float *out, int out_stride) {
+                                  int n_tok, int n, float *out, int out_stride, const void *next) {
     const int nb = n / CB_QK;
     packed pack;
     __m512 acc[CHUNK_TOKENS][TILE_GROUPS];
@@ -182,11 +192,20 @@ void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_
                     pack.dw[b] = _mm512_permutexvar_ps(by_row, halves_to_float(_mm256_setr_epi64x(d[0], d[1], d[2], d[3])));
                 }
                 const cb_block_q8_0 *const *xt = x + t0;
+                /* on the first pass, what the next pack reads: these groups'
+                 * next blocks, the next groups', or the caller's next ones */
+                const uint8_t *nx[TILE_GROUPS];
+                const uint8_t *const *pf = t0 == 0 ? nx : NULL;
+                for (int g = 0; g < gn; g++)
+                    nx[g] = b0 + GEMM_BLOCKS < nb                ? blk[g] + GEMM_BLOCKS * BLOCK_BYTES
+                            : g0 + TILE_GROUPS + g < n_groups    ? (const uint8_t *)groups + (size_t)(g0 + TILE_GROUPS + g) * group_bytes
+                            : next && g0 + TILE_GROUPS >= n_groups ? (const uint8_t *)next + (size_t)g * group_bytes
+                                                                 : NULL;
                 switch (gn) { /* the group count a constant in each tile */
-                case 4: tiles(blk, &pack, kb, xt, b0, tn, 4, acc); break;
-                case 3: tiles(blk, &pack, kb, xt, b0, tn, 3, acc); break;
-                case 2: tiles(blk, &pack, kb, xt, b0, tn, 2, acc); break;
-                default: tiles(blk, &pack, kb, xt, b0, tn, 1, acc); break;
+                case 4: tiles(blk, &pack, kb, xt, b0, tn, 4, acc, pf); break;
+                case 3: tiles(blk, &pack, kb, xt, b0, tn, 3, acc, pf); break;
+                case 2: tiles(blk, &pack, kb, xt, b0, tn, 2, acc, pf); break;
+                default: tiles(blk, &pack, kb, xt, b0, tn, 1, acc, pf); break;
                 }
             }
             for (int t = 0; t < tn; t++)
@@ -196,7 +215,7 @@ void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_
 }
 
 void cb_gemm_q8_0x4_avx512(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
-    cb_gemm_q8_0x4_groups_avx512(group, 0, 1, x, n_tok, n, out, 4);
+    cb_gemm_q8_0x4_groups_avx512(group, 0, 1, x, n_tok, n, out, 4, NULL);
 }
 
 #endif

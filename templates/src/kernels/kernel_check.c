@@ -895,7 +895,7 @@ static int check_gemm_groups(int *cases) {
         for (int n_groups = 1; n_groups <= GROUPS_CASE; n_groups += 2) {
             const int stride = 4 * n_groups + 3;
             for (int n_tok = 1; n_tok <= 3 * CASE_TOKENS + 10; n_tok += n_tok < 4 ? 1 : n_tok < CASE_TOKENS ? 7 : 3 * CASE_TOKENS + 10) {
-                cb_gemm_groups_x4_q8_0(groups8, sizeof groups8[0], n_groups, many, n_tok, n, got, stride);
+                cb_gemm_groups_x4_q8_0(groups8, sizeof groups8[0], n_groups, many, n_tok, n, got, stride, groups8);
                 for (int t = 0; t < n_tok; t++)
                     for (int g = 0; g < n_groups; g++) {
                         float want[4];

@@ -406,9 +406,11 @@ void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n
 #define cb_dot4_tokens_x4_q8_0 cb_gemm_q8_0x4_avx2
 /* n_groups consecutive groups (group_bytes apart) in one call, the tokens'
  * scales converted once for all: out[t * out_stride + 4 * g + i] = row i of
- * group g . x[t], the bits of cb_dot4_x4_q8_0. */
+ * group g . x[t], the bits of cb_dot4_x4_q8_0. next (or NULL): the groups
+ * (group_bytes apart, as many) the caller's next call reads, pulled into L2
+ * while this one computes. */
 void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
-                                int n_tok, int n, float *out, int out_stride);
+                                int n_tok, int n, float *out, int out_stride, const void *next);
 #define cb_gemm_groups_x4_q8_0 cb_gemm_q8_0x4_groups_avx2
 #endif
 /* A few tokens (a batch step's 2-15: matmul.c) in streaming passes of up to
@@ -496,7 +498,7 @@ void cb_attn_mix4_f16_avx512(float *out, size_t out_stride, const float *w, size
  * SIMDe check's stand-in for __AVX512VNNI__ (tests/test_avx512_simde.py). */
 void cb_gemm_q8_0x4_avx512(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
 void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
-                                  int n_tok, int n, float *out, int out_stride);
+                                  int n_tok, int n, float *out, int out_stride, const void *next);
 #undef cb_dot4_tokens_x4_q8_0
 #define cb_dot4_tokens_x4_q8_0 cb_gemm_q8_0x4_avx512
 #undef cb_gemm_groups_x4_q8_0

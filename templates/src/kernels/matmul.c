@@ -303,8 +303,11 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                     }
 #ifdef cb_gemm_groups_x4_q8_0
                     if (W->dtype == CB_Q8_0X4) { /* the rows' groups in one call, straight into staged */
+                        /* the next rows pulled in as the first token group goes */
+                        const void *next =
+                            t0 == 0 && r + rn + STAGE_ROWS <= (int)W->rows ? w + (size_t)(r + rn) * row_bytes : NULL;
                         cb_gemm_groups_x4_q8_0(w + (size_t)r * row_bytes, 4 * row_bytes, rn / 4, xs, tn, cols, &staged[0][0],
-                                               STAGE_ROWS);
+                                               STAGE_ROWS, next);
                     } else
 #endif
                     for (int g = r; g < r + rn; g += 4) {
