@@ -28,6 +28,8 @@ def test_checkpoint_is_what_transformers_loads(arch, tmp_path):
     reads are the ones the seed gives: the streamed safetensors header and
     offsets are right (a wrong offset shifts every tensor after it)."""
     transformers = pytest.importorskip("transformers")
+    if not llamacpp_gguf.SPM.is_file():
+        pytest.skip(f"{llamacpp_gguf.SPM} (../shared/testdata) not present")
     dims = dict(TINY, kv_heads=4) if arch == "olmoe" else TINY
     llamacpp_gguf.write_checkpoint(arch, dims, tmp_path, seed=3)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
