@@ -207,7 +207,7 @@ static inline cb_dot4_block_fn cb_dot4_block_wide(uint32_t dtype) {
 #define cb_dot4_block cb_dot4_block_wide
 #endif
 /* Four rows . up to CB_TOKENS_BLOCK_MAX tokens' q8_0 rows xs[k] for Q4_1,
- * Q5_0, Q5_1 and IQ4_NL (prompts): out[4k + r] bit for bit what the
+ * Q5_0, Q5_1, IQ4_NL and MXFP4 (prompts): out[4k + r] bit for bit what the
  * one-row kernel gives for row r and token k, the rows unpacked once for
  * all (x86 so far); next (or NULL): four rows to pull into L2 meanwhile. */
 #define CB_TOKENS_BLOCK_MAX 64

@@ -399,6 +399,7 @@ cb_tokens4_block_fn cb_tokens4_block_avx512(uint32_t dtype) {
     case CB_Q5_0: return tokens4_q5_0;
     case CB_Q5_1: return tokens4_q5_1;
     case CB_IQ4_NL: return tokens4_iq4_nl;
+    case CB_MXFP4: return cb_tokens4_block_avx2(dtype); /* its 256-bit kernel (VNNI where there is) */
     }
     return NULL;
 }
