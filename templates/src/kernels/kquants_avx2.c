@@ -81,43 +81,6 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     return hsum(acc);
 }
 
-/* One row's block i into its lanes (dot4_mxfp4's step). */
-static inline __attribute__((always_inline)) __m256 mxfp4_step(__m256 acc, const cb_block_mxfp4 *b, __m256i ax, __m256i xq,
-                                                              __m256 dx, __m256i book) {
-    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
-    const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
-    const __m256i sq = _mm256_madd_epi16(pairs(ax, _mm256_sign_epi8(_mm256_shuffle_epi8(book, u), xq)), _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&e8m0_half_table[b->e].f), dx), f32(sq), acc);
-}
-
-/* Four MXFP4 rows (row_bytes apart) . x, each row's bits dot_mxfp4's. One
- * row is a chain of dependent FMAs and twice the work a byte of q8_0 has;
- * here four rows' chains interleave and x's load, magnitudes (w . x as
- * |x| . sign(w, x), one sign step a row) and scale serve four rows. */
-static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-    const __m256i book = codebook(cb_mxfp4_values);
-    const cb_block_mxfp4 *b0 = w, *b1 = (const cb_block_mxfp4 *)((const uint8_t *)w + row_bytes),
-                         *b2 = (const cb_block_mxfp4 *)((const uint8_t *)w + 2 * row_bytes),
-                         *b3 = (const cb_block_mxfp4 *)((const uint8_t *)w + 3 * row_bytes);
-    /* Four variables, not an array: kept in registers across the loop. */
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int i = 0; i < n / CB_QK; i++) {
-        if (next) {
-            /* The next four rows (one stretch) in step with these: the lines
-             * starting in this block's share of them. */
-            const size_t lo = (size_t)i * 4 * sizeof(cb_block_mxfp4), hi = lo + 4 * sizeof(cb_block_mxfp4);
-            for (size_t o = (lo + 63) & ~(size_t)63; o < hi; o += 64) cb_prefetch((const uint8_t *)next + o);
-        }
-        const __m256i xq = load32(x[i].qs), ax = _mm256_abs_epi8(xq);
-        const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short)x[i].d));
-        a0 = mxfp4_step(a0, b0 + i, ax, xq, dx, book);
-        a1 = mxfp4_step(a1, b1 + i, ax, xq, dx, book);
-        a2 = mxfp4_step(a2, b2 + i, ax, xq, dx, book);
-        a3 = mxfp4_step(a3, b3 + i, ax, xq, dx, book);
-    }
-    out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
-}
-
 /* 256-bit vpdpbusd where the CPU has it (AVX-512 VNNI with VL, or AVX-VNNI). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
 #define MX_VNNI 1
@@ -131,6 +94,63 @@ static inline __m256i mx_dpbusd(__m256i acc, __m256i u, __m256i s) {
 #else
 #define MX_VNNI 0
 #endif
+
+/* One row's block i into its lanes (dot4_mxfp4's step). With VNNI the
+ * levels come as level + 12 (0..24: vpdpbusd's unsigned operand) and the
+ * lanes start at -12 times x's lane sums (xa, once for the four rows), so
+ * one vpdpbusd gives the exact sums the sign step and two madds give. */
+#if MX_VNNI
+static const int8_t mxfp4_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+#endif
+static inline __attribute__((always_inline)) __m256 mxfp4_step(__m256 acc, const cb_block_mxfp4 *b, __m256i xa, __m256i xq,
+                                                              __m256 dx, __m256i book) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
+    const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
+#if MX_VNNI
+    const __m256i sq = mx_dpbusd(xa, _mm256_shuffle_epi8(book, u), xq); /* xa: the lanes' start */
+#else
+    const __m256i sq = _mm256_madd_epi16(pairs(xa, _mm256_sign_epi8(_mm256_shuffle_epi8(book, u), xq)), _mm256_set1_epi16(1)); /* xa: |x| */
+#endif
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&e8m0_half_table[b->e].f), dx), f32(sq), acc);
+}
+
+/* Four MXFP4 rows (row_bytes apart) . x, each row's bits dot_mxfp4's. One
+ * row is a chain of dependent FMAs and twice the work a byte of q8_0 has;
+ * here four rows' chains interleave and x's load, magnitudes (w . x as
+ * |x| . sign(w, x), one sign step a row; with VNNI x's lane sums) and
+ * scale serve four rows. */
+static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
+#if MX_VNNI
+    const __m256i book = codebook(mxfp4_plus12);
+#else
+    const __m256i book = codebook(cb_mxfp4_values);
+#endif
+    const cb_block_mxfp4 *b0 = w, *b1 = (const cb_block_mxfp4 *)((const uint8_t *)w + row_bytes),
+                         *b2 = (const cb_block_mxfp4 *)((const uint8_t *)w + 2 * row_bytes),
+                         *b3 = (const cb_block_mxfp4 *)((const uint8_t *)w + 3 * row_bytes);
+    /* Four variables, not an array: kept in registers across the loop. */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < n / CB_QK; i++) {
+        if (next) {
+            /* The next four rows (one stretch) in step with these: the lines
+             * starting in this block's share of them. */
+            const size_t lo = (size_t)i * 4 * sizeof(cb_block_mxfp4), hi = lo + 4 * sizeof(cb_block_mxfp4);
+            for (size_t o = (lo + 63) & ~(size_t)63; o < hi; o += 64) cb_prefetch((const uint8_t *)next + o);
+        }
+#if MX_VNNI
+        const __m256i xq = load32(x[i].qs),
+                      xa = _mm256_sub_epi32(_mm256_setzero_si256(), mx_dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(12), xq));
+#else
+        const __m256i xq = load32(x[i].qs), xa = _mm256_abs_epi8(xq);
+#endif
+        const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short)x[i].d));
+        a0 = mxfp4_step(a0, b0 + i, xa, xq, dx, book);
+        a1 = mxfp4_step(a1, b1 + i, xa, xq, dx, book);
+        a2 = mxfp4_step(a2, b2 + i, xa, xq, dx, book);
+        a3 = mxfp4_step(a3, b3 + i, xa, xq, dx, book);
+    }
+    out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
+}
 
 /* Four MXFP4 rows . n_tok (at most CB_TOKENS_BLOCK_MAX) tokens' q8_0 rows
  * xs[k] (a prompt's, or a batch step's): out[4k + r], each dot4_mxfp4's
