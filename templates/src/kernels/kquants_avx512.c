@@ -63,6 +63,14 @@ enum { B32_Q4_1, B32_Q5_0, B32_Q5_1, B32_IQ4_NL };
 static const int b32_size[] = {sizeof(cb_block_q4_1), sizeof(cb_block_q5_0), sizeof(cb_block_q5_1),
                                sizeof(cb_block_iq4_nl)};
 static const int b32_qs[] = {4, 6, 8, 2}; /* offsets of qs in the block */
+/* The four-row and prompt kernels with VNNI take iq4_nl's levels as level
+ * + 128 (vpdpbusd's unsigned operand; maddubs' int16 pairs would overflow)
+ * and take 128 sum(x) off a block's total, as q5_0 takes its 16 sum(x):
+ * two vpdpbusd a quad where |w| . sign(x, w) took eight operations. The
+ * totals are exact either way: the same bits. */
+#define B32_NL_PLUS128 KQ_VNNI
+/* The shift of sum(x) a type's block total loses (0: none). */
+static inline int b32_offset_shift(int t) { return t == B32_Q5_0 ? 4 : t == B32_IQ4_NL && B32_NL_PLUS128 ? 7 : 0; }
 
 /* Two blocks' 16 bytes of nibbles -> 64 bytes 0..15 in element order. */
 static inline __m512i nibbles_pair(const uint8_t *qa, const uint8_t *qb) {
@@ -198,7 +206,8 @@ static inline __attribute__((always_inline)) void b32_unpack(int t, const uint8_
     const __m512i low4 = _mm512_set1_epi8(0xF);
     *lo = _mm512_and_si512(q, low4), *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
     if (t == B32_IQ4_NL) {
-        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cb_iq4nl_values));
+        __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cb_iq4nl_values));
+        if (B32_NL_PLUS128) book = _mm512_xor_si512(book, _mm512_set1_epi8((char)0x80));
         *lo = _mm512_shuffle_epi8(book, *lo), *hi = _mm512_shuffle_epi8(book, *hi);
     } else if (t != B32_Q4_1) { /* the 5th bits: qh's bits 0..15 for the low nibbles, 16..31 the high */
         uint32_t h[4];
@@ -213,9 +222,9 @@ static inline __attribute__((always_inline)) void b32_unpack(int t, const uint8_
     }
 }
 /* b32_unpack's lo, hi . x's halves xl, xh: each 128-bit lane one block's
- * four-product sums. */
+ * four-product sums (less b32_offset_shift's sum(x)). */
 static inline __attribute__((always_inline)) __m512i b32_dot(int t, __m512i lo, __m512i hi, __m512i xl, __m512i xh) {
-    if (t == B32_IQ4_NL) return _mm512_add_epi32(dot4_signed(lo, xl), dot4_signed(hi, xh));
+    if (t == B32_IQ4_NL && !B32_NL_PLUS128) return _mm512_add_epi32(dot4_signed(lo, xl), dot4_signed(hi, xh));
     return dot4_acc(dot4(lo, xl), hi, xh);
 }
 static inline __attribute__((always_inline)) __m512i b32_quad(int t, const uint8_t *blk, int size, __m512i xl, __m512i xh) {
@@ -265,14 +274,14 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
                                   b32_quad(t, rb, size, xl0, xh0), b32_quad(t, rb + 4 * size, size, xl1, xh1));
         }
         __m512i sx = _mm512_setzero_si512();
-        if (t != B32_IQ4_NL) { /* sum(x) of each lane's block */
+        if (t != B32_IQ4_NL || B32_NL_PLUS128) { /* sum(x) of each lane's block */
             const __m512i one = _mm512_set1_epi8(1);
             const __m512i s0 = dot4_acc(dot4(one, xl0), one, xh0), s1 = dot4_acc(dot4(one, xl1), one, xh1);
             sx = lane_totals4(s0, s1, s0, s1);
         }
-        if (t == B32_Q5_0) { /* q - 16 */
-            tot[0] = _mm512_sub_epi32(tot[0], _mm512_slli_epi32(sx, 4));
-            tot[1] = _mm512_sub_epi32(tot[1], _mm512_slli_epi32(sx, 4));
+        if (b32_offset_shift(t)) { /* q5_0: q - 16; iq4_nl (VNNI): level + 128 */
+            tot[0] = _mm512_sub_epi32(tot[0], _mm512_slli_epi32(sx, b32_offset_shift(t)));
+            tot[1] = _mm512_sub_epi32(tot[1], _mm512_slli_epi32(sx, b32_offset_shift(t)));
         }
         /* each lane's fp16 d (words 0..15; m in 16..31, for the types with a
          * min) of w, and d of x */
@@ -350,7 +359,7 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
             const cb_block_q8_0 *x = xs[k] + i;
             const __m512i xl0 = x_halves4(x, 0), xh0 = x_halves4(x, 1), xl1 = x_halves4(x + 4, 0), xh1 = x_halves4(x + 4, 1);
             __m512i sx = _mm512_setzero_si512();
-            if (t != B32_IQ4_NL) {
+            if (t != B32_IQ4_NL || B32_NL_PLUS128) {
                 const __m512i one = _mm512_set1_epi8(1);
                 const __m512i s0 = dot4_acc(dot4(one, xl0), one, xh0), s1 = dot4_acc(dot4(one, xl1), one, xh1);
                 sx = lane_totals4(s0, s1, s0, s1);
@@ -365,7 +374,7 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
             for (int f = 0; f < 2; f++) {
                 __m512i tot = lane_totals4(b32_dot(t, u[f][0][0], u[f][0][1], xl0, xh0), b32_dot(t, u[f][1][0], u[f][1][1], xl1, xh1),
                                            b32_dot(t, u[f][2][0], u[f][2][1], xl0, xh0), b32_dot(t, u[f][3][0], u[f][3][1], xl1, xh1));
-                if (t == B32_Q5_0) tot = _mm512_sub_epi32(tot, _mm512_slli_epi32(sx, 4)); /* q - 16 */
+                if (b32_offset_shift(t)) tot = _mm512_sub_epi32(tot, _mm512_slli_epi32(sx, b32_offset_shift(t)));
                 const __m256i tt[2] = {_mm512_castsi512_si256(tot), _mm512_extracti64x4_epi64(tot, 1)};
 #pragma GCC unroll 2
                 for (int j = 0; j < 2; j++) {
