@@ -81,33 +81,19 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
     return hsum(acc);
 }
 
-/* 256-bit vpdpbusd where the CPU has it (AVX-512 VNNI with VL, or AVX-VNNI). */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-#define MX_VNNI 1
-static inline __m256i mx_dpbusd(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, u, s);
-#else
-    return _mm256_dpbusd_avx_epi32(acc, u, s);
-#endif
-}
-#else
-#define MX_VNNI 0
-#endif
-
 /* One row's block i into its lanes (dot4_mxfp4's step). With VNNI the
  * levels come as level + 12 (0..24: vpdpbusd's unsigned operand) and the
  * lanes start at -12 times x's lane sums (xa, once for the four rows), so
  * one vpdpbusd gives the exact sums the sign step and two madds give. */
-#if MX_VNNI
+#if CB_VNNI256
 static const int8_t mxfp4_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 #endif
 static inline __attribute__((always_inline)) __m256 mxfp4_step(__m256 acc, const cb_block_mxfp4 *b, __m256i xa, __m256i xq,
                                                               __m256 dx, __m256i book) {
     const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
     const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
-#if MX_VNNI
-    const __m256i sq = mx_dpbusd(xa, _mm256_shuffle_epi8(book, u), xq); /* xa: the lanes' start */
+#if CB_VNNI256
+    const __m256i sq = cb_dpbusd256(xa, _mm256_shuffle_epi8(book, u), xq); /* xa: the lanes' start */
 #else
     const __m256i sq = _mm256_madd_epi16(pairs(xa, _mm256_sign_epi8(_mm256_shuffle_epi8(book, u), xq)), _mm256_set1_epi16(1)); /* xa: |x| */
 #endif
@@ -120,7 +106,7 @@ static inline __attribute__((always_inline)) __m256 mxfp4_step(__m256 acc, const
  * |x| . sign(w, x), one sign step a row; with VNNI x's lane sums) and
  * scale serve four rows. */
 static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, int n, float out[4], const void *next) {
-#if MX_VNNI
+#if CB_VNNI256
     const __m256i book = codebook(mxfp4_plus12);
 #else
     const __m256i book = codebook(cb_mxfp4_values);
@@ -137,9 +123,9 @@ static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
             const size_t lo = (size_t)i * 4 * sizeof(cb_block_mxfp4), hi = lo + 4 * sizeof(cb_block_mxfp4);
             for (size_t o = (lo + 63) & ~(size_t)63; o < hi; o += 64) cb_prefetch((const uint8_t *)next + o);
         }
-#if MX_VNNI
+#if CB_VNNI256
         const __m256i xq = load32(x[i].qs),
-                      xa = _mm256_sub_epi32(_mm256_setzero_si256(), mx_dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(12), xq));
+                      xa = _mm256_sub_epi32(_mm256_setzero_si256(), cb_dpbusd256(_mm256_setzero_si256(), _mm256_set1_epi8(12), xq));
 #else
         const __m256i xq = load32(x[i].qs), xa = _mm256_abs_epi8(xq);
 #endif
@@ -178,7 +164,7 @@ static void tokens4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *
     for (int i = 0; i < nb; i += MX_CHUNK) {
         const int kb = nb - i < MX_CHUNK ? nb - i : MX_CHUNK;
         __m256i q[MX_CHUNK][4]; /* the levels, signed */
-#if MX_VNNI
+#if CB_VNNI256
         __m256i start[MX_CHUNK][4]; /* -128 times each lane's sum of levels */
 #else
         __m256i mag[MX_CHUNK][4]; /* |levels| */
@@ -190,9 +176,9 @@ static void tokens4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *
                 const cb_block_mxfp4 *blk = (const cb_block_mxfp4 *)((const uint8_t *)w + (size_t)r * row_bytes) + i + b;
                 const __m256i v = _mm256_shuffle_epi8(book, nibbles16(blk->qs));
                 q[b][r] = v;
-#if MX_VNNI
+#if CB_VNNI256
                 start[b][r] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                               mx_dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), v));
+                                               cb_dpbusd256(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), v));
 #else
                 mag[b][r] = _mm256_sign_epi8(v, v);
 #endif
@@ -206,13 +192,13 @@ static void tokens4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *
             for (int b = 0; b < kb; b++) {
                 const __m256i xq = load32(x[b].qs);
                 const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].d));
-#if MX_VNNI
+#if CB_VNNI256
                 const __m256i xu = _mm256_xor_si256(xq, _mm256_set1_epi8((char)0x80));
 #endif
 #pragma GCC unroll 4
                 for (int r = 0; r < 4; r++) {
-#if MX_VNNI
-                    const __m256i sq = mx_dpbusd(start[b][r], xu, q[b][r]);
+#if CB_VNNI256
+                    const __m256i sq = cb_dpbusd256(start[b][r], xu, q[b][r]);
 #else
                     const __m256i sq = _mm256_madd_epi16(pairs(mag[b][r], _mm256_sign_epi8(xq, q[b][r])), _mm256_set1_epi16(1));
 #endif

@@ -27,18 +27,10 @@ enum { K_Q4, K_Q5, K_Q6, K_Q3, K_Q2, K_IQ4XS };
  * pairs as q6_k. */
 #define PER16(type) ((type) == K_Q6 || (type) == K_Q3 || (type) == K_Q2)
 
-/* 256-bit dpbusd: AVX-512 VNNI (with VL) or AVX-VNNI (iq4_xs). */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-#define VNNI 1
-static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, u, s);
-#else
-    return _mm256_dpbusd_avx_epi32(acc, u, s);
-#endif
-}
-#else
-#define VNNI 0
+/* 256-bit dpbusd (kquants_x86.h): AVX-512 VNNI (with VL) or AVX-VNNI (iq4_xs). */
+#define VNNI CB_VNNI256
+#if VNNI
+#define dpbusd cb_dpbusd256
 #endif
 #define ROWS 8 /* a vector's dwords */
 #ifndef CB_TOKENS_K_WIDE

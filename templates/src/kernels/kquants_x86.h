@@ -9,6 +9,21 @@
 #include <stdint.h>
 #include <string.h>
 
+/* 256-bit vpdpbusd where the compiler targets it: AVX-512 VNNI (with VL)
+ * or AVX-VNNI. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#define CB_VNNI256 1
+static inline __m256i cb_dpbusd256(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#else
+#define CB_VNNI256 0
+#endif
+
 /* Q3_K's 16 6-bit scales less 32, as bytes: group g's low nibble from byte
  * g % 8 (high nibble for g >= 8), top 2 bits from byte 8 + g % 4 at bit
  * 2 (g / 4); four groups to a word (a vector built from words: stored
