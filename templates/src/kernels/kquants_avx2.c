@@ -145,7 +145,9 @@ static void dot4_mxfp4(const void *w, size_t row_bytes, const cb_block_q8_0 *x, 
  * levels once (to the stack) for all the tokens; a token then costs, per
  * row and block, one vpdpbusd of x + 128 against the levels (started at
  * -128 times the lanes' level sums), or without VNNI a sign step and two
- * madds, and the scale's multiply and fma. */
+ * madds, and the scale's multiply and fma. (dot4_mxfp4 offsets x's side
+ * instead: there x's correction serves four rows, here the levels' serves
+ * every token.) */
 #define MX_CHUNK 8
 /* Fewer tokens take the one-token kernel each: at 2 the decoding did not
  * pay (colibri-kernel-bench from memory 12.8 / 14.0 against 13.5 / 16.2
