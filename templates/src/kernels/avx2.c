@@ -324,12 +324,11 @@ void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8
  * 16-element half of a block for rows (0, 1) or (2, 3), so one dpbusd
  * (maddubs + madd without VNNI) works on two rows against x's half, which is
  * broadcast to both 128-bit lanes. A row's 32 products of a block end in its
- * four int32 lanes (lane j: elements 4j..4j+3 and 16+4j..16+4j+3), are
- * converted once and scaled with one fma: half the float work of a vector
- * per row. Per row: acc[j] = fma(d_w * d_x, float(lane j), acc[j]) block by
- * block, then (acc[0] + acc[1]) + (acc[2] + acc[3]); the x4 reference in
- * kernels/scalar.c and the NEON kernels compute exactly this, so an x4 matrix
- * gives the same bits on every target and with one token or many. */
+ * four int32 lanes, which two horizontal adds total (block_totals) for the
+ * four rows; one conversion and one fma then scale the block. Per row: acc =
+ * fma(d_w * d_x, float(block total), acc) block by block; the x4 reference
+ * in kernels/scalar.c and the NEON kernels compute exactly this, so an x4
+ * matrix gives the same bits on every target and with one token or many. */
 typedef struct {
     __m256i lo01, lo23, hi01, hi23; /* signed q8_0 quants, or q4_0 nibbles 0..15 */
 } x4_halves;
@@ -363,22 +362,25 @@ static inline __m256i minus_sums(__m256i lo, __m256i hi, char k) {
     return _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8s8(dot_u8s8(_mm256_setzero_si256(), kv, lo), kv, hi));
 }
 
-static inline __m256 pair_scales(__m256 d8, int pair) {
-    return _mm256_permutevar8x32_ps(d8, pair ? _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)
-                                             : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+/* The four rows' block totals from two rows' lanes (i01: rows 0 and 1, i23:
+ * rows 2 and 3, four int32 lanes a row), within 128-bit lanes: rows 0, 2,
+ * 0, 2 | rows 1, 3, 1, 3 (no cross-lane step: one fewer than hadd's). */
+static inline __m256i block_totals(__m256i i01, __m256i i23) {
+    const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(i01, i23), _mm256_unpackhi_epi32(i01, i23));
+    return _mm256_add_epi32(c, _mm256_shuffle_epi32(c, 0x4E));
 }
 
-/* The group's four fp16 scales as floats, twice: [d0 d1 d2 d3 d0 d1 d2 d3]. */
+/* The group's four fp16 scales as floats in block_totals' order. */
 static inline __m256 group_scales(const uint8_t *blk) {
     long long four;
     memcpy(&four, blk, sizeof four);
-    return _mm256_cvtph_ps(_mm_set1_epi64x(four));
+    const __m128i order = _mm_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7);
+    return _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_cvtsi64_si128(four), order));
 }
 
-static inline void store_rows(__m256 acc01, __m256 acc23, float *out) {
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc01, acc23), _mm256_hadd_ps(acc01, acc23));
-    /* h: row 0, row 2, row 0, row 2 | row 1, row 3, row 1, row 3 */
-    _mm_storeu_ps(out, _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+/* Accumulators in block_totals' order -> rows 0..3. */
+static inline void store_rows(__m256 acc, float *out) {
+    _mm_storeu_ps(out, _mm_unpacklo_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
 }
 
 /* Two rows' lanes of one block: q4_0 nibbles from -8 sum(x); q8_0 with VNNI
@@ -396,21 +398,20 @@ static inline __attribute__((always_inline)) void dot4_x4(const void *group, con
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
     const int nb = n / CB_QK;
     const uint8_t *g = group;
-    __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * 4 * block_bytes;
         _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
         if (!q4) _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, STREAM_PREFETCH_HINT); /* 136 bytes a block */
         const __m256i xlo = half_of(x[b].qs), xhi = half_of(x[b].qs + 16);
         const __m256i start = q4 || VNNI ? minus_sums(xlo, xhi, q4 ? 8 : (char)0x80) : _mm256_setzero_si256();
-        const __m256 d8 = _mm256_mul_ps(group_scales(blk), _mm256_set1_ps(_cvtsh_ss(x[b].d)));
+        const __m256 d = _mm256_mul_ps(group_scales(blk), _mm256_set1_ps(_cvtsh_ss(x[b].d)));
         const x4_halves h = load_halves(blk, q4);
-        acc01 = _mm256_fmadd_ps(pair_scales(d8, 0), _mm256_cvtepi32_ps(pair_ints(h.lo01, h.hi01, xlo, xhi, start, q4)),
-                                acc01);
-        acc23 = _mm256_fmadd_ps(pair_scales(d8, 1), _mm256_cvtepi32_ps(pair_ints(h.lo23, h.hi23, xlo, xhi, start, q4)),
-                                acc23);
+        const __m256i s = block_totals(pair_ints(h.lo01, h.hi01, xlo, xhi, start, q4),
+                                       pair_ints(h.lo23, h.hi23, xlo, xhi, start, q4));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
     }
-    store_rows(acc01, acc23, out);
+    store_rows(acc, out);
 }
 
 void cb_dot4_q8_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
@@ -425,11 +426,11 @@ void cb_dot4_q4_0x4_avx2(const void *group, const cb_block_q8_0 *x, int n, float
 typedef struct {
     x4_halves w;
     __m256i start01, start23; /* q8_0: -128 sum(w) */
-    __m256 dw01, dw23;        /* the pairs' scales */
+    __m256 dw;                /* the rows' scales (group_scales) */
 } x4_block;
 
 static inline __attribute__((always_inline)) void x4_token_block(const x4_block *wb, const cb_block_q8_0 *xb,
-                                                                 __m256 *acc01, __m256 *acc23, int q4) {
+                                                                 __m256 *acc, int q4) {
     const __m256i xlo = half_of(xb->qs), xhi = half_of(xb->qs + 16);
     const __m256 dx = _mm256_set1_ps(_cvtsh_ss(xb->d));
     __m256i i01, i23;
@@ -443,15 +444,14 @@ static inline __attribute__((always_inline)) void x4_token_block(const x4_block 
         i01 = dot_u8s8(dot_u8s8(wb->start01, ulo, wb->w.lo01), uhi, wb->w.hi01);
         i23 = dot_u8s8(dot_u8s8(wb->start23, ulo, wb->w.lo23), uhi, wb->w.hi23);
     }
-    *acc01 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw01, dx), _mm256_cvtepi32_ps(i01), *acc01);
-    *acc23 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw23, dx), _mm256_cvtepi32_ps(i23), *acc23);
+    *acc = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw, dx), _mm256_cvtepi32_ps(block_totals(i01, i23)), *acc);
 }
 
 /* An x4 group over several tokens: per block the weights' part is worked out
  * once for every token (q4_0 nibbles; q8_0 with VNNI: -128 sum(w), so that x
- * + 128 is the unsigned operand, and the pairs' scales), and a token costs
- * four integer dots, two conversions and two fmas a block. Same lanes and
- * float order as dot4_x4. */
+ * + 128 is the unsigned operand, and the rows' scales), and a token costs
+ * four integer dots, the totals, a conversion and an fma a block. Same
+ * totals and float order as dot4_x4. */
 static inline __attribute__((always_inline)) void x4_tokens(const void *group, const cb_block_q8_0 *const *x,
                                                             int n_tok, int n, float *out, int q4) {
     const size_t block_bytes = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
@@ -464,8 +464,8 @@ static inline __attribute__((always_inline)) void x4_tokens(const void *group, c
     enum { X4_TOKENS_AT_ONCE = 64 };
     for (int t0 = 0; t0 < n_tok; t0 += X4_TOKENS_AT_ONCE) {
         const int tn = n_tok - t0 < X4_TOKENS_AT_ONCE ? n_tok - t0 : X4_TOKENS_AT_ONCE;
-        __m256 acc[X4_TOKENS_AT_ONCE][2];
-        for (int t = 0; t < tn; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        __m256 acc[X4_TOKENS_AT_ONCE];
+        for (int t = 0; t < tn; t++) acc[t] = _mm256_setzero_ps();
         for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
             const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
             for (int b = 0; b < bn; b++) {
@@ -479,17 +479,16 @@ static inline __attribute__((always_inline)) void x4_tokens(const void *group, c
                     pre[b].start01 = minus_sums(pre[b].w.lo01, pre[b].w.hi01, (char)0x80);
                     pre[b].start23 = minus_sums(pre[b].w.lo23, pre[b].w.hi23, (char)0x80);
                 }
-                const __m256 d8 = group_scales(blk);
-                pre[b].dw01 = pair_scales(d8, 0), pre[b].dw23 = pair_scales(d8, 1);
+                pre[b].dw = group_scales(blk);
             }
             for (int t = 0; t < tn; t++) {
                 const cb_block_q8_0 *xt = x[t0 + t] + b0;
-                __m256 acc01 = acc[t][0], acc23 = acc[t][1];
-                for (int b = 0; b < bn; b++) x4_token_block(&pre[b], &xt[b], &acc01, &acc23, q4);
-                acc[t][0] = acc01, acc[t][1] = acc23;
+                __m256 a = acc[t];
+                for (int b = 0; b < bn; b++) x4_token_block(&pre[b], &xt[b], &a, q4);
+                acc[t] = a;
             }
         }
-        for (int t = 0; t < tn; t++) store_rows(acc[t][0], acc[t][1], out + (size_t)(t0 + t) * 4);
+        for (int t = 0; t < tn; t++) store_rows(acc[t], out + (size_t)(t0 + t) * 4);
     }
 }
 
@@ -508,12 +507,12 @@ void cb_dot4_tokens_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x
  * Signed x signed bytes need maddubs' sign trick, |w| . (x * sign(w)); |w|
  * and the pairs' scales depend on the weights alone, so they are packed
  * once per block for every token, and a token costs per pair of rows and
- * block two sign, two maddubs, two madd, an add, a conversion, a scale and
- * an fma. Every (row, token) sums the integer lanes, scales and float order
- * of dot4_x4, so the bits are its. */
+ * block two sign, two maddubs, two madd and an add, then per block the
+ * totals, a conversion, a scale and an fma. Every (row, token) has the
+ * block totals, scales and float order of dot4_x4, so the bits are its. */
 typedef struct {
     __m256i abs_lo01, abs_lo23, abs_hi01, abs_hi23;
-    __m256 dw01, dw23;
+    __m256 dw;
 } gemm_block;
 
 /* Tokens a tile keeps in registers: two tokens' x halves (4), their
@@ -532,18 +531,18 @@ typedef struct {
  * the blocks the next pack reads, pulled into L2 block by block meanwhile. */
 static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pack, const uint8_t *blk, int kb,
                                                             const cb_block_q8_0 *const *x, const float *dx, int nt,
-                                                            __m256 (*acc)[2], const uint8_t *next) {
+                                                            __m256 *acc, const uint8_t *next) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 a[GEMM_TOKENS][2];
+    __m256 a[GEMM_TOKENS];
 #pragma GCC unroll 2
-    for (int t = 0; t < nt; t++) a[t][0] = acc[t][0], a[t][1] = acc[t][1];
+    for (int t = 0; t < nt; t++) a[t] = acc[t];
     for (int b = 0; b < kb; b++, blk += 4 * sizeof(cb_block_q8_0)) {
         if (next) {
             const char *q = (const char *)next + (size_t)b * 4 * sizeof(cb_block_q8_0);
             _mm_prefetch(q, _MM_HINT_T1), _mm_prefetch(q + 64, _MM_HINT_T1), _mm_prefetch(q + 128, _MM_HINT_T1);
         }
         const gemm_block *p = &pack[b];
-        __m256i xl[GEMM_TOKENS], xh[GEMM_TOKENS];
+        __m256i xl[GEMM_TOKENS], xh[GEMM_TOKENS], i01[GEMM_TOKENS];
 #pragma GCC unroll 2
         for (int t = 0; t < nt; t++) xl[t] = half_of(x[t][b].qs), xh[t] = half_of(x[t][b].qs + 16);
 #pragma GCC unroll 2
@@ -559,15 +558,17 @@ static inline __attribute__((always_inline)) void gemm_tile(const gemm_block *pa
             for (int t = 0; t < nt; t++)
                 m[t] = _mm256_add_epi32(
                     m[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ah, _mm256_sign_epi8(xh[t], _mm256_loadu_si256(wh))), ones));
-            const __m256 dw = pair ? p->dw23 : p->dw01;
 #pragma GCC unroll 2
-            for (int t = 0; t < nt; t++)
-                a[t][pair] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&dx[t * BLOCKS_AT_ONCE + b])),
-                                             _mm256_cvtepi32_ps(m[t]), a[t][pair]);
+            for (int t = 0; t < nt; t++) {
+                if (!pair) i01[t] = m[t];
+                else
+                    a[t] = _mm256_fmadd_ps(_mm256_mul_ps(p->dw, _mm256_broadcast_ss(&dx[t * BLOCKS_AT_ONCE + b])),
+                                        _mm256_cvtepi32_ps(block_totals(i01[t], m[t])), a[t]);
+            }
         }
     }
 #pragma GCC unroll 2
-    for (int t = 0; t < nt; t++) acc[t][0] = a[t][0], acc[t][1] = a[t][1];
+    for (int t = 0; t < nt; t++) acc[t] = a[t];
 }
 
 void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_groups, const cb_block_q8_0 *const *x,
@@ -575,14 +576,14 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
     enum { CHUNK_TOKENS = 64 };
     const int nb = n / CB_QK;
     gemm_block pack[BLOCKS_AT_ONCE];
-    __m256 acc[GEMM_GROUPS][CHUNK_TOKENS][2];
+    __m256 acc[GEMM_GROUPS][CHUNK_TOKENS];
     float dx[CHUNK_TOKENS * BLOCKS_AT_ONCE];
     for (int g0 = 0; g0 < n_groups; g0 += GEMM_GROUPS) {
         const int gn = n_groups - g0 < GEMM_GROUPS ? n_groups - g0 : GEMM_GROUPS;
         for (int t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
             const int tn = n_tok - t0 < CHUNK_TOKENS ? n_tok - t0 : CHUNK_TOKENS;
             for (int g = 0; g < gn; g++)
-                for (int t = 0; t < tn; t++) acc[g][t][0] = acc[g][t][1] = _mm256_setzero_ps();
+                for (int t = 0; t < tn; t++) acc[g][t] = _mm256_setzero_ps();
             for (int b0 = 0; b0 < nb; b0 += BLOCKS_AT_ONCE) {
                 const int bn = nb - b0 < BLOCKS_AT_ONCE ? nb - b0 : BLOCKS_AT_ONCE;
                 /* the tokens' scales, once for the groups */
@@ -600,8 +601,7 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
                         const x4_halves h = load_halves(blk, 0);
                         pack[b].abs_lo01 = _mm256_abs_epi8(h.lo01), pack[b].abs_lo23 = _mm256_abs_epi8(h.lo23);
                         pack[b].abs_hi01 = _mm256_abs_epi8(h.hi01), pack[b].abs_hi23 = _mm256_abs_epi8(h.hi23);
-                        const __m256 d8 = group_scales(blk);
-                        pack[b].dw01 = pair_scales(d8, 0), pack[b].dw23 = pair_scales(d8, 1);
+                        pack[b].dw = group_scales(blk);
                     }
                     /* on the first pass, what the next pack reads: this
                      * group's next blocks, the next group's, or the caller's */
@@ -621,7 +621,7 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
             }
             for (int g = 0; g < gn; g++)
                 for (int t = 0; t < tn; t++)
-                    store_rows(acc[g][t][0], acc[g][t][1], out + (size_t)(t0 + t) * out_stride + 4 * (g0 + g));
+                    store_rows(acc[g][t], out + (size_t)(t0 + t) * out_stride + 4 * (g0 + g));
         }
     }
 }
@@ -635,27 +635,25 @@ void cb_gemm_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n
  * matrices): up to FEW_TOKENS tokens go over the group in one streaming
  * pass, each block's weights prepared once for them (few_block), with no
  * packing phase (the GEMM, which packs a chunk of blocks before any
- * arithmetic, lost to looping dot4_x4 at these counts). Per token the lanes,
- * scales and float order of dot4_x4, so the bits are its. */
+ * arithmetic, lost to looping dot4_x4 at these counts). Per token the block
+ * totals, scales and float order of dot4_x4, so the bits are its. */
 #define FEW_TOKENS 4
 #if !VNNI
-/* A block's weights made absolute and its pairs' scales. */
+/* A block's weights made absolute and its rows' scales. */
 typedef struct {
     const uint8_t *blk;
     __m256i abs_lo01, abs_lo23, abs_hi01, abs_hi23;
-    __m256 dw01, dw23;
+    __m256 dw;
 } few_block;
 
 static inline __attribute__((always_inline)) few_block few_prepare(const uint8_t *blk) {
     const x4_halves h = load_halves(blk, 0);
-    const __m256 d8 = group_scales(blk);
     return (few_block){blk,
                        _mm256_abs_epi8(h.lo01),
                        _mm256_abs_epi8(h.lo23),
                        _mm256_abs_epi8(h.hi01),
                        _mm256_abs_epi8(h.hi23),
-                       pair_scales(d8, 0),
-                       pair_scales(d8, 1)};
+                       group_scales(blk)};
 }
 
 /* |w| . (x signed by w) over 32 bytes: eight 32-bit sums, dot4_x4's lanes. */
@@ -664,21 +662,19 @@ static inline __attribute__((always_inline)) __m256i gemm_ints(__m256i abs_w, co
     return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, raw)), _mm256_set1_epi16(1));
 }
 
-static inline __attribute__((always_inline)) void few_token(const few_block *wb, const cb_block_q8_0 *x,
-                                                            __m256 *a01, __m256 *a23) {
+static inline __attribute__((always_inline)) void few_token(const few_block *wb, const cb_block_q8_0 *x, __m256 *a) {
     const __m256i xlo = half_of(x->qs), xhi = half_of(x->qs + 16);
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
     const __m256i i01 =
         _mm256_add_epi32(gemm_ints(wb->abs_lo01, wb->blk + 8, xlo), gemm_ints(wb->abs_hi01, wb->blk + 72, xhi));
     const __m256i i23 =
         _mm256_add_epi32(gemm_ints(wb->abs_lo23, wb->blk + 40, xlo), gemm_ints(wb->abs_hi23, wb->blk + 104, xhi));
-    *a01 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw01, d), _mm256_cvtepi32_ps(i01), *a01);
-    *a23 = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw23, d), _mm256_cvtepi32_ps(i23), *a23);
+    *a = _mm256_fmadd_ps(_mm256_mul_ps(wb->dw, d), _mm256_cvtepi32_ps(block_totals(i01, i23)), *a);
 }
 #else
-/* With VNNI a block's part is x4_tokens' -128 sum(w) and the pairs' scales,
- * in registers; a token then costs four dpbusd, two conversions and two
- * fmas a block against dot4_x4's six dpbusd, four xors and its scales. */
+/* With VNNI a block's part is x4_tokens' -128 sum(w) and the rows' scales,
+ * in registers; a token then costs four dpbusd, the totals, a conversion and
+ * an fma a block against dot4_x4's six dpbusd, four xors and its scales. */
 typedef x4_block few_block;
 
 static inline __attribute__((always_inline)) few_block few_prepare(const uint8_t *blk) {
@@ -686,32 +682,30 @@ static inline __attribute__((always_inline)) few_block few_prepare(const uint8_t
     wb.w = load_halves(blk, 0);
     wb.start01 = minus_sums(wb.w.lo01, wb.w.hi01, (char)0x80);
     wb.start23 = minus_sums(wb.w.lo23, wb.w.hi23, (char)0x80);
-    const __m256 d8 = group_scales(blk);
-    wb.dw01 = pair_scales(d8, 0), wb.dw23 = pair_scales(d8, 1);
+    wb.dw = group_scales(blk);
     return wb;
 }
 
-static inline __attribute__((always_inline)) void few_token(const few_block *wb, const cb_block_q8_0 *x,
-                                                            __m256 *a01, __m256 *a23) {
-    x4_token_block(wb, x, a01, a23, 0);
+static inline __attribute__((always_inline)) void few_token(const few_block *wb, const cb_block_q8_0 *x, __m256 *a) {
+    x4_token_block(wb, x, a, 0);
 }
 #endif
 
 static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
                                                            int nt, float *out) {
-    __m256 a[FEW_TOKENS][2];
+    __m256 a[FEW_TOKENS];
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q8_0);
         _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
         _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES + 64, STREAM_PREFETCH_HINT);
         const few_block wb = few_prepare(blk);
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) few_token(&wb, &x[t][b], &a[t][0], &a[t][1]);
+        for (int t = 0; t < nt; t++) few_token(&wb, &x[t][b], &a[t]);
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) store_rows(a[t][0], a[t][1], out + (size_t)t * 4);
+    for (int t = 0; t < nt; t++) store_rows(a[t], out + (size_t)t * 4);
 }
 
 void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {

@@ -93,36 +93,35 @@ static inline int32x4_t lanes_i8x16(int8x16_t w, int8x16_t x) {
     return vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x))), vpaddlq_s16(vmull_high_s8(w, x)));
 }
 
+/* Rows 0..3's lanes -> their totals, lane i row i. */
+static inline int32x4_t row_totals(int32x4_t s0, int32x4_t s1, int32x4_t s2, int32x4_t s3) {
+    return vpaddq_s32(vpaddq_s32(s0, s1), vpaddq_s32(s2, s3));
+}
+
 /* An x4 group (dims.h) with the arithmetic of the x4 reference in
- * kernels/scalar.c, so x4 matrices give the same bits on every target. */
+ * kernels/scalar.c (one float step a row and block, on the block's integer
+ * total), so x4 matrices give the same bits on every target. */
 static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n,
                                                           float out[4], int q4) {
     const size_t block = 4 * (q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0));
-    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    float32x4_t acc = vdupq_n_f32(0);
     for (int b = 0; b < n / CB_QK; b++, g += block) {
         const int8x16_t xlo = vld1q_s8(x[b].qs), xhi = vld1q_s8(x[b].qs + 16);
         const float32x4_t d = vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g))), half(x[b].d));
+        int32x4_t s[4];
         for (int i = 0; i < 4; i++) {
             int8x16_t lo, hi;
             if (q4) unpack_q4(g + 8 + 16 * i, &lo, &hi);
             else lo = vld1q_s8((const int8_t *)g + 8 + 16 * i), hi = vld1q_s8((const int8_t *)g + 72 + 16 * i);
 #if CB_KERNELS_DOTPROD
-            const int32x4_t s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, xlo), hi, xhi);
+            s[i] = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, xlo), hi, xhi);
 #else
-            const int32x4_t s = vaddq_s32(lanes_i8x16(lo, xlo), lanes_i8x16(hi, xhi));
+            s[i] = vaddq_s32(lanes_i8x16(lo, xlo), lanes_i8x16(hi, xhi));
 #endif
-            switch (i) { /* the lane index must be a constant */
-            case 0: acc[0] = vfmaq_laneq_f32(acc[0], vcvtq_f32_s32(s), d, 0); break;
-            case 1: acc[1] = vfmaq_laneq_f32(acc[1], vcvtq_f32_s32(s), d, 1); break;
-            case 2: acc[2] = vfmaq_laneq_f32(acc[2], vcvtq_f32_s32(s), d, 2); break;
-            default: acc[3] = vfmaq_laneq_f32(acc[3], vcvtq_f32_s32(s), d, 3); break;
-            }
         }
+        acc = vfmaq_f32(acc, d, vcvtq_f32_s32(row_totals(s[0], s[1], s[2], s[3])));
     }
-    for (int i = 0; i < 4; i++) {
-        const float32x4_t p = vpaddq_f32(acc[i], acc[i]); /* lane 0 + lane 1, lane 2 + lane 3 */
-        out[i] = vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
-    }
+    vst1q_f32(out, acc);
 }
 
 void cb_dot4_q8_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float out[4]) {
@@ -135,14 +134,13 @@ void cb_dot4_q4_0x4_neon(const void *group, const cb_block_q8_0 *x, int n, float
 
 #if CB_KERNELS_DOTPROD
 /* A q8_0x4 group over many tokens (prompts): the group's four rows of a
- * block are loaded once for GEMM_TOKENS tokens, each token's row sums the
- * SDOT lanes, scales and float order of dot4_x4, so the bits are its. */
+ * block are loaded once for GEMM_TOKENS tokens, each token's rows take the
+ * block totals, scales and float order of dot4_x4, so the bits are its. */
 #define GEMM_TOKENS 4
 static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
                                                             int nt, float *out) {
-    float32x4_t acc[GEMM_TOKENS][4];
-    for (int t = 0; t < nt; t++)
-        for (int i = 0; i < 4; i++) acc[t][i] = vdupq_n_f32(0);
+    float32x4_t acc[GEMM_TOKENS];
+    for (int t = 0; t < nt; t++) acc[t] = vdupq_n_f32(0);
     for (int b = 0; b < nb; b++, g += 4 * sizeof(cb_block_q8_0)) {
         const float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g)));
         int8x16_t lo[4], hi[4];
@@ -151,20 +149,12 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *g, in
         for (int t = 0; t < nt; t++) {
             const int8x16_t xlo = vld1q_s8(x[t][b].qs), xhi = vld1q_s8(x[t][b].qs + 16);
             const float32x4_t d = vmulq_n_f32(dw, half(x[t][b].d));
-#define ROW(i) \
-            acc[t][i] = vfmaq_laneq_f32(acc[t][i], vcvtq_f32_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo[i], xlo), hi[i], xhi)), d, i)
-            ROW(0);
-            ROW(1);
-            ROW(2);
-            ROW(3);
+#define ROW(i) vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo[i], xlo), hi[i], xhi)
+            acc[t] = vfmaq_f32(acc[t], d, vcvtq_f32_s32(row_totals(ROW(0), ROW(1), ROW(2), ROW(3))));
 #undef ROW
         }
     }
-    for (int t = 0; t < nt; t++)
-        for (int i = 0; i < 4; i++) {
-            const float32x4_t p = vpaddq_f32(acc[t][i], acc[t][i]);
-            out[t * 4 + i] = vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
-        }
+    for (int t = 0; t < nt; t++) vst1q_f32(out + 4 * t, acc[t]);
 }
 
 void cb_gemm_q8_0x4_dotprod(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {

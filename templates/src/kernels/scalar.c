@@ -71,17 +71,18 @@ static inline float madd(float a, float b, float c) {
 }
 
 /* The x4 arithmetic every SIMD target's x4 kernels reproduce bit for bit
- * (kernels/avx2.c): per row four partial sums, lane j holding elements
- * 4j..4j+3 and 16+4j..16+4j+3 of each block, each scaled by d_w * d_x with a
- * fused multiply-add (madd); then (lane 0 + lane 1) + (lane 2 + lane 3). In
- * an x4 group (dims.h) row i's elements 0..15 and 16..31 are at 8 + 16i and
- * 72 + 16i (q8_0), or the low and high nibbles of the 16 bytes at 8 + 16i
- * (q4_0). */
+ * (kernels/avx2.c): per row and block the exact integer sum of the block's
+ * 32 products, scaled by d_w * d_x into one accumulator with a fused
+ * multiply-add (madd), blocks in order. One float step a row and block, so
+ * that a prompt kernel can hold sixteen rows' sums in one vector (dword r:
+ * row r) and scale them with one fma. In an x4 group (dims.h) row i's
+ * elements 0..15 and 16..31 are at 8 + 16i and 72 + 16i (q8_0), or the low
+ * and high nibbles of the 16 bytes at 8 + 16i (q4_0). */
 static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, const cb_block_q8_0 *x, int n,
                                                           float out[4], int q4) {
     const size_t block = q4 ? sizeof(cb_block_q4_0) : sizeof(cb_block_q8_0);
     for (int i = 0; i < 4; i++) {
-        float acc[4] = {0, 0, 0, 0};
+        float acc = 0;
         for (int b = 0; b < n / CB_QK; b++) {
             const uint8_t *blk = g + (size_t)b * 4 * block;
             /* typed int8_t: GCC 12's AVX-512 VNNI vectoriser gets a uint8_t
@@ -89,19 +90,16 @@ static inline __attribute__((always_inline)) void dot4_x4(const uint8_t *g, cons
             const int8_t *lo = (const int8_t *)blk + 8 + 16 * i, *hi = lo + 64;
             const uint8_t *nibbles = blk + 8 + 16 * i;
             const int8_t *xq = x[b].qs;
-            int32_t prod[16];
+            int32_t sum = 0;
             for (int e = 0; e < 16; e++) {
                 const int w_lo = q4 ? (nibbles[e] & 0xF) - 8 : lo[e], w_hi = q4 ? (nibbles[e] >> 4) - 8 : hi[e];
-                prod[e] = w_lo * xq[e] + w_hi * xq[e + 16];
+                sum += w_lo * xq[e] + w_hi * xq[e + 16];
             }
-            int lane[4];
-            for (int j = 0; j < 4; j++) lane[j] = (prod[4 * j] + prod[4 * j + 1]) + (prod[4 * j + 2] + prod[4 * j + 3]);
             cb_half dw;
             memcpy(&dw, blk + 2 * i, sizeof dw);
-            const float d = cb_half_to_float(dw) * cb_half_to_float(x[b].d);
-            for (int j = 0; j < 4; j++) acc[j] = madd(d, (float)lane[j], acc[j]);
+            acc = madd(cb_half_to_float(dw) * cb_half_to_float(x[b].d), (float)sum, acc);
         }
-        out[i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        out[i] = acc;
     }
 }
 
