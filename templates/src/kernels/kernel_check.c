@@ -878,9 +878,10 @@ static int check_tokens_kernels(int *cases) {
 /* The prompt GEMM over several consecutive groups in one call (each group
  * refilled, so a mix-up of groups shows), written with an output stride,
  * against the one-token kernel group by group: the same bits, for group
- * counts past one call's four, token counts across its tiles and past its
- * 64-token chunk, and widths past its 64-block chunk. */
-#define GROUPS_CASE 6
+ * counts past a tile's four and a pass's sixteen (gemm_avx512.c), token
+ * counts across its tiles and past its 64-token chunk, and widths past its
+ * block chunks. */
+#define GROUPS_CASE 18
 static uint8_t groups8[GROUPS_CASE][96 * 4 * sizeof(cb_block_q8_0)];
 static int check_gemm_groups(int *cases) {
     static const cb_block_q8_0 *many[3 * CASE_TOKENS + 10];
@@ -892,7 +893,7 @@ static int check_gemm_groups(int *cases) {
             memcpy(groups8[g], group8, sizeof group8);
         }
         for (int t = 0; t < 3 * CASE_TOKENS + 10; t++) many[t] = toks[(t * 7) % CASE_TOKENS];
-        for (int n_groups = 1; n_groups <= GROUPS_CASE; n_groups += 2) {
+        for (int n_groups = 1; n_groups <= GROUPS_CASE - 1; n_groups += n_groups < 5 ? 2 : 6) { /* 1, 3, 5, 11, 17 */
             const int stride = 4 * n_groups + 3;
             for (int n_tok = 1; n_tok <= 3 * CASE_TOKENS + 10; n_tok += n_tok < 4 ? 1 : n_tok < CASE_TOKENS ? 7 : 3 * CASE_TOKENS + 10) {
                 cb_gemm_groups_x4_q8_0(groups8, sizeof groups8[0], n_groups, many, n_tok, n, got, stride, groups8);

@@ -22,6 +22,9 @@
 /* Rows whose results the multi-token path gathers before writing them out:
  * 16 floats, a cache line of each token's output row. */
 #define STAGE_ROWS 16
+/* Rows one call of the q8_0x4 groups GEMM takes: its tiles of sixteen rows
+ * share each token tile's preparation (kernels/gemm_avx512.c). */
+#define GEMM_STAGE_ROWS 64
 
 static inline void store(float *y, enum cb_store mode, const float *scale, int t, float d) {
     if (mode == CB_SET) *y = d;
@@ -291,23 +294,29 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
              * L1 set), stalled on every line (6% of a 512-token prefill's
              * samples). 512-token prefill in-process, alternating: olmoe q8_0
              * 357 vs 345 and 339 vs 324 tok/s, mixtral 252 vs 246. */
+#ifdef cb_gemm_groups_x4_q8_0
+            const int stage = W->dtype == CB_Q8_0X4 ? GEMM_STAGE_ROWS : STAGE_ROWS;
+#else
+            const int stage = STAGE_ROWS;
+#endif
             for (int rn; r + 4 <= r1; r += rn) {
-                rn = r1 - r < STAGE_ROWS ? (r1 - r) / 4 * 4 : STAGE_ROWS;
+                rn = r1 - r < stage ? (r1 - r) / 4 * 4 : stage;
                 for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
                     const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
                     const cb_block_q8_0 *xs[TOKEN_GROUP];
-                    float d[TOKEN_GROUP * 4], staged[TOKEN_GROUP][STAGE_ROWS];
+                    float d[TOKEN_GROUP * 4], staged[TOKEN_GROUP * GEMM_STAGE_ROWS]; /* token t's at t * stage */
                     for (int t = 0; t < tn; t++) {
                         xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
-                        cb_prefetch_write(Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r);
+                        float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
+                        for (int s = 0; s < rn; s += STAGE_ROWS) cb_prefetch_write(y + s);
                     }
 #ifdef cb_gemm_groups_x4_q8_0
                     if (W->dtype == CB_Q8_0X4) { /* the rows' groups in one call, straight into staged */
                         /* the next rows pulled in as the first token group goes */
                         const void *next =
-                            t0 == 0 && r + rn + STAGE_ROWS <= (int)W->rows ? w + (size_t)(r + rn) * row_bytes : NULL;
-                        cb_gemm_groups_x4_q8_0(w + (size_t)r * row_bytes, 4 * row_bytes, rn / 4, xs, tn, cols, &staged[0][0],
-                                               STAGE_ROWS, next);
+                            t0 == 0 && r + rn + stage <= (int)W->rows ? w + (size_t)(r + rn) * row_bytes : NULL;
+                        cb_gemm_groups_x4_q8_0(w + (size_t)r * row_bytes, 4 * row_bytes, rn / 4, xs, tn, cols, staged,
+                                               stage, next);
                     } else
 #endif
                     for (int g = r; g < r + rn; g += 4) {
@@ -316,12 +325,16 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
                                                : NULL;
                         dot4_tokens(W->dtype, w + (size_t)g * row_bytes, row_bytes, xs, tn, cols, d, t0 ? NULL : next);
                         for (int t = 0; t < tn; t++)
-                            for (int i = 0; i < 4; i++) staged[t][g - r + i] = d[t * 4 + i];
+                            for (int i = 0; i < 4; i++) staged[t * stage + g - r + i] = d[t * 4 + i];
                     }
                     for (int t = 0; t < tn; t++) {
                         float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;
-                        if (mode == CB_SET && rn == STAGE_ROWS) memcpy(y, staged[t], sizeof(float) * STAGE_ROWS);
-                        else store_row(y, mode, scale, t0 + t, staged[t], rn);
+                        for (int s = 0; s < rn; s += STAGE_ROWS) { /* a cache line at a time */
+                            const int n = rn - s < STAGE_ROWS ? rn - s : STAGE_ROWS;
+                            const float *v = staged + (size_t)t * stage + s;
+                            if (mode == CB_SET && n == STAGE_ROWS) memcpy(y + s, v, sizeof(float) * STAGE_ROWS);
+                            else store_row(y + s, mode, scale, t0 + t, v, n);
+                        }
                     }
                 }
             }
