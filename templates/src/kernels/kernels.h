@@ -506,7 +506,9 @@ void cb_gemm_q8_0x4_groups_avx512(const void *groups, size_t group_bytes, int n_
 /* The token count from which it replaces looping cb_dot4_x4_q8_0 (matmul.c;
  * 16 for the other tokens kernels): one core, weights from memory (64 MB,
  * 2048 columns), weight GB a CPU second, GEMM against the loop: 4 tokens
- * 12.2 / 13.2, 6: 10.5 / 9.6, 8: 8.9 / 7.4, 12: 7.4 / 5.2 (under load). */
+ * 12.2 / 13.2, 6: 10.5 / 9.6, 8: 8.9 / 7.4, 12: 7.4 / 5.2 (under load;
+ * measured with the four-group GEMM before 57ce9da, which the sixteen-row
+ * one beats from memory at 8 and 16 tokens: docs/kernels.md). */
 #define CB_GEMM_X4_Q8_0_MIN 6
 #endif
 #if CB_KERNELS_NEON
