@@ -320,8 +320,13 @@ def test_same_answers_as_llama_cpp(converted, arch, name):
 # the kernels 0.43, its exact float32 twin 0.35, and transformers on the same
 # dequantized weights 0.35 as well (every other position within 0.10):
 # llama.cpp's own rounding of a model whose F16 and Q4_K_M files already
-# agree on only 10 of 16 positions (the folder's README).
-TOP1_OFF = {"qwen2_moe-Q4_K_M.gguf": 0.45, "gemma4-Q4_K_M.gguf": 0.45}
+# agree on only 10 of 16 positions (the folder's README). gpt_oss-Q4_K_M is
+# off at one position too (teacher-forced position 12, reference margin
+# 0.17; every other within 0.1): the kernels 0.26 (0.23 with the x4
+# arithmetic before 57ce9da, which scaled each of a row's four lanes), its
+# exact float32 twin 0.04: where 8-bit activations land near that tie
+# moves with any change of rounding order.
+TOP1_OFF = {"qwen2_moe-Q4_K_M.gguf": 0.45, "gemma4-Q4_K_M.gguf": 0.45, "gpt_oss-Q4_K_M.gguf": 0.30}
 # Files whose exact float32 twin, like the kernels, is held to the 15/16 bar
 # rather than to every position of margin >= 0.1: there exact float32 flips a
 # position that llama.cpp's 8-bit activations decide (gemma4-Q4_K_M: position
