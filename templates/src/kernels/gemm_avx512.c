@@ -47,8 +47,9 @@ static inline __m512 halves_to_float(__m256i h) {
 #endif
 
 #define BLOCK_BYTES (4 * sizeof(cb_block_q8_0)) /* a q8_0x4 block: 4 scales, 128 quants */
-/* Blocks repacked at a time: 32 blocks of sixteen rows are 20 KB, which
- * the token tiles then read from L1. */
+/* Blocks repacked at a time: 32 blocks of sixteen rows are 20 KB a tile; a
+ * pass's four tiles (80 KB, PASS_TILES) come from L2, each vector loaded
+ * once for eight tokens' vpdpbusd. */
 #define GEMM_BLOCKS 32
 #define TILE_GROUPS 4
 /* Tokens a tile runs at once: eight independent vpdpbusd chains. */
@@ -118,7 +119,8 @@ static void pack_chunk(const uint8_t *const *blk, int gn, int kb, int stream, pa
 }
 
 /* nt tokens' kb blocks (x[t]: the token's first block of the chunk) as x +
- * 128 and dx; the scales gathered as halves, then converted 16 at a time. */
+ * 128 and dx; the scales gathered as halves, then converted 16 at a time.
+ * nx[0..nn): the next tile's tokens, prefetched block by block meanwhile. */
 static void prepare_tokens(const cb_block_q8_0 *const *x, int nt, int kb, tokens *tk, const cb_block_q8_0 *const *nx,
                            int nn) {
     const __m256i bias = _mm256_set1_epi8((char)0x80);
