@@ -324,8 +324,8 @@ void cb_dot4_tokens_q8_0_avx2(const void *w, size_t row_bytes, const cb_block_q8
  * 16-element half of a block for rows (0, 1) or (2, 3), so one dpbusd
  * (maddubs + madd without VNNI) works on two rows against x's half, which is
  * broadcast to both 128-bit lanes. A row's 32 products of a block end in its
- * four int32 lanes, which two horizontal adds total (block_totals) for the
- * four rows; one conversion and one fma then scale the block. Per row: acc =
+ * four int32 lanes, which block_totals adds up for the four rows (unpacks,
+ * adds and a shuffle); one conversion and one fma then scale the block. Per row: acc =
  * fma(d_w * d_x, float(block total), acc) block by block; the x4 reference
  * in kernels/scalar.c and the NEON kernels compute exactly this, so an x4
  * matrix gives the same bits on every target and with one token or many. */

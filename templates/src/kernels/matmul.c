@@ -23,8 +23,13 @@
  * 16 floats, a cache line of each token's output row. */
 #define STAGE_ROWS 16
 /* Rows one call of the q8_0x4 groups GEMM takes: its tiles of sixteen rows
- * share each token tile's preparation (kernels/gemm_avx512.c). */
-#define GEMM_STAGE_ROWS 64
+ * share each token tile's preparation (kernels/gemm_avx512.c). Targets
+ * without that GEMM stage q8_0x4 like the other types. */
+#ifdef cb_gemm_groups_x4_q8_0
+#define X4_STAGE_ROWS 64
+#else
+#define X4_STAGE_ROWS STAGE_ROWS
+#endif
 
 static inline void store(float *y, enum cb_store mode, const float *scale, int t, float d) {
     if (mode == CB_SET) *y = d;
@@ -294,17 +299,13 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
              * L1 set), stalled on every line (6% of a 512-token prefill's
              * samples). 512-token prefill in-process, alternating: olmoe q8_0
              * 357 vs 345 and 339 vs 324 tok/s, mixtral 252 vs 246. */
-#ifdef cb_gemm_groups_x4_q8_0
-            const int stage = W->dtype == CB_Q8_0X4 ? GEMM_STAGE_ROWS : STAGE_ROWS;
-#else
-            const int stage = STAGE_ROWS;
-#endif
+            const int stage = W->dtype == CB_Q8_0X4 ? X4_STAGE_ROWS : STAGE_ROWS;
             for (int rn; r + 4 <= r1; r += rn) {
                 rn = r1 - r < stage ? (r1 - r) / 4 * 4 : stage;
                 for (int t0 = 0; t0 < n_tok; t0 += TOKEN_GROUP) {
                     const int tn = n_tok - t0 < TOKEN_GROUP ? n_tok - t0 : TOKEN_GROUP;
                     const cb_block_q8_0 *xs[TOKEN_GROUP];
-                    float d[TOKEN_GROUP * 4], staged[TOKEN_GROUP * GEMM_STAGE_ROWS]; /* token t's at t * stage */
+                    float d[TOKEN_GROUP * 4], staged[TOKEN_GROUP * X4_STAGE_ROWS]; /* token t's at t * stage */
                     for (int t = 0; t < tn; t++) {
                         xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
                         float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + r;

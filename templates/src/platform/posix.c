@@ -128,7 +128,7 @@ cb_thread *cb_thread_start(void (*fn)(void *), void *arg) {
     t->fn = fn;
     t->arg = arg;
     /* The kernels keep their scratch on the stack (the AVX-512 q8_0x4 GEMM
-     * about 100 KB, matmul's staging 16 KB), so threads get glibc's default
+     * about 100 KB, matmul's staging up to 16 KB), so threads get glibc's default
      * 8 MB even where the C library gives less (musl, the zig builds: 128
      * KB). Only the pages touched cost memory. */
     pthread_attr_t attr;
