@@ -264,7 +264,8 @@ cdef class Tokenizer:
 cdef class Engine:
     """Engine(model_dir, threads=0, kv_cache="f32"): a model folder loaded in-process
     (kv_cache "f16" keeps the KV cache in float16; "auto" as the server does
-    unless told: f16, f32 for f32 weights).
+    unless told: f16, f32 for f32 weights; "f16-llama" a float16 cache
+    attended as llama.cpp's CPU flash attention does, for its answers).
 
     forward(token_ids) -> float32 logits [len(token_ids), vocab]
     generate(prompt, max_tokens) -> generated text (greedy)
@@ -288,10 +289,10 @@ cdef class Engine:
         cdef char err[1024]
         err[0] = 0
         self._lock = threading.RLock()
-        if kv_cache not in ("f32", "f16", "auto"):
-            raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32', 'f16' or 'auto'")
+        if kv_cache not in ("f32", "f16", "auto", "f16-llama"):
+            raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32', 'f16', 'auto' or 'f16-llama'")
         path = str(model_dir).encode()
-        self.e = cb_engine_open(path, threads, 1, ("f32", "f16", "auto").index(kv_cache), err, sizeof(err))
+        self.e = cb_engine_open(path, threads, 1, ("f32", "f16", "auto", "f16-llama").index(kv_cache), err, sizeof(err))
         if self.e == NULL:
             raise EngineError(err.decode(errors="replace"))
         self.max_batch = cb_engine_max_batch(self.e)
@@ -341,7 +342,7 @@ cdef class Engine:
 
     @property
     def kv_cache(self):
-        """"f32" or "f16": what the KV cache holds ("auto" resolved)."""
+        """"f32", "f16" or "f16-llama": what the KV cache holds ("auto" resolved)."""
         with self._lock:
             return cb_engine_kv_name(self._live()).decode()
 

@@ -170,6 +170,7 @@ def test_simd_kernels_match_scalar_on_target(name, built, run_env, workdir, tiny
     # the blocks' extremes) bit for bit the scalar reference.
     assert "kernel-check q8_k matrices: ok" in done.stdout, done.stdout
     assert "kernel-check attention: ok" in done.stdout, done.stdout
+    assert "kernel-check float16 online attention: ok" in done.stdout, done.stdout
     assert "kernel-check x4 groups: ok" in done.stdout, done.stdout
     assert "kernel-check exp: ok" in done.stdout, done.stdout
     assert "kernel-check activation quantizer: ok" in done.stdout, done.stdout

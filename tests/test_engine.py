@@ -130,7 +130,7 @@ def test_other_shapes_match_reference(workdir):
     np.testing.assert_array_equal(engine.last_routing, experts)
 
 
-@pytest.mark.parametrize("kv_cache", ["f32", "f16"])
+@pytest.mark.parametrize("kv_cache", ["f32", "f16", "f16-llama"])
 @pytest.mark.parametrize("shape", [(), ("--heads", "2", "--kv-heads", "1", "--hidden-size", "128"),
                                    ("--heads", "8", "--kv-heads", "2", "--hidden-size", "128"),
                                    ("--dtype", "q8_0")])

@@ -98,7 +98,7 @@ def assert_same_bits(model_dir, kv: str, n: int) -> None:
 
 @needs_testdata
 @pytest.mark.parametrize("arch,config", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("kv", ["f32", "f16"])
+@pytest.mark.parametrize("kv", ["f32", "f16", "f16-llama"])
 def test_long_positions_do_not_depend_on_threads_or_steps(tmp_path, arch, config, kv):
     _, model_dir = tiny_copy(tmp_path, arch, **config)
     assert_same_bits(model_dir, kv, LONG)

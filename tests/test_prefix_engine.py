@@ -25,7 +25,7 @@ TINY = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tin
 # type, and the attention variants of the architectures.
 CASES = [("mixtral", "f32", "f32"), ("mixtral", "q8_0", "f32"), ("qwen3_moe", "q4_0", "f32"),
          ("olmoe", "bf16", "f32"), ("qwen2_moe", "f16", "f32"), ("gemma4", "q8_0", "f32"),
-         ("mixtral", "q8_0", "f16")]
+         ("mixtral", "q8_0", "f16"), ("mixtral", "q8_0", "f16-llama"), ("gemma4", "q8_0", "f16-llama")]
 
 
 def cuts(rng: random.Random, n: int) -> list[tuple[int, int]]:

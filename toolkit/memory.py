@@ -84,10 +84,10 @@ def kv_split_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None
     shapes, else all as d. MLA (kv_lora_rank): each layer's latent and rope
     key only, every position."""
     if d.get("kv_lora_rank"):
-        return d["n_layers"] * d["context_len"] * (d["kv_lora_rank"] + d["head_dim"]) * (2 if kv == "f16" else 4), 0
+        return d["n_layers"] * d["context_len"] * (d["kv_lora_rank"] + d["head_dim"]) * (2 if kv.startswith("f16") else 4), 0
     layers = layers or [{"kv_heads": d["n_kv_heads"], "head_dim": d["head_dim"]}] * d["n_layers"]
     _, rows = ring_rows(d, layers, max_batch)
-    size = 2 if kv == "f16" else 4
+    size = 2 if kv.startswith("f16") else 4  # f16 or f16-llama
     full = sum(2 * d["context_len"] * ld["kv_heads"] * ld["head_dim"] * size for ld in layers if not ld.get("window"))
     sliding = sum(2 * rows * ld["kv_heads"] * ld["head_dim"] * size for ld in layers if ld.get("window"))
     return full, sliding
@@ -99,14 +99,26 @@ def kv_bytes_per_slot(d: dict, kv: str = "f32", layers: list[dict] | None = None
     return sum(kv_split_per_slot(d, kv, layers, max_batch))
 
 
-def attn_chunk_parts(d: dict, widest_head: int) -> int:
-    """Floats of one head's chunk partials over a whole context
-    (cb_attn_chunk_size in attn_split.c, attn_max_chunks x attn_part_width
-    in cb_engine_open); 0 where no query is ever cut."""
+def attn_chunk(d: dict) -> int:
+    """Positions a chunk of long attention (cb_attn_chunk_size in attn_split.c)."""
     ctx = d["context_len"]
-    chunk = max(_ATTN_MIN_CHUNK, ((ctx + _ATTN_MAX_CHUNKS - 1) // _ATTN_MAX_CHUNKS + 15) // 16 * 16)
+    return max(_ATTN_MIN_CHUNK, ((ctx + _ATTN_MAX_CHUNKS - 1) // _ATTN_MAX_CHUNKS + 15) // 16 * 16)
+
+
+def score_floats(d: dict) -> int:
+    """Floats of one worker's scores (cb_worker_scores): CB_ATTN_BLOCK rows,
+    each the context or a chunk, the longer."""
+    return _ATTN_BLOCK * max(d["context_len"], attn_chunk(d))
+
+
+def attn_chunk_parts(d: dict, widest_head: int, one_too: bool = False) -> int:
+    """Floats of one head's chunk partials over a whole context
+    (attn_max_chunks x attn_part_width in cb_engine_open); 0 where no query
+    is ever cut, unless one_too (a worker's own partials: a float16 cache's
+    attention takes them in one chunk too)."""
+    ctx, chunk = d["context_len"], attn_chunk(d)
     chunks = (ctx + chunk - 1) // chunk
-    return chunks * (max(widest_head, d.get("kv_lora_rank", 0)) + 2) if chunks > 1 else 0
+    return chunks * (max(widest_head, d.get("kv_lora_rank", 0)) + 2) if chunks > 1 or one_too else 0
 
 
 def logit_rows(max_batch: int, slots: int) -> int:
@@ -154,8 +166,8 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
     for count, size in [
         (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, widest_head), _F32),
         (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
-        (B * q_dim, _F32), (B * H, _F32), (threads * _ATTN_BLOCK * ctx, _F32), (threads * widest_head, _F32),
-        (threads * _ATTN_LONG_RUNS * _ATTN_BLOCK * attn_chunk_parts(d, widest_head), _F32),
+        (B * q_dim, _F32), (B * H, _F32), (threads * score_floats(d), _F32), (threads * widest_head, _F32),
+        (threads * _ATTN_LONG_RUNS * _ATTN_BLOCK * attn_chunk_parts(d, widest_head, one_too=True), _F32),
         (_ATTN_SPLIT_ITEMS * d["n_heads"] * attn_chunk_parts(d, widest_head), _F32),
         (B + 1, _I32),
         (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),
@@ -194,7 +206,7 @@ def arena_bytes_per_thread(d: dict, widest_head: int = 0) -> int:
     """What each compute thread adds to the arena: its attention scores, a
     head's floats for a wrapped ring's second part, and its chunk partials
     of long attention."""
-    return (_ATTN_BLOCK * d["context_len"] + widest_head + _ATTN_BLOCK * attn_chunk_parts(d, widest_head)) * _F32
+    return (score_floats(d) + widest_head + _ATTN_LONG_RUNS * _ATTN_BLOCK * attn_chunk_parts(d, widest_head, True)) * _F32
 
 
 def default_kv(d: dict) -> str:

@@ -59,7 +59,8 @@ static float attn_scale(const cb_dims *d, int hd) {
  * two runs of rows: the older at the ring's end, then the newer from row 0;
  * scores go in position order either way, V's two runs mixed apart and
  * added). part: a worker's [head_dim] floats. */
-static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores, float *part) {
+static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores, float *part,
+                       int worker) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_desc *ld = &e->w.layer_desc[layer];
     /* HF repeat_kv: contiguous groups */
@@ -72,6 +73,12 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
     const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
     float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
     const size_t row = (size_t)hd * kv_element(e);
+    const float *sinks = e->w.layers[layer].sinks;
+    if (e->attn_llama) { /* llama.cpp's float16 attention (attn_split.c) */
+        const cb_kv_span span = item_span(e, layer, it, kvh);
+        cb_attn_long(e, &span, q, (size_t)hd, 1, scale, sinks ? sinks + h : NULL, out, (size_t)hd, worker);
+        return;
+    }
     const uint8_t *k = cache_head(e, e->k_cache, it->slot, layer, kvh);
     const uint8_t *v = cache_head(e, e->v_cache, it->slot, layer, kvh);
     if (e->kv_f16) cb_attn_scores_f16(q, (const cb_half *)(k + r0 * row), hd, n1, hd, scale, scores);
@@ -80,7 +87,6 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
         if (e->kv_f16) cb_attn_scores_f16(q, (const cb_half *)k, hd, n - n1, hd, scale, scores + n1);
         else cb_attn_scores(q, (const float *)k, hd, n - n1, hd, scale, scores + n1);
     }
-    const float *sinks = e->w.layers[layer].sinks;
     /* gpt-oss: one more column in the softmax, not mixed (a worker's scores
      * hold CB_ATTN_BLOCK * context floats: room for it). */
     if (sinks) scores[n] = sinks[h];
@@ -125,7 +131,7 @@ static void attend_task(void *p, int task, int worker) {
     const int nh = (int)d->n_heads, hd = (int)ld->head_dim, q_dim = nh * hd, per_run = nh / t->heads_per_job;
     const size_t ctx = d->context_len;
     const float scale = attn_scale(d, hd);
-    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * ctx;
+    float *scores = cb_worker_scores(e, worker);
     float *part = e->mix_part + (size_t)worker * e->widest_head;
     const int n_blocks = (t->n_runs + t->run_block - 1) / t->run_block;
     const int base = n_blocks * per_run, group = (int)(d->n_heads / ld->n_kv_heads);
@@ -183,8 +189,25 @@ static void attend_task(void *p, int task, int worker) {
                                      sinks ? sinks + h0 : NULL, e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
                                      worker);
                     else
-                        for (int h = h0; h < h0 + t->heads_per_job; h++) attend_one(e, t->layer, &t->items[i], i, h, scores, part);
+                        for (int h = h0; h < h0 + t->heads_per_job; h++) attend_one(e, t->layer, &t->items[i], i, h, scores, part, worker);
                 }
+                continue;
+            }
+            if (e->attn_llama) { /* llama.cpp's float16 attention, as one chunk (attn_split.c) */
+                const float *sinks = e->w.layers[t->layer].sinks;
+                cb_kv_span spans[CB_ATTN_BLOCK];
+                for (int i = i0; i < i0 + m; i++) spans[i - i0] = item_span(e, t->layer, &t->items[i], kvh);
+                if (m == CB_ATTN_BLOCK && spans[0].start == 0 && spans[m - 1].start == 0) { /* the four together */
+                    for (int h = h0; h < h0 + t->heads_per_job; h++)
+                        cb_attn_long_run(e, spans, m, e->q + (size_t)i0 * q_dim + (size_t)h * hd, (size_t)q_dim, scale,
+                                         sinks ? sinks + h : NULL, e->attn + (size_t)i0 * q_dim + (size_t)h * hd,
+                                         (size_t)q_dim, worker);
+                    continue;
+                }
+                for (int i = i0; i < i0 + m; i++)
+                    cb_attn_long(e, &spans[i - i0], e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
+                                 t->heads_per_job, scale, sinks ? sinks + h0 : NULL,
+                                 e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, worker);
                 continue;
             }
             const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
@@ -225,7 +248,7 @@ static void attend_task(void *p, int task, int worker) {
 #else
             (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
 #endif
-            for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part);
+            for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part, worker);
         }
         if (!n_long) continue;
         for (int h = h0; h < h0 + t->heads_per_job; h++) {
@@ -316,6 +339,7 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
     cb_rope_rows(e, t->layer, i, it->pos, &cos_p, &sin_p);
     cb_rope_neox(q, (int)d->n_heads, hd, cos_p, sin_p);
     cb_rope_neox(k, nkv, hd, cos_p, sin_p);
+    if (e->attn_llama) cb_round_to_half(q, q_dim); /* scored in float16 against the cache (attn_split.c) */
     const size_t at = (size_t)(it->pos % (int)kv_rows(e, t->layer)) * hd; /* a sliding layer's ring row */
     for (int h = 0; h < nkv; h++) {
         uint8_t *kc = cache_head(e, e->k_cache, it->slot, t->layer, h);

@@ -7,7 +7,13 @@
  * the batch, and a chunk's partial is the same bits whichever worker works
  * it out, so a decode step may spread one query's chunks over the threads
  * (cb_attn_split_*) or one job may work them in turn: the same result. A
- * query over at most one chunk's positions keeps the one-pass softmax. */
+ * query over at most one chunk's positions keeps the one-pass softmax.
+ *
+ * CB_KV_F16_LLAMA (engine.h) computes a chunk's partial as llama.cpp's CPU
+ * flash attention does over its float16 cache: the query rounded to float16
+ * beforehand, then over the positions in order a running max m and sum s,
+ * and o summed in float16 (rescaled at each new max); every query goes
+ * through partials then, one chunk or many. */
 #include <math.h>
 #include <string.h>
 
@@ -66,6 +72,54 @@ static void mix_of(const cb_engine *e, float *out, const float *w, const uint8_t
     else cb_attn_mix(out, w, (const float *)v, stride, n, vd);
 }
 
+/* The float16 cache's softmax as llama.cpp's CPU flash attention runs it:
+ * over scores s[0..n) in position order a running max m and sum l, and, in
+ * place of the scores, the weights cb_attn_online_f16 takes: at a new max
+ * -exp(m_old - m) (-0 at the first position), else exp(s - m). Between two
+ * new maxima the exponentials and the sum go in vector passes. */
+static void online_weights(float *s, int n, float *m, float *l) {
+    float run = -INFINITY, sum = 0.0f;
+    int p = 0;
+    while (p < n) {
+        if (s[p] > run) {
+            const float ms = run == -INFINITY ? 0.0f : cb_expf(run - s[p]);
+            run = s[p];
+            sum = sum * ms + 1.0f;
+            s[p++] = -ms;
+            continue;
+        }
+        int q = p + 1;
+        while (q < n && !(s[q] > run)) q++;
+        cb_exp_shifted(s + p, q - p, run, 1.0f);
+        sum += sum_of(s + p, q - p);
+        p = q;
+    }
+    *m = run;
+    *l = sum;
+}
+
+/* Heads (1, or CB_ATTN_BLOCK over the same rows) of a float16 cache: their
+ * weights in place of their scores (rows w_stride apart), then o = the f16
+ * accumulation of V, its running max and sum (llama.cpp's numbers, chunk
+ * by chunk). */
+static void online_partial(const cb_engine *e, const cb_kv_span *s, float *w, size_t w_stride, int heads, int r0,
+                           int n1, int len, float *part, size_t part_stride) {
+    const size_t row = s->stride * kv_element(e);
+    const cb_half *v0 = (const cb_half *)(s->v + r0 * row), *v1 = (const cb_half *)s->v;
+    for (int j = 0; j < heads; j++) {
+        float *o = part + j * part_stride;
+        online_weights(w + j * w_stride, len, &o[s->vd], &o[s->vd + 1]);
+        memset(o, 0, sizeof(float) * s->vd);
+    }
+    if (heads == CB_ATTN_BLOCK) {
+        cb_attn_online4_f16(part, part_stride, w, w_stride, v0, s->stride, n1, s->vd);
+        if (n1 < len) cb_attn_online4_f16(part, part_stride, w + n1, w_stride, v1, s->stride, len - n1, s->vd);
+        return;
+    }
+    cb_attn_online_f16(part, w, v0, s->stride, n1, s->vd);
+    if (n1 < len) cb_attn_online_f16(part, w + n1, v1, s->stride, len - n1, s->vd);
+}
+
 void cb_attn_partial(const cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int c,
                      float scale, float *scores, float *tmp, float *part, size_t part_stride) {
     const int ch = e->attn_chunk, p0 = c * ch, len = s->n - p0 < ch ? s->n - p0 : ch;
@@ -73,6 +127,10 @@ void cb_attn_partial(const cb_engine *e, const cb_kv_span *s, const float *q, si
     const size_t row = s->stride * kv_element(e);
     scores_of(e, q, q_stride, heads, s->k + r0 * row, s->stride, n1, s->kd, scale, scores, (size_t)ch);
     if (n1 < len) scores_of(e, q, q_stride, heads, s->k, s->stride, len - n1, s->kd, scale, scores + n1, (size_t)ch);
+    if (e->attn_llama) {
+        online_partial(e, s, scores, (size_t)ch, heads, r0, n1, len, part, part_stride);
+        return;
+    }
 #ifdef cb_attn_mix4_same
     if (heads == CB_ATTN_BLOCK && n1 == len) { /* V's rows read once for the four */
         float m[CB_ATTN_BLOCK];
@@ -122,7 +180,7 @@ void cb_attn_long(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_st
                   const float *sinks, float *out, size_t out_stride, int worker) {
     const int chunks = cb_attn_chunks(e, s->n);
     const size_t pw = (size_t)e->attn_part_width;
-    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *scores = cb_worker_scores(e, worker);
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
     float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
     /* part: [heads][chunks][pw] */
@@ -142,6 +200,21 @@ static void partial_stair(const cb_engine *e, const cb_kv_span *s, const float *
                           float *scores, float *part, size_t part_stride) {
     const int ch = e->attn_chunk, p0 = c * ch, len = s->n - p0;
     const size_t row = s->stride * kv_element(e);
+    if (e->attn_llama) {
+        cb_attn_scores4_f16(q, q_stride, (const cb_half *)(s->k + p0 * row), s->stride, len, s->kd, scale, scores, (size_t)ch, 1);
+        const cb_half *v = (const cb_half *)(s->v + p0 * row);
+        for (int j = 0; j < CB_ATTN_BLOCK; j++) {
+            float *o = part + j * part_stride;
+            online_weights(scores + (size_t)j * ch, len + j, &o[s->vd], &o[s->vd + 1]);
+            memset(o, 0, sizeof(float) * s->vd);
+        }
+        /* the positions all four see together, then each query's last j */
+        cb_attn_online4_f16(part, part_stride, scores, (size_t)ch, v, s->stride, len, s->vd);
+        for (int j = 1; j < CB_ATTN_BLOCK; j++)
+            cb_attn_online_f16(part + j * part_stride, scores + (size_t)j * ch + len, v + (size_t)len * s->stride,
+                               s->stride, j, s->vd);
+        return;
+    }
     if (e->kv_f16) cb_attn_scores4_f16(q, q_stride, (const cb_half *)(s->k + p0 * row), s->stride, len, s->kd, scale, scores, (size_t)ch, 1);
     else cb_attn_scores4(q, q_stride, (const float *)(s->k + p0 * row), s->stride, len, s->kd, scale, scores, (size_t)ch, 1);
     float m[CB_ATTN_BLOCK];
@@ -175,7 +248,7 @@ void cb_attn_long_run(cb_engine *e, const cb_kv_span *s, int m, const float *q, 
                       const float *sink, float *out, size_t out_stride, int worker) {
     const int ch = e->attn_chunk, last = cb_attn_chunks(e, s[m - 1].n);
     const size_t pw = (size_t)e->attn_part_width, qs = (size_t)e->attn_max_chunks * pw;
-    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *scores = cb_worker_scores(e, worker);
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
     float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * e->attn_max_chunks * pw;
     /* part: [query][chunks][pw] */
@@ -204,7 +277,7 @@ void cb_attn_long_runs(cb_engine *e, const cb_kv_span *s, int n_runs, const floa
                        float scale, const float *sink, float *const *out, size_t out_stride, int worker) {
     const int ch = e->attn_chunk, B = CB_ATTN_BLOCK;
     const size_t pw = (size_t)e->attn_part_width, qs = (size_t)e->attn_max_chunks * pw;
-    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *scores = cb_worker_scores(e, worker);
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
     /* part: [run][query][chunks][pw] */
     float *part = e->attn_scratch + (size_t)worker * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * qs;
@@ -248,7 +321,7 @@ static float *split_part(const cb_engine *e, int split, int h) {
 void cb_attn_split_chunk(cb_engine *e, const cb_kv_span *s, const float *q, size_t q_stride, int heads, int h0, int split,
                          int c, float scale, int worker) {
     const size_t pw = (size_t)e->attn_part_width;
-    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * CB_DIMS(e)->context_len;
+    float *scores = cb_worker_scores(e, worker);
     float *tmp = e->mix_part + (size_t)worker * e->widest_head;
     cb_attn_partial(e, s, q, q_stride, heads, c, scale, scores, tmp, split_part(e, split, h0) + c * pw,
                     (size_t)e->attn_max_chunks * pw);

@@ -168,10 +168,12 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(v, B * kv_dim);
     TAKE(attn, B * q_dim);
     TAKE(proj, B * H);
-    TAKE(scores, (size_t)n_threads * CB_ATTN_BLOCK * ctx);
+    TAKE(scores, (size_t)n_threads * CB_ATTN_BLOCK * e->score_row);
     TAKE(mix_part, (size_t)n_threads * widest_head);
     const size_t chunk_parts = e->attn_max_chunks > 1 ? (size_t)e->attn_max_chunks * e->attn_part_width : 0;
-    TAKE(attn_scratch, (size_t)n_threads * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * chunk_parts);
+    /* a float16 cache's attention goes through partials even in one chunk (attn_split.c) */
+    const size_t all_parts = (size_t)e->attn_max_chunks * e->attn_part_width;
+    TAKE(attn_scratch, (size_t)n_threads * CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK * all_parts);
     TAKE(attn_part, (size_t)CB_ATTN_SPLIT_ITEMS * d->n_heads * chunk_parts);
     TAKE(attn_runs, B + 1);
     TAKE(router_logits, B * E);
@@ -372,7 +374,8 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
      * chunks of that many. So a long prefill chunk costs no chunk x vocab. */
     const int logit_rows = max_int(e->n_slots, LOGIT_ROWS_MIN);
     e->logit_rows = logit_rows < e->max_batch ? logit_rows : e->max_batch;
-    e->kv_f16 = kv == CB_KV_F16 || (kv == CB_KV_AUTO && d->weight_dtype != CB_F32);
+    e->kv_f16 = kv == CB_KV_F16 || kv == CB_KV_F16_LLAMA || (kv == CB_KV_AUTO && d->weight_dtype != CB_F32);
+    e->attn_llama = kv == CB_KV_F16_LLAMA;
     if (size_rings(e, path, err, err_len) != 0) goto fail;
     /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
     double kv_bytes = 0;
@@ -417,6 +420,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     }
     e->attn_chunk = cb_attn_chunk_size(d->context_len);
     e->attn_max_chunks = cb_attn_chunks(e, (int)d->context_len);
+    e->score_row = max_int((int)d->context_len, e->attn_chunk);
     e->attn_part_width = max_int(e->widest_head, (int)d->kv_lora_rank) + 2;
     e->kv_slot_bytes = kv_slot_bytes(e, NULL);
     e->v_slot_bytes = d->kv_lora_rank ? 0 : e->kv_slot_bytes;
@@ -488,7 +492,7 @@ size_t cb_engine_kv_bytes(const cb_engine *e) {
     return (size_t)e->n_slots * (e->kv_slot_bytes + e->v_slot_bytes);
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
-const char *cb_engine_kv_name(const cb_engine *e) { return e->kv_f16 ? "f16" : "f32"; }
+const char *cb_engine_kv_name(const cb_engine *e) { return e->attn_llama ? "f16-llama" : e->kv_f16 ? "f16" : "f32"; }
 
 void cb_engine_memory(const cb_engine *e, cb_memory_budget *m) {
     cb_weight_bytes b;

@@ -32,7 +32,11 @@ typedef struct {
  * (1e-4 relative, docs/models.md) float16 keys and values break (2.2e-4 to
  * 9.1e-4 on the tiny_moe references) where reduced-precision weights' bounds
  * (1e-2, or greedy agreement) hold with them. */
-enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1, CB_KV_AUTO = 2 };
+/* F16_LLAMA: a float16 cache attended as llama.cpp's CPU flash attention
+ * does (the query rounded to float16, V summed in a float16 accumulator in
+ * position order: attn_split.c), for llama.cpp's answers on its GGUF files;
+ * slower where attention is (docs/gguf.md has the figures). */
+enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1, CB_KV_AUTO = 2, CB_KV_F16_LLAMA = 3 };
 
 /* Opens the model folder: reads model-config.json, maps (does not read) the
  * weights file it names, refuses a header whose shape differs from the
@@ -49,7 +53,7 @@ const cb_dims *cb_engine_dims(const cb_engine *e);
 /* Bytes of the KV cache of every slot (reserved at open; pages are touched
  * as positions fill). */
 size_t cb_engine_kv_bytes(const cb_engine *e);
-/* "f16" or "f32": what the KV cache holds (CB_KV_AUTO resolved). */
+/* "f16", "f16-llama" or "f32": what the KV cache holds and how it is attended (CB_KV_AUTO resolved). */
 const char *cb_engine_kv_name(const cb_engine *e);
 int cb_engine_n_slots(const cb_engine *e);
 /* 1 when a token at pos in slot finds every earlier position it reads in

@@ -30,11 +30,12 @@ struct cb_engine {
     int q_max, kv_max;         /* the widest layer's nh*d and nkv*d */
     int widest_head;           /* the largest head_dim of any layer */
     float *proj;               /* wo output / MoE output [B][H] */
-    float *scores;             /* per worker [n_threads][CB_ATTN_BLOCK][context] */
+    float *scores;             /* per worker [n_threads][scores_rows]: cb_worker_scores() */
     float *mix_part;           /* per worker [n_threads][widest head]: a wrapped ring's second segment */
     int32_t *attn_runs;        /* a layer's runs of items attending together [B+1] */
     /* Long attention in chunks of positions (attn_split.c): */
     int attn_chunk;            /* positions a chunk (cb_attn_chunk_size of the context) */
+    int score_row;             /* floats a row of a worker's scores: the context or a chunk, the longer */
     int attn_max_chunks;       /* chunks of a whole context; 1: no query is ever cut */
     int attn_part_width;       /* a chunk's partial: the widest mix (a head, MLA's latent) + max + sum */
     float *attn_scratch;       /* per worker [n_threads][CB_ATTN_LONG_RUNS * CB_ATTN_BLOCK][max_chunks][part_width] */
@@ -84,6 +85,7 @@ struct cb_engine {
     float *dyn_cos, *dyn_sin;  /* [B][dyn_row] */
     int32_t *slot_scaled_from; /* [slots]: the lowest position whose keys got a scaled rotation, INT32_MAX: none */
     int kv_f16;                /* the cache holds float16 (cb_half), else float */
+    int attn_llama;            /* CB_KV_F16_LLAMA: attended as llama.cpp does (attn_split.c) */
     size_t *kv_layer_at;       /* where each layer's cache starts in a slot's, in bytes [L] */
     size_t kv_slot_bytes;      /* one slot's K cache over all layers (V's the same, MLA's none) */
     size_t v_slot_bytes;       /* one slot's V cache: kv_slot_bytes, or 0 (MLA) */
@@ -197,6 +199,11 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
  * each chunk's K and V rows come from memory once for all their queries. */
 #define CB_ATTN_LONG_RUNS 8
 int cb_attn_chunk_size(uint32_t context);
+/* A worker's scores: CB_ATTN_BLOCK rows of up to score_row floats (a
+ * chunk's rows, attn_chunk apart, fit even where the context is shorter). */
+static inline float *cb_worker_scores(const cb_engine *e, int worker) {
+    return e->scores + (size_t)worker * CB_ATTN_BLOCK * e->score_row;
+}
 static inline int cb_attn_chunks(const cb_engine *e, int n) { return (n + e->attn_chunk - 1) / e->attn_chunk; }
 /* The cached rows a query attends: positions start .. start+n-1 in rows
  * (start + p) % rows, stride elements apart; kd elements scored, the first

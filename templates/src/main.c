@@ -40,7 +40,9 @@ static void usage(FILE *out) {
             "  --step-tokens N           most tokens a step carries while requests decode, prompt tokens filling\n"
             "                            what decoding leaves; 0: no limit (default: the slot count)\n"
             "  --kv-cache f32|f16        what the KV cache holds: f16 halves its memory and the bytes attention\n"
-            "                            reads (default f16, f32 for f32 weights: their parity bound)\n"
+            "                            reads (default f16, f32 for f32 weights: their parity bound);\n"
+            "                            f16-llama: f16 attended as llama.cpp's CPU flash attention does (its\n"
+            "                            answers on its GGUF files; slower where attention is)\n"
             "  --no-prefix-cache         compute every prompt whole: never start a request after the tokens a free\n"
             "                            slot's KV cache holds from its last request (the answer is the same)\n"
             "  --max-memory SIZE         RAM to fit in (512M, 8G, 8GiB or bytes; K/M/G/T are powers of 1024):\n"
@@ -390,8 +392,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(arg, "--kv-cache")) {
             if (!strcmp(value, "f16")) kv = CB_KV_F16;
             else if (!strcmp(value, "f32")) kv = CB_KV_F32;
+            else if (!strcmp(value, "f16-llama")) kv = CB_KV_F16_LLAMA;
             else {
-                fprintf(stderr, "colibri-server: --kv-cache: got '%s', expected f32 or f16\n", value);
+                fprintf(stderr, "colibri-server: --kv-cache: got '%s', expected f32, f16 or f16-llama\n", value);
                 bad = 1;
             }
         }

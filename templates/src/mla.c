@@ -128,7 +128,7 @@ static void mla_attend_task(void *p, int task, int worker) {
     const int nh = (int)d->n_heads, r = (int)d->kv_lora_rank, c = r + (int)d->head_dim;
     const size_t ctx = d->context_len;
     const float scale = d->attn_scale > 0 ? d->attn_scale : 1.0f / sqrtf((float)(d->qk_nope_dim + d->head_dim));
-    float *scores = e->scores + (size_t)worker * CB_ATTN_BLOCK * ctx;
+    float *scores = cb_worker_scores(e, worker);
     int begin, end;
     cb_split(t->split_first[t->n_split], task, t->n_tasks, &begin, &end);
     const int groups = nh / t->per_job;
@@ -147,7 +147,7 @@ static void mla_attend_task(void *p, int task, int worker) {
         const uint8_t *rows = latent_rows(e, t->items[i].slot, t->layer);
         const float *q = e->mla_q + (size_t)i * nh * c + (size_t)h0 * c;
         float *out = e->attn + (size_t)i * nh * r + (size_t)h0 * r;
-        if (cb_attn_chunks(e, n) > 1) {
+        if (cb_attn_chunks(e, n) > 1 || e->attn_llama) { /* a float16 cache: llama.cpp's attention (attn_split.c) */
             int split = 0;
             for (int sp = 0; sp < t->n_split; sp++) split |= t->split_item[sp] == i;
             if (!split) {
@@ -214,6 +214,7 @@ void cb_mla_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
     /* Each head's q_nope into latent space: mla_q[i][h][0:r] = W_UK,h^T q_nope. */
     const cb_act qn = cb_activations(e, e->q, nh * qk, n, nh * qk, e->xq, e->xq_stride);
     head_matmul(e, &L->wk_b, nh, &qn, qk, n, e->mla_q, nh * c, c);
+    if (e->attn_llama) cb_round_to_half(e->mla_q, n * nh * c); /* scored in float16 against the cache (attn_split.c) */
     int per_job = 1;
 #ifdef cb_attn_scores4
     if (nh % CB_ATTN_BLOCK == 0) per_job = CB_ATTN_BLOCK;

@@ -629,6 +629,47 @@ static int check_attention4(int *cases) {
 }
 #endif
 
+/* llama.cpp's float16 accumulation (cb_attn_online_f16, the four-query
+ * form): the target's kernels against the scalar one bit for bit, weights
+ * of both signs (a new running max: -exp(m_old - m), -0 first), head sizes
+ * on and off the vector widths, accumulators carried in from an earlier
+ * run of rows. */
+static float online_w[CB_ATTN_BLOCK * ATTN_POS], online_ref[CB_ATTN_BLOCK * 128], online_got[CB_ATTN_BLOCK * 128];
+
+static int check_online(int *cases) {
+    for (int i = 0; i < ATTN_POS * ATTN_STRIDE; i++) kv16[i] = cb_float_to_half(uniform() * 4.0f);
+    for (int hd = 4; hd <= 128; hd += hd < 64 ? 4 : 32) {
+        for (int n = 1; n <= ATTN_POS; n++) {
+            for (int i = 0; i < CB_ATTN_BLOCK * ATTN_POS; i++) {
+                const float u = uniform();
+                online_w[i] = i % ATTN_POS == 0 ? -0.0f : u < -0.8f ? u + 0.8f - 0.1f : fabsf(u);
+            }
+            for (int i = 0; i < CB_ATTN_BLOCK * hd; i++) online_ref[i] = online_got[i] = cb_half_to_float(cb_float_to_half(uniform()));
+            cb_attn_online4_f16(online_got, (size_t)hd, online_w, ATTN_POS, kv16 + 5, ATTN_STRIDE, n, hd);
+            for (int q = 0; q < CB_ATTN_BLOCK; q++) {
+                float one[128];
+                memcpy(one, online_ref + q * hd, sizeof(float) * hd);
+                cb_attn_online_f16(one, online_w + q * ATTN_POS, kv16 + 5, ATTN_STRIDE, n, hd);
+                cb_attn_online_f16_scalar(online_ref + q * hd, online_w + q * ATTN_POS, kv16 + 5, ATTN_STRIDE, n, hd);
+                if (memcmp(one, online_ref + q * hd, sizeof(float) * hd) != 0 ||
+                    memcmp(online_got + q * hd, online_ref + q * hd, sizeof(float) * hd) != 0) {
+                    printf("  float16 online accumulation hd=%d n=%d query %d: differs from the scalar reference\n", hd,
+                           n, q);
+                    return 1;
+                }
+                for (int j = 0; j < hd; j++)
+                    if (online_ref[q * hd + j] != cb_half_to_float(cb_float_to_half(online_ref[q * hd + j]))) {
+                        printf("  float16 online accumulation hd=%d n=%d: %.9g is no float16\n", hd, n,
+                               online_ref[q * hd + j]);
+                        return 1;
+                    }
+                *cases += 2;
+            }
+        }
+    }
+    return 0;
+}
+
 /* The family whose softmax, SwiGLU and sampler exp are vectorised. */
 #if CB_KERNELS_AVX2
 #define VECTOR_FAMILY "avx2"
@@ -1073,6 +1114,12 @@ int main(void) {
         };
         for (int k = 0; k < (int)(sizeof attn / sizeof attn[0]); k++) bad |= check_attention(&attn[k], &cases);
         printf("kernel-check attention: %s (%d cases)\n", bad ? "FAILED" : "ok", cases);
+        failed |= bad;
+    }
+    {
+        int cases = 0, bad = check_online(&cases);
+        printf("kernel-check float16 online attention: %s (%d cases, one and four queries bit for bit the scalar "
+               "reference)\n", bad ? "FAILED" : "ok", cases);
         failed |= bad;
     }
 #ifdef cb_attn_scores4

@@ -366,6 +366,19 @@ void cb_attn_mix4_same_scalar(float *out, size_t out_stride, const float *w, siz
 void cb_attn_mix4_same_f16_scalar(float *out, size_t out_stride, const float *w, size_t w_stride, const cb_half *v,
                                   size_t stride, int n, int hd);
 void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n);
+/* x[i] = the float16 nearest x[i] (ties to even), in place. */
+void cb_round_to_half(float *x, int n);
+/* llama.cpp's accumulation of V over a float16 cache (ggml's CPU flash
+ * attention for an f16 V): acc (hd floats, each a float16 value) carried over
+ * the n positions in order, with w[p] from cb_attn_online_weights (attn_split.c):
+ *   w[p] >= +0: acc = f16(acc + w[p] V[p])        (one fma, then to float16)
+ *   w[p] <= -0 (a new running max): acc = f16(f16(acc * -w[p]) + V[p])
+ * Each element on its own, so every ISA gives these bits. */
+void cb_attn_online_f16_scalar(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd);
+/* Four of them over the same rows (acc rows acc_stride, w rows w_stride
+ * apart), each V row read once for the four: the one-query bits. */
+void cb_attn_online4_f16_scalar(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
+                                size_t stride, int n, int hd);
 #if CB_KERNELS_AVX2
 float cb_dot_f32_avx2(const float *a, const float *b, int n);
 float cb_dot_f16_avx2(const cb_half *w, const float *x, int n);
@@ -428,6 +441,9 @@ void cb_attn_scores_avx2(const float *q, const float *k, size_t stride, int n, i
 void cb_attn_mix_avx2(float *out, const float *w, const float *v, size_t stride, int n, int hd);
 void cb_attn_scores_f16_avx2(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_f16_avx2(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_attn_online_f16_avx2(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_attn_online4_f16_avx2(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
+                              size_t stride, int n, int hd);
 /* Four queries (rows q_stride / s_stride / w_stride / out_stride apart),
  * each K and V row read once for the four; the one-query kernels' bits.
  * Scores: query i over positions [0, n + stair * i): stair 1 for a slot's
@@ -481,6 +497,9 @@ void cb_attn_mix4_same_f16_avx512(float *out, size_t out_stride, const float *w,
                                   size_t stride, int n, int hd);
 #define cb_attn_mix4_same cb_attn_mix4_same_avx512
 #define cb_attn_mix4_same_f16 cb_attn_mix4_same_f16_avx512
+void cb_attn_online_f16_avx512(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_attn_online4_f16_avx512(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
+                                size_t stride, int n, int hd);
 /* and the four-query stair mix (prompt runs) in zmm, 16 chains of 16 */
 void cb_attn_mix4_avx512(float *out, size_t out_stride, const float *w, size_t w_stride, const float *v, size_t stride,
                          int n, int hd);
@@ -527,6 +546,9 @@ void cb_attn_scores_neon(const float *q, const float *k, size_t stride, int n, i
 void cb_attn_mix_neon(float *out, const float *w, const float *v, size_t stride, int n, int hd);
 void cb_attn_scores_f16_neon(const float *q, const cb_half *k, size_t stride, int n, int hd, float scale, float *scores);
 void cb_attn_mix_f16_neon(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_attn_online_f16_neon(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd);
+void cb_attn_online4_f16_neon(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
+                              size_t stride, int n, int hd);
 void cb_f32_to_f16_neon(const float *x, cb_half *y, int n);
 void cb_softmax_neon(float *x, int n);
 void cb_exp_shifted_neon(float *x, int n, float shift, float scale);
@@ -586,6 +608,13 @@ void cb_gemm_q8_0x4_dotprod(const void *group, const cb_block_q8_0 *const *x, in
 #define cb_attn_mix CB_KERNEL(cb_attn_mix)
 #define cb_attn_scores_f16 CB_KERNEL(cb_attn_scores_f16)
 #define cb_attn_mix_f16 CB_KERNEL(cb_attn_mix_f16)
+#if CB_KERNELS_AVX512
+#define cb_attn_online_f16 cb_attn_online_f16_avx512
+#define cb_attn_online4_f16 cb_attn_online4_f16_avx512
+#else
+#define cb_attn_online_f16 CB_KERNEL(cb_attn_online_f16)
+#define cb_attn_online4_f16 CB_KERNEL(cb_attn_online4_f16)
+#endif
 #define cb_f32_to_f16 CB_KERNEL(cb_f32_to_f16)
 /* The engine's activation quantizer: the reference's bytes, faster. */
 #define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)

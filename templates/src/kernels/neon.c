@@ -125,6 +125,50 @@ void cb_attn_scores_f16_neon(const float *q, const cb_half *k, size_t stride, in
     else attn_scores(q, k, stride, n, hd, scale, scores, 1);
 }
 
+static inline float32x4_t round_to_half4(float32x4_t x) { return vcvt_f32_f16(vcvt_f16_f32(x)); }
+
+/* Columns 16 at a time over all positions: four independent chains. */
+void cb_attn_online_f16_neon(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd) {
+    if (hd % 16) {
+        cb_attn_online_f16_scalar(acc, w, v, stride, n, hd);
+        return;
+    }
+    for (int j = 0; j < hd; j += 16) {
+        float32x4_t a0 = vld1q_f32(acc + j), a1 = vld1q_f32(acc + j + 4);
+        float32x4_t a2 = vld1q_f32(acc + j + 8), a3 = vld1q_f32(acc + j + 12);
+        const cb_half *row = v + j;
+        for (int p = 0; p < n; p++, row += stride) {
+            const float16x8_t h0 = vreinterpretq_f16_u16(vld1q_u16(row)), h1 = vreinterpretq_f16_u16(vld1q_u16(row + 8));
+            const float32x4_t v0 = vcvt_f32_f16(vget_low_f16(h0)), v1 = vcvt_high_f32_f16(h0);
+            const float32x4_t v2 = vcvt_f32_f16(vget_low_f16(h1)), v3 = vcvt_high_f32_f16(h1);
+            const float wp = w[p];
+            if (signbit(wp)) {
+                const float ms = -wp;
+                a0 = round_to_half4(vaddq_f32(round_to_half4(vmulq_n_f32(a0, ms)), v0));
+                a1 = round_to_half4(vaddq_f32(round_to_half4(vmulq_n_f32(a1, ms)), v1));
+                a2 = round_to_half4(vaddq_f32(round_to_half4(vmulq_n_f32(a2, ms)), v2));
+                a3 = round_to_half4(vaddq_f32(round_to_half4(vmulq_n_f32(a3, ms)), v3));
+            } else {
+                const float32x4_t ws = vdupq_n_f32(wp);
+                a0 = round_to_half4(vfmaq_f32(a0, v0, ws));
+                a1 = round_to_half4(vfmaq_f32(a1, v1, ws));
+                a2 = round_to_half4(vfmaq_f32(a2, v2, ws));
+                a3 = round_to_half4(vfmaq_f32(a3, v3, ws));
+            }
+        }
+        vst1q_f32(acc + j, a0);
+        vst1q_f32(acc + j + 4, a1);
+        vst1q_f32(acc + j + 8, a2);
+        vst1q_f32(acc + j + 12, a3);
+    }
+}
+
+/* One query at a time: sixteen columns already keep four chains going. */
+void cb_attn_online4_f16_neon(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
+                              size_t stride, int n, int hd) {
+    for (int j = 0; j < 4; j++) cb_attn_online_f16_neon(acc + j * acc_stride, w + j * w_stride, v, stride, n, hd);
+}
+
 void cb_attn_mix_f16_neon(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
     if (hd % 4) cb_attn_mix_f16_scalar(out, w, v, stride, n, hd);
     else attn_mix(out, w, v, stride, n, hd, 1);

@@ -205,6 +205,27 @@ void cb_attn_scores_f16_scalar(const float *q, const cb_half *k, size_t stride, 
     for (int p = 0; p < n; p++) scores[p] = cb_dot_f16_scalar(k + (size_t)p * stride, q, hd) * scale;
 }
 
+static float round_to_half(float x) { return cb_half_to_float(cb_float_to_half(x)); }
+
+void cb_round_to_half(float *x, int n) {
+    for (int i = 0; i < n; i++) x[i] = round_to_half(x[i]);
+}
+
+void cb_attn_online_f16_scalar(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd) {
+    for (int p = 0; p < n; p++, v += stride) {
+        const float wp = w[p];
+        if (signbit(wp))
+            for (int j = 0; j < hd; j++) acc[j] = round_to_half(round_to_half(acc[j] * -wp) + cb_half_to_float(v[j]));
+        else
+            for (int j = 0; j < hd; j++) acc[j] = round_to_half(fmaf(cb_half_to_float(v[j]), wp, acc[j]));
+    }
+}
+
+void cb_attn_online4_f16_scalar(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
+                                size_t stride, int n, int hd) {
+    for (int j = 0; j < 4; j++) cb_attn_online_f16_scalar(acc + j * acc_stride, w + j * w_stride, v, stride, n, hd);
+}
+
 void cb_attn_mix_f16_scalar(float *out, const float *w, const cb_half *v, size_t stride, int n, int hd) {
     for (int j = 0; j < hd; j++) out[j] = 0;
     for (int p = 0; p < n; p++)
