@@ -994,6 +994,21 @@ static inline __m256 round_to_half8(__m256 x) {
     return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+/* One query's step over 16 columns of a V row (x0, x1), its accumulators
+ * in named registers (an array of them stays in memory under gcc -O2). */
+#define ONLINE_STEP16(wp, a0, a1, x0, x1)                                                                  \
+    do {                                                                                                   \
+        if (signbit(wp)) {                                                                                 \
+            const __m256 ms = _mm256_set1_ps(-(wp));                                                       \
+            a0 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a0, ms)), x0));                 \
+            a1 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a1, ms)), x1));                 \
+        } else {                                                                                           \
+            const __m256 ws = _mm256_set1_ps(wp);                                                          \
+            a0 = round_to_half8(_mm256_fmadd_ps(x0, ws, a0));                                              \
+            a1 = round_to_half8(_mm256_fmadd_ps(x1, ws, a1));                                              \
+        }                                                                                                  \
+    } while (0)
+
 /* Columns 32 at a time over all positions: four independent chains. */
 void cb_attn_online_f16_avx2(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd) {
     if (hd % 32) {
@@ -1009,20 +1024,8 @@ void cb_attn_online_f16_avx2(float *acc, const float *w, const cb_half *v, size_
             const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8)));
             const __m256 v2 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16)));
             const __m256 v3 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 24)));
-            const float wp = w[p];
-            if (signbit(wp)) {
-                const __m256 ms = _mm256_set1_ps(-wp);
-                a0 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a0, ms)), v0));
-                a1 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a1, ms)), v1));
-                a2 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a2, ms)), v2));
-                a3 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a3, ms)), v3));
-            } else {
-                const __m256 ws = _mm256_set1_ps(wp);
-                a0 = round_to_half8(_mm256_fmadd_ps(v0, ws, a0));
-                a1 = round_to_half8(_mm256_fmadd_ps(v1, ws, a1));
-                a2 = round_to_half8(_mm256_fmadd_ps(v2, ws, a2));
-                a3 = round_to_half8(_mm256_fmadd_ps(v3, ws, a3));
-            }
+            ONLINE_STEP16(w[p], a0, a1, v0, v1);
+            ONLINE_STEP16(w[p], a2, a3, v2, v3);
         }
         _mm256_storeu_ps(acc + j, a0);
         _mm256_storeu_ps(acc + j + 8, a1);
@@ -1030,21 +1033,6 @@ void cb_attn_online_f16_avx2(float *acc, const float *w, const cb_half *v, size_
         _mm256_storeu_ps(acc + j + 24, a3);
     }
 }
-
-/* One query's step over a V row of 16 columns (v0, v1) in named registers
- * (an array of them stays in memory under gcc -O2). */
-#define ONLINE_STEP16(wp, a0, a1)                                                                          \
-    do {                                                                                                   \
-        if (signbit(wp)) {                                                                                 \
-            const __m256 ms = _mm256_set1_ps(-(wp));                                                       \
-            a0 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a0, ms)), v0));                 \
-            a1 = round_to_half8(_mm256_add_ps(round_to_half8(_mm256_mul_ps(a1, ms)), v1));                 \
-        } else {                                                                                           \
-            const __m256 ws = _mm256_set1_ps(wp);                                                          \
-            a0 = round_to_half8(_mm256_fmadd_ps(v0, ws, a0));                                              \
-            a1 = round_to_half8(_mm256_fmadd_ps(v1, ws, a1));                                              \
-        }                                                                                                  \
-    } while (0)
 
 /* Four queries, columns 16 at a time: eight chains, each V row once. */
 void cb_attn_online4_f16_avx2(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
@@ -1062,10 +1050,10 @@ void cb_attn_online4_f16_avx2(float *acc, size_t acc_stride, const float *w, siz
         for (int p = 0; p < n; p++, row += stride) {
             const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)row));
             const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8)));
-            ONLINE_STEP16(w0[p], a00, a01);
-            ONLINE_STEP16(w1[p], a10, a11);
-            ONLINE_STEP16(w2[p], a20, a21);
-            ONLINE_STEP16(w3[p], a30, a31);
+            ONLINE_STEP16(w0[p], a00, a01, v0, v1);
+            ONLINE_STEP16(w1[p], a10, a11, v0, v1);
+            ONLINE_STEP16(w2[p], a20, a21, v0, v1);
+            ONLINE_STEP16(w3[p], a30, a31, v0, v1);
         }
         _mm256_storeu_ps(c0, a00), _mm256_storeu_ps(c0 + 8, a01), _mm256_storeu_ps(c1, a10), _mm256_storeu_ps(c1 + 8, a11);
         _mm256_storeu_ps(c2, a20), _mm256_storeu_ps(c2 + 8, a21), _mm256_storeu_ps(c3, a30), _mm256_storeu_ps(c3 + 8, a31);

@@ -220,45 +220,10 @@ void cb_attn_mix4_same_avx512(float *out, size_t out_stride, const float *w, siz
     else attn_mix4_same_512(out, out_stride, w, w_stride, v, stride, n, hd, 0, 0);
 }
 
+static inline __m512 halves16_at(const cb_half *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
 static inline __m512 round_to_half16(__m512 x) {
     return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-/* Columns 64 at a time over all positions: four independent chains. */
-void cb_attn_online_f16_avx512(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd) {
-    if (hd % 64) {
-        cb_attn_online_f16_avx2(acc, w, v, stride, n, hd);
-        return;
-    }
-    for (int j = 0; j < hd; j += 64) {
-        __m512 a0 = _mm512_loadu_ps(acc + j), a1 = _mm512_loadu_ps(acc + j + 16);
-        __m512 a2 = _mm512_loadu_ps(acc + j + 32), a3 = _mm512_loadu_ps(acc + j + 48);
-        const cb_half *row = v + j;
-        for (int p = 0; p < n; p++, row += stride) {
-            const __m512 v0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)row));
-            const __m512 v1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 16)));
-            const __m512 v2 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32)));
-            const __m512 v3 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 48)));
-            const float wp = w[p];
-            if (signbit(wp)) {
-                const __m512 ms = _mm512_set1_ps(-wp);
-                a0 = round_to_half16(_mm512_add_ps(round_to_half16(_mm512_mul_ps(a0, ms)), v0));
-                a1 = round_to_half16(_mm512_add_ps(round_to_half16(_mm512_mul_ps(a1, ms)), v1));
-                a2 = round_to_half16(_mm512_add_ps(round_to_half16(_mm512_mul_ps(a2, ms)), v2));
-                a3 = round_to_half16(_mm512_add_ps(round_to_half16(_mm512_mul_ps(a3, ms)), v3));
-            } else {
-                const __m512 ws = _mm512_set1_ps(wp);
-                a0 = round_to_half16(_mm512_fmadd_ps(v0, ws, a0));
-                a1 = round_to_half16(_mm512_fmadd_ps(v1, ws, a1));
-                a2 = round_to_half16(_mm512_fmadd_ps(v2, ws, a2));
-                a3 = round_to_half16(_mm512_fmadd_ps(v3, ws, a3));
-            }
-        }
-        _mm512_storeu_ps(acc + j, a0);
-        _mm512_storeu_ps(acc + j + 16, a1);
-        _mm512_storeu_ps(acc + j + 32, a2);
-        _mm512_storeu_ps(acc + j + 48, a3);
-    }
 }
 
 /* One query's step over a V row of 64 columns (vv0..vv3) in named
@@ -280,6 +245,28 @@ void cb_attn_online_f16_avx512(float *acc, const float *w, const cb_half *v, siz
         }                                                                                                  \
     } while (0)
 
+/* Columns 64 at a time over all positions: four independent chains. */
+void cb_attn_online_f16_avx512(float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd) {
+    if (hd % 64) {
+        cb_attn_online_f16_avx2(acc, w, v, stride, n, hd);
+        return;
+    }
+    for (int j = 0; j < hd; j += 64) {
+        __m512 a0 = _mm512_loadu_ps(acc + j), a1 = _mm512_loadu_ps(acc + j + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + j + 32), a3 = _mm512_loadu_ps(acc + j + 48);
+        const cb_half *row = v + j;
+        for (int p = 0; p < n; p++, row += stride) {
+            const __m512 vv0 = halves16_at(row), vv1 = halves16_at(row + 16);
+            const __m512 vv2 = halves16_at(row + 32), vv3 = halves16_at(row + 48);
+            ONLINE_STEP64(w[p], a0, a1, a2, a3);
+        }
+        _mm512_storeu_ps(acc + j, a0);
+        _mm512_storeu_ps(acc + j + 16, a1);
+        _mm512_storeu_ps(acc + j + 32, a2);
+        _mm512_storeu_ps(acc + j + 48, a3);
+    }
+}
+
 /* Four queries, columns 64 at a time: sixteen chains, each V row once. */
 void cb_attn_online4_f16_avx512(float *acc, size_t acc_stride, const float *w, size_t w_stride, const cb_half *v,
                                 size_t stride, int n, int hd) {
@@ -296,10 +283,8 @@ void cb_attn_online4_f16_avx512(float *acc, size_t acc_stride, const float *w, s
         __m512 a30 = _mm512_loadu_ps(c3), a31 = _mm512_loadu_ps(c3 + 16), a32 = _mm512_loadu_ps(c3 + 32), a33 = _mm512_loadu_ps(c3 + 48);
         const cb_half *row = v + j;
         for (int p = 0; p < n; p++, row += stride) {
-            const __m512 vv0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)row));
-            const __m512 vv1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 16)));
-            const __m512 vv2 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32)));
-            const __m512 vv3 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 48)));
+            const __m512 vv0 = halves16_at(row), vv1 = halves16_at(row + 16);
+            const __m512 vv2 = halves16_at(row + 32), vv3 = halves16_at(row + 48);
             ONLINE_STEP64(w0[p], a00, a01, a02, a03);
             ONLINE_STEP64(w1[p], a10, a11, a12, a13);
             ONLINE_STEP64(w2[p], a20, a21, a22, a23);
