@@ -10,6 +10,12 @@
 
 #include "kernels.h"
 #include "platform/cpu_features.h"
+#ifdef _WIN32
+#include <windows.h>
+#else
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 typedef float (*dot_fn)(const float *, const float *, int);
 typedef void (*topk_fn)(const float *, int, int, int32_t *);
@@ -320,22 +326,47 @@ static void extreme_block_row(int t, int n, int mode) {
 }
 
 /* The q8_k types and the 32-weight ones (four-row and multi-token kernels) through
- * cb_matmul_tile, as the engine calls it: rows of a 15-row matrix in ranges
- * that start and end off a multiple of four, for one, two and K_TOKENS
- * tokens gathered in reverse order (so four-row and multi-token kernels,
+ * cb_matmul_tile, as the engine calls it: rows of a 16-row matrix in ranges
+ * that start and end off a multiple of four and the whole of it, for one,
+ * two and K_TOKENS tokens gathered in reverse order (so four-row and multi-token kernels,
  * where the target has them, meet the one-row loop for the rest, and
  * prefetch rows ahead in the longer ranges), each result bit for bit the
  * scalar reference's for its row and token; the K types' extremes too
  * (extreme_block_row, x at +-128 / 127: the four-product sums at their
- * bounds). Returns 1 on a mismatch. */
-#define K_ROWS 15
+ * bounds). Where the matrix's size allows, it ends right before a page no
+ * one may read, as a weights file's last tensor can: a kernel reading past
+ * its rows crashes the check. Returns 1 on a mismatch. */
+#define K_ROWS 16
 #define K_TOKENS 19
+#define K_ROWS_BYTES (K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k))
+
+/* bytes of memory whose end is followed by a page nothing may read (a
+ * weights file mapped to its last byte, the last page full): a kernel that
+ * reads past the rows it was given faults there. NULL where it cannot be had. */
+static uint8_t *before_guard_page(size_t bytes) {
+#ifdef _WIN32
+    SYSTEM_INFO si;
+    GetSystemInfo(&si);
+    const size_t page = si.dwPageSize, span = (bytes + page - 1) / page * page;
+    uint8_t *p = VirtualAlloc(NULL, span + page, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+    DWORD old;
+    if (!p || !VirtualProtect(p + span, page, PAGE_NOACCESS, &old)) return NULL;
+#else
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (bytes + page - 1) / page * page;
+    uint8_t *p = mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || mprotect(p + span, page, PROT_NONE) != 0) return NULL;
+#endif
+    return p + span; /* the guard page's first byte */
+}
+
 static int check_k_rows(int *cases) {
-    static uint8_t rows[K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
+    static uint8_t rows_static[K_ROWS_BYTES];
+    static uint8_t *guard;
+    if (!guard) guard = before_guard_page(K_ROWS_BYTES);
     static cb_block_q8_k xk[K_TOKENS][BLOCK_N_MAX / CB_QK_K];
     static cb_block_q8_0 xq[K_TOKENS][BLOCK_N_MAX / CB_QK];
     static float y[K_TOKENS][K_ROWS];
-    static const int ranges[][2] = {{0, 15}, {0, 4}, {1, 14}, {2, 6}, {3, 5}};
+    static const int ranges[][2] = {{0, 15}, {0, 4}, {1, 14}, {2, 6}, {3, 5}, {0, K_ROWS}};
     /* powers of two and counts off the eight-block steps (1408 columns:
      * Qwen1.5-MoE's experts, in Q5_0 / Q5_1 in llama.cpp's K-quant files) */
     static const int blocks_per_row[] = {1, 2, 4, 8, 16, 32, 64, 5, 11, 44};
@@ -352,6 +383,10 @@ static int check_k_rows(int *cases) {
             const int n = blocks_per_row[c] * (on_k ? CB_QK_K : CB_QK);
             if (n > BLOCK_N_MAX) continue;
             const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
+            /* the matrix's last byte right before the guard page, its start
+             * 64-byte aligned as the weights file aligns tensors */
+            uint8_t *rows = rows_static;
+            if (guard && (K_ROWS * row_bytes) % 64 == 0) rows = guard - K_ROWS * row_bytes;
             for (int r = 0; r < K_ROWS; r++) {
                 random_block_row(t, n);
                 if (extreme && r % 3 != 2) extreme_block_row(t, n, extreme); /* some rows random beside them */
@@ -405,7 +440,9 @@ static int check_k_rows(int *cases) {
 #define KT_TOKENS 70
 static int check_k_tokens(int *cases) {
     static const uint32_t types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K, CB_Q3_K, CB_Q2_K, CB_IQ4_XS};
-    static uint8_t rows[CB_TOKENS_K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
+    static uint8_t rows_static[CB_TOKENS_K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
+    static uint8_t *guard;
+    if (!guard) guard = before_guard_page(sizeof rows_static); /* as check_k_rows: the rows end before it */
     static cb_block_q8_k xk[KT_TOKENS][BLOCK_N_MAX / CB_QK_K];
     static const cb_block_q8_k *xs[KT_TOKENS];
     static float got[KT_TOKENS * CB_TOKENS_K_ROWS];
@@ -423,6 +460,8 @@ static int check_k_tokens(int *cases) {
             for (int n = CB_QK_K; n <= BLOCK_N_MAX; n *= 4) {
                 if (extreme == 3 && types[k] != CB_Q6_K) continue;
                 const size_t row_bytes = cb_row_bytes(types[k], (uint32_t)n);
+                uint8_t *rows = rows_static;
+                if (guard && (CB_TOKENS_K_ROWS * row_bytes) % 64 == 0) rows = guard - CB_TOKENS_K_ROWS * row_bytes;
                 for (int r = 0; r < CB_TOKENS_K_ROWS; r++) {
                     random_block_row(t, n);
                     if (extreme) /* all bits set (1) or clear (2) but the fp16 scales (finite, from random_block_row) */

@@ -233,11 +233,27 @@ static inline __attribute__((always_inline)) __m512i b32_quad(int t, const uint8
     return b32_dot(t, lo, hi, xl, xh);
 }
 
-/* The words idx picks from the 128 bytes at p, into the words of into that
- * mask selects (a row's four blocks' scales, or x's). */
-static inline __attribute__((always_inline)) __m512i halves_of4(const void *p, __m512i idx, __mmask32 mask, __m512i into) {
-    return _mm512_mask_blend_epi16(mask, into, _mm512_permutex2var_epi16(_mm512_loadu_si512(p), idx,
-                                                                          _mm512_loadu_si512((const void *)((const uint8_t *)p + 64))));
+/* The words idx picks from the 64 bytes at p and the 64 at hi, into the
+ * words of into that mask selects (a row's four blocks' scales, or x's). */
+static inline __attribute__((always_inline)) __m512i halves_of4(const void *p, const void *hi, __m512i idx, __mmask32 mask,
+                                                                __m512i into) {
+    return _mm512_mask_blend_epi16(mask, into, _mm512_permutex2var_epi16(_mm512_loadu_si512(p), idx, _mm512_loadu_si512(hi)));
+}
+/* x's four blocks (136 bytes): the second 64 right after the first. */
+#define X_HALVES4(x, idx, mask, into) halves_of4((x), (const uint8_t *)(x) + 64, idx, mask, into)
+/* A row's four blocks end 4 * size (72..96) bytes on, maybe at the end of
+ * the mapped file: the second load is the 64 bytes that end there, and
+ * b32_scale_idx points the words past the first 64 into it. */
+#define W_HALVES4(q, size, idx, mask, into) halves_of4((q), (q) + 4 * (size) - 64, idx, mask, into)
+/* vpermt2w controls for W_HALVES4: word 4k + m (and 16 + 4k + m, the
+ * min) of the scales is block k's word k * size / 2 (+ 1); sizes are even. */
+static inline __m512i b32_scale_idx(int size) {
+    int16_t idx[32];
+    for (int l = 0; l < 32; l++) {
+        const int word = (l % 16) / 4 * (size / 2) + (l >= 16);
+        idx[l] = (int16_t)(word < 32 ? word : word + (128 - 4 * size) / 2);
+    }
+    return _mm512_loadu_si512((const void *)idx);
 }
 
 static const int16_t b32_k_of[32] __attribute__((aligned(64))) = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
@@ -251,12 +267,8 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
                                                            const void *next) {
     const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
     const uint8_t *b = w;
-    /* vpermt2w controls: word 4k + m (and 16 + 4k + m, the min) of the
-     * scales comes from block k of the 128 bytes from a quad's first block:
-     * its word k * size / 2 (+ 1); sizes are even */
     const __m512i k_of = _mm512_load_si512((const void *)b32_k_of);
-    const __m512i w_idx = _mm512_add_epi16(_mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(size / 2))),
-                                           _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_setzero_si512(), _mm512_set1_epi16(1)));
+    const __m512i w_idx = b32_scale_idx(size);
     const __m512i x_idx = _mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(sizeof(cb_block_q8_0) / 2)));
     /* float steps in 256-bit halves: lanes 0..7 and 8..15 of each fold (the
      * file's float work is AVX2's: SIMDe has no 512-bit cvtph_ps / cvtepi32_ps) */
@@ -286,7 +298,7 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
         /* each lane's fp16 d (words 0..15; m in 16..31, for the types with a
          * min) of w, and d of x */
         const __m256i hx =
-            _mm512_castsi512_si256(halves_of4(x + i + 4, x_idx, 0xAAAA, halves_of4(x + i, x_idx, 0x5555, _mm512_setzero_si512())));
+            _mm512_castsi512_si256(X_HALVES4(x + i + 4, x_idx, 0xAAAA, X_HALVES4(x + i, x_idx, 0x5555, _mm512_setzero_si512())));
         const __m256 dx[2] = {_mm256_cvtph_ps(_mm256_castsi256_si128(hx)), _mm256_cvtph_ps(_mm256_extracti128_si256(hx, 1))};
         __m256 fx[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         if (with_min)
@@ -294,10 +306,10 @@ static inline __attribute__((always_inline)) void dot4_b32(int t, const void *w,
 #pragma GCC unroll 2
         for (int f = 0; f < 2; f++) {
             const uint8_t *ra = b + (size_t)(2 * f) * row_bytes + (size_t)i * size, *rb = ra + row_bytes;
-            __m512i h = halves_of4(ra, w_idx, 0x11111111, _mm512_setzero_si512());
-            h = halves_of4(ra + 4 * size, w_idx, 0x22222222, h);
-            h = halves_of4(rb, w_idx, 0x44444444, h);
-            h = halves_of4(rb + 4 * size, w_idx, 0x88888888, h);
+            __m512i h = W_HALVES4(ra, size, w_idx, 0x11111111, _mm512_setzero_si512());
+            h = W_HALVES4(ra + 4 * size, size, w_idx, 0x22222222, h);
+            h = W_HALVES4(rb, size, w_idx, 0x44444444, h);
+            h = W_HALVES4(rb + 4 * size, size, w_idx, 0x88888888, h);
             const __m256i d = _mm512_castsi512_si256(h), m = _mm512_extracti64x4_epi64(h, 1);
             const __m256i tt[2] = {_mm512_castsi512_si256(tot[f]), _mm512_extracti64x4_epi64(tot[f], 1)};
 #pragma GCC unroll 2
@@ -331,8 +343,7 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
     const int size = b32_size[t], with_min = t == B32_Q4_1 || t == B32_Q5_1, nb = n / CB_QK;
     const uint8_t *b = w;
     const __m512i k_of = _mm512_load_si512((const void *)b32_k_of);
-    const __m512i w_idx = _mm512_add_epi16(_mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(size / 2))),
-                                           _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_setzero_si512(), _mm512_set1_epi16(1)));
+    const __m512i w_idx = b32_scale_idx(size);
     const __m512i x_idx = _mm512_mullo_epi16(k_of, _mm512_set1_epi16((short)(sizeof(cb_block_q8_0) / 2)));
     float acc[CB_TOKENS_BLOCK_MAX][4][CB_B32_LANES]; /* a token's four fold halves; 8 KB of stack */
     memset(acc, 0, sizeof(float) * 4 * CB_B32_LANES * (size_t)n_tok);
@@ -347,10 +358,10 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
             const uint8_t *quad[4] = {ra, ra + 4 * size, rb, rb + 4 * size};
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) b32_unpack(t, quad[q], size, &u[f][q][0], &u[f][q][1]);
-            __m512i h = halves_of4(ra, w_idx, 0x11111111, _mm512_setzero_si512());
-            h = halves_of4(ra + 4 * size, w_idx, 0x22222222, h);
-            h = halves_of4(rb, w_idx, 0x44444444, h);
-            h = halves_of4(rb + 4 * size, w_idx, 0x88888888, h);
+            __m512i h = W_HALVES4(ra, size, w_idx, 0x11111111, _mm512_setzero_si512());
+            h = W_HALVES4(ra + 4 * size, size, w_idx, 0x22222222, h);
+            h = W_HALVES4(rb, size, w_idx, 0x44444444, h);
+            h = W_HALVES4(rb + 4 * size, size, w_idx, 0x88888888, h);
             const __m256i d = _mm512_castsi512_si256(h), m = _mm512_extracti64x4_epi64(h, 1);
             dw[f][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(d)), dw[f][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(d, 1));
             mw[f][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(m)), mw[f][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(m, 1));
@@ -365,7 +376,7 @@ static inline __attribute__((always_inline)) void tokens4_b32(int t, const void 
                 sx = lane_totals4(s0, s1, s0, s1);
             }
             const __m256i hx =
-                _mm512_castsi512_si256(halves_of4(x + 4, x_idx, 0xAAAA, halves_of4(x, x_idx, 0x5555, _mm512_setzero_si512())));
+                _mm512_castsi512_si256(X_HALVES4(x + 4, x_idx, 0xAAAA, X_HALVES4(x, x_idx, 0x5555, _mm512_setzero_si512())));
             const __m256 dx[2] = {_mm256_cvtph_ps(_mm256_castsi256_si128(hx)), _mm256_cvtph_ps(_mm256_extracti128_si256(hx, 1))};
             __m256 fx[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
             if (with_min)
