@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench and llama-quantize for this machine, for the
-# side-by-side benchmark (benchmarks/side_by_side.py). llama.cpp's source comes
+# Builds llama.cpp's llama-bench, llama-quantize and llama-server for this
+# machine, for the side-by-side benchmark (benchmarks/side_by_side.py) and the
+# parity check on more quantization types (benchmarks/llamacpp_parity.py). llama.cpp's source comes
 # from the llama-cpp-python sdist on PyPI, which vendors it; nothing else is
 # fetched. A benchmark tool, not a dependency of Colibri or of its tests.
 #
@@ -8,7 +9,7 @@
 #
 # Result: $COLIBRI_CACHE/llama.cpp-VERSION/ (default ~/.cache/colibri) with
 #   src/      the sdist's vendor/llama.cpp (convert_hf_to_gguf.py, gguf-py)
-#   bin/      llama-bench, llama-quantize
+#   bin/      llama-bench, llama-quantize, llama-server
 #   build/    CMake's build folder (kept: an interrupted build resumes)
 #   VERSION   the llama-cpp-python version and the llama.cpp commit it vendors
 # Idempotent: a finished build (bin/ and VERSION present) is left as it is;
@@ -21,7 +22,7 @@ CACHE="${COLIBRI_CACHE:-$HOME/.cache/colibri}"
 DEST="$CACHE/llama.cpp-$VERSION"
 JOBS="${JOBS:-$(nproc)}"
 
-if [[ -x "$DEST/bin/llama-bench" && -x "$DEST/bin/llama-quantize" && -f "$DEST/VERSION" ]]; then
+if [[ -x "$DEST/bin/llama-bench" && -x "$DEST/bin/llama-quantize" && -x "$DEST/bin/llama-server" && -f "$DEST/VERSION" ]]; then
     echo "$DEST"
     exit 0
 fi
@@ -54,14 +55,14 @@ fi
 commit="$(cat "$DEST/src/.vendored-commit")"
 
 # llama.cpp's own CPU defaults (GGML_NATIVE on, its OpenMP threading when
-# found, no BLAS); static so bin/ stands alone; only the two tools built.
+# found, no BLAS); static so bin/ stands alone; only the three tools built.
 # Without .git its binaries report build_commit "unknown": VERSION has it.
 cmake -S "$DEST/src" -B "$DEST/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF >&2
-cmake --build "$DEST/build" --target llama-bench llama-quantize -j "$JOBS" >&2
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF >&2
+cmake --build "$DEST/build" --target llama-bench llama-quantize llama-server -j "$JOBS" >&2
 mkdir -p "$DEST/bin"
-cp "$DEST/build/bin/llama-bench" "$DEST/build/bin/llama-quantize" "$DEST/bin/"
+cp "$DEST/build/bin/llama-bench" "$DEST/build/bin/llama-quantize" "$DEST/build/bin/llama-server" "$DEST/bin/"
 {
     echo "llama-cpp-python $VERSION"
     echo "llama.cpp $commit"

@@ -308,31 +308,34 @@ def test_one_model_mixing_f32_f16_bf16_q8_0_and_q4_0_runs_as_its_exact_f32_twin(
 def test_same_answers_as_llama_cpp(converted, arch, name):
     """Teacher-forced along the F16 file's path: argmax = llama.cpp's on >=
     15 of 16 positions, top-1 logprob within 0.25 nats; free-running greedy
-    ids = llama.cpp's up to its first position of margin < 0.3 nats."""
-    check_same_answers(load_engine(converted(arch, name)), refs(arch), name, top1=TOP1_OFF.get(name, 0.25))
-
-
-@pytest.mark.parametrize("arch,name", FILES, ids=[f[1] for f in FILES])
-def test_same_answers_as_llama_cpp_with_its_float16_attention(converted, arch, name):
-    """kv_cache "f16-llama" (the query rounded to float16, V summed in a
-    float16 accumulator as llama.cpp's CPU flash attention sums it, which
-    these references ran with): every file within the plain bars, no
-    exception. Measured at 2026-12-04: the largest top-1 difference over
-    the 24 files 0.197 nats (f32 cache 0.260, f16 0.279), their sum 1.32
-    (2.70, 2.52); mixtral-Q5_K_M, mixtral-Q6_K and gpt_oss-Q4_K_M agree
-    with llama.cpp to 0.000."""
+    ids = llama.cpp's up to its first position of margin < 0.3 nats. Run as
+    kv_cache "f16-llama": the query rounded to float16 and V summed in a
+    float16 accumulator, as llama.cpp's CPU flash attention, which these
+    references ran with, does. Measured 2026-12-04: the largest top-1
+    difference over the 24 files 0.197 nats, their sum 1.32;
+    mixtral-Q8_0, -Q5_K_M, -Q6_K and gpt_oss-Q4_K_M equal to 0.000
+    (benchmarks/llamacpp_parity.py: 33 more files of 11 other types, made
+    by llama.cpp's quantizer, all within the bars, largest 0.201)."""
     check_same_answers(load_engine(converted(arch, name), "f16-llama"), refs(arch), name)
 
 
-# Known misses of the 0.25-nat bar with a float32 KV cache, as measured
-# (2026-12-04; issue 24 stays open on them): the engine rounds activations to
-# 8 bits as llama.cpp does (q8_0 per 32, q8_K per 256 for K-quant rows), but
-# llama.cpp's attention also rounds the query and its running sum of V to
-# float16 (the test above, whose mode removes every miss). gpt_oss-Q4_K_M is
-# off at one position (teacher-forced position 12, reference margin 0.17;
-# every other within 0.1): 0.260 with a float32 cache, 0.000 in "f16-llama".
-TOP1_OFF = {"gpt_oss-Q4_K_M.gguf": 0.30}
-# The exact float32 twins' misses: gemma4-Q4_K_M is off at one position
+# With a float32 KV cache (the in-process default, the engine's exact
+# attention) the answers stay near llama.cpp's but not within 0.25 nats on
+# every file: the engine rounds activations to 8 bits as llama.cpp does
+# (q8_0 per 32, q8_K per 256 for K-quant rows), not the query and the V sums
+# llama.cpp's attention rounds to float16. Measured 2026-12-04, top-1: 24
+# files here 0.003-0.260 (gpt_oss-Q4_K_M 0.260 at teacher-forced position
+# 12, reference margin 0.17; every other file within 0.232), 33 more
+# (benchmarks/llamacpp_parity.py) up to 0.283 (gpt_oss-Q2_K; gpt_oss-Q3_K_M
+# 0.271): held to 0.30 here.
+FLOAT32_TOP1 = 0.30
+
+
+@pytest.mark.parametrize("arch,name", FILES, ids=[f[1] for f in FILES])
+def test_float32_cache_stays_near_llama_cpp(converted, arch, name):
+    """The same bars with a float32 KV cache, the top-1 one at FLOAT32_TOP1."""
+    check_same_answers(load_engine(converted(arch, name)), refs(arch), name, top1=FLOAT32_TOP1)
+# The exact float32 twins' misses of the 0.25 bar: gemma4-Q4_K_M is off at one position
 # (teacher-forced position 4, reference margin 0.18) however it is computed in
 # float32: the twin 0.35, and transformers on the same dequantized weights
 # 0.35 as well (every other position within 0.10).
