@@ -74,7 +74,7 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
     float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
     const size_t row = (size_t)hd * kv_element(e);
     const float *sinks = e->w.layers[layer].sinks;
-    if (e->attn_llama) { /* llama.cpp's float16 attention (attn_split.c) */
+    if (e->llama_numerics) { /* llama.cpp's float16 attention (attn_split.c) */
         const cb_kv_span span = item_span(e, layer, it, kvh);
         cb_attn_long(e, &span, q, (size_t)hd, 1, scale, sinks ? sinks + h : NULL, out, (size_t)hd, worker);
         return;
@@ -193,7 +193,7 @@ static void attend_task(void *p, int task, int worker) {
                 }
                 continue;
             }
-            if (e->attn_llama) { /* llama.cpp's float16 attention, as one chunk (attn_split.c) */
+            if (e->llama_numerics) { /* llama.cpp's float16 attention, as one chunk (attn_split.c) */
                 const float *sinks = e->w.layers[t->layer].sinks;
                 cb_kv_span spans[CB_ATTN_BLOCK];
                 for (int i = i0; i < i0 + m; i++) spans[i - i0] = item_span(e, t->layer, &t->items[i], kvh);
@@ -339,7 +339,7 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
     cb_rope_rows(e, t->layer, i, it->pos, &cos_p, &sin_p);
     cb_rope_neox(q, (int)d->n_heads, hd, cos_p, sin_p);
     cb_rope_neox(k, nkv, hd, cos_p, sin_p);
-    if (e->attn_llama) cb_round_to_half(q, q_dim); /* scored in float16 against the cache (attn_split.c) */
+    if (e->llama_numerics) cb_round_to_half(q, q_dim); /* scored in float16 against the cache (attn_split.c) */
     const size_t at = (size_t)(it->pos % (int)kv_rows(e, t->layer)) * hd; /* a sliding layer's ring row */
     for (int h = 0; h < nkv; h++) {
         uint8_t *kc = cache_head(e, e->k_cache, it->slot, t->layer, h);

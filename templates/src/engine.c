@@ -375,7 +375,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     const int logit_rows = max_int(e->n_slots, LOGIT_ROWS_MIN);
     e->logit_rows = logit_rows < e->max_batch ? logit_rows : e->max_batch;
     e->kv_f16 = kv == CB_KV_F16 || kv == CB_KV_F16_LLAMA || (kv == CB_KV_AUTO && d->weight_dtype != CB_F32);
-    e->attn_llama = kv == CB_KV_F16_LLAMA;
+    e->llama_numerics = kv == CB_KV_F16_LLAMA;
     if (size_rings(e, path, err, err_len) != 0) goto fail;
     /* In double first: the header's sizes, each bounded, still multiply past 2^64. */
     double kv_bytes = 0;
@@ -492,7 +492,7 @@ size_t cb_engine_kv_bytes(const cb_engine *e) {
     return (size_t)e->n_slots * (e->kv_slot_bytes + e->v_slot_bytes);
 }
 int cb_engine_n_slots(const cb_engine *e) { return e->n_slots; }
-const char *cb_engine_kv_name(const cb_engine *e) { return e->attn_llama ? "f16-llama" : e->kv_f16 ? "f16" : "f32"; }
+const char *cb_engine_kv_name(const cb_engine *e) { return e->llama_numerics ? "f16-llama" : e->kv_f16 ? "f16" : "f32"; }
 
 void cb_engine_memory(const cb_engine *e, cb_memory_budget *m) {
     cb_weight_bytes b;

@@ -34,8 +34,9 @@ typedef struct {
  * (1e-2, or greedy agreement) hold with them. */
 /* F16_LLAMA: a float16 cache attended as llama.cpp's CPU flash attention
  * does (the query rounded to float16, V summed in a float16 accumulator in
- * position order: attn_split.c), for llama.cpp's answers on its GGUF files;
- * slower where attention is (docs/gguf.md has the figures). */
+ * position order: attn_split.c), and GELU through float16 as ggml's table
+ * gives it (moe.c), for llama.cpp's answers on its GGUF files; slower where
+ * attention is (docs/models.md has the figures). */
 enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1, CB_KV_AUTO = 2, CB_KV_F16_LLAMA = 3 };
 
 /* Opens the model folder: reads model-config.json, maps (does not read) the

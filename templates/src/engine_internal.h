@@ -85,7 +85,7 @@ struct cb_engine {
     float *dyn_cos, *dyn_sin;  /* [B][dyn_row] */
     int32_t *slot_scaled_from; /* [slots]: the lowest position whose keys got a scaled rotation, INT32_MAX: none */
     int kv_f16;                /* the cache holds float16 (cb_half), else float */
-    int attn_llama;            /* CB_KV_F16_LLAMA: attended as llama.cpp does (attn_split.c) */
+    int llama_numerics;        /* CB_KV_F16_LLAMA: attention and GELU rounded as llama.cpp's CPU backend rounds them */
     size_t *kv_layer_at;       /* where each layer's cache starts in a slot's, in bytes [L] */
     size_t kv_slot_bytes;      /* one slot's K cache over all layers (V's the same, MLA's none) */
     size_t v_slot_bytes;       /* one slot's V cache: kv_slot_bytes, or 0 (MLA) */

@@ -147,7 +147,7 @@ static void mla_attend_task(void *p, int task, int worker) {
         const uint8_t *rows = latent_rows(e, t->items[i].slot, t->layer);
         const float *q = e->mla_q + (size_t)i * nh * c + (size_t)h0 * c;
         float *out = e->attn + (size_t)i * nh * r + (size_t)h0 * r;
-        if (cb_attn_chunks(e, n) > 1 || e->attn_llama) { /* a float16 cache: llama.cpp's attention (attn_split.c) */
+        if (cb_attn_chunks(e, n) > 1 || e->llama_numerics) { /* a float16 cache: llama.cpp's attention (attn_split.c) */
             int split = 0;
             for (int sp = 0; sp < t->n_split; sp++) split |= t->split_item[sp] == i;
             if (!split) {
@@ -214,7 +214,7 @@ void cb_mla_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
     /* Each head's q_nope into latent space: mla_q[i][h][0:r] = W_UK,h^T q_nope. */
     const cb_act qn = cb_activations(e, e->q, nh * qk, n, nh * qk, e->xq, e->xq_stride);
     head_matmul(e, &L->wk_b, nh, &qn, qk, n, e->mla_q, nh * c, c);
-    if (e->attn_llama) cb_round_to_half(e->mla_q, n * nh * c); /* scored in float16 against the cache (attn_split.c) */
+    if (e->llama_numerics) cb_round_to_half(e->mla_q, n * nh * c); /* scored in float16 against the cache (attn_split.c) */
     int per_job = 1;
 #ifdef cb_attn_scores4
     if (nh % CB_ATTN_BLOCK == 0) per_job = CB_ATTN_BLOCK;

@@ -76,12 +76,24 @@ static int unit_of_task(const int32_t *first, int n_units, int task) {
 }
 
 /* gate[i] = gelu_tanh(gate[i]) * up[i], as torch's gelu(approximate="tanh")
- * in float32 (Gemma 4's experts and MLP). */
-static void geglu(float *gate, const float *up, int n) {
+ * in float32 (Gemma 4's experts and MLP); llama: as ggml's CPU GELU, x
+ * rounded to float16 and the result too (its table), x past +-10 passed or 0. */
+static void geglu(float *gate, const float *up, int n, int llama) {
     const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2/pi) */
     for (int i = 0; i < n; i++) {
-        const float x = gate[i], inner = beta * (x + kappa * x * x * x);
-        gate[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+        float x = gate[i];
+        if (!llama) {
+            gate[i] = 0.5f * x * (1.0f + tanhf(beta * (x + kappa * x * x * x))) * up[i];
+            continue;
+        }
+        if (x <= -10.0f || x >= 10.0f) {
+            gate[i] = x <= -10.0f ? 0.0f : x * up[i];
+            continue;
+        }
+        cb_round_to_half(&x, 1);
+        float y = 0.5f * x * (1.0f + tanhf(beta * x * (1.0f + kappa * x * x)));
+        cb_round_to_half(&y, 1);
+        gate[i] = y * up[i];
     }
 }
 
@@ -115,7 +127,7 @@ static void gate_up_task(const ffn_job *j, int task) {
             cb_axpy(g, 1.0f, unit->f->gate_bias + r0, r1 - r0);
             cb_axpy(u, 1.0f, unit->f->up_bias + r0, r1 - r0);
         }
-        if (d->ffn_act == CB_ACT_GELU_TANH) geglu(g, u, r1 - r0);
+        if (d->ffn_act == CB_ACT_GELU_TANH) geglu(g, u, r1 - r0, e->llama_numerics);
         else if (d->ffn_act == CB_ACT_SWIGLU_OAI) swiglu_oai(g, u, r1 - r0, d->swiglu_alpha, d->swiglu_limit);
         else cb_swiglu(g, u, r1 - r0);
         if (j->hid_q8_0)

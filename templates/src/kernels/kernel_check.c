@@ -155,6 +155,36 @@ static int close_enough(const char *what, int n, float got, float ref, double ma
     return 0;
 }
 
+/* bytes of memory whose end is followed by a page nothing may read (a
+ * weights file mapped to its last byte, the last page full): a kernel that
+ * reads past the rows it was given faults there. NULL where it cannot be had. */
+static uint8_t *before_guard_page(size_t bytes) {
+#ifdef _WIN32
+    SYSTEM_INFO si;
+    GetSystemInfo(&si);
+    const size_t page = si.dwPageSize, span = (bytes + page - 1) / page * page;
+    uint8_t *p = VirtualAlloc(NULL, span + page, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+    DWORD old;
+    if (!p || !VirtualProtect(p + span, page, PAGE_NOACCESS, &old)) return NULL;
+#else
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (bytes + page - 1) / page * page;
+    uint8_t *p = mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || mprotect(p + span, page, PROT_NONE) != 0) return NULL;
+#endif
+    return p + span; /* the guard page's first byte */
+}
+
+#define GUARDED_BYTES ((size_t)64 << 10)
+/* A copy of the bytes at src that ends right before the guard page (a row
+ * at the end of the mapped weights), or src itself where no guard page
+ * could be had or the copy would start off a 2-byte boundary. */
+static const void *at_guard(const void *src, size_t bytes) {
+    static uint8_t *guard;
+    if (!guard) guard = before_guard_page(GUARDED_BYTES);
+    if (!guard || bytes > GUARDED_BYTES || bytes % 2) return src;
+    return memcpy(guard - bytes, src, bytes);
+}
+
 static int check_typed(int f, int *cases, double *worst) {
     for (int n = CB_QK; n <= 1024; n += n < 256 ? CB_QK : 256) {
         double mag = 0;
@@ -169,13 +199,17 @@ static int check_typed(int f, int *cases, double *worst) {
         cb_quantize_row_q8_0(a, w8, n);
         cb_quantize_row_q4_0(a, w4, n);
         cb_quantize_row_q8_0(b, x8, n);
-        if (typed[f].f16 && !close_enough("dot_f16", n, typed[f].f16(wh, b, n), cb_dot_f16_scalar(wh, b, n), mag, worst))
+        /* each row ending right before an unreadable page, as a weights file's last can */
+        if (typed[f].f16 && !close_enough("dot_f16", n, typed[f].f16(at_guard(wh, 2 * (size_t)n), b, n),
+                                          cb_dot_f16_scalar(wh, b, n), mag, worst))
             return 1;
-        if (typed[f].bf16 &&
-            !close_enough("dot_bf16", n, typed[f].bf16(wb, b, n), cb_dot_bf16_scalar(wb, b, n), mag, worst))
+        if (typed[f].bf16 && !close_enough("dot_bf16", n, typed[f].bf16(at_guard(wb, 2 * (size_t)n), b, n),
+                                           cb_dot_bf16_scalar(wb, b, n), mag, worst))
             return 1;
-        if (!close_enough("dot_q8_0", n, typed[f].q8_0(w8, x8, n), cb_dot_q8_0_scalar(w8, x8, n), mag, worst) ||
-            !close_enough("dot_q4_0", n, typed[f].q4_0(w4, x8, n), cb_dot_q4_0_scalar(w4, x8, n), mag, worst))
+        if (!close_enough("dot_q8_0", n, typed[f].q8_0(at_guard(w8, sizeof(cb_block_q8_0) * (size_t)(n / CB_QK)), x8, n),
+                          cb_dot_q8_0_scalar(w8, x8, n), mag, worst) ||
+            !close_enough("dot_q4_0", n, typed[f].q4_0(at_guard(w4, sizeof(cb_block_q4_0) * (size_t)(n / CB_QK)), x8, n),
+                          cb_dot_q4_0_scalar(w4, x8, n), mag, worst))
             return 1;
         *cases += 4;
     }
@@ -253,11 +287,13 @@ static int check_block_types(int f, int *cases, double *worst) {
             if (k_kernel) {
                 cb_quantize_row_q8_k(block_x, block_xk, n);
                 for (int i = 0; i < n; i++) block_xf[i] = block_xk[i / CB_QK_K].d * (float)block_xk[i / CB_QK_K].qs[i % CB_QK_K];
-                want = k_ref(block_row, block_xk, n), got = k_kernel(block_row, block_xk, n);
+                want = k_ref(block_row, block_xk, n);
+                got = k_kernel(at_guard(block_row, cb_row_bytes(block_types[t].dtype, (uint32_t)n)), block_xk, n);
             } else {
                 cb_quantize_row_q8_0(block_x, block_xq, n);
                 cb_dequantize_row(CB_Q8_0, block_xq, block_xf, n);
-                want = ref(block_row, block_xq, n), got = kernel(block_row, block_xq, n);
+                want = ref(block_row, block_xq, n);
+                got = kernel(at_guard(block_row, cb_row_bytes(block_types[t].dtype, (uint32_t)n)), block_xq, n);
             }
             double exact = 0, mag = 0;
             for (int i = 0; i < n; i++) exact += (double)block_w[i] * block_xf[i], mag += fabs((double)block_w[i] * block_xf[i]);
@@ -339,25 +375,6 @@ static void extreme_block_row(int t, int n, int mode) {
 #define K_ROWS 16
 #define K_TOKENS 19
 #define K_ROWS_BYTES (K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k))
-
-/* bytes of memory whose end is followed by a page nothing may read (a
- * weights file mapped to its last byte, the last page full): a kernel that
- * reads past the rows it was given faults there. NULL where it cannot be had. */
-static uint8_t *before_guard_page(size_t bytes) {
-#ifdef _WIN32
-    SYSTEM_INFO si;
-    GetSystemInfo(&si);
-    const size_t page = si.dwPageSize, span = (bytes + page - 1) / page * page;
-    uint8_t *p = VirtualAlloc(NULL, span + page, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
-    DWORD old;
-    if (!p || !VirtualProtect(p + span, page, PAGE_NOACCESS, &old)) return NULL;
-#else
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (bytes + page - 1) / page * page;
-    uint8_t *p = mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED || mprotect(p + span, page, PROT_NONE) != 0) return NULL;
-#endif
-    return p + span; /* the guard page's first byte */
-}
 
 static int check_k_rows(int *cases) {
     static uint8_t rows_static[K_ROWS_BYTES];
