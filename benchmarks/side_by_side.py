@@ -233,7 +233,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1, help="llama-bench -r (repetitions within a round)")
     ap.add_argument("--prompts", default="512,4096", help="prompt lengths for prefill")
     ap.add_argument("--gen", type=int, default=128, help="tokens decoded")
-    ap.add_argument("--kv-cache", choices=("f16", "f32"), default="f16",
+    ap.add_argument("--kv-cache", choices=("f16", "f32", "f16-llama"), default="f16",
                     help="Colibri's KV cache type (llama.cpp's default is f16)")
     ap.add_argument("--no-engine", action="store_true", help="skip the in-process Colibri measurement")
     ap.add_argument("--max-batch-tokens", type=int, default=None,
