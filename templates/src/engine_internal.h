@@ -30,7 +30,7 @@ struct cb_engine {
     int q_max, kv_max;         /* the widest layer's nh*d and nkv*d */
     int widest_head;           /* the largest head_dim of any layer */
     float *proj;               /* wo output / MoE output [B][H] */
-    float *scores;             /* per worker [n_threads][scores_rows]: cb_worker_scores() */
+    float *scores;             /* per worker CB_ATTN_BLOCK rows of score_row floats: cb_worker_scores() */
     float *mix_part;           /* per worker [n_threads][widest head]: a wrapped ring's second segment */
     int32_t *attn_runs;        /* a layer's runs of items attending together [B+1] */
     /* Long attention in chunks of positions (attn_split.c): */
