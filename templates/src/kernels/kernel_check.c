@@ -174,7 +174,7 @@ static uint8_t *before_guard_page(size_t bytes) {
     return p + span; /* the guard page's first byte */
 }
 
-#define GUARDED_BYTES ((size_t)64 << 10)
+#define GUARDED_BYTES ((size_t)256 << 10)
 /* A copy of the bytes at src that ends right before the guard page (a row
  * at the end of the mapped weights), or src itself where no guard page
  * could be had or the copy would start off a 2-byte boundary. */
@@ -982,7 +982,8 @@ static int check_tokens_kernels(int *cases) {
 static uint8_t groups8[GROUPS_CASE][96 * 4 * sizeof(cb_block_q8_0)];
 static int check_gemm_groups(int *cases) {
     static const cb_block_q8_0 *many[3 * CASE_TOKENS + 10];
-    static float got[(3 * CASE_TOKENS + 10) * (4 * GROUPS_CASE + 3)];
+    static float got[(3 * CASE_TOKENS + 10) * (4 * GROUPS_CASE + 3)], packed_got[(3 * CASE_TOKENS + 10) * (4 * GROUPS_CASE + 3)];
+    static uint8_t packed[GROUPS_CASE * sizeof groups8[0]];
     for (int nb = 1; nb <= 96; nb += nb < 4 ? 1 : 31) {
         int n = 0;
         for (int g = 0; g < GROUPS_CASE; g++) { /* toks from the last fill, the groups from each */
@@ -994,6 +995,17 @@ static int check_gemm_groups(int *cases) {
             const int stride = 4 * n_groups + 3;
             for (int n_tok = 1; n_tok <= 3 * CASE_TOKENS + 10; n_tok += n_tok < 4 ? 1 : n_tok < CASE_TOKENS ? 7 : 3 * CASE_TOKENS + 10) {
                 cb_gemm_groups_x4_q8_0(groups8, sizeof groups8[0], n_groups, many, n_tok, n, got, stride, groups8);
+                /* the same groups packed as a weights file packs them, the last ending before an unreadable page */
+                const size_t group_bytes = (size_t)4 * nb * sizeof(cb_block_q8_0);
+                for (int g = 0; g < n_groups; g++) memcpy(packed + g * group_bytes, groups8[g], group_bytes);
+                cb_gemm_groups_x4_q8_0(at_guard(packed, n_groups * group_bytes), group_bytes, n_groups, many, n_tok, n,
+                                       packed_got, stride, NULL);
+                for (int t = 0; t < n_tok; t++)
+                    if (memcmp(packed_got + (size_t)t * stride, got + (size_t)t * stride, sizeof(float) * 4 * n_groups)) {
+                        printf("  gemm_groups_q8_0x4 nb=%d groups %d tokens %d: packed groups give other bits\n", nb,
+                               n_groups, n_tok);
+                        return 1;
+                    }
                 for (int t = 0; t < n_tok; t++)
                     for (int g = 0; g < n_groups; g++) {
                         float want[4];
@@ -1037,8 +1049,9 @@ static int check_x4(int *cases, double *worst) {
                     }
                 }
 #ifdef cb_dot4_x4_q8_0
-                if (q4) cb_dot4_x4_q4_0(group4, toks[t], n, got);
-                else cb_dot4_x4_q8_0(group8, toks[t], n, got);
+                /* the group ending right before an unreadable page */
+                if (q4) cb_dot4_x4_q4_0(at_guard(group4, (size_t)4 * nb * sizeof(cb_block_q4_0)), toks[t], n, got);
+                else cb_dot4_x4_q8_0(at_guard(group8, (size_t)4 * nb * sizeof(cb_block_q8_0)), toks[t], n, got);
                 if (!same(q4 ? "q4_0x4" : "q8_0x4", nb, t, got, want, 4)) return 1;
 #endif
                 *cases += 1;
