@@ -265,7 +265,7 @@ cdef class Engine:
     """Engine(model_dir, threads=0, kv_cache="f32"): a model folder loaded in-process
     (kv_cache "f16" keeps the KV cache in float16; "auto" as the server does
     unless told: f16, f32 for f32 weights; "f16-llama" a float16 cache
-    attended as llama.cpp's CPU flash attention does, for its answers).
+    attended, and GELU rounded, as llama.cpp's CPU backend does: its answers).
 
     forward(token_ids) -> float32 logits [len(token_ids), vocab]
     generate(prompt, max_tokens) -> generated text (greedy)

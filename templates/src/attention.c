@@ -59,8 +59,7 @@ static float attn_scale(const cb_dims *d, int hd) {
  * two runs of rows: the older at the ring's end, then the newer from row 0;
  * scores go in position order either way, V's two runs mixed apart and
  * added). part: a worker's [head_dim] floats. */
-static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores, float *part,
-                       int worker) {
+static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, int h, float *scores, float *part) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_desc *ld = &e->w.layer_desc[layer];
     /* HF repeat_kv: contiguous groups */
@@ -73,12 +72,6 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
     const float *q = e->q + (size_t)i * q_dim + (size_t)h * hd;
     float *out = e->attn + (size_t)i * q_dim + (size_t)h * hd;
     const size_t row = (size_t)hd * kv_element(e);
-    const float *sinks = e->w.layers[layer].sinks;
-    if (e->llama_numerics) { /* llama.cpp's float16 attention (attn_split.c) */
-        const cb_kv_span span = item_span(e, layer, it, kvh);
-        cb_attn_long(e, &span, q, (size_t)hd, 1, scale, sinks ? sinks + h : NULL, out, (size_t)hd, worker);
-        return;
-    }
     const uint8_t *k = cache_head(e, e->k_cache, it->slot, layer, kvh);
     const uint8_t *v = cache_head(e, e->v_cache, it->slot, layer, kvh);
     if (e->kv_f16) cb_attn_scores_f16(q, (const cb_half *)(k + r0 * row), hd, n1, hd, scale, scores);
@@ -87,6 +80,7 @@ static void attend_one(cb_engine *e, int layer, const cb_batch_item *it, int i, 
         if (e->kv_f16) cb_attn_scores_f16(q, (const cb_half *)k, hd, n - n1, hd, scale, scores + n1);
         else cb_attn_scores(q, (const float *)k, hd, n - n1, hd, scale, scores + n1);
     }
+    const float *sinks = e->w.layers[layer].sinks;
     /* gpt-oss: one more column in the softmax, not mixed (a worker's scores
      * hold CB_ATTN_BLOCK * context floats: room for it). */
     if (sinks) scores[n] = sinks[h];
@@ -161,7 +155,9 @@ static void attend_task(void *p, int task, int worker) {
             int split = 0;
             for (int sp = 0; sp < t->n_split; sp++) split |= t->split_run[sp] == r;
             if (split) continue;
-            if (cb_attn_chunks(e, item_span(e, t->layer, &t->items[i0 + m - 1], kvh).n) > 1) {
+            /* llama.cpp's float16 attention takes every query through chunk partials (attn_split.c) */
+            const int llama = e->llama_numerics;
+            if (llama || cb_attn_chunks(e, item_span(e, t->layer, &t->items[i0 + m - 1], kvh).n) > 1) {
                 /* Some query past one chunk. A whole run past one, from
                  * position 0 (no window), goes chunk by chunk for its four
                  * queries together; else each query in turn. Either way the
@@ -175,7 +171,7 @@ static void attend_task(void *p, int task, int worker) {
                     long_at[n_long++] = i0;
                     continue;
                 }
-                if (m == CB_ATTN_BLOCK && spans[0].start == 0 && cb_attn_chunks(e, spans[0].n) > 1) {
+                if (m == CB_ATTN_BLOCK && spans[0].start == 0 && (llama || cb_attn_chunks(e, spans[0].n) > 1)) {
                     for (int h = h0; h < h0 + t->heads_per_job; h++)
                         cb_attn_long_run(e, spans, m, e->q + (size_t)i0 * q_dim + (size_t)h * hd, (size_t)q_dim, scale,
                                          sinks ? sinks + h : NULL, e->attn + (size_t)i0 * q_dim + (size_t)h * hd,
@@ -184,30 +180,13 @@ static void attend_task(void *p, int task, int worker) {
                 }
                 for (int i = i0; i < i0 + m; i++) {
                     const cb_kv_span *span = &spans[i - i0];
-                    if (cb_attn_chunks(e, span->n) > 1)
+                    if (llama || cb_attn_chunks(e, span->n) > 1)
                         cb_attn_long(e, span, e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, t->heads_per_job, scale,
                                      sinks ? sinks + h0 : NULL, e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
                                      worker);
                     else
-                        for (int h = h0; h < h0 + t->heads_per_job; h++) attend_one(e, t->layer, &t->items[i], i, h, scores, part, worker);
+                        for (int h = h0; h < h0 + t->heads_per_job; h++) attend_one(e, t->layer, &t->items[i], i, h, scores, part);
                 }
-                continue;
-            }
-            if (e->llama_numerics) { /* llama.cpp's float16 attention, as one chunk (attn_split.c) */
-                const float *sinks = e->w.layers[t->layer].sinks;
-                cb_kv_span spans[CB_ATTN_BLOCK];
-                for (int i = i0; i < i0 + m; i++) spans[i - i0] = item_span(e, t->layer, &t->items[i], kvh);
-                if (m == CB_ATTN_BLOCK && spans[0].start == 0 && spans[m - 1].start == 0) { /* the four together */
-                    for (int h = h0; h < h0 + t->heads_per_job; h++)
-                        cb_attn_long_run(e, spans, m, e->q + (size_t)i0 * q_dim + (size_t)h * hd, (size_t)q_dim, scale,
-                                         sinks ? sinks + h : NULL, e->attn + (size_t)i0 * q_dim + (size_t)h * hd,
-                                         (size_t)q_dim, worker);
-                    continue;
-                }
-                for (int i = i0; i < i0 + m; i++)
-                    cb_attn_long(e, &spans[i - i0], e->q + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd,
-                                 t->heads_per_job, scale, sinks ? sinks + h0 : NULL,
-                                 e->attn + (size_t)i * q_dim + (size_t)h0 * hd, (size_t)hd, worker);
                 continue;
             }
             const void *k = cache_head(e, e->k_cache, it->slot, t->layer, kvh);
@@ -248,7 +227,7 @@ static void attend_task(void *p, int task, int worker) {
 #else
             (void)k, (void)v, (void)scale, (void)q_dim, (void)ctx;
 #endif
-            for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part, worker);
+            for (int j = 0; j < m; j++) attend_one(e, t->layer, it + j, i0 + j, h0, scores, part);
         }
         if (!n_long) continue;
         for (int h = h0; h < h0 + t->heads_per_job; h++) {

@@ -98,6 +98,13 @@ static void online_weights(float *s, int n, float *m, float *l) {
     *l = sum;
 }
 
+/* A query's partial o starts: its weights over len positions in place of
+ * its scores w, its max and sum after o's vd floats, o itself zero. */
+static void online_begin(float *w, int len, float *o, int vd) {
+    online_weights(w, len, &o[vd], &o[vd + 1]);
+    memset(o, 0, sizeof(float) * vd);
+}
+
 /* Heads (1, or CB_ATTN_BLOCK over the same rows) of a float16 cache: their
  * weights in place of their scores (rows w_stride apart), then o = the f16
  * accumulation of V, its running max and sum (llama.cpp's numbers, chunk
@@ -106,11 +113,7 @@ static void online_partial(const cb_engine *e, const cb_kv_span *s, float *w, si
                            int n1, int len, float *part, size_t part_stride) {
     const size_t row = s->stride * kv_element(e);
     const cb_half *v0 = (const cb_half *)(s->v + r0 * row), *v1 = (const cb_half *)s->v;
-    for (int j = 0; j < heads; j++) {
-        float *o = part + j * part_stride;
-        online_weights(w + j * w_stride, len, &o[s->vd], &o[s->vd + 1]);
-        memset(o, 0, sizeof(float) * s->vd);
-    }
+    for (int j = 0; j < heads; j++) online_begin(w + j * w_stride, len, part + j * part_stride, s->vd);
     if (heads == CB_ATTN_BLOCK) {
         cb_attn_online4_f16(part, part_stride, w, w_stride, v0, s->stride, n1, s->vd);
         if (n1 < len) cb_attn_online4_f16(part, part_stride, w + n1, w_stride, v1, s->stride, len - n1, s->vd);
@@ -203,11 +206,7 @@ static void partial_stair(const cb_engine *e, const cb_kv_span *s, const float *
     if (e->llama_numerics) {
         cb_attn_scores4_f16(q, q_stride, (const cb_half *)(s->k + p0 * row), s->stride, len, s->kd, scale, scores, (size_t)ch, 1);
         const cb_half *v = (const cb_half *)(s->v + p0 * row);
-        for (int j = 0; j < CB_ATTN_BLOCK; j++) {
-            float *o = part + j * part_stride;
-            online_weights(scores + (size_t)j * ch, len + j, &o[s->vd], &o[s->vd + 1]);
-            memset(o, 0, sizeof(float) * s->vd);
-        }
+        for (int j = 0; j < CB_ATTN_BLOCK; j++) online_begin(scores + (size_t)j * ch, len + j, part + j * part_stride, s->vd);
         /* the positions all four see together, then each query's last j */
         cb_attn_online4_f16(part, part_stride, scores, (size_t)ch, v, s->stride, len, s->vd);
         for (int j = 1; j < CB_ATTN_BLOCK; j++)

@@ -374,12 +374,9 @@ static void extreme_block_row(int t, int n, int mode) {
  * its rows crashes the check. Returns 1 on a mismatch. */
 #define K_ROWS 16
 #define K_TOKENS 19
-#define K_ROWS_BYTES (K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k))
 
 static int check_k_rows(int *cases) {
-    static uint8_t rows_static[K_ROWS_BYTES];
-    static uint8_t *guard;
-    if (!guard) guard = before_guard_page(K_ROWS_BYTES);
+    static uint8_t rows_static[K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
     static cb_block_q8_k xk[K_TOKENS][BLOCK_N_MAX / CB_QK_K];
     static cb_block_q8_0 xq[K_TOKENS][BLOCK_N_MAX / CB_QK];
     static float y[K_TOKENS][K_ROWS];
@@ -400,15 +397,14 @@ static int check_k_rows(int *cases) {
             const int n = blocks_per_row[c] * (on_k ? CB_QK_K : CB_QK);
             if (n > BLOCK_N_MAX) continue;
             const size_t row_bytes = cb_row_bytes(dtype, (uint32_t)n);
-            /* the matrix's last byte right before the guard page, its start
-             * 64-byte aligned as the weights file aligns tensors */
-            uint8_t *rows = rows_static;
-            if (guard && (K_ROWS * row_bytes) % 64 == 0) rows = guard - K_ROWS * row_bytes;
             for (int r = 0; r < K_ROWS; r++) {
                 random_block_row(t, n);
                 if (extreme && r % 3 != 2) extreme_block_row(t, n, extreme); /* some rows random beside them */
-                memcpy(rows + r * row_bytes, block_row, row_bytes);
+                memcpy(rows_static + r * row_bytes, block_row, row_bytes);
             }
+            /* the matrix's last byte right before the guard page, its start
+             * 64-byte aligned as the weights file aligns tensors */
+            const uint8_t *rows = (K_ROWS * row_bytes) % 64 ? rows_static : at_guard(rows_static, K_ROWS * row_bytes);
             for (int tok = 0; tok < K_TOKENS; tok++) {
                 for (int i = 0; i < n; i++)
                     block_x[i] = !extreme ? uniform() * (i % 9 == 0 ? 4.0f : 1.0f)
@@ -458,8 +454,6 @@ static int check_k_rows(int *cases) {
 static int check_k_tokens(int *cases) {
     static const uint32_t types[] = {CB_Q4_K, CB_Q5_K, CB_Q6_K, CB_Q3_K, CB_Q2_K, CB_IQ4_XS};
     static uint8_t rows_static[CB_TOKENS_K_ROWS * (BLOCK_N_MAX / CB_QK_K) * sizeof(cb_block_q6_k)];
-    static uint8_t *guard;
-    if (!guard) guard = before_guard_page(sizeof rows_static); /* as check_k_rows: the rows end before it */
     static cb_block_q8_k xk[KT_TOKENS][BLOCK_N_MAX / CB_QK_K];
     static const cb_block_q8_k *xs[KT_TOKENS];
     static float got[KT_TOKENS * CB_TOKENS_K_ROWS];
@@ -477,8 +471,6 @@ static int check_k_tokens(int *cases) {
             for (int n = CB_QK_K; n <= BLOCK_N_MAX; n *= 4) {
                 if (extreme == 3 && types[k] != CB_Q6_K) continue;
                 const size_t row_bytes = cb_row_bytes(types[k], (uint32_t)n);
-                uint8_t *rows = rows_static;
-                if (guard && (CB_TOKENS_K_ROWS * row_bytes) % 64 == 0) rows = guard - CB_TOKENS_K_ROWS * row_bytes;
                 for (int r = 0; r < CB_TOKENS_K_ROWS; r++) {
                     random_block_row(t, n);
                     if (extreme) /* all bits set (1) or clear (2) but the fp16 scales (finite, from random_block_row) */
@@ -494,8 +486,11 @@ static int check_k_tokens(int *cases) {
                             for (int j = 0; j < 16; j++)
                                 block_row[b + offsetof(cb_block_q6_k, scales) + j] = (uint8_t)((j + r) % 2 ? 0x80 : 0x7F);
                         }
-                    memcpy(rows + r * row_bytes, block_row, row_bytes);
+                    memcpy(rows_static + r * row_bytes, block_row, row_bytes);
                 }
+                /* as check_k_rows: the rows end right before an unreadable page */
+                const size_t all = CB_TOKENS_K_ROWS * row_bytes;
+                const uint8_t *rows = all % 64 ? rows_static : at_guard(rows_static, all);
                 for (int tok = 0; tok < KT_TOKENS; tok++) {
                     for (int i = 0; i < n; i++)
                         block_x[i] = extreme ? (tok % 2 ? -1.0f : 1.0f) : uniform() * (i % 9 == 0 ? 4.0f : 1.0f);

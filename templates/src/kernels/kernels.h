@@ -370,7 +370,7 @@ void cb_f32_to_f16_scalar(const float *x, cb_half *y, int n);
 void cb_round_to_half(float *x, int n);
 /* llama.cpp's accumulation of V over a float16 cache (ggml's CPU flash
  * attention for an f16 V): acc (hd floats, each a float16 value) carried over
- * the n positions in order, with w[p] from cb_attn_online_weights (attn_split.c):
+ * the n positions in order, with w[p] from online_weights (attn_split.c):
  *   w[p] >= +0: acc = f16(acc + w[p] V[p])        (one fma, then to float16)
  *   w[p] <= -0 (a new running max): acc = f16(f16(acc * -w[p]) + V[p])
  * Each element on its own, so every ISA gives these bits. */
