@@ -1,6 +1,7 @@
 """Same answers as llama.cpp on more quantization types than the test folder
 ships: each F16 file of ../shared/testdata/gguf that is included is
-quantized by llama.cpp's own llama-quantize to each type asked for, llama.cpp's
+quantized by llama.cpp's own llama-quantize to each type asked for (a
+folder without an F16 file: its Q8_0 file, requantized), llama.cpp's
 llama-server answers for it as refs.json records (the same prompt, the F16
 file's teacher-forced path, `-t 2 -c 512 -np 1`, top 8 log-probabilities of
 the raw logits), and Colibri's engine, on the converted file, is held to
@@ -37,7 +38,7 @@ from colibri_build import Engine
 from colibri_build.gguf_convert import convert_gguf
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "testdata" / "gguf"
-TYPES = "Q2_K,Q3_K_S,Q3_K_M,Q3_K_L,IQ4_XS,IQ4_NL,Q4_1,Q5_0,Q5_1,Q4_K_S,Q5_K_S"
+TYPES = "Q2_K,Q3_K_S,Q3_K_M,Q3_K_L,IQ4_XS,IQ4_NL,Q4_1,Q5_0,Q5_1,Q4_K_S,Q5_K_S,MXFP4_MOE"
 
 
 def llama_bin(name: str) -> Path:
@@ -126,14 +127,17 @@ def main() -> None:
     results: dict[str, list[tuple[float, bool]]] = {m: [] for m in modes}
     for refs_file in sorted(DATA.glob("*/refs.json")):
         arch, r = refs_file.parent.name, json.loads(refs_file.read_text())
+        # The F16 file where the folder has one; else its Q8_0 file, requantized
+        # (llama.cpp then answers for that same requantized file).
         f16 = refs_file.parent / f"{arch}-F16.gguf"
-        if (args.archs and arch not in args.archs.split(",")) or not f16.exists():
+        source, again = (f16, []) if f16.exists() else (refs_file.parent / f"{arch}-Q8_0.gguf", ["--allow-requantize"])
+        if (args.archs and arch not in args.archs.split(",")) or not source.exists():
             continue
         prompt, path = r["prompt"], r["teacher_forced_path"]
         for kind in args.types.split(","):
             gguf, ref_file = args.workdir / f"{arch}-{kind}.gguf", args.workdir / f"{arch}-{kind}.json"
             if not gguf.exists():
-                subprocess.run([str(llama_bin("llama-quantize")), str(f16), str(gguf), kind, "2"], check=True,
+                subprocess.run([str(llama_bin("llama-quantize")), *again, str(source), str(gguf), kind, "2"], check=True,
                                capture_output=True)
                 ref_file.unlink(missing_ok=True)
             if not ref_file.exists():
