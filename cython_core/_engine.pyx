@@ -532,10 +532,12 @@ cdef extern from "kernels/kernels.h" nogil:
         int x_stride, q_stride
         const cb_block_q8_k *k
         int k_stride
+        const float *q8_1_fix
     ctypedef enum cb_store:
         CB_SET
     void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *inp, int n_tok,
                         float *Y, int y_stride, const int32_t *out, cb_store mode, const float *scale)
+    void cb_q8_1_fixes(const float *x, const cb_block_q8_0 *q, int n, float *fix)
     ctypedef struct cb_block_q4_0:
         pass
     void cb_quantize_row_q8_0(const float *x, cb_block_q8_0 *y, int n)
@@ -692,11 +694,12 @@ def dot(dtype, w_raw, x, bint scalar=False):
     return fn(&wv[0], <const cb_block_q8_0 *>&qv[0], n)
 
 
-def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
+def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1, bint q8_1_min=False):
     """Y [tokens, rows] = W x for x [tokens, cols] through the engine's matrix
     kernel (rows r0..r1 only; the rest stay 0), activations quantized to q8_0
     (and q8_k, for whole 256s) for the block types as the engine does. W may be x4 (q8_0x4, q4_0x4:
-    whole groups of four rows)."""
+    whole groups of four rows). q8_1_min: q4_1/q5_1 min terms as f16-llama
+    takes them (llama.cpp's q8_1 block sums)."""
     x2 = np.atleast_2d(_f32(x))
     cdef const float[:, ::1] xv = x2
     cdef int n_tok = xv.shape[0], cols = xv.shape[1]
@@ -716,11 +719,19 @@ def matmul(dtype, w_raw, int rows, x, int r0=0, int r1=-1):
     A.q_stride = cols // 32
     A.k = NULL
     A.k_stride = cols // 256
+    A.q8_1_fix = NULL
     cdef const unsigned char[::1] qv
     cdef const unsigned char[::1] kv
+    cdef int t
     if dtype not in ("f32", "f16", "bf16"):
         qv = np.concatenate([quantize(row, "q8_0") for row in x2])
         A.q = <const cb_block_q8_0 *>&qv[0]
+    fixes = np.zeros((n_tok, cols // 32), dtype=np.float32)
+    cdef float[:, ::1] fv = fixes
+    if q8_1_min and A.q != NULL:
+        for t in range(n_tok):
+            cb_q8_1_fixes(&xv[t, 0], A.q + t * A.q_stride, cols, &fv[t, 0])
+        A.q8_1_fix = &fv[0, 0]
     if cols % 256 == 0 and dtype not in ("f32", "f16", "bf16"):
         kv = np.concatenate([quantize(row, "q8_k") for row in x2])
         A.k = <const cb_block_q8_k *>&kv[0]

@@ -188,6 +188,34 @@ SMALL_SCALES = {"q4_1": (0.004, -0.03), "q5_0": (0.002,), "q5_1": (0.002, -0.03)
                 "iq4_nl": (0.0003,), "iq4_xs": (0.00001,), "mxfp4": (120,)}
 
 
+@pytest.mark.parametrize("dtype", ["q4_1", "q5_1"])
+def test_llama_numerics_take_the_min_term_on_q8_1_block_sums(dtype):
+    """f16-llama: a q4_1/q5_1 row's min m meets llama.cpp's q8_1 block sum
+    s = fp16(d * sum(q)), d = amax / 127 unrounded, where the default takes
+    fp16(d) * sum(q). Against that reference in float64 the llama path is off
+    by float rounding only, and the default by more than ten times that."""
+    rows_n, cols = 6, 1024
+    raw = quantized_rows(dtype, rows_n, cols).ravel()
+    x = rng.standard_normal((5, cols)).astype(np.float32) * 3
+    blocks = raw.reshape(rows_n, cols // 32, -1)
+    m = blocks[:, :, 2:4].copy().view("<f2").astype(np.float64)[:, :, 0]
+    w = quant.dequantize(raw, dtype, (rows_n, cols)).astype(np.float64)
+    xb = x.reshape(len(x), -1, 32)
+    d = (np.abs(xb).max(axis=2) / np.float32(127)).astype(np.float32)
+    xq, step = zip(*(q8_activation(xt) for xt in x))
+    sums = np.stack([np.rint(q.reshape(-1, 32) / s[:, None]).sum(axis=1) for q, s in zip(xq, step)])
+    s_llama = (d * sums.astype(np.float32)).astype(np.float16).astype(np.float64)
+    exact_min = np.stack(step) * sums  # fp16(d) * sum(q): what the default's min term takes
+    ref = np.stack([w @ q.astype(np.float64) for q in xq]) + (s_llama - exact_min) @ m.T
+    got = kernels.matmul(dtype, raw, rows_n, x, q8_1_min=True)
+    default = kernels.matmul(dtype, raw, rows_n, x)
+    mag = float(np.abs(w).sum(axis=1).max() * np.abs(x).max())
+    assert np.abs(got - ref).max() <= 1e-7 * mag
+    assert np.abs(default - ref).max() > 10 * np.abs(got - ref).max()
+    # rows split anywhere: the same bits
+    np.testing.assert_array_equal(kernels.matmul(dtype, raw, rows_n, x, 1, 5, q8_1_min=True)[:, 1:5], got[:, 1:5])
+
+
 def small_random_rows(dtype, rows, cols, rng):
     elems, size = quant.GGML_BLOCKS[dtype]
     b = rng.integers(0, 256, (rows * cols // elems, size), dtype=np.uint8)
@@ -375,4 +403,22 @@ def test_a_k_quant_prompt_gives_the_bits_of_decoding_it_token_by_token(tmp_path)
     for pos, tok in enumerate(ids):
         step = engine.forward([tok], start=pos)[0]
         assert np.array_equal(step, prompt[pos]), (pos, np.abs(step - prompt[pos]).max())
+    engine.close()
+
+
+def test_llama_numerics_give_a_token_the_same_bits_in_a_prompt_as_alone(tmp_path):
+    """f16-llama on a model mixing every type (q4_1 and q5_1 among them, so
+    their min terms take the q8_1 block sums): a token's logits are the same
+    bits decoded alone, in a prompt, and on two threads."""
+    from colibri_build import Engine
+
+    model, _ = mixed_model(tmp_path, "qwen3_moe", mix_dtype)
+    ids = [int(i) for i in np.random.default_rng(4).integers(3, 250, 24)]
+    engine = Engine(model, threads=1, kv_cache="f16-llama")
+    prompt = engine.forward(ids)
+    assert np.isfinite(prompt).all() and prompt.std() > 0
+    for pos, tok in enumerate(ids):
+        assert np.array_equal(engine.forward([tok], start=pos)[0], prompt[pos]), pos
+    with Engine(model, threads=2, kv_cache="f16-llama") as two:
+        assert np.array_equal(two.forward(ids), prompt)
     engine.close()

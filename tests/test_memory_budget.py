@@ -64,7 +64,7 @@ def test_engine_memory_equals_python(workdir, shape):
     if not (folder / "model-config.json").exists():
         run_cli("synth", "--preset", "tiny", "--seed", "5", *SHAPES[shape], folder)
     for threads in (1, 3):
-        for kv in ("f32", "f16"):
+        for kv in ("f32", "f16", "f16-llama"):
             with Engine(folder, threads=threads, kv_cache=kv) as engine:
                 got = engine.memory
             want = memory.budget(folder, threads, 1, memory.GENERIC_MAX_BATCH, kv)

@@ -128,11 +128,11 @@ def logit_rows(max_batch: int, slots: int) -> int:
 
 
 def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: list[dict] | None = None,
-                slots: int = 1) -> int:
+                slots: int = 1, kv: str = "f32") -> int:
     """The engine's arena less the KV cache (kv_total bytes, every slot's):
     carve() in engine.c, buffer by buffer in its order, each start 64-byte
     aligned (so the padding after the K cache counts), then the experts'
-    table cb_engine_open() adds."""
+    table cb_engine_open() adds. kv: f16-llama carves the q8_1 sum fixes."""
     used = 0
 
     def take(n: int) -> None:
@@ -163,6 +163,7 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
     xq_stride = (max(H, q_dim, ffn_max, kv_dim) + _QK - 1) // _QK
     # q8_k activations (K-quant matrices): carved for every block-quantized model
     xk_stride = (max(H, q_dim, ffn_max, kv_dim) + _QK_K - 1) // _QK_K if d["weight_dtype"] >= _DTYPE_Q8_0 else 0
+    fixes = xq_stride if kv == "f16-llama" else 0  # a float a q8_0 block (cb_q8_1_fixes)
     for count, size in [
         (B * H, _F32), (B * H, _F32), (B * H, _F32), (max(H, widest_head), _F32),
         (B * q_dim, _F32), (B * kv_dim, _F32), (B * kv_dim, _F32),
@@ -172,8 +173,8 @@ def arena_bytes(d: dict, threads: int, max_batch: int, kv_total: int, layers: li
         (B + 1, _I32),
         (B * E, _F32), (B * L * k, _I32), (B * k, _F32), (E + 1, _I32), (B * (k + 1), _I32),
         (B * (k + 1), _F32), (E + 1, _FFN_UNIT), (B * (k + 1) * ffn_max, _F32), (B * (k + 1) * ffn_max, _F32),
-        (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * xk_stride, _BLOCK_Q8_K), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
-        (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0),
+        (B * (k + 1) * xq_stride, _BLOCK_Q8_0), (B * (k + 1) * fixes, _F32), (B * (k + 1) * xk_stride, _BLOCK_Q8_K), (B * (k + 1) * H, _F32), (B * (k + 1), _I32), (B, _I32),
+        (E + 2, _I32), (E + 2, _I32), (E + 1, _ATOMIC_INT), (B * xq_stride, _BLOCK_Q8_0), (B * fixes, _F32),
         (B * xk_stride, _BLOCK_Q8_K), (B, _F32),
         (logit_rows(max_batch, slots) * d["vocab"], _F32), (B, _I32), (B, _I32), (L * E, 1), (rope, _F32),
         (rope, _F32), (L, _POINTER), (L, _POINTER), (L, _SIZE_T),
@@ -223,7 +224,7 @@ def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "aut
     kv = default_kv(d) if kv == "auto" else kv
     full, sliding = kv_split_per_slot(d, kv, layers, max_batch)
     per_slot = full + sliding
-    arena = arena_bytes(d, threads, max_batch, per_slot * slots, layers, slots)
+    arena = arena_bytes(d, threads, max_batch, per_slot * slots, layers, slots, kv)
     return {
         "dense_bytes": w["dense"],
         "experts_bytes": w["experts"],

@@ -100,12 +100,15 @@ typedef struct {
     int x_stride, q_stride, cols;
     cb_block_q8_k *k;
     int k_stride;
+    float *fix; /* q's q8_1 sum fixes, q_stride apart, or NULL */
 } quantize_job;
 
 static void quantize_token(cb_engine *e, void *p, int t) {
     (void)e;
     const quantize_job *j = p;
     if (j->q) cb_quantize_act_q8_0(j->X + (size_t)t * j->x_stride, j->q + (size_t)t * j->q_stride, j->cols);
+    if (j->fix)
+        cb_q8_1_fixes(j->X + (size_t)t * j->x_stride, j->q + (size_t)t * j->q_stride, j->cols, j->fix + (size_t)t * j->q_stride);
     if (j->k) cb_quantize_act_q8_k(j->X + (size_t)t * j->x_stride, j->k + (size_t)t * j->k_stride, j->cols);
 }
 
@@ -119,10 +122,13 @@ cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int col
          * IQ4_XS ...) often has none, and quantizing for it was 1.6-1.8% of
          * a prompt's samples (figures: the commit). */
         if (!e->w.q8_0_matrices) q = NULL;
-        quantize_job j = {X, q, x_stride, q_stride, cols, k, e->xk_stride};
+        /* f16-llama: q4_1/q5_1 rows' min terms as llama.cpp's q8_1 blocks give them (matmul.c) */
+        float *fix = q == e->xq && e->xq_fix && e->w.min_matrices ? e->xq_fix : NULL;
+        quantize_job j = {X, q, x_stride, q_stride, cols, k, e->xk_stride, fix};
         cb_for_tokens(e, n, quantize_token, &j);
         a.q = q;
         a.k = k;
+        a.q8_1_fix = fix;
     }
     return a;
 }
@@ -186,6 +192,10 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(hid, B * (k + 1) * I);
     TAKE(up, B * (k + 1) * I);
     TAKE(hq, B * (k + 1) * (size_t)e->xq_stride);
+    /* f16-llama's q4_1/q5_1 min terms (cb_q8_1_fixes); the types present are known only once bound */
+    const size_t fixes = e->llama_numerics ? (size_t)e->xq_stride : 0;
+    TAKE(hq_fix, B * (k + 1) * fixes);
+    if (!fixes) e->hq_fix = NULL;
     TAKE(hk, B * (k + 1) * (size_t)e->xk_stride);
     TAKE(pair_out, B * (k + 1) * H);
     TAKE(item_pairs, B * (k + 1));
@@ -194,6 +204,8 @@ static void carve(cb_engine *e, int n_threads) {
     TAKE(down_task, E + 2);
     TAKE(unit_gate_up_done, E + 1);
     TAKE(xq, B * (size_t)e->xq_stride);
+    TAKE(xq_fix, B * fixes);
+    if (!fixes) e->xq_fix = NULL;
     TAKE(xk, B * (size_t)e->xk_stride);
     TAKE(shared_scale, B);
     TAKE(logits, (size_t)e->logit_rows * d->vocab);

@@ -52,6 +52,7 @@ struct cb_engine {
     struct cb_ffn_unit *units; /* the FFNs a layer runs, in summing order [E+1] */
     float *hid, *up;           /* silu(gate x) * up x, and up x, per pair [B*(top_k+1)][ffn_max] */
     cb_block_q8_0 *hq;         /* hid quantized [B*(top_k+1)][xq_stride] */
+    float *hq_fix;             /* f16-llama: hq's q8_1 sum fixes, a float a block (cb_q8_1_fixes) */
     cb_block_q8_k *hk;         /* hid as q8_k, for q8_k matrices [B*(top_k+1)][xk_stride] */
     float *pair_out;           /* down(hid) per pair [B*(top_k+1)][H] */
     int32_t *item_pairs;       /* each token's pairs in unit order [B][top_k+1] */
@@ -61,6 +62,7 @@ struct cb_engine {
     atomic_int *unit_gate_up_done; /* gate/up tasks finished, per unit [E+1] */
 
     cb_block_q8_0 *xq;         /* activations quantized for q8_0/q4_0 weights [B][xq_stride] */
+    float *xq_fix;             /* f16-llama: xq's q8_1 sum fixes, a float a block (cb_q8_1_fixes) */
     int xq_stride;             /* blocks per row: the widest matrix input / 32 */
     cb_block_q8_k *xk;         /* the same as q8_k, for q8_k matrices [B][xk_stride] */
     int xk_stride;             /* the widest matrix input / 256 in a quantized model, else 0 */

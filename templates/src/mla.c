@@ -88,7 +88,8 @@ static void head_matmul_task(void *p, int task, int worker) {
     W.data = (const uint8_t *)W.data + (size_t)h * j->rows_per_head * cb_row_bytes(W.dtype, W.cols);
     W.rows = (uint32_t)j->rows_per_head;
     const cb_act A = {j->A->x + (size_t)h * j->in_head, j->A->q ? j->A->q + (size_t)h * j->in_head / CB_QK : NULL,
-                      j->A->x_stride, j->A->q_stride};
+                      j->A->x_stride, j->A->q_stride, NULL, 0,
+                      j->A->q8_1_fix ? j->A->q8_1_fix + (size_t)h * j->in_head / CB_QK : NULL};
     cb_matmul_tile(&W, r0, r1, &A, NULL, j->n, j->Y + (size_t)h * j->out_head, j->y_stride, NULL, CB_SET, NULL);
 }
 

@@ -130,9 +130,13 @@ static void gate_up_task(const ffn_job *j, int task) {
         if (d->ffn_act == CB_ACT_GELU_TANH) geglu(g, u, r1 - r0, e->llama_numerics);
         else if (d->ffn_act == CB_ACT_SWIGLU_OAI) swiglu_oai(g, u, r1 - r0, d->swiglu_alpha, d->swiglu_limit);
         else cb_swiglu(g, u, r1 - r0);
-        if (j->hid_q8_0)
-            cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0,
-                                 e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK, r1 - r0);
+        if (j->hid_q8_0) {
+            cb_block_q8_0 *hq = e->hq + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK;
+            cb_quantize_act_q8_0(hid + (size_t)t * I_max + r0, hq, r1 - r0);
+            if (e->hq_fix && e->w.min_matrices)
+                cb_q8_1_fixes(hid + (size_t)t * I_max + r0, hq, r1 - r0,
+                              e->hq_fix + (size_t)(unit->begin + t) * e->xq_stride + r0 / CB_QK);
+        }
         if (e->w.k_matrices && I % CB_QK_K == 0) /* chunk is then a multiple of 256 too (run_units) */
             cb_quantize_act_q8_k(hid + (size_t)t * I_max + r0,
                                  e->hk + (size_t)(unit->begin + t) * e->xk_stride + r0 / CB_QK_K, r1 - r0);
@@ -152,7 +156,7 @@ static void down_task(const ffn_job *j, int task) {
     const cb_act a = {e->hid + (size_t)unit->begin * e->ffn_max,
                       j->hid_q8_0 ? e->hq + (size_t)unit->begin * e->xq_stride : NULL, e->ffn_max, e->xq_stride,
                       e->w.k_matrices && I % CB_QK_K == 0 ? e->hk + (size_t)unit->begin * e->xk_stride : NULL,
-                      e->xk_stride};
+                      e->xk_stride, j->hid_q8_0 && e->hq_fix && e->w.min_matrices ? e->hq_fix + (size_t)unit->begin * e->xq_stride : NULL};
     cb_matmul_tile(&unit->f->down, r0, r1, &a, NULL, unit->count, e->pair_out + (size_t)unit->begin * H, H, NULL,
                    CB_SET, NULL);
     if (unit->f->down_bias)

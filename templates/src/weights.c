@@ -320,6 +320,7 @@ typedef struct {
     int block_matrices; /* a bound matrix is block-quantized */
     int k_matrices;     /* a bound matrix takes q8_k activations */
     int q8_0_matrices;  /* a bound matrix takes q8_0 activations */
+    int min_matrices;   /* a bound matrix is q4_1 or q5_1 */
 } binder;
 
 /* The file lists tensors in about the order they are bound, so each search
@@ -378,6 +379,7 @@ static int bind(binder *b, const char *name, uint64_t rows, uint64_t cols, uint3
     if (cols && dtype >= CB_Q8_0) b->block_matrices = 1;
     if (cols && cb_wants_q8_k(dtype)) b->k_matrices = 1;
     if (cols && cb_wants_q8_0(dtype)) b->q8_0_matrices = 1;
+    if (cols && (dtype == CB_Q4_1 || dtype == CB_Q5_1)) b->min_matrices = 1;
     out->rows = (uint32_t)(cols ? rows : 1);
     out->cols = (uint32_t)inner;
     return 0;
@@ -576,6 +578,7 @@ int cb_weights_bind(cb_weights *w, cb_layer_weights *layers, cb_ffn_weights *exp
     w->block_matrices = b.block_matrices;
     w->k_matrices = b.k_matrices;
     w->q8_0_matrices = b.q8_0_matrices;
+    w->min_matrices = b.min_matrices;
     return b.failed ? -1 : 0;
 }
 

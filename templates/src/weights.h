@@ -133,6 +133,7 @@ typedef struct {
     int block_matrices;                  /* some matrix is block-quantized: activations get quantized */
     int k_matrices;                      /* some matrix takes q8_k activations (cb_wants_q8_k) */
     int q8_0_matrices;                   /* some matrix takes q8_0 activations (the other block types) */
+    int min_matrices;                    /* some matrix is q4_1 or q5_1 (a min per block) */
 } cb_weights;
 
 /* Maps path and checks magic, version, bounds and every tensor's shape

@@ -295,6 +295,14 @@ static inline float cb_b32_step(float lane, float scale, int32_t sum) {
     return lane + p;
 #endif
 }
+static inline float cb_b32_fma(float a, float b, float lane) {
+#if defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+    return __builtin_fmaf(a, b, lane);
+#else
+    const float p = a * b;
+    return lane + p;
+#endif
+}
 /* (l0 + l4) + (l2 + l6), plus (l1 + l5) + (l3 + l7): an AVX2 register's
  * halves added, then its 64-bit halves, then the two lanes left. */
 static inline float cb_b32_sum(const float l[CB_B32_LANES]) {
@@ -634,7 +642,16 @@ typedef struct {
     int x_stride, q_stride;
     const cb_block_q8_k *k; /* the rows as q8_k, k_stride blocks apart, for cb_wants_q8_k() weights */
     int k_stride;
+    const float *q8_1_fix; /* f16-llama: per q block, cb_q8_1_fixes, q_stride apart; or NULL */
 } cb_act;
+
+/* llama.cpp multiplies a q4_1/q5_1 block's min m by its q8_1 activation
+ * block's sum s = fp16(d * sum(q)), d = amax / 127 unrounded; the kernels
+ * take m * fp16(d) * sum(q), exact in the quantized values. fix[b] =
+ * s - fp16(d) * sum(q) for each block of x (n columns) and its q8_0 blocks q:
+ * with A->q8_1_fix, cb_matmul_tile adds sum over blocks of m * fix to a
+ * q4_1/q5_1 row's result (f16-llama). */
+void cb_q8_1_fixes(const float *x, const cb_block_q8_0 *q, int n, float *fix);
 
 enum cb_store { CB_SET, CB_ADD, CB_ADD_SCALED };
 

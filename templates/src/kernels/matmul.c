@@ -1,5 +1,8 @@
 /* Matrix kernels over weight tensors, using the target's dot products. */
 #include <string.h>
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "kernels.h"
 
@@ -273,8 +276,8 @@ static int few_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, c
 }
 #endif
 
-void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
-                    float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
+static void matmul_rows(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
+                        float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
     const int cols = (int)W->cols;
     const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
     const uint8_t *w = W->data;
@@ -448,5 +451,83 @@ void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const i
         const void *row = w + (size_t)r * row_bytes;
         for (int t = 0; t < n_tok; t++)
             store(Y + (size_t)(out ? out[t] : t) * y_stride + r, mode, scale, t, dot(W->dtype, row, A, in ? in[t] : t, cols));
+    }
+}
+
+void cb_q8_1_fixes(const float *x, const cb_block_q8_0 *q, int n, float *fix) {
+    for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
+        float amax = 0.0f;
+        int sum = 0;
+        for (int j = 0; j < CB_QK; j++) {
+            const float a = x[j] < 0 ? -x[j] : x[j];
+            amax = a > amax ? a : amax;
+            sum += q[b].qs[j];
+        }
+        const float d = amax / 127.0f;
+        fix[b] = cb_half_to_float(cb_float_to_half(d * (float)sum)) - cb_half_to_float(q[b].d) * (float)sum;
+    }
+}
+
+/* Blocks of a row corrected at a time (a float of stack each), and rows the
+ * kernels run on before their corrections (so those are read from cache). */
+#define FIX_BLOCKS 256
+#define FIX_ROWS 16
+
+/* The mins (the fp16 after d) of a row's n blocks blk bytes apart, as floats. */
+static void row_mins(const uint8_t *row, size_t blk, int n, float *m) {
+    for (int b = 0; b < n; b++) {
+        cb_half h;
+        memcpy(&h, row + (size_t)b * blk + sizeof(cb_half), sizeof h);
+#ifdef __F16C__
+        m[b] = _cvtsh_ss(h);
+#else
+        m[b] = cb_half_to_float(h);
+#endif
+    }
+}
+
+/* sum of m[b] * fix[b]: block b in lane b % 8 (an fma), the lanes added by
+ * cb_b32_sum: the same bits on every target with fma. */
+static float fix_dot(const float *m, const float *fix, int n) {
+    float lane[CB_B32_LANES] = {0};
+    int b = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= n; b += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + b), _mm256_loadu_ps(fix + b), acc);
+    _mm256_storeu_ps(lane, acc);
+#endif
+    for (; b < n; b++) lane[b % CB_B32_LANES] = cb_b32_fma(m[b], fix[b], lane[b % CB_B32_LANES]);
+    return cb_b32_sum(lane);
+}
+
+static void q8_1_min_rows(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
+                          float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
+    const int nb = (int)W->cols / CB_QK;
+    const size_t row_bytes = cb_row_bytes(W->dtype, W->cols);
+    const size_t blk = W->dtype == CB_Q4_1 ? sizeof(cb_block_q4_1) : sizeof(cb_block_q5_1);
+    float m[FIX_BLOCKS];
+    for (int r = r0; r < r1; r++) {
+        for (int b0 = 0; b0 < nb; b0 += FIX_BLOCKS) {
+            const int n = nb - b0 < FIX_BLOCKS ? nb - b0 : FIX_BLOCKS;
+            row_mins((const uint8_t *)W->data + (size_t)r * row_bytes + (size_t)b0 * blk, blk, n, m);
+            for (int t = 0; t < n_tok; t++) {
+                const float c = fix_dot(m, A->q8_1_fix + (size_t)(in ? in[t] : t) * A->q_stride + b0, n);
+                float *y = Y + (size_t)(out ? out[t] : t) * y_stride + r;
+                *y += mode == CB_ADD_SCALED ? scale[t] * c : c;
+            }
+        }
+    }
+}
+
+void cb_matmul_tile(const cb_tensor *W, int r0, int r1, const cb_act *A, const int32_t *in, int n_tok,
+                    float *Y, int y_stride, const int32_t *out, enum cb_store mode, const float *scale) {
+    if (!A->q8_1_fix || (W->dtype != CB_Q4_1 && W->dtype != CB_Q5_1)) {
+        matmul_rows(W, r0, r1, A, in, n_tok, Y, y_stride, out, mode, scale);
+        return;
+    }
+    for (int r = r0; r < r1; r += FIX_ROWS) {
+        const int r_end = r1 - r < FIX_ROWS ? r1 : r + FIX_ROWS;
+        matmul_rows(W, r, r_end, A, in, n_tok, Y, y_stride, out, mode, scale);
+        q8_1_min_rows(W, r, r_end, A, in, n_tok, Y, y_stride, out, mode, scale);
     }
 }
