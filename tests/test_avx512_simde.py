@@ -56,6 +56,7 @@ STUB(cb_attn_mix4_same_f16, MIX(cb_half), cb_attn_mix4_same_f16_scalar, MIX_ARGS
 STUB(cb_attn_online_f16, (float *acc, const float *w, const cb_half *v, size_t stride, int n, int hd),
      cb_attn_online_f16_avx2, (acc, w, v, stride, n, hd))
 STUB(cb_attn_online4_f16, MIX(cb_half), cb_attn_online4_f16_avx2, MIX_ARGS)
+STUB(cb_quantize_row_q8_0, (const float *x, cb_block_q8_0 *y, int n), cb_quantize_row_q8_0_avx2, (x, y, n))
 """
 SOURCES = ["kernels/kernel_check.c", "kernels/kquants.c", "kernels/kquants_avx2.c", "kernels/kquants_avx512.c",
            "kernels/gemm_avx512.c", "kernels/kquants4_avx2.c", "kernels/kquants_gemm_avx2.c", "kernels/avx2.c",

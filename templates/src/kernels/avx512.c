@@ -342,3 +342,29 @@ void cb_exp_shifted_avx512(float *x, int n, float shift, float scale) {
         _mm512_mask_storeu_ps(x + i, m, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s), c)));
     }
 }
+
+/* The activation quantizer, avx2.c's operations on zmm: |x|'s maximum in
+ * the same ymm order (so a NaN lands as there), the rounding (half away
+ * from zero) and the int8 narrowing 16 lanes at a time. */
+void cb_quantize_row_q8_0_avx512(const float *x, cb_block_q8_0 *y, int n) {
+    const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
+        const __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + 8 * i)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float d = _mm_cvtss_f32(m4) / 127.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        for (int i = 0; i < 2; i++) {
+            const __m512 s = _mm512_mul_ps(v[i], _mm512_set1_ps(id));
+            const __m512 t = _mm512_roundscale_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m512 frac = _mm512_andnot_ps(sign, _mm512_sub_ps(s, t));
+            const __m512 away = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(frac, half, _CMP_GE_OQ),
+                                                    _mm512_or_ps(one, _mm512_and_ps(sign, s)));
+            _mm_storeu_si128((__m128i *)(y[b].qs + 16 * i), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(t, away))));
+        }
+    }
+}

@@ -625,7 +625,12 @@ void cb_gemm_q8_0x4_dotprod(const void *group, const cb_block_q8_0 *const *x, in
 #endif
 #define cb_f32_to_f16 CB_KERNEL(cb_f32_to_f16)
 /* The engine's activation quantizer: the reference's bytes, faster. */
+#if CB_KERNELS_AVX512
+void cb_quantize_row_q8_0_avx512(const float *x, cb_block_q8_0 *y, int n);
+#define cb_quantize_act_q8_0 cb_quantize_row_q8_0_avx512
+#else
 #define cb_quantize_act_q8_0 CB_KERNEL(cb_quantize_row_q8_0)
+#endif
 #define cb_quantize_row_q8_0_scalar cb_quantize_row_q8_0
 
 static inline void cb_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
