@@ -237,6 +237,61 @@ static void carve(cb_engine *e, int n_threads) {
 }
 
 /* Each layer's RoPE table, one per distinct table (rope_twin). */
+/* f16-llama: a layer's cos/sin as ggml's CPU RoPE works them out for
+ * llama.cpp (ggml_rope_cache_init, rope_yarn): the angle of pair i is p
+ * times theta^(-2/n)^i multiplied up step by step in float32, YaRN mixes
+ * it with its interpolation by a ramp over [floor, ceil] of the correction
+ * dimensions, cosf/sinf times llama.cpp's attention factor. Ulps apart from
+ * the default tables, and a float16 cache rounds those differently now and
+ * then (figures: the commit). 0 where llama.cpp takes its frequencies from
+ * a tensor (Gemma 4, llama3 scaling) or scales per token (dynamic NTK). */
+static int llama_rope_table(const cb_engine *e, int l, float *cos_t, float *sin_t) {
+    const cb_layer_desc *desc = &e->w.layer_desc[l];
+    const cb_rope_scaling *s = &e->rope_scaling;
+    if (CB_DIMS(e)->block == CB_BLOCK_GEMMA4 || desc->rope_dyn_factor || s->kind == CB_ROPE_OTHER ||
+        (s->kind == CB_ROPE_PLAIN && cb_rope_freqs(e, l)))
+        return 0;
+    const int half = (int)desc->head_dim / 2, n_dims = 2 * (int)desc->rope_pairs;
+    const float base = desc->rope_theta, theta_scale = powf(base, -2.0f / (float)n_dims);
+    const float freq_scale = s->kind == CB_ROPE_PLAIN ? 1.0f : 1.0f / s->factor;
+    float ext_factor = 0.0f, mscale = 1.0f, corr[2] = {0, 0};
+    if (s->kind == CB_ROPE_YARN) {
+        /* llama_context's yarn_attn_factor: DeepSeek's files (attention
+         * factor 1 here: the mscale sits in the q.k scale) cancel it, the
+         * others keep get_mscale(factor, 1); rope_yarn multiplies back */
+        const float factor = 1.0f / freq_scale, a = 1.0f + 0.1f * logf(factor);
+        const float g = CB_DIMS(e)->rope_attn_factor == 1.0f ? 1.0f : 0.1f * 1.0f * logf(factor) + 1.0f;
+        mscale = g * (1.0f / a) * (1.0f + 0.1f * logf(1.0f / freq_scale));
+        ext_factor = 1.0f;
+        for (int j = 0; j < 2; j++) { /* ggml_rope_yarn_corr_dims */
+            const float rot = j ? s->beta_slow : s->beta_fast;
+            const float dim = (float)n_dims * logf((float)s->orig_ctx / (rot * 2 * (float)3.14159265358979323846)) / (2 * logf(base));
+            corr[j] = j ? fminf((float)(n_dims - 1), ceilf(dim)) : fmaxf(0.0f, floorf(dim));
+        }
+    }
+    for (uint32_t p = 0; p < CB_DIMS(e)->context_len; p++) {
+        float theta = (float)p;
+        for (int i = 0; i < half; i++) {
+            float c = 1.0f, sn = 0.0f;
+            if (i < (int)desc->rope_pairs) {
+                const float interp = freq_scale * theta;
+                float th = interp, ms = mscale;
+                if (ext_factor != 0.0f) {
+                    const float y = ((float)i - corr[0]) / fmaxf(0.001f, corr[1] - corr[0]);
+                    const float ramp_mix = (1 - fminf(1, fmaxf(0, y))) * ext_factor;
+                    th = interp * (1 - ramp_mix) + theta * ramp_mix;
+                }
+                c = cosf(th) * ms;
+                sn = sinf(th) * ms;
+            }
+            cos_t[(size_t)p * half + i] = c;
+            sin_t[(size_t)p * half + i] = sn;
+            theta *= theta_scale;
+        }
+    }
+    return 1;
+}
+
 static void fill_rope_tables(cb_engine *e) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_desc *desc = e->w.layer_desc;
@@ -253,6 +308,7 @@ static void fill_rope_tables(cb_engine *e) {
         at += (size_t)d->context_len * half;
         e->layer_cos[l] = cos_t;
         e->layer_sin[l] = sin_t;
+        if (e->llama_numerics && llama_rope_table(e, l, cos_t, sin_t)) continue;
         for (int i = 0; i < half; i++) {
             /* inv_freq = theta^(-2i/d), as transformers' default RoPE; past
              * rope_pairs 0 (Gemma 4's proportional RoPE: the exponent still
@@ -354,6 +410,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         free(cfg);
         goto fail;
     }
+    e->rope_scaling = cfg->rope_scaling;
     free(cfg);
     e->dims = e->w.header->dims;
 #if CB_SPECIALISED

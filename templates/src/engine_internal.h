@@ -7,6 +7,7 @@
 #include "build_config.h"
 #include "engine.h"
 #include "kernels/kernels.h"
+#include "model_config.h"
 #include "threadpool.h"
 #include "weights.h"
 
@@ -88,6 +89,7 @@ struct cb_engine {
     int32_t *slot_scaled_from; /* [slots]: the lowest position whose keys got a scaled rotation, INT32_MAX: none */
     int kv_f16;                /* the cache holds float16 (cb_half), else float */
     int llama_numerics;        /* CB_KV_F16_LLAMA: attention and GELU rounded as llama.cpp's CPU backend rounds them */
+    cb_rope_scaling rope_scaling; /* model-config's rope.scaling, for llama.cpp's RoPE tables (llama_numerics) */
     size_t *kv_layer_at;       /* where each layer's cache starts in a slot's, in bytes [L] */
     size_t kv_slot_bytes;      /* one slot's K cache over all layers (V's the same, MLA's none) */
     size_t v_slot_bytes;       /* one slot's V cache: kv_slot_bytes, or 0 (MLA) */

@@ -253,8 +253,20 @@ int cb_model_config_parse(cb_model_config *c, const char *text, size_t len, cons
         const int rope = object(&r, root, "rope", "rope", 1);
         d->rope_theta = number(&r, rope, "theta", "rope.theta", rope >= 0, 0);
         const int scaling = rope < 0 ? -1 : member(&r, rope, "scaling", "rope.scaling", 0);
-        if (scaling >= 0 && r.toks[scaling].type == CB_JSON_OBJECT)
+        if (scaling >= 0 && r.toks[scaling].type == CB_JSON_OBJECT) {
             d->rope_attn_factor = number(&r, scaling, "attention_factor", "rope.scaling.attention_factor", 1, 0);
+            char kind[32];
+            string(&r, scaling, "type", "rope.scaling.type", 1, kind, sizeof kind);
+            cb_rope_scaling *s = &c->rope_scaling;
+            s->kind = !strcmp(kind, "linear") ? CB_ROPE_LINEAR : !strcmp(kind, "yarn") ? CB_ROPE_YARN : CB_ROPE_OTHER;
+            if (s->kind != CB_ROPE_OTHER) s->factor = number(&r, scaling, "factor", "rope.scaling.factor", 1, 0);
+            if (s->kind == CB_ROPE_YARN) {
+                s->beta_fast = number(&r, scaling, "beta_fast", "rope.scaling.beta_fast", 1, 0);
+                s->beta_slow = number(&r, scaling, "beta_slow", "rope.scaling.beta_slow", 1, 0);
+                s->orig_ctx = integer(&r, scaling, "original_max_position_embeddings",
+                                      "rope.scaling.original_max_position_embeddings", 1, 0, 1);
+            }
+        }
         const int att = object(&r, root, "attention", "attention", 0);
         d->qkv_bias = boolean(&r, att, "qkv_bias", "attention.qkv_bias");
         d->qk_norm = choice(&r, att, "qk_norm", "attention.qk_norm", 0, CB_QK_NORM_NONE, QK_NORMS, COUNT(QK_NORMS));

@@ -15,6 +15,16 @@
 
 #define CB_MODEL_CONFIG_FILE "model-config.json"
 
+/* rope.scaling as llama.cpp's RoPE takes it: f16-llama rebuilds the cos/sin
+ * tables that way (engine.c). The weights header holds the frequencies
+ * the toolkit worked out instead. */
+enum cb_rope_kind { CB_ROPE_PLAIN, CB_ROPE_LINEAR, CB_ROPE_YARN, CB_ROPE_OTHER };
+typedef struct {
+    uint32_t kind;            /* enum cb_rope_kind */
+    uint32_t orig_ctx;        /* YaRN's original_max_position_embeddings */
+    float factor, beta_fast, beta_slow;
+} cb_rope_scaling;
+
 typedef struct {
     char path[4096];          /* model_dir/model-config.json (or where an embedded one lies), for messages */
     char name[64];
@@ -22,6 +32,7 @@ typedef struct {
     char sha256[65];          /* weights.sha256, lowercase hex; "" when absent */
     cb_dims dims;             /* as the weights header records them */
     uint32_t tok_kind, bos_id, eos_id; /* enum cb_tokenizer_kind; CB_NO_TOKEN if null or absent */
+    cb_rope_scaling rope_scaling;
 } cb_model_config;
 
 /* Reads and checks model_dir/model-config.json: valid JSON, an object, every
