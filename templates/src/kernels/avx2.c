@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "q8_0_x86.h"
 #include "topk_simd.h"
 
 static inline float hsum256(__m256 v) {
@@ -766,15 +767,9 @@ void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok
 void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n) {
     const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
     for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(x + 8 * i);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float d = _mm_cvtss_f32(m4) / 127.0f, id = d ? 1.0f / d : 0.0f;
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
+        const float d = cb_q8_0_amax_avx(x) / 127.0f, id = d ? 1.0f / d : 0.0f;
         y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
         __m256i q[4];
         for (int i = 0; i < 4; i++) {

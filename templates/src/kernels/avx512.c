@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "kernels.h"
+#include "q8_0_x86.h"
 #include "topk_simd.h"
 
 static inline __mmask16 tail_mask(int left) { return (__mmask16)((1u << (left < 16 ? left : 16)) - 1u); }
@@ -343,20 +344,14 @@ void cb_exp_shifted_avx512(float *x, int n, float shift, float scale) {
     }
 }
 
-/* The activation quantizer, avx2.c's operations on zmm: |x|'s maximum in
- * the same ymm order (so a NaN lands as there), the rounding (half away
- * from zero) and the int8 narrowing 16 lanes at a time. */
+/* The activation quantizer, avx2.c's operations on zmm: |x|'s maximum as
+ * there (q8_0_x86.h), the rounding (half away from zero) and the int8
+ * narrowing 16 lanes at a time. */
 void cb_quantize_row_q8_0_avx512(const float *x, cb_block_q8_0 *y, int n) {
     const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
         const __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
-        __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++)
-            m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + 8 * i)));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float d = _mm_cvtss_f32(m4) / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = cb_q8_0_amax_avx(x) / 127.0f, id = d ? 1.0f / d : 0.0f;
         y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
         for (int i = 0; i < 2; i++) {
             const __m512 s = _mm512_mul_ps(v[i], _mm512_set1_ps(id));
