@@ -113,7 +113,7 @@ static void quantize_token(cb_engine *e, void *p, int t) {
 }
 
 cb_act cb_activations(cb_engine *e, const float *X, int x_stride, int n, int cols, cb_block_q8_0 *q, int q_stride) {
-    cb_act a = {X, NULL, x_stride, q_stride, NULL, e->xk_stride};
+    cb_act a = {X, NULL, x_stride, q_stride, NULL, e->xk_stride, NULL};
     if (e->w.block_matrices) { /* once, shared by every row and matrix */
         /* q8_k for rows of whole super-blocks: a matrix that takes it has
          * 256-multiple rows, so a narrower input is not one of its. */

@@ -720,6 +720,39 @@ void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, i
     }
 }
 
+/* A q4_0x4 group over a few tokens, as few_pass: each block's nibbles
+ * unpacked and its rows' scales converted once for up to FEW_TOKENS tokens,
+ * then per token x4_token_block's q4 arithmetic (x4_tokens' without its
+ * packing phase), so dot4_x4's bits. */
+static inline __attribute__((always_inline)) void few_pass_q4(const uint8_t *g, int nb, const cb_block_q8_0 *const *x,
+                                                              int nt, float *out) {
+    __m256 a[FEW_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 4 * sizeof(cb_block_q4_0);
+        _mm_prefetch((const char *)blk + STREAM_PREFETCH_BYTES, STREAM_PREFETCH_HINT);
+        x4_block wb;
+        wb.w = load_halves(blk, 1);
+        wb.dw = group_scales(blk);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) x4_token_block(&wb, &x[t][b], &a[t], 1);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) store_rows(a[t], out + (size_t)t * 4);
+}
+
+void cb_dot4_few_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    const int nb = n / CB_QK;
+    for (int t = 0; t < n_tok; t += FEW_TOKENS) {
+        const int nt = n_tok - t < FEW_TOKENS ? n_tok - t : FEW_TOKENS;
+        if (nt == 4) few_pass_q4(group, nb, x + t, 4, out + (size_t)t * 4);
+        else if (nt == 3) few_pass_q4(group, nb, x + t, 3, out + (size_t)t * 4);
+        else if (nt == 2) few_pass_q4(group, nb, x + t, 2, out + (size_t)t * 4);
+        else few_pass_q4(group, nb, x + t, 1, out + (size_t)t * 4);
+    }
+}
+
 /* One f16 or bf16 row over several tokens, four at a time: the row is
  * widened once per 16 elements for all four; per token the accumulators,
  * reduction and tail of dot_half, so results are the one-token kernels' bit

@@ -300,7 +300,7 @@ int main(int argc, char **argv) {
         cb_quantize_row_q8_0(xf[t], xq[t], COLS);
         cb_quantize_row_q8_k(xf[t], xk[t], COLS);
     }
-    const cb_act A = {&xf[0][0], &xq[0][0], COLS, COLS / CB_QK, &xk[0][0], COLS / CB_QK_K};
+    const cb_act A = {&xf[0][0], &xq[0][0], COLS, COLS / CB_QK, &xk[0][0], COLS / CB_QK_K, NULL};
     const size_t cold_bytes = quick ? (size_t)4 << 20 : COLD_BYTES;
     size_t most_rows = HOT_ROWS; /* Y holds a row of outputs per token and weight row */
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)

@@ -413,7 +413,7 @@ static int check_k_rows(int *cases) {
                 else cb_quantize_row_q8_0(block_x, xq[tok], n);
             }
             const cb_tensor W = {rows, dtype, K_ROWS, (uint32_t)n};
-            const cb_act A = {NULL, &xq[0][0], 0, BLOCK_N_MAX / CB_QK, &xk[0][0], BLOCK_N_MAX / CB_QK_K};
+            const cb_act A = {NULL, &xq[0][0], 0, BLOCK_N_MAX / CB_QK, &xk[0][0], BLOCK_N_MAX / CB_QK_K, NULL};
             for (int k = 0; k < (int)(sizeof ranges / sizeof ranges[0]); k++)
                 for (int many = 0; many < 5; many++) {
                     /* each side of where the four-row loop hands over to
@@ -923,6 +923,13 @@ static int check_tokens_kernels(int *cases) {
                 if (!same("dot4_few_q8_0x4", nb, t, got + 4 * t, want, 4)) return 1;
             }
 #endif
+#ifdef cb_dot4_few_x4_q4_0
+            cb_dot4_few_x4_q4_0(group4, xs, n_tok, n, got);
+            for (int t = 0; t < n_tok; t++) {
+                cb_dot4_x4_q4_0(group4, toks[t], n, want);
+                if (!same("dot4_few_q4_0x4", nb, t, got + 4 * t, want, 4)) return 1;
+            }
+#endif
             /* f16 and bf16 rows of odd widths too: the scalar tail. */
             const int m = n - (nb > 1 ? 5 : 0);
             cb_dot_f16_tokens(half_row, xf, n_tok, m, got);
@@ -1088,7 +1095,7 @@ static int check_tokens4_groups(int *cases) {
             for (int r = 0; r < G_ROWS; r++) y[tok][r] = y0[tok][r] = uniform();
         }
         const cb_tensor W = {rows, dtype, G_ROWS, (uint32_t)n};
-        const cb_act A = {NULL, &xq[0][0], 0, G_BLOCKS, NULL, 0};
+        const cb_act A = {NULL, &xq[0][0], 0, G_BLOCKS, NULL, 0, NULL};
         cb_matmul_tile(&W, 1, G_ROWS, &A, in, G_TOKENS, &y[0][0], G_ROWS, out, CB_ADD_SCALED, scale);
         for (int k = 0; k < G_TOKENS; k++)
             for (int r = 0; r < G_ROWS; r++) {
@@ -1220,11 +1227,11 @@ int main(void) {
     {
         int cases = 0, bad = check_tokens_kernels(&cases);
 #if defined(cb_dot4_tokens_q8_0) && defined(cb_dot4_few_x4_q8_0)
-        const char *which = "q8_0, q8_0x4, q8_0x4 few, q4_0, f16, bf16";
+        const char *which = "q8_0, q8_0x4, q8_0x4 few, q4_0, q4_0x4 few, f16, bf16";
 #elif defined(cb_dot4_tokens_q8_0)
         const char *which = "q8_0, q4_0, f16, bf16";
 #elif defined(cb_dot4_few_x4_q8_0)
-        const char *which = "q8_0x4, q8_0x4 few, q4_0, f16, bf16";
+        const char *which = "q8_0x4, q8_0x4 few, q4_0, q4_0x4 few, f16, bf16";
 #elif defined(cb_dot4_tokens_x4_q8_0)
         const char *which = "q8_0x4, q4_0, f16, bf16";
 #else

@@ -438,6 +438,8 @@ void cb_gemm_q8_0x4_groups_avx2(const void *groups, size_t group_bytes, int n_gr
  * four, the same bits (with or without VNNI). */
 void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
 #define cb_dot4_few_x4_q8_0 cb_dot4_few_q8_0x4_avx2
+void cb_dot4_few_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out);
+#define cb_dot4_few_x4_q4_0 cb_dot4_few_q4_0x4_avx2
 void cb_dot_f16_tokens_avx2(const cb_half *w, const float *const *x, int n_tok, int n, float *out);
 void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok, int n, float *out);
 #define cb_dot_f16_tokens cb_dot_f16_tokens_avx2

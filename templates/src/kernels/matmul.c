@@ -252,6 +252,11 @@ static int four_rows(const cb_tensor *W, int r, int r1, cb_dot4_k_fn k4, cb_dot4
 /* From two tokens the few-token kernel replaces looping the one-token one
  * (figures: the commit). */
 #define FEW_MIN 2
+#ifdef cb_dot4_few_x4_q4_0
+#define FEW_Q4 1
+#else
+#define FEW_Q4 0
+#endif
 /* Rows r.. (x4 groups, up to r1) of a q8_0x4 W for a few tokens (a batch
  * step's), each group streamed once for up to four of them; returns the first
  * row left (r1 - r < 4 of them). */
@@ -265,6 +270,10 @@ static int few_tokens_rows(const cb_tensor *W, int r, int r1, const cb_act *A, c
         for (int t = 0; t < tn; t++) xs[t] = A->q + (size_t)(in ? in[t0 + t] : t0 + t) * A->q_stride;
         for (int g = r; g + 4 <= r1; g += 4) {
             float d[TOKEN_GROUP * 4];
+#ifdef cb_dot4_few_x4_q4_0
+            if (W->dtype == CB_Q4_0X4) cb_dot4_few_x4_q4_0(w + (size_t)g * row_bytes, xs, tn, (int)W->cols, d);
+            else
+#endif
             cb_dot4_few_x4_q8_0(w + (size_t)g * row_bytes, xs, tn, (int)W->cols, d);
             for (int t = 0; t < tn; t++) {
                 float *y = Y + (size_t)(out ? out[t0 + t] : t0 + t) * y_stride + g;
@@ -345,7 +354,7 @@ static void matmul_rows(const cb_tensor *W, int r0, int r1, const cb_act *A, con
         }
 #endif
 #ifdef cb_dot4_few_x4_q8_0
-        if (W->dtype == CB_Q8_0X4 && n_tok >= FEW_MIN)
+        if ((W->dtype == CB_Q8_0X4 || (FEW_Q4 && W->dtype == CB_Q4_0X4)) && n_tok >= FEW_MIN)
             r = few_tokens_rows(W, r, r1, A, in, n_tok, Y, y_stride, out, mode, scale);
 #endif
         for (; r + 4 <= r1; r += 4) {
