@@ -236,7 +236,6 @@ static void carve(cb_engine *e, int n_threads) {
     e->w.layers = cb_arena_take(a, sizeof(cb_layer_weights) * d->n_layers);
 }
 
-/* Each layer's RoPE table, one per distinct table (rope_twin). */
 /* f16-llama: a layer's cos/sin as ggml's CPU RoPE works them out for
  * llama.cpp (ggml_rope_cache_init, rope_yarn): the angle of pair i is p
  * times theta^(-2/n)^i multiplied up step by step in float32, YaRN mixes
@@ -275,14 +274,14 @@ static int llama_rope_table(const cb_engine *e, int l, float *cos_t, float *sin_
             float c = 1.0f, sn = 0.0f;
             if (i < (int)desc->rope_pairs) {
                 const float interp = freq_scale * theta;
-                float th = interp, ms = mscale;
+                float th = interp;
                 if (ext_factor != 0.0f) {
                     const float y = ((float)i - corr[0]) / fmaxf(0.001f, corr[1] - corr[0]);
                     const float ramp_mix = (1 - fminf(1, fmaxf(0, y))) * ext_factor;
                     th = interp * (1 - ramp_mix) + theta * ramp_mix;
                 }
-                c = cosf(th) * ms;
-                sn = sinf(th) * ms;
+                c = cosf(th) * mscale;
+                sn = sinf(th) * mscale;
             }
             cos_t[(size_t)p * half + i] = c;
             sin_t[(size_t)p * half + i] = sn;
@@ -292,6 +291,7 @@ static int llama_rope_table(const cb_engine *e, int l, float *cos_t, float *sin_
     return 1;
 }
 
+/* Each layer's RoPE table, one per distinct table (rope_twin). */
 static void fill_rope_tables(cb_engine *e) {
     const cb_dims *d = CB_DIMS(e);
     const cb_layer_desc *desc = e->w.layer_desc;

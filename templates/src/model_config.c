@@ -259,7 +259,11 @@ int cb_model_config_parse(cb_model_config *c, const char *text, size_t len, cons
             string(&r, scaling, "type", "rope.scaling.type", 1, kind, sizeof kind);
             cb_rope_scaling *s = &c->rope_scaling;
             s->kind = !strcmp(kind, "linear") ? CB_ROPE_LINEAR : !strcmp(kind, "yarn") ? CB_ROPE_YARN : CB_ROPE_OTHER;
-            if (s->kind != CB_ROPE_OTHER) s->factor = number(&r, scaling, "factor", "rope.scaling.factor", 1, 0);
+            if (s->kind != CB_ROPE_OTHER) {
+                s->factor = number(&r, scaling, "factor", "rope.scaling.factor", 1, 0);
+                if (!(s->factor > 0))
+                    fail(&r, "rope.scaling.factor", "a number above 0", member(&r, scaling, "factor", "rope.scaling.factor", 1));
+            }
             if (s->kind == CB_ROPE_YARN) {
                 s->beta_fast = number(&r, scaling, "beta_fast", "rope.scaling.beta_fast", 1, 0);
                 s->beta_slow = number(&r, scaling, "beta_slow", "rope.scaling.beta_slow", 1, 0);

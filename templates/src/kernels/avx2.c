@@ -709,17 +709,6 @@ static inline __attribute__((always_inline)) void few_pass(const uint8_t *g, int
     for (int t = 0; t < nt; t++) store_rows(a[t], out + (size_t)t * 4);
 }
 
-void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
-    const int nb = n / CB_QK;
-    for (int t = 0; t < n_tok; t += FEW_TOKENS) {
-        const int nt = n_tok - t < FEW_TOKENS ? n_tok - t : FEW_TOKENS;
-        if (nt == 4) few_pass(group, nb, x + t, 4, out + (size_t)t * 4);
-        else if (nt == 3) few_pass(group, nb, x + t, 3, out + (size_t)t * 4);
-        else if (nt == 2) few_pass(group, nb, x + t, 2, out + (size_t)t * 4);
-        else few_pass(group, nb, x + t, 1, out + (size_t)t * 4);
-    }
-}
-
 /* A q4_0x4 group over a few tokens, as few_pass: each block's nibbles
  * unpacked and its rows' scales converted once for up to FEW_TOKENS tokens,
  * then per token x4_token_block's q4 arithmetic (x4_tokens' without its
@@ -742,15 +731,28 @@ static inline __attribute__((always_inline)) void few_pass_q4(const uint8_t *g, 
     for (int t = 0; t < nt; t++) store_rows(a[t], out + (size_t)t * 4);
 }
 
-void cb_dot4_few_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+/* Tokens FEW_TOKENS at a time, each pass's count a constant to the passes. */
+static inline __attribute__((always_inline)) void few_tokens(const void *group, const cb_block_q8_0 *const *x,
+                                                             int n_tok, int n, float *out, int q4) {
     const int nb = n / CB_QK;
     for (int t = 0; t < n_tok; t += FEW_TOKENS) {
         const int nt = n_tok - t < FEW_TOKENS ? n_tok - t : FEW_TOKENS;
-        if (nt == 4) few_pass_q4(group, nb, x + t, 4, out + (size_t)t * 4);
-        else if (nt == 3) few_pass_q4(group, nb, x + t, 3, out + (size_t)t * 4);
-        else if (nt == 2) few_pass_q4(group, nb, x + t, 2, out + (size_t)t * 4);
-        else few_pass_q4(group, nb, x + t, 1, out + (size_t)t * 4);
+        float *o = out + (size_t)t * 4;
+#define FEW_PASS(k) (q4 ? few_pass_q4(group, nb, x + t, k, o) : few_pass(group, nb, x + t, k, o))
+        if (nt == 4) FEW_PASS(4);
+        else if (nt == 3) FEW_PASS(3);
+        else if (nt == 2) FEW_PASS(2);
+        else FEW_PASS(1);
+#undef FEW_PASS
     }
+}
+
+void cb_dot4_few_q8_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    few_tokens(group, x, n_tok, n, out, 0);
+}
+
+void cb_dot4_few_q4_0x4_avx2(const void *group, const cb_block_q8_0 *const *x, int n_tok, int n, float *out) {
+    few_tokens(group, x, n_tok, n, out, 1);
 }
 
 /* One f16 or bf16 row over several tokens, four at a time: the row is
