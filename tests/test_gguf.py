@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -107,14 +108,15 @@ def test_the_tensor_table_and_metadata_are_the_gguf_packages(path):
 
 
 def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: bool = False,
-            extra: dict | None = None) -> Path:
+            extra: dict | None = None, split_max_tensors: int = 0) -> Path:
     """src written again by the gguf package's writer, with another
     alignment, or with each merged ffn_*_exps tensor as one tensor per
     expert (blk.N.ffn_gate.E.weight: how llama.cpp wrote Mixtral before
     merging them), or with the metadata keys of extra added (key: (value,
-    GGUFValueType))."""
+    GGUFValueType)), or split into files of split_max_tensors tensors
+    (gguf-split's names and keys; the first file's path is returned)."""
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents(), split_max_tensors=split_max_tensors)
     if alignment:
         w.add_custom_alignment(alignment)
     for key, f in r.fields.items():
@@ -133,7 +135,8 @@ def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: b
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return dst
+    shards = sorted(dst.parent.glob(f"{dst.stem}-*-of-*.gguf"))
+    return shards[0] if split_max_tensors and shards else dst
 
 
 def test_another_alignment_version_2_and_per_expert_tensors_convert_to_the_same_weights(tmp_path, converted):
@@ -662,6 +665,77 @@ def test_a_bad_file_is_refused_naming_it_and_leaves_no_output(tmp_path, case):
     assert err.value.exit_code == 5
     assert re.match(f"{re.escape(str(bad))}: {message}", str(err.value)), str(err.value)
     assert not out.exists() and not list(tmp_path.glob(".out*")), list(tmp_path.iterdir())
+
+
+SPLIT_SRC = DATA / "qwen3_moe" / "qwen3_moe-Q4_K_M.gguf"  # several types, so shards of mixed types
+
+
+@pytest.fixture(scope="module")
+def split_model(tmp_path_factory):
+    """SPLIT_SRC as gguf-split lays a model out: 4 files, the metadata in the
+    first, split.no / split.count / split.tensors.count in each."""
+    where = tmp_path_factory.mktemp("split")
+    n = len(gguf.GGUFReader(SPLIT_SRC).tensors)
+    first = rewrite(SPLIT_SRC, where / "qwen3.gguf", split_max_tensors=(n + 3) // 4)
+    assert first.name == "qwen3-00001-of-00004.gguf", sorted(p.name for p in where.iterdir())
+    return first
+
+
+def test_a_split_model_converts_from_its_first_file_to_the_whole_files_weights(tmp_path, split_model, converted):
+    shards = sorted(split_model.parent.glob("qwen3-*-of-00004.gguf"))
+    assert [gguf.GGUFReader(p).fields["split.no"].contents() for p in shards] == [0, 1, 2, 3]
+    g = GGUFFile(split_model)
+    assert g.paths == shards and {t.shard for t in g.tensors.values()} == {0, 1, 2, 3}
+    assert g.size == sum(p.stat().st_size for p in shards)
+    g.close()
+    out = convert_gguf(split_model, tmp_path / "qwen3", name=SPLIT_SRC.stem, progress=False)
+    whole = converted("qwen3_moe", SPLIT_SRC.name)
+    for name in ("weights.cbw", "tokenizer.cbt"):
+        assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+    source = json.loads((out / "model-config.json").read_text())["source"]
+    assert source["files"] == 4 and source["bytes"] == sum(p.stat().st_size for p in shards)
+    # A build's conversion takes the name without -00001-of-00004, is reused
+    # while no file changed, and made again when any did.
+    built = converted_for_build(split_model, tmp_path / "build")
+    assert built.name == "qwen3"
+    stamp = (built / "weights.cbw").stat().st_mtime_ns
+    assert converted_for_build(split_model, tmp_path / "build") == built
+    assert (built / "weights.cbw").stat().st_mtime_ns == stamp
+    later = shards[2].stat()
+    os.utime(shards[2], ns=(later.st_atime_ns, later.st_mtime_ns + 10**9))
+    converted_for_build(split_model, tmp_path / "build")
+    assert (built / "weights.cbw").stat().st_mtime_ns != stamp
+
+
+def _split_copy(tmp_path: Path, split_model: Path) -> list[Path]:
+    shards = sorted(split_model.parent.glob("qwen3-*-of-00004.gguf"))
+    for p in shards:
+        shutil.copy(p, tmp_path / p.name)
+    return [tmp_path / p.name for p in shards]
+
+
+SPLIT_BAD = {
+    "missing-file": (lambda s: (s[2].unlink(), s[0])[1],
+                     r"file 3 of the 4 this model is split into, .*qwen3-00003-of-00004\.gguf, is missing"),
+    "not-the-first": (lambda s: s[1], r"shard 2 of a model split into 4 files; give the first one "
+                                      r"\(qwen3-00001-of-00004\.gguf\)"),
+    "renamed": (lambda s: s[0].rename(s[0].with_name("qwen3.gguf")),
+                r"split into 4 files, but the name does not follow gguf-split's PREFIX-00001-of-00004\.gguf"),
+    "another-split": (lambda s: (shutil.copy(s[3], s[1]), s[0])[1],
+                      r"its metadata \(split.no, split.count\) makes it file 4 of 4, not file 2 of 4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLIT_BAD))
+def test_a_split_model_with_a_file_missing_or_wrong_is_refused_naming_it(tmp_path, split_model, case):
+    make, message = SPLIT_BAD[case]
+    given = make(_split_copy(tmp_path, split_model))
+    out = tmp_path / "out"
+    done = run_cli("convert", given, out, check=False)
+    assert done.returncode == 5, done.stderr
+    assert re.search(f"colibri-build: error: {re.escape(str(tmp_path))}/qwen3[^:]*: .*{message}", done.stderr), \
+        done.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
 def test_a_bad_file_into_an_existing_folder_leaves_it_as_it_was(tmp_path):

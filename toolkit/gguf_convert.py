@@ -25,7 +25,7 @@ import numpy as np
 from . import config as config_mod
 from . import quant
 from .errors import ModelError
-from .gguf_meta import GGUFFile, GGUFTensor
+from .gguf_meta import SHARD_NAME, GGUFFile, GGUFTensor, source_stamp
 from .outputs import MODEL_FILES_ORDER, check_destination, staged_folder
 from .weights import DTYPE_NAMES, Stored, expected_shapes, plan_layout, rope_freqs, write_weights
 
@@ -204,8 +204,8 @@ def _common_fields(g: GGUFFile, arch: str) -> dict:
         "tokenizer": {"kind": "none", "bos_id": g.meta.get("tokenizer.ggml.bos_token_id"),
                       "eos_id": g.meta.get("tokenizer.ggml.eos_token_id")},
         "source": {"format": "gguf", "file": str(g.path.resolve()), "architecture": arch,
-                   "file_type": g.meta.get("general.file_type"), "bytes": g.size,
-                   "mtime_ns": g.path.stat().st_mtime_ns},
+                   "file_type": g.meta.get("general.file_type"), "bytes": g.size, "mtime_ns": g.mtime_ns,
+                   **({"files": len(g.paths)} if len(g.paths) > 1 else {})},
     }
 
 
@@ -640,7 +640,7 @@ def convert_gguf(path: Path, out: Path, name: str | None = None, context_length:
                         yield tname, _tensor_bytes(g, cfg, tname, shape, t, expert, half, DTYPE_NAMES[ent.dtype])
                         if t is not None and half != 0:  # a fused gate_up's pages, once its up half is out
                             per = t.nbytes // t.shape[0] if expert is not None else t.nbytes
-                            g.release(t.offset + (expert or 0) * per, per)
+                            g.release(t, t.offset + (expert or 0) * per, per)
                         bar.update(ent.nbytes)
                 sha = write_weights(cfg, tmp / "weights.cbw", tensors())
             cfg["weights"]["sha256"] = sha
@@ -679,18 +679,24 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
+def model_name(path: Path) -> str:
+    """The name a GGUF file's model goes by: its stem, less a split model's
+    -00001-of-0000N."""
+    named = SHARD_NAME.match(Path(path).name)
+    return named["prefix"] if named else Path(path).stem
+
+
 def converted_for_build(path: Path, build_dir: Path) -> Path:
-    """The model folder a build of GGUF file path uses: build_dir/models/<stem>,
+    """The model folder a build of GGUF file path uses: build_dir/models/<name>,
     converted now unless an earlier conversion of the same file (path, size,
-    modification time) is there."""
+    modification time; every file of a split model) is there."""
     path = Path(path)
-    out = Path(build_dir) / "models" / path.stem
+    out = Path(build_dir) / "models" / model_name(path)
     try:
         source = json.loads((out / "model-config.json").read_text(encoding="utf-8")).get("source", {})
-        st = path.stat()
         if (source.get("format"), source.get("file"), source.get("bytes"), source.get("mtime_ns")) == \
-                ("gguf", str(path.resolve()), st.st_size, st.st_mtime_ns):
+                ("gguf", str(path.resolve()), *source_stamp(path)):
             return out
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, ModelError):
         pass
     return convert_gguf(path, out, force=out.exists())

@@ -3,11 +3,17 @@ its tensor table, over a memory map, so neither the file's tensors nor a
 second copy of it are ever in RAM (the `gguf` package's reader builds a
 NumPy view per array element and takes seconds on a 150k-token vocabulary;
 this takes a fraction of one). Every offset is checked against the file, so
-a truncated or damaged file is an error naming what is wrong, never a crash."""
+a truncated or damaged file is an error naming what is wrong, never a crash.
+
+A model split by llama.cpp's gguf-split (PREFIX-00001-of-0000N.gguf, ...:
+the metadata in the first file, `split.no`, `split.count` and
+`split.tensors.count` in each) opens from its first file as one GGUFFile:
+every shard mapped, the tensor table theirs together."""
 
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +44,9 @@ class GGUFTensor:
     name: str
     ggml_type: int
     ne: tuple[int, ...]   # GGML order: ne[0] is the row length
-    offset: int           # from the start of the file
+    offset: int           # from the start of its file
     nbytes: int
+    shard: int = 0        # which file of a split model holds it
 
     @property
     def type_name(self) -> str:
@@ -164,56 +171,143 @@ def _parse(data, path, tensors: bool):
     return meta, out, data_start
 
 
+# gguf-split's names: PREFIX-00001-of-00003.gguf (llama.cpp's llama_split_path).
+SHARD_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_count(meta: dict, path: Path) -> int:
+    """How many files the model whose first file's metadata is meta spans
+    (1 for a whole file)."""
+    count = meta.get("split.count")
+    if count is None:
+        return 1
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ModelError(f"{path}: metadata 'split.count' is {count!r}; expected a whole number >= 1")
+    return count
+
+
+def shard_paths(path: Path, meta: dict) -> list[Path]:
+    """The files of the model path starts: [path] for a whole file, else
+    every shard's name from path's (which must be the first shard)."""
+    path = Path(path)
+    count = split_count(meta, path)
+    if count == 1:
+        return [path]
+    no = meta.get("split.no", 0)
+    named = SHARD_NAME.match(path.name)
+    if no != 0:
+        first = f"{named['prefix']}-00001-of-{named['count']}.gguf" if named else "its first file"
+        raise ModelError(f"{path}: shard {no + 1 if isinstance(no, int) else no!r} of a model split into {count} "
+                         f"files; give the first one ({first}), which holds the model's metadata")
+    if not named or int(named["count"]) != count:
+        raise ModelError(f"{path}: metadata 'split.count' says the model is split into {count} files, but the "
+                         f"name does not follow gguf-split's PREFIX-00001-of-{count:05d}.gguf, so the other files "
+                         "cannot be found; restore the names gguf-split gave them")
+    return [path.with_name(f"{named['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def _map(path: Path, what: str):
+    """(mmap, size) of path; ModelError if it cannot be opened or is empty."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot open{what}: {exc.strerror}") from None
+    with fh:
+        size = fh.seek(0, 2)
+        if size == 0:
+            raise ModelError(f"{path}: empty file; expected a GGUF file")
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), size
+
+
 class GGUFFile:
     """An open GGUF file: .meta (key -> value), .tensors (name -> GGUFTensor)
-    and .raw(tensor), a zero-copy view of a tensor's bytes in the mapping."""
+    and .raw(tensor), a zero-copy view of a tensor's bytes in the mapping.
+    Given the first file of a split model, all of its files: .paths, .size
+    (their bytes together) and .mtime_ns (the newest) cover them all."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._maps = []
         try:
-            fh = open(self.path, "rb")
-        except OSError as exc:
-            raise ModelError(f"{self.path}: cannot open: {exc.strerror}") from None
-        with fh:
-            size = fh.seek(0, 2)
-            if size == 0:
-                raise ModelError(f"{self.path}: empty file; expected a GGUF file")
-            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        first, size = _map(self.path, "")
+        self._maps.append(first)
         self.size = size
         try:
-            self.meta, tensors, self.data_start = _parse(memoryview(self._map), self.path, True)
+            self.meta, tensors, self.data_start = _parse(memoryview(first), self.path, True)
         except (ValueError, struct.error) as exc:
-            self.close()
             raise ModelError(f"{self.path}: {exc}") from None
+        self.paths = shard_paths(self.path, self.meta)
+        count = len(self.paths)
+        for no, shard in enumerate(self.paths[1:], start=1):
+            if not shard.is_file():
+                raise ModelError(f"{self.path}: file {no + 1} of the {count} this model is split into, {shard}, "
+                                 "is missing")
+            mapped, size = _map(shard, f" (file {no + 1} of the {count} {self.path.name} is split into)")
+            self._maps.append(mapped)
+            self.size += size
+            try:
+                meta, more, _ = _parse(memoryview(mapped), shard, True)
+            except (ValueError, struct.error) as exc:
+                raise ModelError(f"{shard}: {exc}") from None
+            got_no, got_count = meta.get("split.no"), meta.get("split.count")
+            if got_no != no or got_count != count:
+                said = (f"file {got_no + 1} of {got_count}" if isinstance(got_no, int) and isinstance(got_count, int)
+                        else f"split.no {got_no!r}, split.count {got_count!r}")
+                raise ModelError(f"{shard}: its metadata (split.no, split.count) makes it {said}, not file {no + 1} "
+                                 f"of {count} as its name says: a file of another split")
+            for t in more:
+                t.shard = no
+            tensors += more
+        self.mtime_ns = max(p.stat().st_mtime_ns for p in self.paths)
         self.tensors = {}
         for t in tensors:
             if t.name in self.tensors:
-                self.close()
-                raise ModelError(f"{self.path}: tensor '{t.name}' appears twice")
+                raise ModelError(f"{self.paths[t.shard]}: tensor '{t.name}' appears twice")
             self.tensors[t.name] = t
+        expected = self.meta.get("split.tensors.count")
+        if count > 1 and expected is not None and expected != len(self.tensors):
+            raise ModelError(f"{self.path}: metadata 'split.tensors.count' is {expected!r}, but the {count} files "
+                             f"hold {len(self.tensors)} tensors")
 
     def raw(self, t: GGUFTensor) -> memoryview:
-        return memoryview(self._map)[t.offset:t.offset + t.nbytes]
+        return memoryview(self._maps[t.shard])[t.offset:t.offset + t.nbytes]
 
-    def release(self, start: int, length: int) -> None:
+    def release(self, t: GGUFTensor, start: int, length: int) -> None:
         """Unmaps from this process the pages of bytes start..start+length
-        (the page cache keeps them): a conversion reads each byte once, so
-        the process never holds more of the file than the tensor at hand."""
+        of t's file (the page cache keeps them): a conversion reads each byte
+        once, so the process never holds more of the file than the tensor at
+        hand."""
+        m = self._maps[t.shard]
         if hasattr(mmap, "MADV_DONTNEED") and length > 0:
             first = start // mmap.PAGESIZE * mmap.PAGESIZE
-            self._map.madvise(mmap.MADV_DONTNEED, first, min(start + length, self.size) - first)
+            m.madvise(mmap.MADV_DONTNEED, first, min(start + length, len(m)) - first)
 
     def close(self) -> None:
-        try:
-            self._map.close()
-        except BufferError:  # a view is still alive; the mapping goes with it
-            pass
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:  # a view is still alive; the mapping goes with it
+                pass
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def source_stamp(path: Path) -> tuple[int, int]:
+    """(bytes, newest mtime_ns) of the files of the model path starts, as
+    GGUFFile's .size and .mtime_ns: what a conversion records to be reused."""
+    paths = shard_paths(path, read_gguf_metadata(path))
+    stats = [p.stat() for p in paths]
+    return sum(s.st_size for s in stats), max(s.st_mtime_ns for s in stats)
 
 
 def read_gguf_metadata(path: Path) -> dict:
