@@ -17,7 +17,8 @@ import pytest
 from colibri_build import Engine
 from colibri_build.convert import convert
 
-from tiny_moe import TINY_MOE, check_built_server, needs_testdata, relative_error, transformers_reference
+from tiny_moe import (TINY_MOE, check_built_server, check_engine_against_transformers, needs_testdata,
+                      relative_error, transformers_reference)
 
 TINY = TINY_MOE / "deepseek_v3"
 
@@ -140,18 +141,7 @@ def checkpoints(tmp_path_factory):
 def test_own_shapes_match_transformers(checkpoints, tmp_path, shape_id):
     hf, (logits_ref, chosen, greedy) = checkpoints(shape_id)
     engine = Engine(convert(hf, tmp_path / "out", progress=False))
-    logits = engine.forward(PROMPT)
-    errors = [relative_error(logits[p], logits_ref[p]) for p in range(len(PROMPT))]
-    print(f"{shape_id}: max relative logit error {max(errors):.2e}")
-    assert max(errors) < 1e-4
-    assert chosen and set(chosen) == {l for l in range(engine.last_routing.shape[1])
-                                      if (engine.last_routing[:, l] >= 0).all()}
-    for layer, ids in chosen.items():
-        np.testing.assert_array_equal(np.sort(engine.last_routing[:, layer, :], -1), ids, err_msg=f"layer {layer}")
-    assert engine.generate_ids(PROMPT, max_tokens=32, stop_at_end=False) == greedy
-    # One cached decode step gives the last position's logits of the whole prompt.
-    engine.forward(PROMPT[:-1])
-    assert relative_error(engine.forward(PROMPT[-1:], start=len(PROMPT) - 1)[-1], logits_ref[-1]) < 1e-4
+    check_engine_against_transformers(engine, PROMPT, logits_ref, chosen, greedy, shape_id)
 
 
 # linear and llama3 on the rope part (yarn: SHAPES; dynamic NTK:

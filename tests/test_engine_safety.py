@@ -369,8 +369,8 @@ def lies(raw: bytearray):
     yield "layer dynamic max, no factor", ("<I", layer_desc_at(raw, 1) + 28, 64), "layer 1: dynamic RoPE needs"
     yield "MLA over several KV heads", ("<I", FIELD["kv_lora_rank"], 16), "MLA needs qk_nope_head_dim"
     yield "MLA parts without MLA", ("<I", FIELD["v_head_dim"], 16), "v_head_dim set without MLA"
-    yield "groups, softmax router", ("<I", FIELD["n_group"], 4), "expert groups or a routed scaling without a sigmoid"
-    yield "NaN routed scaling", ("<f", FIELD["routed_scaling"], float("nan")), "expert groups or a routed scaling"
+    yield "groups keeping none", ("<I", FIELD["n_group"], 4), "the router's groups do not divide the experts"
+    yield "NaN routed scaling", ("<f", FIELD["routed_scaling"], float("nan")), "routed_scaling_factor is out of range"
 
 
 def test_each_lie_in_the_header_is_refused_by_name(tiny_model, tmp_path):

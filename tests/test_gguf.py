@@ -108,24 +108,27 @@ def test_the_tensor_table_and_metadata_are_the_gguf_packages(path):
 
 
 def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: bool = False,
-            extra: dict | None = None, split_max_tensors: int = 0) -> Path:
+            extra: dict | None = None, split_max_tensors: int = 0, drop=None) -> Path:
     """src written again by the gguf package's writer, with another
     alignment, or with each merged ffn_*_exps tensor as one tensor per
     expert (blk.N.ffn_gate.E.weight: how llama.cpp wrote Mixtral before
-    merging them), or with the metadata keys of extra added (key: (value,
-    GGUFValueType)), or split into files of split_max_tensors tensors
-    (gguf-split's names and keys; the first file's path is returned)."""
+    merging them), or with the metadata keys of extra added or replaced
+    (key: (value, GGUFValueType)), or split into files of split_max_tensors
+    tensors (gguf-split's names and keys; the first file's path is
+    returned), or without the tensors whose names drop(name) is true for."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents(), split_max_tensors=split_max_tensors)
     if alignment:
         w.add_custom_alignment(alignment)
     for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment") or key in (extra or {}):
             continue
         w.add_key_value(key, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
     for key, (value, vtype) in (extra or {}).items():
         w.add_key_value(key, value, vtype)
     for t in r.tensors:
+        if drop and drop(t.name):
+            continue
         if split_experts and "_exps." in t.name:
             for e, part in enumerate(np.asarray(t.data)):
                 w.add_tensor(t.name.replace("_exps.", f".{e}."), part, raw_dtype=t.tensor_type)
@@ -534,6 +537,59 @@ def test_gemma4_gpt_oss_and_deepseek_files_compute_what_transformers_computes_on
     assert err < 1e-4, f"max error {err:.2e} relative to the largest logit"
 
 
+U32_, BOOL_ = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.BOOL
+
+
+@pytest.mark.parametrize("gating", ["softmax", "absent"])
+def test_a_deepseek2_file_with_the_softmax_router_computes_what_deepseek_v2_computes(tmp_path, gating):
+    """DeepSeek-V2-Lite's router in a deepseek2 file: expert_gating_func 1
+    (or no key, as V2 files older than it; llama.cpp reads that as softmax),
+    no correction bias, one group, routed scaling 2.5. Made from the shipped
+    V3 file by dropping its biases and setting the keys; its F32 twin against
+    transformers' DeepseekV2ForCausalLM on the same weights, logits within
+    1e-4 of the largest. With groups it is refused: llama.cpp's group score
+    is not DeepSeek-V2's."""
+    src = DATA / "deepseek_v3" / "deepseek_v3-Q8_0.gguf"
+    keys = {"deepseek2.expert_group_count": (1, U32_), "deepseek2.expert_group_used_count": (1, U32_),
+            "deepseek2.expert_weights_norm": (False, BOOL_)}
+    if gating == "softmax":
+        keys["deepseek2.expert_gating_func"] = (1, U32_)
+    drop = (lambda n: n.endswith("exp_probs_b.bias"))
+    made = rewrite(src, tmp_path / "v2.gguf", extra=keys, drop=drop)
+    if gating == "absent":  # the writer copies every key: take the gating key out of the header by renaming it
+        data = bytearray(made.read_bytes())
+        at = data.index(b"deepseek2.expert_gating_func")
+        data[at:at + len(b"deepseek2.expert_gating_func")] = b"deepseek2.xxxxxx_gating_func"
+        made.write_bytes(bytes(data))
+    out = convert_gguf(made, tmp_path / "model", progress=False)
+    cfg = json.loads((out / "model-config.json").read_text())
+    assert (cfg["router"], cfg["router_bias"], cfg["router_groups"], cfg["routed_scaling_factor"]) == \
+        ("softmax_topk", False, None, 2.5)
+    twin = f32_twin(out, tmp_path / "twin")
+    model, torch = transformers_on_gguf("deepseek_v3", made, {
+        "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"], "scoring_func": "softmax",
+        "topk_method": "greedy", "n_group": 1, "topk_group": 1, "norm_topk_prob": False})
+    assert type(model).__name__ == "DeepseekV2ForCausalLM"
+    r = refs("deepseek_v3")
+    ids = r["prompt"] + r["teacher_forced_path"]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    engine = Engine(twin, threads=1)
+    got = engine.forward(ids)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"deepseek2 softmax ({gating}): max error {err:.2e} relative to the largest logit")
+    assert err < 1e-4
+    v3 = Engine(f32_twin(convert_gguf(src, tmp_path / "v3", progress=False), tmp_path / "v3twin"), threads=1)
+    v3.forward(ids)
+    assert (v3.last_routing != engine.last_routing).any(), "the softmax router chose as the sigmoid one did"
+    grouped = rewrite(src, tmp_path / "v2g.gguf", extra={**keys, "deepseek2.expert_group_count": (4, U32_),
+                                                        "deepseek2.expert_group_used_count": (2, U32_),
+                                                        "deepseek2.expert_gating_func": (1, U32_)}, drop=drop)
+    with pytest.raises(ModelError, match=r"expert_group_count is 4 with the softmax router"):
+        convert_gguf(grouped, tmp_path / "grouped", progress=False)
+    assert not (tmp_path / "grouped").exists()
+
+
 F32, STR, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
 ROPE_SCALED = {  # llama.cpp's keys of a scaled RoPE, and the config.json rope_scaling it converts from
     "qwen3_moe-yarn": ("qwen3_moe", "qwen3_moe-Q8_0.gguf", "qwen3moe",
@@ -786,10 +842,15 @@ ARCH_BAD = {
     "gpt-oss-rope-scaling": ("gpt_oss/gpt_oss-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
         b"\x04\x00\x00\x00\x00\x00\x00\x00yarn", b"\x04\x00\x00\x00\x00\x00\x00\x00linr")),
         r"gpt-oss.rope.scaling.type is 'linr'; only yarn is implemented for gpt-oss"),
-    # DeepSeek-V2's softmax router, and a router without V3's correction bias
-    "deepseek2-softmax-router": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
-        b"deepseek2.expert_gating_func\x04\x00\x00\x00\x02", b"deepseek2.expert_gating_func\x04\x00\x00\x00\x01")),
-        r"deepseek2.expert_gating_func is 1; only the sigmoid router \(2, DeepSeek-V3\) is implemented"),
+    # DeepSeek-V2's softmax router in groups (llama.cpp's group score is not
+    # DeepSeek's), another router, and a router without V3's correction bias
+    "deepseek2-softmax-router-in-groups": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(
+        slice(None), bytes(d).replace(b"deepseek2.expert_gating_func\x04\x00\x00\x00\x02",
+                                      b"deepseek2.expert_gating_func\x04\x00\x00\x00\x01")),
+        r"deepseek2.expert_group_count is 4 with the softmax router: llama.cpp scores a group by its two best"),
+    "deepseek2-other-router": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"deepseek2.expert_gating_func\x04\x00\x00\x00\x02", b"deepseek2.expert_gating_func\x04\x00\x00\x00\x03")),
+        r"deepseek2.expert_gating_func is 3; only softmax \(1, DeepSeek-V2\) and sigmoid \(2, DeepSeek-V3\)"),
     "deepseek2-no-router-bias": ("deepseek_v3/deepseek_v3-Q8_0.gguf", lambda d: d.__setitem__(slice(None), bytes(d).replace(
         b"blk.1.exp_probs_b.bias", b"blk.1.exp_probs_x.bias")),
         r"tensor 'blk.1.exp_probs_b.bias' \(the router's correction bias\) is missing"),

@@ -45,6 +45,24 @@ def transformers_reference(model, ids, n_greedy, routers, sort=False):
     return logits, chosen, seq[len(ids):]
 
 
+def check_engine_against_transformers(engine, prompt, logits_ref, chosen, greedy, label: str) -> None:
+    """engine's logits for prompt within 1e-4 of transformers' (relative, at
+    every position), the same experts in every MoE layer (chosen: sorted ids
+    per layer, the layers without experts routing none), the same greedy
+    continuation, and one cached decode step giving the last position's logits."""
+    logits = engine.forward(prompt)
+    errors = [relative_error(logits[p], logits_ref[p]) for p in range(len(prompt))]
+    print(f"{label}: max relative logit error {max(errors):.2e}")
+    assert max(errors) < 1e-4
+    assert chosen and set(chosen) == {l for l in range(engine.last_routing.shape[1])
+                                      if (engine.last_routing[:, l] >= 0).all()}
+    for layer, ids in chosen.items():
+        np.testing.assert_array_equal(np.sort(engine.last_routing[:, layer, :], -1), ids, err_msg=f"layer {layer}")
+    assert engine.generate_ids(prompt, max_tokens=len(greedy), stop_at_end=False) == greedy
+    engine.forward(prompt[:-1])
+    assert relative_error(engine.forward(prompt[-1:], start=len(prompt) - 1)[-1], logits_ref[-1]) < 1e-4
+
+
 def check_built_server(tmp_path, ref: Path, model_dir: Path, prompts) -> str:
     """Builds colibri-server for model_dir (converted from ref) and asserts
     it gives transformers' greedy ids for ref's prompt, and that prompts

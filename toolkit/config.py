@@ -240,8 +240,8 @@ def _check_layers(d: dict) -> list[str]:
 
 
 def _check_mla_router(d: dict) -> list[str]:
-    """DeepSeek-V3's MLA and grouped sigmoid router (the engine's checks in
-    weights.c, said in the config's words)."""
+    """DeepSeek's MLA and grouped routers (the engine's checks in weights.c,
+    said in the config's words)."""
     problems = []
     mla, groups = d.get("mla"), d.get("router_groups")
     sigmoid = d["router"].startswith("sigmoid")
@@ -265,14 +265,14 @@ def _check_mla_router(d: dict) -> list[str]:
     if sigmoid and not groups:
         problems.append(f"field 'router_groups': missing, expected groups and topk_groups for router {d['router']}")
     if groups:
-        if not sigmoid:
-            problems.append(f"field 'router_groups': only the sigmoid routers have groups, not {d['router']}")
+        if d["router"] == "topk_softmax":
+            problems.append("field 'router_groups': the sigmoid and softmax_topk routers have groups, not topk_softmax")
         elif d["experts"] % groups["groups"] or groups["topk_groups"] > groups["groups"] or \
                 d["top_k"] > groups["topk_groups"] * (d["experts"] // groups["groups"]):
             problems.append(f"field 'router_groups': {groups['groups']} groups (keeping {groups['topk_groups']}) "
                             f"must divide the {d['experts']} experts and keep at least top_k ({d['top_k']})")
-    if d.get("routed_scaling_factor") and not sigmoid:
-        problems.append(f"field 'routed_scaling_factor': only the sigmoid routers scale, not {d['router']}")
+    if d.get("routed_scaling_factor") and d["router"] == "topk_softmax":
+        problems.append("field 'routed_scaling_factor': the sigmoid and softmax_topk routers scale, not topk_softmax")
     return problems
 
 

@@ -381,18 +381,28 @@ def _linear_or_yarn(g: GGUFFile, m: _Meta) -> dict | None:
 
 
 def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
-    """llama.cpp's deepseek2 graph (DeepSeek-V3 / R1 / Kimi K2 files): its
-    keys spelled as DeepSeek's config.json, so the safetensors importer
-    (archs.deepseek_v3) derives and checks the same model-config. ggml's YaRN
+    """llama.cpp's deepseek2 graph (DeepSeek-V3 / R1 / Kimi K2 files, and
+    DeepSeek-V2-Lite's with the softmax router): its keys spelled as
+    DeepSeek's config.json, so the safetensors importer (archs.deepseek_v3)
+    derives and checks the same model-config. ggml's YaRN
     for deepseek2 cancels its own cos/sin scaling (attention factor 1) and
     puts (1 + yarn_log_multiplier ln factor)^2 into the q.k scale: that is
     transformers' mscale_all_dim = yarn_log_multiplier / 0.1."""
     from .archs import deepseek_v3
     from .archs.common import HFConfig
     path = g.path
-    if m.get("expert_gating_func", None) != 2:
-        raise ModelError(f"{path}: {m.arch}.expert_gating_func is {m.get('expert_gating_func')}; only the sigmoid "
-                         "router (2, DeepSeek-V3) is implemented (softmax routing of DeepSeek-V2 is not)")
+    # 2: sigmoid (DeepSeek-V3); 1: softmax (DeepSeek-V2); absent in V2 files
+    # older than the key, which llama.cpp reads as softmax.
+    gating = m.get("expert_gating_func", None)
+    if gating not in (None, 1, 2):
+        raise ModelError(f"{path}: {m.arch}.expert_gating_func is {gating}; only softmax (1, DeepSeek-V2) and "
+                         "sigmoid (2, DeepSeek-V3) routers are implemented")
+    v2 = gating != 2
+    groups = m.get("expert_group_count", 1) or 1
+    if v2 and groups > 1:
+        raise ModelError(f"{path}: {m.arch}.expert_group_count is {groups} with the softmax router: llama.cpp scores "
+                         "a group by its two best experts where DeepSeek-V2 takes its best; group-limited softmax "
+                         "routing of GGUF files is not implemented (DeepSeek-V2-Lite and Coder-V2-Lite, 1 group, are)")
     if "blk.0.attn_kv_b.weight" in g.tensors:
         raise ModelError(f"{path}: tensor 'blk.0.attn_kv_b.weight': an older deepseek2 file with kv_b unsplit; the "
                          "engine reads the attn_k_b / attn_v_b split that newer llama.cpp converters write")
@@ -416,10 +426,10 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
           "n_shared_experts": m.get("expert_shared_count", 0),
           "first_k_dense_replace": m.get("leading_dense_block_count", 0),
           "intermediate_size": m.get("feed_forward_length", 0),
-          "n_group": m.get("expert_group_count", 1) or 1, "topk_group": m.get("expert_group_used_count", 1) or 1,
+          "n_group": groups, "topk_group": m.get("expert_group_used_count", 1) or 1,
           "routed_scaling_factor": float(m.get("expert_weights_scale", 1.0)),
           "norm_topk_prob": bool(m.get("expert_weights_norm", False)),
-          "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+          "scoring_func": "softmax" if v2 else "sigmoid", "topk_method": "greedy" if v2 else "noaux_tc"}
     kind = m.get("rope.scaling.type", "none")
     if kind not in ("none", None):
         if kind != "yarn":
@@ -442,10 +452,15 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
         if routed != (i >= hf["first_k_dense_replace"]):
             raise ModelError(f"{path}: layer {i} {'has' if routed else 'lacks'} a router (ffn_gate_inp) but "
                              f"{m.arch}.leading_dense_block_count is {hf['first_k_dense_replace']}")
-        if routed and f"blk.{i}.exp_probs_b.bias" not in g.tensors:
+        if routed and not v2 and f"blk.{i}.exp_probs_b.bias" not in g.tensors:
             raise ModelError(f"{path}: tensor 'blk.{i}.exp_probs_b.bias' (the router's correction bias) is "
                              "missing; only DeepSeek-V3's bias-corrected (noaux_tc) routing is implemented")
-    cfg = deepseek_v3.model_fields(HFConfig(hf, str(path)), ctx)
+        if routed and v2 and f"blk.{i}.exp_probs_b.bias" in g.tensors:
+            raise ModelError(f"{path}: tensor 'blk.{i}.exp_probs_b.bias': a correction bias with the softmax router; "
+                             "only DeepSeek-V3's sigmoid router takes one")
+    cfg = deepseek_v3.model_fields(HFConfig(hf, str(path)), ctx, v2=v2)
+    if v2 and hf["norm_topk_prob"]:  # llama.cpp renormalises where the file says so
+        cfg["router"] = "softmax_topk_renorm"
     cfg["source"] = {"rope_interleave": True}  # deepseek2 rotates adjacent pairs (llama.cpp's rope type NORM)
     return cfg
 

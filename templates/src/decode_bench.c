@@ -230,7 +230,8 @@ static int phases_bench(const char *model, int reps, int threads, int prompt) {
         seed = seed * 1664525u + 1013904223u;
         logits[i] = (float)(seed >> 8) / (float)(1u << 24) * 8.0f - 4.0f;
     }
-    const int grouped = d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK;
+    const int grouped = d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK ||
+                        d->n_group > 1 || d->routed_scaling > 0.0f; /* as moe.c route_token */
     const int slots = e->n_slots < 8 ? e->n_slots : 8;
     double sink = 0;
     for (int b = 1; b < slots; b++)
@@ -255,8 +256,8 @@ static int phases_bench(const char *model, int reps, int threads, int prompt) {
             for (int row = run * ROUTE_RUN; row < (run + 1) * ROUTE_RUN; row++) {
                 memcpy(work, logits + (size_t)row * E, sizeof(float) * (size_t)E);
                 if (grouped)
-                    cb_route_grouped(work, E, k, d->router == CB_ROUTER_SIGMOID_TOPK_RENORM, NULL, (int)d->n_group,
-                                     (int)d->topk_group, d->routed_scaling, ids, weights);
+                    cb_route_grouped(work, E, k, (int)d->router, NULL, (int)d->n_group, (int)d->topk_group,
+                                     d->routed_scaling, ids, weights);
                 else cb_route(work, E, k, (int)d->router, ids, weights);
                 sink += weights[0];
             }

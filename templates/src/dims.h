@@ -27,8 +27,10 @@ enum cb_ffn_act {
 
 /* How router logits become expert weights. */
 enum cb_router {
-    CB_ROUTER_SOFTMAX_TOPK_RENORM = 1, /* softmax over all, top-k, renormalise (Mixtral, norm_topk_prob) */
-    CB_ROUTER_SOFTMAX_TOPK = 2,        /* softmax over all, top-k, as is (OLMoE, Qwen2-MoE) */
+    /* softmax over all, top-k, renormalised (Mixtral, norm_topk_prob) or as
+     * is (OLMoE, Qwen2-MoE); DeepSeek-V2 adds groups and routed_scaling. */
+    CB_ROUTER_SOFTMAX_TOPK_RENORM = 1,
+    CB_ROUTER_SOFTMAX_TOPK = 2,
     CB_ROUTER_TOPK_SOFTMAX = 3,        /* top-k of the logits, softmax over those k (gpt-oss) */
     /* DeepSeek-V3: s = sigmoid(logits); experts chosen by s + correction bias
      * (router_bias) within the topk_group best of n_group groups; weights s of
@@ -117,7 +119,7 @@ typedef struct {
     uint32_t kv_lora_rank;
     uint32_t qk_nope_dim;   /* q/k head part without RoPE */
     uint32_t v_head_dim;
-    uint32_t n_group, topk_group; /* CB_ROUTER_SIGMOID_*: expert groups, and how many are kept */
+    uint32_t n_group, topk_group; /* DeepSeek's routers: expert groups, and how many are kept */
     float routed_scaling;   /* chosen experts' weights times it; 0: 1 */
     uint32_t reserved;
 } cb_dims;

@@ -257,10 +257,11 @@ static void route_token(cb_engine *e, void *p, int i) {
     int32_t *ids = e->routing + ((size_t)i * d->n_layers + layer) * k;
     float *w = e->route_w + (size_t)i * k;
     const float *bias = e->w.layers[layer].router_bias;
-    if (d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK) {
-        /* DeepSeek-V3: the bias corrects the choice only */
-        cb_route_grouped(e->router_logits + (size_t)i * E, E, k, d->router == CB_ROUTER_SIGMOID_TOPK_RENORM, bias,
-                         (int)d->n_group, (int)d->topk_group, d->routed_scaling, ids, w);
+    if (d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK || d->n_group > 1 ||
+        d->routed_scaling > 0.0f) {
+        /* DeepSeek-V3 (the bias corrects the choice only), DeepSeek-V2 */
+        cb_route_grouped(e->router_logits + (size_t)i * E, E, k, (int)d->router, bias, (int)d->n_group,
+                         (int)d->topk_group, d->routed_scaling, ids, w);
         return;
     }
     if (bias) cb_axpy(e->router_logits + (size_t)i * E, 1.0f, bias, E); /* gpt-oss */

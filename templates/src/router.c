@@ -40,38 +40,42 @@ void cb_route(float *logits, int n_experts, int top_k, int router_kind, int32_t 
         for (int j = 0; j < top_k; j++) weights[j] /= sum;
 }
 
-void cb_route_grouped(float *logits, int n_experts, int top_k, int renorm, const float *bias, int n_group,
+void cb_route_grouped(float *logits, int n_experts, int top_k, int router_kind, const float *bias, int n_group,
                       int topk_group, float scaling, int32_t *ids, float *weights) {
-    /* transformers' DeepseekV3TopkRouter, in float32: s = sigmoid(logits)
-     * stays in logits; the choice ranks s + bias. A group scores the sum of
-     * its two best; the topk_group best groups are kept, the other experts
-     * masked to -inf; the top_k kept experts by s + bias; their weights s.
-     * At most 1024 experts (the config's limit), so the scratch fits. */
+    /* transformers' DeepseekV3TopkRouter / DeepseekV2TopkRouter, in float32:
+     * the scores stay in logits; the groups outside the topk_group best are
+     * masked to -inf for the choice. At most 1024 experts (the config's
+     * limit), so the scratch fits. */
+    const int sigmoid = router_kind == CB_ROUTER_SIGMOID_TOPK_RENORM || router_kind == CB_ROUTER_SIGMOID_TOPK;
+    const int renorm = router_kind == CB_ROUTER_SIGMOID_TOPK_RENORM || router_kind == CB_ROUTER_SOFTMAX_TOPK_RENORM;
     float choice[1024], group_score[1024];
     int32_t kept[1024], best[2];
-    const int per = n_experts / n_group;
-    for (int x = 0; x < n_experts; x++) {
-        logits[x] = 1.0f / (1.0f + expf(-logits[x]));
-        choice[x] = logits[x] + (bias ? bias[x] : 0.0f);
-    }
-    for (int g = 0; g < n_group; g++) {
-        const int two = per < 2 ? per : 2;
-        cb_topk(choice + g * per, per, two, best);
-        group_score[g] = 0.0f;
-        for (int j = 0; j < two; j++) group_score[g] += choice[g * per + best[j]];
-    }
-    cb_topk(group_score, n_group, topk_group, kept);
-    for (int g = 0; g < n_group; g++) {
-        int keep = 0;
-        for (int j = 0; j < topk_group; j++) keep |= kept[j] == g;
-        if (!keep)
-            for (int x = g * per; x < (g + 1) * per; x++) choice[x] = -INFINITY;
+    const int per = n_group > 1 ? n_experts / n_group : n_experts;
+    if (sigmoid)
+        for (int x = 0; x < n_experts; x++) logits[x] = 1.0f / (1.0f + expf(-logits[x]));
+    else
+        cb_softmax(logits, n_experts);
+    for (int x = 0; x < n_experts; x++) choice[x] = logits[x] + (bias ? bias[x] : 0.0f);
+    if (n_group > 1) {
+        for (int g = 0; g < n_group; g++) {
+            const int n_best = sigmoid ? (per < 2 ? per : 2) : 1;
+            cb_topk(choice + g * per, per, n_best, best);
+            group_score[g] = 0.0f;
+            for (int j = 0; j < n_best; j++) group_score[g] += choice[g * per + best[j]];
+        }
+        cb_topk(group_score, n_group, topk_group, kept);
+        for (int g = 0; g < n_group; g++) {
+            int keep = 0;
+            for (int j = 0; j < topk_group; j++) keep |= kept[j] == g;
+            if (!keep)
+                for (int x = g * per; x < (g + 1) * per; x++) choice[x] = -INFINITY;
+        }
     }
     cb_topk(choice, n_experts, top_k, ids);
     float sum = 0.0f;
     for (int j = 0; j < top_k; j++) sum += weights[j] = logits[ids[j]];
     for (int j = 0; j < top_k; j++) {
-        if (renorm) weights[j] /= sum + 1e-20f;
+        if (renorm) weights[j] /= sigmoid ? sum + 1e-20f : sum;
         weights[j] *= scaling > 0.0f ? scaling : 1.0f;
     }
 }

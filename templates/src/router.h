@@ -13,11 +13,14 @@ void cb_topk(const float *values, int n, int k, int32_t *ids);
  * router kind says (enum cb_router). */
 void cb_route(float *logits, int n_experts, int top_k, int router_kind, int32_t *ids, float *weights);
 
-/* DeepSeek-V3's router (CB_ROUTER_SIGMOID_*): sigmoid scores, chosen by
- * score + bias among the experts of the topk_group best of n_group groups;
- * weights the scores (renormalised when renorm) times scaling (0: 1).
+/* DeepSeek's routers, in groups: the experts of the topk_group best of
+ * n_group groups compete. CB_ROUTER_SIGMOID_* (V3): s = sigmoid(logits),
+ * chosen by s + bias, a group scored by the sum of its two best;
+ * CB_ROUTER_SOFTMAX_* (V2, group_limited_greedy): s = softmax(logits),
+ * chosen by s, a group scored by its best. Weights s of the chosen
+ * (renormalised for the _RENORM kinds) times scaling (0: 1).
  * n_experts at most 1024. */
-void cb_route_grouped(float *logits, int n_experts, int top_k, int renorm, const float *bias, int n_group,
+void cb_route_grouped(float *logits, int n_experts, int top_k, int router_kind, const float *bias, int n_group,
                       int topk_group, float scaling, int32_t *ids, float *weights);
 
 #endif

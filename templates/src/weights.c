@@ -23,6 +23,7 @@ static const char *dtype_name(uint32_t dtype) {
 /* DeepSeek-V3's fields: MLA's ranks and head parts, the grouped router. */
 static int check_mla_router(const cb_dims *d, const char *path, char *err, size_t err_len) {
     const int sigmoid = d->router == CB_ROUTER_SIGMOID_TOPK_RENORM || d->router == CB_ROUTER_SIGMOID_TOPK;
+    const int grouped = d->n_group > 1 || d->topk_group > 1; /* DeepSeek-V2's softmax in groups */
     const char *why = NULL;
     if (d->kv_lora_rank > 65536 || d->q_lora_rank > 65536 || d->qk_nope_dim > 65536 || d->v_head_dim > 65536 ||
         d->reserved)
@@ -33,13 +34,13 @@ static int check_mla_router(const cb_dims *d, const char *path, char *err, size_
         why = "MLA needs qk_nope_head_dim and v_head_dim, and kv_heads 1 (one latent for every head)";
     else if (!d->kv_lora_rank && (d->q_lora_rank || d->qk_nope_dim || d->v_head_dim))
         why = "q_lora_rank, qk_nope_head_dim or v_head_dim set without MLA";
-    else if (sigmoid && d->n_experts > 1024)
-        why = "a sigmoid router takes at most 1024 experts";
-    else if (sigmoid && (!d->n_group || d->n_experts % d->n_group || !d->topk_group || d->topk_group > d->n_group ||
-                         d->top_k > d->topk_group * (d->n_experts / d->n_group)))
+    else if ((sigmoid || grouped || d->routed_scaling != 0.0f) && d->n_experts > 1024)
+        why = "a sigmoid, grouped or scaled router (cb_route_grouped) takes at most 1024 experts";
+    else if ((sigmoid || grouped) && (!d->n_group || d->n_experts % d->n_group || !d->topk_group ||
+                                      d->topk_group > d->n_group || d->top_k > d->topk_group * (d->n_experts / d->n_group)))
         why = "the router's groups do not divide the experts, or keep fewer experts than top_k";
-    else if (!sigmoid && (d->n_group > 1 || d->topk_group > 1 || d->routed_scaling != 0.0f))
-        why = "expert groups or a routed scaling without a sigmoid router";
+    else if (d->router == CB_ROUTER_TOPK_SOFTMAX && (grouped || d->routed_scaling != 0.0f))
+        why = "expert groups or a routed scaling with the topk_softmax router";
     else if (!(d->routed_scaling >= 0.0f && d->routed_scaling < 1e30f))
         why = "routed_scaling_factor is out of range";
     if (!why) return 0;

@@ -3,7 +3,8 @@ layout): multi-head latent attention with q LoRA (or one q projection, as
 V2-Lite), RoPE scaling (YaRN with mscale, linear, llama3, dynamic NTK) on
 the interleaved rope part, the first layers dense, a sigmoid router with a
 correction bias and group-limited top-k, routed scaling, shared experts
-(ARCHITECTURES.md section 7; transformers 5.23 is the truth). FP8 checkpoints are not read."""
+(ARCHITECTURES.md section 7; transformers 5.23 is the truth). FP8 checkpoints are not read.
+DeepSeek-V2 (archs.deepseek_v2) is this layout with a softmax router."""
 
 from __future__ import annotations
 
@@ -28,14 +29,23 @@ def _rope(hf: HFConfig, qk_head_dim: int) -> tuple[dict, float]:
     return rope, scale
 
 
-def model_fields(hf: HFConfig, context_length: int | None) -> dict:
+def model_fields(hf: HFConfig, context_length: int | None, v2: bool = False) -> dict:
+    """v2: DeepSeek-V2's softmax router (archs.deepseek_v2) in place of the
+    sigmoid one."""
     hidden = hf.get("hidden_size", required=True)
     heads = hf.get("num_attention_heads", required=True)
     n_layers = hf.get("num_hidden_layers", required=True)
     hf.require("hidden_act", ["silu"], "SwiGLU experts with SiLU")
     hf.require("attention_bias", [False, None], "MLA projections without biases")
-    hf.require("scoring_func", [None, "sigmoid"], "the sigmoid router")
-    hf.require("topk_method", [None, "noaux_tc"], "group-limited top-k on the bias-corrected scores")
+    if v2:
+        hf.require("scoring_func", [None, "softmax"], "the softmax router")
+        hf.require("topk_method", [None, "greedy", "group_limited_greedy"],
+                   "top-k of the softmax scores (in the best groups or not)")
+        hf.get("norm_topk_prob")  # transformers' DeepseekV2TopkRouter never renormalises
+    else:
+        hf.require("scoring_func", [None, "sigmoid"], "the sigmoid router")
+        hf.require("topk_method", [None, "noaux_tc"], "group-limited top-k on the bias-corrected scores")
+    hf.require("mlp_bias", [None, False], "MLPs without biases")
     hf.require("moe_layer_freq", [None, 1], "every layer after first_k_dense_replace has experts")
     hf.require("pretraining_tp", [None, 1], "no tensor-parallel slicing of the projections")
     hf.get("num_key_value_heads")  # MLA: every head reads the one latent
@@ -59,16 +69,25 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     shared = hf.get("n_shared_experts", default=0) or 0
     expert_ffn = hf.get("moe_intermediate_size", required=True)
     groups = hf.get("n_group", default=1) or 1
+    topk_groups = hf.get("topk_group", default=1) or 1
     dense_size = hf.get("intermediate_size", default=0)
+    scaling = float(hf.get("routed_scaling_factor", default=1.0))
+    if v2:
+        grouped = (hf.get("topk_method") or "greedy") == "group_limited_greedy" and groups > 1
+        router = {"router": "softmax_topk", "router_bias": False,
+                  "router_groups": {"groups": groups, "topk_groups": topk_groups} if grouped else None,
+                  "routed_scaling_factor": scaling if scaling != 1.0 else None}
+    else:
+        router = {"router": "sigmoid_topk_renorm" if hf.get("norm_topk_prob", default=False) else "sigmoid_topk",
+                  "router_bias": True, "router_groups": {"groups": groups, "topk_groups": topk_groups},
+                  "routed_scaling_factor": scaling}
     return {
         "layers": n_layers, "hidden_size": hidden, "heads": heads, "kv_heads": 1, "head_dim": rope,
         "vocab_size": hf.get("vocab_size", required=True), "norm_eps": hf.get("rms_norm_eps", required=True),
         "rope": rope_section, "context_length": ctx,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
         "experts": experts, "top_k": hf.get("num_experts_per_tok", required=True), "expert_ffn_size": expert_ffn,
-        "router": "sigmoid_topk_renorm" if hf.get("norm_topk_prob", default=False) else "sigmoid_topk",
-        "router_bias": True, "router_groups": {"groups": groups, "topk_groups": hf.get("topk_group", default=1) or 1},
-        "routed_scaling_factor": float(hf.get("routed_scaling_factor", default=1.0)),
+        **router,
         "shared_experts": 1 if shared else 0, "shared_expert_ffn_size": expert_ffn * shared,
         "dense_layers": list(range(dense)), "dense_ffn_size": dense_size if dense else 0,
         "attention": {"scale": scale},
