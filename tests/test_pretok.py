@@ -1,4 +1,4 @@
-"""The gpt-oss (o200k) and DeepSeek-V3 pre-tokenizers of templates/src/pretok.c
+"""The gpt-oss (o200k), DeepSeek-V3 and DeepSeek LLM (V2) pre-tokenizers of templates/src/pretok.c
 against the exact split rules of their tokenizer.json files, run by HF
 `tokenizers` (Oniguruma, what those models' tokenizers run) and by Python's
 `regex` module, over generated unicode-rich text and over every code point;
@@ -23,13 +23,13 @@ import pytest
 import colibri_build
 from colibri_build import Tokenizer
 from colibri_build.tokenizer import PRETOKS, convert_tokenizer
-from colibri_build.tokenizer_sources import DEEPSEEK_V3_SPLITS, O200K_REGEX
+from colibri_build.tokenizer_sources import DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, O200K_REGEX
 from tokenizer_cases import random_strings
 
 tokenizers = pytest.importorskip("tokenizers")
 regex = pytest.importorskip("regex")
 SRC = Path(colibri_build.__file__).parent / "templates" / "src"
-RULES = {"o200k": [O200K_REGEX], "deepseek_v3": DEEPSEEK_V3_SPLITS}
+RULES = {"o200k": [O200K_REGEX], "deepseek_v3": DEEPSEEK_V3_SPLITS, "deepseek_llm": DEEPSEEK_LLM_SPLITS}
 # A code point of no class stands in, in the references, for each byte the
 # engine reads as invalid UTF-8 (one byte at a time, no class).
 NO_CLASS = "\ue000"
@@ -228,7 +228,7 @@ def test_long_s_is_a_contraction_letter_as_oniguruma_folds_it(driver):
         _compare(driver, kind, texts, _hf_split(kind))
 
 
-@pytest.mark.parametrize("kind,pre", [("o200k", "gpt-4o"), ("deepseek_v3", "deepseek-v3")])
+@pytest.mark.parametrize("kind,pre", [("o200k", "gpt-4o"), ("deepseek_v3", "deepseek-v3"), ("deepseek_llm", "deepseek-llm")])
 def test_gguf_vocabulary_with_llama_cpp_pre_name(tmp_path, kind, pre):
     """A GGUF carrying the trained vocabulary with llama.cpp's
     tokenizer.ggml.pre name converts to the same split and ids."""

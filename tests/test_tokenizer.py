@@ -28,6 +28,7 @@ SUPPORTED = {
     "olmoe-json": (TOKENIZERS / "allenai-OLMo" / "allenai_gpt-neox-olmo-dolma-v1_5.json", "ggml-vocab-mpt.gguf"),
     "mistral-v1": (TOKENIZERS / "mistral-v1" / "tokenizer.model.v1", None),
     "gemma-4": (LLAMA_CPP / "ggml-vocab-gemma-4.gguf", "ggml-vocab-gemma-4.gguf"),
+    "deepseek-llm": (LLAMA_CPP / "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-deepseek-llm.gguf"),
 }
 
 pytestmark = pytest.mark.skipif(not TOKENIZERS.exists(), reason=f"{TOKENIZERS} is missing")
@@ -64,7 +65,7 @@ def test_expected_ids_and_round_trip(converted, name):
         assert tok.decode(ids) == text, f"{name}: decode of {ids}"
 
 
-@pytest.mark.parametrize("gguf,why", [("ggml-vocab-deepseek-llm.gguf", "pre-tokenizer 'deepseek-llm'"),
+@pytest.mark.parametrize("gguf,why", [("ggml-vocab-deepseek-coder.gguf", "pre-tokenizer 'deepseek-coder'"),
                                       ("ggml-vocab-qwen35.gguf", "pre-tokenizer 'qwen35'")])
 def test_unsupported_tokenizers_are_refused_at_convert_time(tmp_path, gguf, why):
     with pytest.raises(TokenizerError, match=why):

@@ -19,7 +19,7 @@ FILE_NAME = "tokenizer.cbt"
 NO_TOKEN = 0xFFFFFFFF
 
 KINDS = {"bpe": 2, "spm": 3}              # enum cb_tokenizer_kind (weights.h)
-PRETOKS = {"none": 0, "gpt2": 1, "llama3": 2, "qwen2": 3, "o200k": 4, "deepseek_v3": 5}
+PRETOKS = {"none": 0, "gpt2": 1, "llama3": 2, "qwen2": 3, "o200k": 4, "deepseek_v3": 5, "deepseek_llm": 6}
 FLAGS = {"ignore_merges": 1, "dummy_prefix": 2, "strip_space": 4, "byte_fallback": 8, "split_words": 16, "nfc": 32}
 ATTR_NORMAL, ATTR_SPECIAL, ATTR_USER, ATTR_BYTE, ATTR_UNUSED = range(5)
 ADDED_SPECIAL = 1

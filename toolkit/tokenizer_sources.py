@@ -34,6 +34,26 @@ DEEPSEEK_V3_SPLITS = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+
                       "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
                       " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
 
+# DeepSeek LLM's Sequence of Split rules (deepseek-llm: DeepSeek-V2, V2-Lite,
+# Coder-V2), in order.
+DEEPSEEK_LLM_SPLITS = [
+    "[\r\n]",
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-"
+    "\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-"
+    "\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113"
+    "\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149"
+    "\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-"
+    "\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
+    "\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    "\\s+$",
+    "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+    "\\p{N}+"]
+
 
 def _same_rule(a: str, b: str) -> bool:
     """Equal, reading an escaped \\r or \\n as the character."""
@@ -44,7 +64,8 @@ def _same_rule(a: str, b: str) -> bool:
 GGUF_PRE = {"gpt-2": ("gpt2", False, False), "default": ("gpt2", False, False), "mpt": ("gpt2", False, True),
             "gpt-neox": ("gpt2", False, True), "olmo": ("gpt2", False, True), "llama-bpe": ("llama3", True, False),
             "llama3": ("llama3", True, False), "qwen2": ("qwen2", False, True),
-            "gpt-4o": ("o200k", False, False), "deepseek-v3": ("deepseek_v3", False, False)}
+            "gpt-4o": ("o200k", False, False), "deepseek-v3": ("deepseek_v3", False, False),
+            "deepseek-llm": ("deepseek_llm", False, False)}
 GGUF_TYPES = {1: ATTR_NORMAL, 2: ATTR_SPECIAL, 3: ATTR_SPECIAL, 4: ATTR_USER, 5: ATTR_UNUSED, 6: ATTR_BYTE}
 
 
@@ -127,10 +148,10 @@ def _hf_pretok(j: dict, where: str) -> str:
     if any(lv.get("add_prefix_space") for lv in levels):
         raise TokenizerError(f"{where}: ByteLevel add_prefix_space=true is not supported")
     patterns = [(s.get("pattern") or {}).get("Regex") for s in splits]
-    if len(splits) == len(DEEPSEEK_V3_SPLITS) and all(s.get("behavior") == "Isolated" and not s.get("invert")
-                                                      for s in splits) \
-            and all(p is not None and _same_rule(p, q) for p, q in zip(patterns, DEEPSEEK_V3_SPLITS)):
-        return "deepseek_v3"
+    for kind, rules in (("deepseek_v3", DEEPSEEK_V3_SPLITS), ("deepseek_llm", DEEPSEEK_LLM_SPLITS)):
+        if len(splits) == len(rules) and all(s.get("behavior") == "Isolated" and not s.get("invert") for s in splits) \
+                and all(p is not None and _same_rule(p, q) for p, q in zip(patterns, rules)):
+            return kind
     if splits:
         if len(splits) > 1 or splits[0].get("behavior") != "Isolated" or splits[0].get("invert"):
             raise TokenizerError(f"{where}: unsupported Split pre-tokenizer {json.dumps(splits)[:160]}")

@@ -14,6 +14,11 @@
  *   before: \p{N}{1,3}, then [\x{4E00}-\x{9FA5}\x{3040}-\x{30FF}]+ (CJK), then
  *           [!-/:-@[-`{-~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
  *            ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ *   DeepSeek LLM (deepseek-llm: DeepSeek-V2, V2-Lite, Coder-V2): six Split
+ *   rules in sequence, each on the pieces of the one before: [\r\n],
+ *   \s?[L2]+ (L2: the Latin, Greek, Cyrillic, ... letters listed in
+ *   DL_LETTERS), \s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}
+ *   \x{3000}-\x{3002}]+, \s+$, [\x{0800}-\x{9FA5}\x{AC00}-\x{D7FF}]+, \p{N}+
  *   where text a rule does not match stays a piece of its own. */
 #include "pretok.h"
 
@@ -349,6 +354,128 @@ static size_t deepseek_v3_next(const uint8_t *s, size_t len, size_t i) {
     }
 }
 
+
+/* ---- DeepSeek LLM ---- */
+
+/* Its second rule's letters, as written in the tokenizer (ranges merged). */
+static const uint32_t DL_LETTERS[][2] = {
+    {0x0041, 0x005A}, {0x0061, 0x007A}, {0x00B5, 0x00B5}, {0x00C0, 0x00D6}, {0x00D8, 0x00F6}, {0x00F8, 0x01BA},
+    {0x01BC, 0x01BF}, {0x01C4, 0x0293}, {0x0295, 0x02AF}, {0x0370, 0x0373}, {0x0376, 0x0377}, {0x037B, 0x037D},
+    {0x037F, 0x037F}, {0x0386, 0x0386}, {0x0388, 0x038A}, {0x038C, 0x038C}, {0x038E, 0x03A1}, {0x03A3, 0x03F5},
+    {0x03F7, 0x0481}, {0x048A, 0x052F}, {0x0531, 0x0556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD},
+    {0x1C90, 0x1CBA}, {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15},
+    {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B},
+    {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4},
+    {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC},
+    {0x2102, 0x2102}, {0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124},
+    {0x2126, 0x2126}, {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F},
+    {0x2145, 0x2149}, {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE},
+    {0x2CF2, 0x2CF3}, {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F}, {0xA771, 0xA787}, {0xA78B, 0xA78E},
+    {0xAB70, 0xABBF}, {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F},
+    {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF},
+    {0x1E900, 0x1E943},
+};
+
+enum { DL_NL = 1, DL_S = 2, DL_L2 = 4, DL_P3 = 8, DL_CJK = 16, DL_N = 32 };
+
+static int dl_letter(uint32_t cp) {
+    size_t lo = 0, hi = sizeof DL_LETTERS / sizeof DL_LETTERS[0];
+    while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if (cp < DL_LETTERS[mid][0]) hi = mid;
+        else if (cp > DL_LETTERS[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
+/* The classes the six rules read of the character at i (0 past the end). */
+static unsigned dl_flags(const uint8_t *s, size_t len, size_t i, size_t *n) {
+    if (i >= len) {
+        *n = 0;
+        return 0;
+    }
+    const uint32_t cp = cp_at(s, len, i, n);
+    if (cp == CP_INVALID) return 0;
+    const uint32_t c = cb_uni_class(cp);
+    unsigned f = (IS_S(c) ? DL_S : 0) | (IS_N(c) ? DL_N : 0);
+    if (cp == '\r' || cp == '\n') f |= DL_NL;
+    if (dl_letter(cp)) f |= DL_L2;
+    if ((cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x7E) || (cp >= 0xFF01 && cp <= 0xFF0F) ||
+        (cp >= 0xFF1A && cp <= 0xFF5E) || (cp >= 0x2018 && cp <= 0x201F) || (cp >= 0x3000 && cp <= 0x3002))
+        f |= DL_P3;
+    if ((cp >= 0x0800 && cp <= 0x9FA5) || (cp >= 0xAC00 && cp <= 0xD7FF)) f |= DL_CJK;
+    return f;
+}
+
+/* Whether the pieces of rules 1..r split between characters a and b (c, d
+ * follow b). Every rule isolates its matches, so a piece boundary is one
+ * of an earlier rule or a start or end of this rule's match inside an
+ * earlier piece; rules 2 and 3 (\s?[X]+) match a run of X and the one space
+ * right before it, if that space is in the same piece. */
+static int dl_split1(unsigned a, unsigned b) { return ((a | b) & DL_NL) != 0; }
+
+static int dl_split_run(unsigned a, unsigned b, unsigned c, unsigned x, int earlier_ab, int earlier_bc) {
+    if (earlier_ab) return 1;
+    if ((a & x) && !(b & x)) return 1;                     /* a run ends */
+    if ((b & x) && !(a & x) && !(a & DL_S)) return 1;      /* a run starts with no space before it */
+    return (b & DL_S) && !(b & x) && (c & x) && !earlier_bc; /* a space starts a match */
+}
+
+static int dl_split2(unsigned a, unsigned b, unsigned c) {
+    return dl_split_run(a, b, c, DL_L2, dl_split1(a, b), dl_split1(b, c));
+}
+
+static int dl_split3(unsigned a, unsigned b, unsigned c, unsigned d) {
+    return dl_split_run(a, b, c, DL_P3, dl_split2(a, b, c), dl_split2(b, c, d));
+}
+
+/* Four characters in a row: flags f[k] of the one at pos[k] (0 past the
+ * end), pos[k + 1] where the next starts. */
+typedef struct {
+    unsigned f[4];
+    size_t pos[5];
+} dl_window;
+
+static void dl_open(dl_window *w, const uint8_t *s, size_t len, size_t i) {
+    w->pos[0] = i;
+    for (int k = 0; k < 4; k++) {
+        size_t n;
+        w->f[k] = dl_flags(s, len, w->pos[k], &n);
+        w->pos[k + 1] = w->pos[k] + n;
+    }
+}
+
+static void dl_step(dl_window *w, const uint8_t *s, size_t len) {
+    for (int k = 0; k < 3; k++) w->f[k] = w->f[k + 1], w->pos[k] = w->pos[k + 1];
+    w->pos[3] = w->pos[4];
+    size_t n;
+    w->f[3] = dl_flags(s, len, w->pos[3], &n);
+    w->pos[4] = w->pos[3] + n;
+}
+
+static int dl_split3_at(const dl_window *w) { return dl_split3(w->f[0], w->f[1], w->f[2], w->f[3]); }
+
+/* Rule 4 (\s+$) at the space w->f[1]: whether the spaces from it run to
+ * the end of its rule-3 piece. */
+static int dl_trailing_spaces(dl_window w, const uint8_t *s, size_t len) {
+    for (dl_step(&w, s, len);; dl_step(&w, s, len)) {
+        if (w.pos[1] >= len || dl_split3_at(&w)) return 1;
+        if (!(w.f[1] & DL_S)) return 0;
+    }
+}
+
+static size_t deepseek_llm_next(const uint8_t *s, size_t len, size_t i) {
+    dl_window w;
+    for (dl_open(&w, s, len, i); w.pos[1] < len; dl_step(&w, s, len)) {
+        const unsigned a = w.f[0], b = w.f[1];
+        if (dl_split3_at(&w)) return w.pos[1];
+        if ((b & DL_S) && !(a & DL_S) && dl_trailing_spaces(w, s, len)) return w.pos[1]; /* rule 4 */
+        if ((a ^ b) & (DL_CJK | DL_N)) return w.pos[1];                                   /* rules 5, 6 */
+    }
+    return len;
+}
+
 size_t cb_pretok_next(int kind, const uint8_t *s, size_t len, size_t i) {
     switch (kind) {
     case CB_PRETOK_GPT2: return gpt2_next(s, len, i);
@@ -356,6 +483,7 @@ size_t cb_pretok_next(int kind, const uint8_t *s, size_t len, size_t i) {
     case CB_PRETOK_QWEN2: return llama3_next(s, len, i, 1);
     case CB_PRETOK_O200K: return o200k_next(s, len, i);
     case CB_PRETOK_DEEPSEEK_V3: return deepseek_v3_next(s, len, i);
+    case CB_PRETOK_DEEPSEEK_LLM: return deepseek_llm_next(s, len, i);
     default: return len;
     }
 }

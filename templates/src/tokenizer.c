@@ -109,7 +109,7 @@ static int parse(cb_tokenizer *t, const char *path, size_t size, char *err, size
                  path, h->version, CB_TOK_VERSION);
         return -1;
     }
-    if ((h->kind != CB_TOKENIZER_BPE && h->kind != CB_TOKENIZER_SPM) || h->pretok > CB_PRETOK_DEEPSEEK_V3)
+    if ((h->kind != CB_TOKENIZER_BPE && h->kind != CB_TOKENIZER_SPM) || h->pretok > CB_PRETOK_DEEPSEEK_LLM)
         return fail(err, err_len, path, "unknown tokenizer kind or pre-tokenizer");
     if (h->n_tokens == 0 || h->n_chat > 1)
         return fail(err, err_len, path, "bad token or chat string count");

@@ -31,7 +31,7 @@
 
 enum cb_pretok {
     CB_PRETOK_NONE = 0, CB_PRETOK_GPT2 = 1, CB_PRETOK_LLAMA3 = 2, CB_PRETOK_QWEN2 = 3,
-    CB_PRETOK_O200K = 4, CB_PRETOK_DEEPSEEK_V3 = 5
+    CB_PRETOK_O200K = 4, CB_PRETOK_DEEPSEEK_V3 = 5, CB_PRETOK_DEEPSEEK_LLM = 6
 };
 enum cb_tok_flag {
     CB_TOKF_IGNORE_MERGES = 1,  /* a pre-token that is itself a token is not merged (Llama 3) */
