@@ -9,7 +9,6 @@ refused naming the field."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from colibri_build import Engine
 from colibri_build.convert import convert
 from colibri_build.errors import ConfigError
 
-from tiny_moe import check_engine_against_transformers, transformers_reference
+from tiny_moe import check_engine_against_transformers, random_routed_checkpoint, routed_checkpoints
 
 SHAPES = [
     ("lite-greedy-yarn", dict(
@@ -40,48 +39,11 @@ VOCAB = 160
 PROMPT = [int(t) for t in np.random.default_rng(12).integers(1, VOCAB, 32)]
 
 
-def make_deepseek_v2(folder: Path, seed: int, **fields):
-    """A random DeepseekV2ForCausalLM, saved; the router scaled so that its
-    choices have clear margins."""
-    import torch
-    import transformers
-    torch.manual_seed(seed)
-    cfg = transformers.DeepseekV2Config(vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-6,
-                                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                        num_key_value_heads=fields["num_attention_heads"], **fields)
-    model = transformers.DeepseekV2ForCausalLM._from_config(cfg, attn_implementation="eager")
-    gen = torch.Generator().manual_seed(seed)
-    H = fields["hidden_size"]
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=gen))
-            elif name.endswith("mlp.gate.weight"):
-                param.copy_(3 / H ** 0.5 * torch.randn(param.shape, generator=gen))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
-    model.eval()
-    model.save_pretrained(folder, safe_serialization=True)
-    return model
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """shape id -> (hf folder, transformers' logits, chosen experts, greedy ids)."""
-    pytest.importorskip("transformers")
-    import torch
-    torch.set_num_threads(1)
-    made = {}
-
-    def get(shape_id):
-        if shape_id not in made:
-            fields = dict(next(f for s, f in SHAPES if s == shape_id))
-            hf = tmp_path_factory.mktemp(shape_id) / "hf"
-            model = make_deepseek_v2(hf, seed=[s for s, _ in SHAPES].index(shape_id) + 91, **fields)
-            routers = {i: layer.mlp.gate for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")}
-            made[shape_id] = (hf, *transformers_reference(model, PROMPT, 24, routers, sort=True))
-        return made[shape_id]
-    return get
+    return routed_checkpoints(tmp_path_factory, SHAPES, lambda folder, index, fields: random_routed_checkpoint(
+        "DeepseekV2Config", "DeepseekV2ForCausalLM", folder, index + 91, VOCAB, **fields), PROMPT, 24)
 
 
 @pytest.mark.parametrize("shape_id", [s[0] for s in SHAPES])

@@ -108,14 +108,15 @@ def test_the_tensor_table_and_metadata_are_the_gguf_packages(path):
 
 
 def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: bool = False,
-            extra: dict | None = None, split_max_tensors: int = 0, drop=None) -> Path:
+            extra: dict | None = None, split_max_tensors: int = 0, drop=None, more=None) -> Path:
     """src written again by the gguf package's writer, with another
     alignment, or with each merged ffn_*_exps tensor as one tensor per
     expert (blk.N.ffn_gate.E.weight: how llama.cpp wrote Mixtral before
     merging them), or with the metadata keys of extra added or replaced
     (key: (value, GGUFValueType)), or split into files of split_max_tensors
     tensors (gguf-split's names and keys; the first file's path is
-    returned), or without the tensors whose names drop(name) is true for."""
+    returned), or without the tensors whose names drop(name) is true for, or
+    with the tensors more(reader) gives (name, array, type) after them."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents(), split_max_tensors=split_max_tensors)
     if alignment:
@@ -134,6 +135,8 @@ def rewrite(src: Path, dst: Path, alignment: int | None = None, split_experts: b
                 w.add_tensor(t.name.replace("_exps.", f".{e}."), part, raw_dtype=t.tensor_type)
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name, data, kind in (more(r) if more else ()):
+        w.add_tensor(name, data, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -588,6 +591,35 @@ def test_a_deepseek2_file_with_the_softmax_router_computes_what_deepseek_v2_comp
     with pytest.raises(ModelError, match=r"expert_group_count is 4 with the softmax router"):
         convert_gguf(grouped, tmp_path / "grouped", progress=False)
     assert not (tmp_path / "grouped").exists()
+
+
+def test_a_deepseek2_file_with_multi_token_prediction_blocks_converts_without_them(tmp_path, converted):
+    """GLM-4.7-Flash's files keep their MTP block after the model's layers
+    (block_count counts it, nextn_predict_layers says how many): the shipped
+    file with such a block added (a copy of layer 1's tensors and nextn.*
+    ones) converts to the same weights.cbw, the block skipped; a count that
+    leaves no layer is refused."""
+    src = DATA / "deepseek_v3" / "deepseek_v3-Q8_0.gguf"
+
+    def mtp_block(r):
+        for t in r.tensors:
+            if t.name.startswith("blk.1."):
+                yield t.name.replace("blk.1.", "blk.2."), np.asarray(t.data), t.tensor_type
+        for part in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head_norm.weight"):
+            yield f"blk.2.nextn.{part}", np.ones((4, 256) if "proj" in part else 256, np.float32), \
+                gguf.GGMLQuantizationType.F32
+    keys = {"deepseek2.block_count": (3, gguf.GGUFValueType.UINT32),
+            "deepseek2.nextn_predict_layers": (1, gguf.GGUFValueType.UINT32)}
+    made = rewrite(src, tmp_path / "mtp.gguf", extra=keys, more=mtp_block)
+    assert "blk.2.nextn.eh_proj.weight" in GGUFFile(made).tensors
+    out = convert_gguf(made, tmp_path / "model", name=src.stem, progress=False)
+    cfg = json.loads((out / "model-config.json").read_text())
+    assert cfg["layers"] == 2 and cfg["source"]["skipped_mtp_blocks"] == [2]
+    assert (out / "weights.cbw").read_bytes() == (converted("deepseek_v3", src.name) / "weights.cbw").read_bytes()
+    bad = rewrite(src, tmp_path / "bad.gguf", extra={**keys, "deepseek2.nextn_predict_layers": (3, gguf.GGUFValueType.UINT32)},
+                  more=mtp_block)
+    with pytest.raises(ModelError, match=r"deepseek2.nextn_predict_layers is 3; expected 0 up to block_count - 1 \(2\)"):
+        convert_gguf(bad, tmp_path / "bad", progress=False)
 
 
 F32, STR, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32

@@ -258,6 +258,40 @@ def test_gguf_vocabulary_with_llama_cpp_pre_name(tmp_path, kind, pre):
     assert not mismatches, f"{len(mismatches)}/1500 differ; first: {mismatches[0]}"
 
 
+def test_a_glm4_gguf_vocabulary_splits_as_llama3_and_adds_no_bos(tmp_path):
+    """tokenizer.ggml.pre glm4 (GLM-4.5, GLM-4.7-Flash: llama.cpp's LLaMA 3 rule,
+    merges ignored, never a BOS): a vocabulary trained with LLaMA 3's rule
+    gives HF tokenizers' ids from a GGUF named glm4, which says add_bos_token
+    true and is not followed there."""
+    gguf = pytest.importorskip("gguf")
+    from colibri_build.tokenizer_sources import REGEXES, from_gguf
+    RULES.setdefault("llama3", [next(r for r, k in REGEXES.items() if k == "llama3")])
+    ref = _trained("llama3", random_strings(1500, seed=23), tmp_path)
+    j = json.loads((tmp_path / "tokenizer.json").read_text())
+    vocab = {**j["model"]["vocab"], **{a["content"]: a["id"] for a in j["added_tokens"]}}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    specials = {a["content"] for a in j["added_tokens"]}
+    w = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "deepseek2")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("glm4")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in specials else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]])
+    w.add_bos_token_id(vocab["<|start|>"])
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    v = from_gguf(tmp_path / "vocab.gguf")
+    assert (v.pretok, "ignore_merges" in v.flags, v.add_bos) == ("llama3", True, False)
+    convert_tokenizer(tmp_path / "vocab.gguf", tmp_path / "out", chat_template="none")
+    ours = Tokenizer(tmp_path / "out")
+    texts = random_strings(1500, seed=24, specials=sorted(specials))
+    mismatches = [(t, ours.encode(t)[:16]) for t in texts if ours.encode(t) != ref.encode(t, add_special_tokens=False).ids]
+    assert not mismatches, f"{len(mismatches)}/1500 differ; first: {mismatches[0]}"
+
+
 # The pre_tokenizer sections as the models' tokenizer.json files write them (JSON text).
 GPT_OSS_JSON = r'''{"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex":
 "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},

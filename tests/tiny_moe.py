@@ -45,6 +45,55 @@ def transformers_reference(model, ids, n_greedy, routers, sort=False):
     return logits, chosen, seq[len(ids):]
 
 
+def random_routed_checkpoint(config_cls: str, model_cls: str, folder: Path, seed: int, vocab: int, **fields):
+    """A random transformers MoE model (config_cls / model_cls name its
+    classes) saved to folder: norms 1 + 0.1 N, routers 3 / sqrt(hidden) N so
+    that the choices have clear margins, correction biases 0.3 N where the
+    router has them, every other weight 0.15 N."""
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_cls)(vocab_size=vocab, max_position_embeddings=256, rms_norm_eps=1e-6,
+                                            tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                            num_key_value_heads=fields["num_attention_heads"], **fields)
+    model = getattr(transformers, model_cls)._from_config(cfg, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=gen))
+            elif name.endswith("mlp.gate.weight"):
+                param.copy_(3 / fields["hidden_size"] ** 0.5 * torch.randn(param.shape, generator=gen))
+            else:
+                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.3 * torch.randn(buf.shape, generator=gen))
+    model.eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def routed_checkpoints(tmp_path_factory, shapes, make, prompt, n_greedy: int):
+    """A getter: shape id (of shapes, [(id, fields)]) -> (hf folder,
+    transformers' logits for prompt, each MoE layer's sorted experts, its
+    greedy continuation), each made once by make(folder, index, fields)."""
+    pytest.importorskip("transformers")
+    import torch
+    torch.set_num_threads(1)
+    made = {}
+
+    def get(shape_id):
+        if shape_id not in made:
+            index = [s for s, _ in shapes].index(shape_id)
+            hf = tmp_path_factory.mktemp(shape_id) / "hf"
+            model = make(hf, index, dict(shapes[index][1]))
+            routers = {i: layer.mlp.gate for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")}
+            made[shape_id] = (hf, *transformers_reference(model, prompt, n_greedy, routers, sort=True))
+        return made[shape_id]
+    return get
+
+
 def check_engine_against_transformers(engine, prompt, logits_ref, chosen, greedy, label: str) -> None:
     """engine's logits for prompt within 1e-4 of transformers' (relative, at
     every position), the same experts in every MoE layer (chosen: sorted ids

@@ -406,7 +406,14 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
     if "blk.0.attn_kv_b.weight" in g.tensors:
         raise ModelError(f"{path}: tensor 'blk.0.attn_kv_b.weight': an older deepseek2 file with kv_b unsplit; the "
                          "engine reads the attn_k_b / attn_v_b split that newer llama.cpp converters write")
-    layers = m.get("block_count", required=True)
+    blocks = m.get("block_count", required=True)
+    # Multi-token-prediction blocks (GLM-4.7-Flash's file keeps them after the
+    # model's layers): the engine predicts one token a step and skips them.
+    mtp = m.get("nextn_predict_layers", 0) or 0
+    if not isinstance(mtp, int) or not 0 <= mtp < blocks:
+        raise ModelError(f"{path}: {m.arch}.nextn_predict_layers is {mtp!r}; expected 0 up to block_count - 1 "
+                         f"({blocks - 1})")
+    layers = blocks - mtp
     rope = m.get("rope.dimension_count", required=True)
     key_mla = m.get("attention.key_length_mla", None)
     nope = (key_mla if key_mla is not None else m.get("attention.key_length", required=True)) - rope
@@ -462,6 +469,8 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
     if v2 and hf["norm_topk_prob"]:  # llama.cpp renormalises where the file says so
         cfg["router"] = "softmax_topk_renorm"
     cfg["source"] = {"rope_interleave": True}  # deepseek2 rotates adjacent pairs (llama.cpp's rope type NORM)
+    if mtp:
+        cfg["source"]["skipped_mtp_blocks"] = list(range(layers, blocks))
     return cfg
 
 
@@ -478,6 +487,9 @@ class _Source:
         self.names = ARCH_LAYER_NAMES.get(self.arch, LAYER_NAMES)
         if self.arch == "gemma4" and "rope_freqs.weight" in g.tensors:
             self.used.add("rope_freqs.weight")  # read into rope.partial_rotary_factor
+        skipped = tuple(f"blk.{i}." for i in cfg["source"].get("skipped_mtp_blocks", ()))
+        if skipped:  # the multi-token-prediction blocks the engine does not run
+            self.used.update(name for name in g.tensors if name.startswith(skipped))
 
     def locate(self, name: str) -> tuple[GGUFTensor | None, int | None, int | None]:
         """The GGUF tensor holding engine tensor name (None for one worked

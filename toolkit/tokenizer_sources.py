@@ -65,7 +65,9 @@ GGUF_PRE = {"gpt-2": ("gpt2", False, False), "default": ("gpt2", False, False), 
             "gpt-neox": ("gpt2", False, True), "olmo": ("gpt2", False, True), "llama-bpe": ("llama3", True, False),
             "llama3": ("llama3", True, False), "qwen2": ("qwen2", False, True),
             "gpt-4o": ("o200k", False, False), "deepseek-v3": ("deepseek_v3", False, False),
-            "deepseek-llm": ("deepseek_llm", False, False)}
+            "deepseek-llm": ("deepseek_llm", False, False), "glm4": ("llama3", True, False)}
+# llama.cpp never prepends a BOS to these (GLM's template writes [gMASK]<sop> itself).
+GGUF_PRE_NO_BOS = {"glm4"}
 GGUF_TYPES = {1: ATTR_NORMAL, 2: ATTR_SPECIAL, 3: ATTR_SPECIAL, 4: ATTR_USER, 5: ATTR_UNUSED, 6: ATTR_BYTE}
 
 
@@ -321,6 +323,8 @@ def from_gguf(path: Path) -> Vocab:
     v.eos = get("tokenizer.ggml.eos_token_id", v.eos)
     v.unk = get("tokenizer.ggml.unknown_token_id", v.unk)
     v.add_bos = bool(get("tokenizer.ggml.add_bos_token", model == "llama"))
+    if get("tokenizer.ggml.pre") in GGUF_PRE_NO_BOS:
+        v.add_bos = False
     v.chat_template = get("tokenizer.chat_template")
     return v
 
