@@ -498,9 +498,12 @@ def transformers_on_gguf(arch: str, path: Path, hf_update: dict | None = None):
                                                             t[b + "ffn_up_exps.weight"]], dim=1)
             sd[p + "mlp.experts.down_proj"] = t[b + "ffn_down_exps.weight"]
         if arch == "deepseek_v3":
-            # kv_b_proj [nh * (nope + v), kv_lora]: per head W_UK (k_b [nh, kv_lora, nope] transposed), then W_UV
-            k_b, v_b = t[b + "attn_k_b.weight"], t[b + "attn_v_b.weight"]
-            sd[p + "self_attn.kv_b_proj.weight"] = torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
+            if b + "attn_kv_b.weight" in t:  # a file from before llama.cpp split it
+                sd[p + "self_attn.kv_b_proj.weight"] = t[b + "attn_kv_b.weight"]
+            else:  # kv_b_proj [nh * (nope + v), kv_lora]: per head W_UK (k_b [nh, kv_lora, nope] transposed), then W_UV
+                k_b, v_b = t[b + "attn_k_b.weight"], t[b + "attn_v_b.weight"]
+                sd[p + "self_attn.kv_b_proj.weight"] = torch.cat([k_b.transpose(1, 2), v_b],
+                                                                 dim=1).reshape(-1, k_b.shape[1])
             if b + "ffn_gate_exps.weight" in t:
                 own = model.state_dict()
                 if p + "mlp.experts.gate_up_proj" in own:  # fused [E, 2I, H]: gate rows, then up rows
@@ -620,6 +623,44 @@ def test_a_deepseek2_file_with_multi_token_prediction_blocks_converts_without_th
                   more=mtp_block)
     with pytest.raises(ModelError, match=r"deepseek2.nextn_predict_layers is 3; expected 0 up to block_count - 1 \(2\)"):
         convert_gguf(bad, tmp_path / "bad", progress=False)
+
+
+def unsplit_kv_b(src: Path, dst: Path) -> Path:
+    """src's attn_k_b / attn_v_b joined back into one attn_kv_b a layer (Q8_0,
+    per head W_UK's rows then W_UV's), as deepseek2 files converted before
+    llama.cpp split kv_b (2025) hold it."""
+    def joined(r):
+        t = {x.name: x for x in r.tensors}
+        for layer in sorted({int(n.split(".")[1]) for n in t if n.endswith("attn_k_b.weight")}):
+            k_b = gguf.quants.dequantize(t[f"blk.{layer}.attn_k_b.weight"].data, t[f"blk.{layer}.attn_k_b.weight"].tensor_type)
+            v_b = gguf.quants.dequantize(t[f"blk.{layer}.attn_v_b.weight"].data, t[f"blk.{layer}.attn_v_b.weight"].tensor_type)
+            kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(-1, k_b.shape[1]).astype(np.float32)
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            yield f"blk.{layer}.attn_kv_b.weight", gguf.quants.quantize(kv_b, q8), q8
+    return rewrite(src, dst, drop=lambda n: n.endswith(("attn_k_b.weight", "attn_v_b.weight")), more=joined)
+
+
+def test_a_deepseek2_file_with_kv_b_unsplit_computes_what_transformers_computes(tmp_path):
+    """DeepSeek-V2-Lite / Coder-V2-Lite files converted before llama.cpp
+    split kv_b hold attn_kv_b whole: W_UV's rows keep their bytes, W_UK^T is
+    W_UK dequantized exactly and transposed (float32). The shipped file made
+    so, its F32 twin against transformers on the same weights: logits within
+    1e-4 of the largest."""
+    made = unsplit_kv_b(DATA / "deepseek_v3" / "deepseek_v3-Q8_0.gguf", tmp_path / "unsplit.gguf")
+    assert "blk.1.attn_kv_b.weight" in GGUFFile(made).tensors and "blk.1.attn_k_b.weight" not in GGUFFile(made).tensors
+    out = convert_gguf(made, tmp_path / "model", progress=False)
+    cfg = json.loads((out / "model-config.json").read_text())
+    assert cfg["source"]["kv_b_unsplit"] and cfg["weights"]["tensor_dtypes"]["blk.0.attn_k_b"] == "f32"
+    assert cfg["weights"]["tensor_dtypes"].get("blk.0.attn_v_b", cfg["weights"]["dtype"]) in ("q8_0", "q8_0x4")
+    model, torch = transformers_on_gguf("deepseek_v3", made)
+    r = refs("deepseek_v3")
+    ids = r["prompt"] + r["teacher_forced_path"]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    got = Engine(f32_twin(out, tmp_path / "twin"), threads=1).forward(ids)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"deepseek2 with kv_b unsplit: max error {err:.2e} relative to the largest logit")
+    assert err < 1e-4
 
 
 F32, STR, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32

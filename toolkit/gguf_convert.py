@@ -403,9 +403,8 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
         raise ModelError(f"{path}: {m.arch}.expert_group_count is {groups} with the softmax router: llama.cpp scores "
                          "a group by its two best experts where DeepSeek-V2 takes its best; group-limited softmax "
                          "routing of GGUF files is not implemented (DeepSeek-V2-Lite and Coder-V2-Lite, 1 group, are)")
-    if "blk.0.attn_kv_b.weight" in g.tensors:
-        raise ModelError(f"{path}: tensor 'blk.0.attn_kv_b.weight': an older deepseek2 file with kv_b unsplit; the "
-                         "engine reads the attn_k_b / attn_v_b split that newer llama.cpp converters write")
+    # Files converted before llama.cpp split kv_b (2025) hold it whole.
+    unsplit = "blk.0.attn_kv_b.weight" in g.tensors and "blk.0.attn_k_b.weight" not in g.tensors
     blocks = m.get("block_count", required=True)
     # Multi-token-prediction blocks (GLM-4.7-Flash's file keeps them after the
     # model's layers): the engine predicts one token a step and skips them.
@@ -471,6 +470,8 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
     cfg["source"] = {"rope_interleave": True}  # deepseek2 rotates adjacent pairs (llama.cpp's rope type NORM)
     if mtp:
         cfg["source"]["skipped_mtp_blocks"] = list(range(layers, blocks))
+    if unsplit:
+        cfg["source"]["kv_b_unsplit"] = True
     return cfg
 
 
@@ -512,6 +513,8 @@ class _Source:
             if merged in self.g.tensors:
                 return self._take(merged), int(e), None
             return self._take(f"blk.{layer}.ffn_{role}.{e}.weight"), None, None  # older files: one per expert
+        if rest in ("attn_k_b", "attn_v_b") and self.cfg["source"].get("kv_b_unsplit"):
+            return self._take(f"blk.{layer}.attn_kv_b.weight"), None, None
         return self._take(f"blk.{layer}.{self.names[rest]}"), None, None
 
     def _take(self, gguf_name: str) -> GGUFTensor:
@@ -533,6 +536,17 @@ class _Source:
             got = (got[0] / 2, *got[1:])
         if expert is None and len(got) == 3 and name.endswith(("attn_k_b", "attn_v_b")):  # [nh, rows, cols]
             got = (got[0] * got[1], got[2])
+        if t.name.endswith("attn_kv_b.weight"):  # whole: each head's W_UK rows, then its W_UV rows
+            mla, nh = self.cfg["mla"], self.cfg["heads"]
+            nope, v, r = mla["qk_nope_head_dim"], mla["v_head_dim"], mla["kv_lora_rank"]
+            if tuple(got) != (nh * (nope + v), r):
+                raise ModelError(f"{self.g.path}: tensor '{t.name}' has shape {list(got)} (GGUF ne={list(t.ne)}) "
+                                 f"where the metadata implies {[nh * (nope + v), r]}")
+            if t.type_name not in TYPES:
+                raise ModelError(f"{self.g.path}: tensor '{t.name}' has type {t.type_name}, which Colibri's engine "
+                                 f"does not run; supported: {_supported_list()}")
+            # W_UV keeps its rows' bytes; W_UK^T is W_UK transposed, so float32 (exact)
+            return t, None, None, "f32" if name.endswith("attn_k_b") else TYPES[t.type_name]
         if len(shape) == 1 and len(got) == 2 and 1 in got:  # a [n, 1] vector
             got = (got[0] * got[1],)
         if tuple(got) != tuple(shape):
@@ -601,6 +615,20 @@ def deinterleave_rope_rows(rows: np.ndarray, blocks: int, rope: int) -> np.ndarr
     return out.reshape(n, width)
 
 
+def _split_kv_b(raw: np.ndarray, src: str, cfg: dict, role: str) -> np.ndarray:
+    """An unsplit kv_b ([heads * (nope + v), kv_lora]: per head W_UK's rows,
+    then W_UV's) as the engine's attn_k_b, W_UK^T per head ([heads * kv_lora,
+    nope] float32, dequantized exactly: a transposed block format cannot keep
+    its bytes), or attn_v_b, W_UV's rows as stored ([heads * v, row bytes])."""
+    mla, nh = cfg["mla"], cfg["heads"]
+    nope, v, r = mla["qk_nope_head_dim"], mla["v_head_dim"], mla["kv_lora_rank"]
+    heads = raw.reshape(nh, nope + v, -1)
+    if role == "attn_v_b":
+        return np.ascontiguousarray(heads[:, nope:]).reshape(nh * v, -1)
+    w_uk = quant.dequantize(np.ascontiguousarray(heads[:, :nope]).reshape(-1), src, (nh * nope, r))
+    return np.ascontiguousarray(w_uk.reshape(nh, nope, r).transpose(0, 2, 1)).reshape(nh * r, nope)
+
+
 def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None, expert, half,
                   target: str) -> Stored:
     if t is None:  # YaRN's frequencies, as ggml works them out
@@ -612,12 +640,17 @@ def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None
         raw = raw[expert * per:(expert + 1) * per]
     if half is not None:  # rows of a fused gate_up: whole rows, so whole blocks
         raw = raw[half * raw.size // 2:(half + 1) * raw.size // 2]
-    if target == "f32" and src != "f32":  # an F16/BF16 vector or router, widened exactly
+    role = name.rsplit(".", 1)[-1]
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    if t.name.endswith("attn_kv_b.weight"):
+        matrix = _split_kv_b(raw, src, cfg, role)
+        if role == "attn_k_b":
+            return Stored("f32", tuple(shape), matrix.astype("<f4").tobytes())
+    elif target == "f32" and src != "f32":  # an F16/BF16 vector or router, widened exactly
         data = quant.dequantize(raw, src, tuple(shape)).astype("<f4").tobytes()
         return Stored("f32", tuple(shape), data)
-    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    matrix = raw.reshape(rows, -1)
-    role = name.rsplit(".", 1)[-1]
+    else:
+        matrix = raw.reshape(rows, -1)
     if cfg["source"]["architecture"] == "llama" and role in ("attn_q", "attn_k"):
         matrix = unpermute_rows(matrix, cfg["heads"] if role == "attn_q" else cfg["kv_heads"])
     if cfg["source"]["architecture"] == "deepseek2" and role in ("attn_q", "attn_q_b", "attn_kv_a"):
