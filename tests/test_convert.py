@@ -129,7 +129,7 @@ def test_errors_are_clear_and_leave_nothing_behind(tmp_path):
     cfg = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**cfg, "model_type": "llama4"}))
     with pytest.raises(ConfigError,
-                       match="architecture 'llama4' is not supported; supported: deepseek_v2, deepseek_v3, gemma4, gemma4_text, glm4_moe_lite, gpt_oss, mixtral"):
+                       match="architecture 'llama4' is not supported; supported: deepseek_v2, deepseek_v3, gemma4, gemma4_text, glm4_moe, glm4_moe_lite, gpt_oss"):
         convert(src, out, progress=False)
     (src / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "ntk-by-parts", "factor": 4.0}}))
     with pytest.raises(ConfigError, match="rope_scaling.rope_type is 'ntk-by-parts', not a RoPE type Colibri "

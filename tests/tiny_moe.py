@@ -55,7 +55,7 @@ def random_routed_checkpoint(config_cls: str, model_cls: str, folder: Path, seed
     torch.manual_seed(seed)
     cfg = getattr(transformers, config_cls)(vocab_size=vocab, max_position_embeddings=256, rms_norm_eps=1e-6,
                                             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                            num_key_value_heads=fields["num_attention_heads"], **fields)
+                                            **{"num_key_value_heads": fields["num_attention_heads"], **fields})
     model = getattr(transformers, model_cls)._from_config(cfg, attn_implementation="eager")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -92,6 +92,23 @@ def routed_checkpoints(tmp_path_factory, shapes, make, prompt, n_greedy: int):
             made[shape_id] = (hf, *transformers_reference(model, prompt, n_greedy, routers, sort=True))
         return made[shape_id]
     return get
+
+
+def check_refused(hf: Path, tmp_path: Path, change: dict, words: str) -> None:
+    """hf's checkpoint with its config.json's fields changed: convert
+    raises ConfigError matching words and leaves no output folder."""
+    import json
+
+    from colibri_build.convert import convert
+    from colibri_build.errors import ConfigError
+    bad = tmp_path / "hf"
+    bad.mkdir()
+    (bad / "model.safetensors").symlink_to(hf / "model.safetensors")
+    cfg = json.loads((hf / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ConfigError, match=words):
+        convert(bad, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def check_engine_against_transformers(engine, prompt, logits_ref, chosen, greedy, label: str) -> None:

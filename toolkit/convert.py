@@ -49,6 +49,11 @@ GPT_OSS_LAYER = {
 }
 
 
+# GLM-4.5's tensors whose head dims convert reorders for its partial RoPE
+# (archs.glm4_moe): engine name -> heads it holds ("q": heads, "k": kv_heads,
+# "norm": one head's norm weights, shared by all).
+GLM_ROPE_ROWS = {"attn_q": "q", "attn_q_bias": "q", "attn_k": "k", "attn_k_bias": "k", "attn_q_norm": "norm",
+                 "attn_k_norm": "norm"}
 # DeepSeek-V3's tensors the converter reshapes: engine name -> the checkpoint's projection.
 DEEPSEEK_SPLIT = {"attn_q": "q_proj", "attn_q_b": "q_b_proj", "attn_kv_a": "kv_a_proj_with_mqa",
                   "attn_k_b": "kv_b_proj", "attn_v_b": "kv_b_proj"}
@@ -65,6 +70,7 @@ class TensorSource:
         self.cfg = cfg
         self.gpt_oss = bool(cfg) and cfg.get("architecture") == "gpt_oss"
         self.deepseek = bool(cfg) and cfg.get("architecture") == "deepseek_v3"
+        self.glm = bool(cfg) and cfg.get("architecture") == "glm4_moe"
         # "model." normally; the multimodal wrapper's text model otherwise.
         self.prefix = MULTIMODAL_TEXT_PREFIX if MULTIMODAL_TEXT_PREFIX + "embed_tokens.weight" in ckpt else "model."
 
@@ -148,6 +154,17 @@ class TensorSource:
         out[..., -rope:, :] = array[..., -rope:, :][..., order, :]
         return out
 
+    def glm_rope_rows(self, base: str, rest: str, shape):
+        """q, k (rows per head), their biases and norm weights with each
+        head's dims in archs.glm4_moe.rope_order (the same order for q and
+        k, so their products do not change)."""
+        from .archs.glm4_moe import rope_order
+        d = self.cfg["head_dim"]
+        order = np.array(rope_order(d, self.cfg["source"]["glm_rope_rotated"]))
+        array = self._take(f"{base}.{ATTENTION[rest]}", shape)
+        heads = 1 if GLM_ROPE_ROWS[rest] == "norm" else array.shape[0] // d
+        return np.ascontiguousarray(array.reshape(heads, d, *array.shape[1:])[:, order]).reshape(array.shape)
+
     def deepseek_tensor(self, base: str, rest: str, shape):
         """MLA's tensors: q (or q_b) and kv_a with their rope rows reordered,
         kv_b [nh * (nope + v), kv_lora] split into each head's W_UK^T and W_UV."""
@@ -181,6 +198,10 @@ class TensorSource:
             return self._take(f"{base}.{GEMMA4_LAYER[rest]}", shape)
         if self.deepseek and (rest in DEEPSEEK_LAYER or rest in DEEPSEEK_SPLIT):
             return self.deepseek_tensor(base, rest, shape)
+        if self.glm and rest in GLM_ROPE_ROWS:
+            return self.glm_rope_rows(base, rest, shape)
+        if self.glm and rest in DEEPSEEK_LAYER:  # the router's bias and the shared experts, named as DeepSeek's
+            return self._take(f"{base}.{DEEPSEEK_LAYER[rest]}", shape)
         if self.gpt_oss:
             if rest.startswith("expert."):
                 _, expert, role = rest.split(".")
@@ -208,8 +229,8 @@ class TensorSource:
                 return True
             if self.prefix == MULTIMODAL_TEXT_PREFIX and name.startswith(MULTIMODAL_OTHER):
                 return True
-            if self.deepseek and name.startswith(f"{self.prefix}layers."):
-                # DeepSeek-V3's multi-token-prediction layers follow the model's (transformers skips them too)
+            if (self.deepseek or self.glm) and name.startswith(f"{self.prefix}layers."):
+                # DeepSeek-V3's and GLM's multi-token-prediction layers follow the model's (transformers skips them too)
                 index = name[len(self.prefix) + 7:].split(".", 1)[0]
                 if index.isdigit() and int(index) >= cfg["layers"]:
                     return True

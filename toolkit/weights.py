@@ -28,7 +28,7 @@ HUGE_PAGE = 2 << 20  # CB_HUGE_ALIGNMENT
 TENSOR_ALIGN = 64
 NAME_BYTES = 48
 
-ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4, "gemma4": 5, "gpt_oss": 6, "deepseek_v3": 7}
+ARCH_IDS = {"mixtral": 1, "qwen2_moe": 2, "qwen3_moe": 3, "olmoe": 4, "gemma4": 5, "gpt_oss": 6, "deepseek_v3": 7, "glm4_moe": 8}
 BLOCK_IDS = {"pre_norm": 0, "gemma4": 1}
 FFN_ACT_IDS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 QK_NORM_IDS = {"none": 0, "per_head": 1, "whole": 2}

@@ -9,7 +9,7 @@
 
 enum cb_arch {
     CB_ARCH_MIXTRAL = 1, CB_ARCH_QWEN2_MOE = 2, CB_ARCH_QWEN3_MOE = 3, CB_ARCH_OLMOE = 4, CB_ARCH_GEMMA4 = 5,
-    CB_ARCH_GPT_OSS = 6, CB_ARCH_DEEPSEEK_V3 = 7
+    CB_ARCH_GPT_OSS = 6, CB_ARCH_DEEPSEEK_V3 = 7, CB_ARCH_GLM4_MOE = 8
 };
 
 /* How a decoder layer wires its norms and FFNs. */

@@ -423,7 +423,7 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
     }
 #endif
     const cb_dims *d = CB_DIMS(e);
-    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_DEEPSEEK_V3 || d->n_kv_heads == 0 ||
+    if (d->arch < CB_ARCH_MIXTRAL || d->arch > CB_ARCH_GLM4_MOE || d->n_kv_heads == 0 ||
         d->n_heads % d->n_kv_heads || d->top_k == 0 || d->top_k > d->n_experts || d->head_dim % 2 ||
         d->weight_dtype >= CB_DTYPE_COUNT || d->weight_dtype == CB_Q4_0X4 || d->weight_dtype == CB_Q8_0X4 ||
         d->weight_dtype == 5 || d->qk_norm > CB_QK_NORM_WHOLE || d->n_shared_experts > 1) {

@@ -19,7 +19,8 @@ typedef struct {
 } reader;
 
 /* Names of enum values, indexed by value (NULL: not a value). */
-static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss", "deepseek_v3"};
+static const char *const ARCHS[] = {NULL, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss", "deepseek_v3",
+                                    "glm4_moe"};
 static const char *const BLOCKS[] = {"pre_norm", "gemma4"};
 static const char *const FFN_ACTS[] = {"silu", "gelu_tanh", "swiglu_oai"};
 static const char *const ROUTERS[] = {NULL, "softmax_topk_renorm", "softmax_topk", "topk_softmax",
