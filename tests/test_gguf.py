@@ -663,6 +663,27 @@ def test_a_deepseek2_file_with_kv_b_unsplit_computes_what_transformers_computes(
     assert err < 1e-4
 
 
+GLM_DATA = Path(__file__).resolve().parent / "data" / "glm4moe"
+
+
+@pytest.mark.parametrize("kv_cache", ["f16-llama", "f32"])
+def test_a_glm4moe_file_from_llama_cpps_converter_gives_llama_cpps_answers(tmp_path, kv_cache):
+    """tests/data/glm4moe (made by its make.py: a random GLM-4.5-style model
+    through llama.cpp's own converter, llama-server's answers): GQA with q/k
+    biases and norms, half of each head rotated (the head dims reordered and
+    theta written to the power 2 at convert), the sigmoid router, a shared
+    expert, a dense first layer. Issue 24's bars, in both cache modes (at
+    make time: 0.061 / 0.090 nats, argmax 16/16)."""
+    r = json.loads((GLM_DATA / "refs.json").read_text())
+    out = convert_gguf(GLM_DATA / "glm4moe-Q8_0.gguf", tmp_path / "glm", progress=False)
+    cfg = json.loads((out / "model-config.json").read_text())
+    assert (cfg["architecture"], cfg["rope"]["partial_rotary_factor"], cfg["attention"]["qk_norm"],
+            cfg["attention"]["qkv_bias"], cfg["router"], cfg["dense_layers"]) == \
+        ("glm4_moe", 0.5, "per_head", True, "sigmoid_topk_renorm", [0])
+    assert cfg["rope"]["theta"] == pytest.approx(1e12)
+    check_same_answers(load_engine(out, kv_cache), r, "glm4moe-Q8_0.gguf")
+
+
 F32, STR, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
 ROPE_SCALED = {  # llama.cpp's keys of a scaled RoPE, and the config.json rope_scaling it converts from
     "qwen3_moe-yarn": ("qwen3_moe", "qwen3_moe-Q8_0.gguf", "qwen3moe",
@@ -771,7 +792,7 @@ BAD = {
                       r"but only \d+ lie before"),
     "unknown-arch": (lambda d: d.__setitem__(slice(None), bytes(d).replace(b"qwen3moe", b"qwen9moe")),
                      r"architecture 'qwen9moe' \(general.architecture\) is not supported; supported: deepseek2, "
-                     r"gemma4, gpt-oss, llama, olmoe"),
+                     r"gemma4, glm4moe, gpt-oss, llama, olmoe"),
     "missing-key": (lambda d: d.__setitem__(slice(None), bytes(d).replace(b"qwen3moe.expert_used_count",
                                                                           b"qwen3moe.expert_used_cnxxx")),
                     r"metadata key 'qwen3moe.expert_used_count' is missing"),

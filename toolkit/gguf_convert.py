@@ -31,7 +31,7 @@ from .weights import DTYPE_NAMES, Stored, expected_shapes, plan_layout, rope_fre
 
 # GGUF general.architecture -> the engine's architecture.
 ARCHS = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",
-         "gemma4": "gemma4", "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3"}
+         "gemma4": "gemma4", "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe"}
 # How llama.cpp weighs the chosen experts, per architecture (its graph fixes
 # it; the GGUF file does not say): renormalised over the top-k or not.
 ROUTERS = {"llama": "softmax_topk_renorm", "qwen3moe": "softmax_topk_renorm", "qwen2moe": "softmax_topk",
@@ -63,6 +63,8 @@ ARCH_LAYER_NAMES = {
     # gpt-oss's norm before the experts is HF's post_attention_layernorm.
     "gpt-oss": {**LAYER_NAMES, "ffn_norm": "post_attention_norm.weight", "attn_o_bias": "attn_output.bias",
                 "attn_sinks": "attn_sinks.weight", "ffn_router_bias": "ffn_gate_inp.bias"},
+    # GLM-4.5's norm before the FFN is post_attention_norm; its router's bias, DeepSeek's.
+    "glm4moe": {**LAYER_NAMES, "ffn_norm": "post_attention_norm.weight", "ffn_router_bias": "exp_probs_b.bias"},
     # DeepSeek's MLA: kv_b comes split by llama.cpp's converter into each
     # head's W_UK^T (attn_k_b) and W_UV (attn_v_b), the engine's own layout.
     "deepseek2": {**LAYER_NAMES, "attn_q_a": "attn_q_a.weight", "attn_q_a_norm": "attn_q_a_norm.weight",
@@ -380,6 +382,32 @@ def _linear_or_yarn(g: GGUFFile, m: _Meta) -> dict | None:
     return _yarn(g, m)
 
 
+def _experts_keys(m: _Meta) -> dict:
+    """The experts' keys deepseek2 and glm4moe files share, spelled as their
+    config.json (the group count aside: each checks it its own way)."""
+    return {"n_routed_experts": m.get("expert_count", required=True),
+            "num_experts_per_tok": m.get("expert_used_count", required=True),
+            "moe_intermediate_size": m.get("expert_feed_forward_length", required=True),
+            "n_shared_experts": m.get("expert_shared_count", 0),
+            "first_k_dense_replace": m.get("leading_dense_block_count", 0),
+            "intermediate_size": m.get("feed_forward_length", 0),
+            "topk_group": m.get("expert_group_used_count", 1) or 1,
+            "routed_scaling_factor": float(m.get("expert_weights_scale", 1.0)),
+            "norm_topk_prob": bool(m.get("expert_weights_norm", False))}
+
+
+def _blocks_and_layers(g: GGUFFile, m: _Meta) -> tuple[int, int]:
+    """block_count, and the model's layers before its multi-token-prediction
+    blocks (nextn_predict_layers: GLM's files keep them after the layers),
+    which the engine, predicting one token a step, skips."""
+    blocks = m.get("block_count", required=True)
+    mtp = m.get("nextn_predict_layers", 0) or 0
+    if not isinstance(mtp, int) or not 0 <= mtp < blocks:
+        raise ModelError(f"{g.path}: {m.arch}.nextn_predict_layers is {mtp!r}; expected 0 up to block_count - 1 "
+                         f"({blocks - 1})")
+    return blocks, blocks - mtp
+
+
 def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
     """llama.cpp's deepseek2 graph (DeepSeek-V3 / R1 / Kimi K2 files, and
     DeepSeek-V2-Lite's with the softmax router): its keys spelled as
@@ -405,14 +433,7 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
                          "routing of GGUF files is not implemented (DeepSeek-V2-Lite and Coder-V2-Lite, 1 group, are)")
     # Files converted before llama.cpp split kv_b (2025) hold it whole.
     unsplit = "blk.0.attn_kv_b.weight" in g.tensors and "blk.0.attn_k_b.weight" not in g.tensors
-    blocks = m.get("block_count", required=True)
-    # Multi-token-prediction blocks (GLM-4.7-Flash's file keeps them after the
-    # model's layers): the engine predicts one token a step and skips them.
-    mtp = m.get("nextn_predict_layers", 0) or 0
-    if not isinstance(mtp, int) or not 0 <= mtp < blocks:
-        raise ModelError(f"{path}: {m.arch}.nextn_predict_layers is {mtp!r}; expected 0 up to block_count - 1 "
-                         f"({blocks - 1})")
-    layers = blocks - mtp
+    blocks, layers = _blocks_and_layers(g, m)
     rope = m.get("rope.dimension_count", required=True)
     key_mla = m.get("attention.key_length_mla", None)
     nope = (key_mla if key_mla is not None else m.get("attention.key_length", required=True)) - rope
@@ -426,15 +447,7 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
           "kv_lora_rank": m.get("attention.kv_lora_rank", required=True),
           "rope_theta": float(m.get("rope.freq_base", 10000.0)), "max_position_embeddings": ctx,
           "tie_word_embeddings": "output.weight" not in g.tensors,
-          "n_routed_experts": m.get("expert_count", required=True),
-          "num_experts_per_tok": m.get("expert_used_count", required=True),
-          "moe_intermediate_size": m.get("expert_feed_forward_length", required=True),
-          "n_shared_experts": m.get("expert_shared_count", 0),
-          "first_k_dense_replace": m.get("leading_dense_block_count", 0),
-          "intermediate_size": m.get("feed_forward_length", 0),
-          "n_group": groups, "topk_group": m.get("expert_group_used_count", 1) or 1,
-          "routed_scaling_factor": float(m.get("expert_weights_scale", 1.0)),
-          "norm_topk_prob": bool(m.get("expert_weights_norm", False)),
+          **_experts_keys(m), "n_group": groups,
           "scoring_func": "softmax" if v2 else "sigmoid", "topk_method": "greedy" if v2 else "noaux_tc"}
     kind = m.get("rope.scaling.type", "none")
     if kind not in ("none", None):
@@ -468,14 +481,57 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
     if v2 and hf["norm_topk_prob"]:  # llama.cpp renormalises where the file says so
         cfg["router"] = "softmax_topk_renorm"
     cfg["source"] = {"rope_interleave": True}  # deepseek2 rotates adjacent pairs (llama.cpp's rope type NORM)
-    if mtp:
+    if layers < blocks:
         cfg["source"]["skipped_mtp_blocks"] = list(range(layers, blocks))
     if unsplit:
         cfg["source"]["kv_b_unsplit"] = True
     return cfg
 
 
-ARCH_CONFIGS = {"gemma4": _gemma4_config, "gpt-oss": _gpt_oss_config, "deepseek2": _deepseek2_config}
+def _glm4moe_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
+    """llama.cpp's glm4moe graph (GLM-4.5, 4.6, 4.5-Air): its keys spelled as
+    GLM's config.json for the safetensors importer (archs.glm4_moe): RoPE
+    (NeoX pairs, no permutation by the converter) on rope.dimension_count
+    dims of each head, q/k biases and norms where the tensors are, the
+    sigmoid router; multi-token-prediction blocks skipped."""
+    from .archs import glm4_moe
+    from .archs.common import HFConfig
+    path = g.path
+    if m.get("expert_gating_func", 2) != 2:
+        raise ModelError(f"{path}: {m.arch}.expert_gating_func is {m.get('expert_gating_func')}; only the sigmoid "
+                         "router (2) of GLM-4.5 is implemented")
+    if m.get("rope.scaling.type", "none") not in ("none", None):
+        raise ModelError(f"{path}: {m.arch}.rope.scaling.type is '{m.get('rope.scaling.type')}'; RoPE scaling with "
+                         "GLM's partial rotary embedding is not implemented")
+    blocks, layers = _blocks_and_layers(g, m)
+    hidden = m.get("embedding_length", required=True)
+    heads = m.get("attention.head_count", required=True)
+    head_dim = m.get("attention.key_length", hidden // heads if heads else 0)
+    if m.get("attention.value_length", head_dim) != head_dim:
+        raise ModelError(f"{path}: {m.arch}.attention.value_length {m.get('attention.value_length')} differs from "
+                         f"key_length {head_dim}; the engine needs them equal")
+    rotated = m.get("rope.dimension_count", head_dim)
+    hf = {"hidden_size": hidden, "num_attention_heads": heads,
+          "num_key_value_heads": m.get("attention.head_count_kv", heads), "head_dim": head_dim,
+          "num_hidden_layers": layers, "vocab_size": _vocab(g, hidden), "hidden_act": "silu",
+          "rms_norm_eps": float(m.get("attention.layer_norm_rms_epsilon", required=True)),
+          "rope_theta": float(m.get("rope.freq_base", 10000.0)), "partial_rotary_factor": rotated / head_dim,
+          "max_position_embeddings": ctx, "tie_word_embeddings": "output.weight" not in g.tensors,
+          "attention_bias": "blk.0.attn_q.bias" in g.tensors, "use_qk_norm": "blk.0.attn_q_norm.weight" in g.tensors,
+          **_experts_keys(m), "n_group": m.get("expert_group_count", 1) or 1}
+    for i in range(layers):
+        routed = f"blk.{i}.ffn_gate_inp.weight" in g.tensors
+        if routed != (i >= hf["first_k_dense_replace"]):
+            raise ModelError(f"{path}: layer {i} {'has' if routed else 'lacks'} a router (ffn_gate_inp) but "
+                             f"{m.arch}.leading_dense_block_count is {hf['first_k_dense_replace']}")
+    cfg = glm4_moe.model_fields(HFConfig(hf, str(path)), ctx)
+    if layers < blocks:
+        cfg["source"]["skipped_mtp_blocks"] = list(range(layers, blocks))
+    return cfg
+
+
+ARCH_CONFIGS = {"gemma4": _gemma4_config, "gpt-oss": _gpt_oss_config, "deepseek2": _deepseek2_config,
+                "glm4moe": _glm4moe_config}
 
 
 class _Source:
@@ -615,6 +671,20 @@ def deinterleave_rope_rows(rows: np.ndarray, blocks: int, rope: int) -> np.ndarr
     return out.reshape(n, width)
 
 
+# GLM's q/k vectors whose head dims follow the rows' order (biases per head, norm weights of one head).
+GLM_VECTORS = ("attn_q_bias", "attn_k_bias", "attn_q_norm", "attn_k_norm")
+
+
+def glm_rope_rows(rows: np.ndarray, cfg: dict) -> np.ndarray:
+    """GLM's q or k rows (or a bias / norm weight as one-element rows), each
+    head's in archs.glm4_moe.rope_order, as the safetensors importer does."""
+    from .archs.glm4_moe import rope_order
+    d = cfg["head_dim"]
+    order = np.array(rope_order(d, cfg["source"]["glm_rope_rotated"]))
+    n = rows.shape[0]
+    return np.ascontiguousarray(rows.reshape(n // d, d, *rows.shape[1:])[:, order]).reshape(rows.shape)
+
+
 def _split_kv_b(raw: np.ndarray, src: str, cfg: dict, role: str) -> np.ndarray:
     """An unsplit kv_b ([heads * (nope + v), kv_lora]: per head W_UK's rows,
     then W_UV's) as the engine's attn_k_b, W_UK^T per head ([heads * kv_lora,
@@ -646,15 +716,19 @@ def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None
         matrix = _split_kv_b(raw, src, cfg, role)
         if role == "attn_k_b":
             return Stored("f32", tuple(shape), matrix.astype("<f4").tobytes())
-    elif target == "f32" and src != "f32":  # an F16/BF16 vector or router, widened exactly
-        data = quant.dequantize(raw, src, tuple(shape)).astype("<f4").tobytes()
-        return Stored("f32", tuple(shape), data)
+    elif target == "f32" and (src != "f32" or (cfg["source"]["architecture"] == "glm4moe" and role in GLM_VECTORS)):
+        data = quant.dequantize(raw, src, tuple(shape)).astype("<f4")  # an F16/BF16 vector or router, widened exactly
+        if cfg["source"]["architecture"] == "glm4moe" and role in GLM_VECTORS:
+            data = glm_rope_rows(data.reshape(-1, 1), cfg)
+        return Stored("f32", tuple(shape), np.ascontiguousarray(data).reshape(shape).tobytes())
     else:
         matrix = raw.reshape(rows, -1)
     if cfg["source"]["architecture"] == "llama" and role in ("attn_q", "attn_k"):
         matrix = unpermute_rows(matrix, cfg["heads"] if role == "attn_q" else cfg["kv_heads"])
     if cfg["source"]["architecture"] == "deepseek2" and role in ("attn_q", "attn_q_b", "attn_kv_a"):
         matrix = deinterleave_rope_rows(matrix, cfg["heads"] if role != "attn_kv_a" else 1, cfg["head_dim"])
+    if cfg["source"]["architecture"] == "glm4moe" and role in ("attn_q", "attn_k"):  # whole rows: any type
+        matrix = glm_rope_rows(matrix, cfg)
     if target in quant.X4:
         base = quant.X4[target]
         blocks = np.ascontiguousarray(matrix).reshape(rows, shape[-1] // quant.QK, quant.BLOCK_BYTES[base])

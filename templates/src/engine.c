@@ -250,7 +250,9 @@ static int llama_rope_table(const cb_engine *e, int l, float *cos_t, float *sin_
     if (CB_DIMS(e)->block == CB_BLOCK_GEMMA4 || desc->rope_dyn_factor || s->kind == CB_ROPE_OTHER ||
         (s->kind == CB_ROPE_PLAIN && cb_rope_freqs(e, l)))
         return 0;
-    const int half = (int)desc->head_dim / 2, n_dims = 2 * (int)desc->rope_pairs;
+    /* frequencies over the whole head, as the default tables: where fewer
+     * pairs rotate (GLM's partial RoPE), convert wrote theta for that */
+    const int half = (int)desc->head_dim / 2, n_dims = 2 * half;
     const float base = desc->rope_theta, theta_scale = powf(base, -2.0f / (float)n_dims);
     const float freq_scale = s->kind == CB_ROPE_PLAIN ? 1.0f : 1.0f / s->factor;
     float ext_factor = 0.0f, mscale = 1.0f, corr[2] = {0, 0};
