@@ -177,16 +177,16 @@ def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
 
 
 def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_path):
-    """The same weights with GLM-4.6's template (its <arg_key> calls are not
+    """The same weights with MiniMax-M2's template (its calls are not
     parsed), served by the same executable: tools get a 400 saying why;
     with tool_choice "none" they are only shown to the model."""
     from colibri_build.convert import convert
     hf = tmp_path / "hf"
     shutil.copytree(tool_server.hf, hf)
     cfg = json.loads((hf / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = (TESTDATA / "chat_templates" / "GLM-4.6.jinja").read_text()
+    cfg["chat_template"] = (TESTDATA / "chat_templates" / "MiniMax-M2.jinja").read_text()
     (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
-    server = RunningServer(tool_server.exe, convert(hf, tmp_path / "glm", dtype="f32", progress=False))
+    server = RunningServer(tool_server.exe, convert(hf, tmp_path / "ds", dtype="f32", progress=False))
     try:
         body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 2}
         got = server.post("/v1/chat/completions", body)

@@ -59,6 +59,20 @@ CORPUS = [
     ("qwen3-coder-xml", "<tool_call>\n<function=now>\n</function>\n</tool_call>", "", [("now", "{}")]),
     ("qwen3-coder-xml", "<tool_call>\n<function=now>\n<parameter=x>\n1\n</parameter>\n</tool_call>",
      "<tool_call>\n<function=now>\n<parameter=x>\n1\n</parameter>\n</tool_call>", []),
+    # GLM-4.5..4.7: the name, then key/value pairs; strings bare, the rest JSON (its template's tojson)
+    ("glm", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+     "<arg_value>3</arg_value>\n</tool_call>", "", [("get_weather", '{"city":"Paris","days":3}')]),
+    ("glm", "Checking both.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Grüße \"q\" 🦙</arg_value>\n"
+     "</tool_call>\n<tool_call>get_time\n<arg_key>opts</arg_key>\n<arg_value>{\"fmt\": [1, true]}</arg_value>\n"
+     "</tool_call>", "Checking both.",
+     [("get_weather", '{"city":"Grüße \\"q\\" 🦙"}'), ("get_time", '{"opts":{"fmt": [1, true]}}')]),
+    ("glm", "<tool_call>now</tool_call>", "", [("now", "{}")]),
+    ("glm", "<think>plan</think>\n<tool_call>run\n<arg_key>code</arg_key>\n<arg_value>a\nb</arg_value>\n</tool_call>",
+     "<think>plan</think>", [("run", '{"code":"a\\nb"}')]),
+    ("glm", "<tool_call>now\n<arg_key>x</arg_key>\n</tool_call>", "<tool_call>now\n<arg_key>x</arg_key>\n</tool_call>",
+     []),
+    ("glm", "<tool_call>\n<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>",
+     "<tool_call>\n<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>", []),
     ("mistral", f'[TOOL_CALLS][{W[:-1]}, "id": "abc123def"}}]', "", [("get_weather", W_ARGS)]),
     ("mistral", f"[TOOL_CALLS] [{W}, {T}]", "", [("get_weather", W_ARGS), ("get_time", T_ARGS)]),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "", [("get_weather", W_ARGS)]),
@@ -130,7 +144,7 @@ def test_every_format_whole_and_in_random_chunks(driver, tmp_path):
         assert got["status"] == 0
         for call in got["calls"]:
             json.loads(call["arguments"])  # arguments are always a JSON object's text
-    assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony"}
+    assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm"}
 
 
 def test_text_that_may_start_a_call_is_held_until_known(driver, tmp_path):
@@ -162,10 +176,11 @@ def test_random_bytes_and_mutations_never_crash(driver, tmp_path):
     rng = random.Random(7)
     alphabet = ['<tool_call>', '</tool_call>', '[TOOL_CALLS]', '[ARGS]', '<|python_tag|>', '{', '}', '[', ']', '"',
                 '\\', ' ', '\n', 'name', ':', ',', '<function=', '<parameter=', '</parameter>', '</function>',
-                ' to=functions.', '<|message|>', '<|call|>', 'é', '🦙', 'x']
+                ' to=functions.', '<|message|>', '<|call|>', '<arg_key>', '</arg_key>', '<arg_value>',
+                '</arg_value>', 'é', '🦙', 'x']
     cases = []
     for k in range(300):
-        fmt = rng.choice(["hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony"])
+        fmt = rng.choice(["hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm"])
         if k % 2:
             text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         else:
@@ -184,8 +199,9 @@ EXPECTED_FORMATS = {
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3-coder-xml",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral", "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3-json",
     "openai-gpt-oss-120b.jinja": "harmony",
+    "GLM-4.6.jinja": "glm",
     # formats not parsed: tools are refused with a 400 naming the reason
-    "GLM-4.6.jinja": "none", "LFM2-8B-A1B.jinja": "none", "MiniMax-M2.jinja": "none",
+    "LFM2-8B-A1B.jinja": "none", "MiniMax-M2.jinja": "none",
     "deepseek-ai-DeepSeek-V3.1.jinja": "none", "google-gemma-4-31B-it.jinja": "none",
     "moonshotai-Kimi-K2.jinja": "none",
 }
@@ -235,4 +251,5 @@ def test_constraint_triples_accept_exactly_the_calls(driver, tmp_path):
     assert t["prefix"].endswith("to=functions.get_time <|constrain|>json<|message|>") and t["schema"] == {
         "type": "object"}
     assert triple("harmony", None) is None and triple("qwen3-coder-xml", "get_time") is None
+    assert triple("glm", "get_time") is None and triple("glm", None) is None
     assert triple("hermes", "missing") is None

@@ -77,11 +77,11 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
         st->text = alloc_zeroed(st->text_cap, 1, &mem);
         if (a->tool_format) {
             /* content is part of the text; arguments are the text's own
-             * bytes, except XML's, built as JSON (escapes: up to 6x) */
+             * bytes, except XML's and GLM's, built as JSON (escapes: up to 6x) */
             st->tool_content = alloc_zeroed(st->text_cap, 1, &mem);
-            st->tool_calls_cap = st->text_cap * (a->tool_format == CB_TOOLFMT_XML ? 6 : 1) + 4096;
+            st->tool_calls_cap = st->text_cap * (cb_tool_format_builds_args(a->tool_format) ? 6 : 1) + 4096;
             st->tool_calls = alloc_zeroed(st->tool_calls_cap, 1, &mem);
-            st->tool_scratch_cap = a->tool_format == CB_TOOLFMT_XML ? st->tool_calls_cap : 4096;
+            st->tool_scratch_cap = cb_tool_format_builds_args(a->tool_format) ? st->tool_calls_cap : 4096;
             st->tool_scratch = alloc_zeroed(st->tool_scratch_cap, 1, &mem);
         }
     }

@@ -91,7 +91,7 @@ static int tool_call(void *ctx, int index, const char *name, size_t name_n, cons
 static void fuzz_tools(const char *data, size_t len) {
     static char scratch[1 << 14];
     static cb_json_tok ptoks[1024];
-    for (int f = CB_TOOLFMT_HERMES; f <= CB_TOOLFMT_HARMONY; f++) {
+    for (int f = CB_TOOLFMT_HERMES; f <= CB_TOOLFMT_LAST; f++) {
         cb_tool_parser p;
         cb_tool_sink sink = {NULL, tool_content, tool_call};
         cb_tool_parser_init(&p, (cb_tool_format)f, CB_MAX_TOOL_CALLS, scratch, sizeof scratch, ptoks, 1024);

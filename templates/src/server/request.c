@@ -223,11 +223,11 @@ static int force_tool_call(reader *r, cb_request *q, int tools, int choice) {
         return fail(r, "'tools': this model's chat template calls tools in a format this server cannot parse");
     if (cb_tool_constraint(a->tool_format, r->body, t, tools, choice >= 0 ? name : NULL, prefix, sizeof prefix,
                            a->tool_schema, CB_TOOL_SCHEMA_BYTES, suffix, sizeof suffix) != 0)
-        return fail(r, "'tool_choice': %s", choice >= 0 && a->tool_format != CB_TOOLFMT_XML
+        return fail(r, "'tool_choice': %s", choice >= 0 && !cb_tool_format_builds_args(a->tool_format)
                                                 ? "no tool in 'tools' has that name, or its 'parameters' are too big"
-                                                : a->tool_format == CB_TOOLFMT_XML
-                                                ? "this model's tool calls (XML parameters) cannot be constrained; "
-                                                  "send \"auto\""
+                                                : cb_tool_format_builds_args(a->tool_format)
+                                                ? "this model's tool calls (XML parameters or GLM's key/value pairs) "
+                                                  "cannot be constrained; send \"auto\""
                                                 : a->tool_format == CB_TOOLFMT_HARMONY
                                                 ? "\"required\" cannot be constrained in gpt-oss's format; name "
                                                   "the function"

@@ -58,7 +58,7 @@ static int on_call(void *ctx, int index, const char *name, size_t name_n, const 
 }
 
 static cb_tool_format format_named(const char *json, const cb_json_tok *t) {
-    for (int f = CB_TOOLFMT_NONE; f <= CB_TOOLFMT_HARMONY; f++)
+    for (int f = CB_TOOLFMT_NONE; f <= CB_TOOLFMT_LAST; f++)
         if (cb_json_str_eq(json, t, cb_tool_format_name((cb_tool_format)f))) return (cb_tool_format)f;
     return CB_TOOLFMT_NONE;
 }
@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         cb_tool_format f = CB_TOOLFMT_NONE;
-        for (int k = 0; k <= CB_TOOLFMT_HARMONY; k++)
+        for (int k = 0; k <= CB_TOOLFMT_LAST; k++)
             if (!strcmp(argv[2], cb_tool_format_name((cb_tool_format)k))) f = (cb_tool_format)k;
         static char prefix[512], schema[1 << 16], suffix[64];
         if (cb_tool_constraint(f, json, toks, 0, strcmp(argv[3], "-") ? argv[3] : NULL, prefix, sizeof prefix, schema,

@@ -15,15 +15,16 @@ static int has(const char *src, size_t n, const char *needle) {
 
 /* The rule, first match wins: harmony when the template writes channels and
  * the "functions." namespace; Qwen3-Coder's XML when it writes <function=
- * and <parameter=; Hermes when it writes <tool_call> and no GLM <arg_key>;
- * Mistral for [TOOL_CALLS]; Llama 3.1 for <|python_tag|> or a "parameters"
- * key beside Llama 3's header tokens. Anything else (DeepSeek, Kimi,
- * MiniMax, GLM, Gemma, LFM2...) is unknown. */
+ * and <parameter=; GLM's when it writes <tool_call> and <arg_key>; Hermes
+ * for <tool_call> without; Mistral for [TOOL_CALLS]; Llama 3.1 for
+ * <|python_tag|> or a "parameters" key beside Llama 3's header tokens.
+ * Anything else (DeepSeek, Kimi, MiniMax, Gemma, LFM2...) is unknown. */
 cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (!src) return CB_TOOLFMT_NONE;
     if (has(src, n, "<|channel|>") && has(src, n, "functions.")) return CB_TOOLFMT_HARMONY;
     if (has(src, n, "<function=") && has(src, n, "<parameter=")) return CB_TOOLFMT_XML;
-    if (has(src, n, "<tool_call>") && !has(src, n, "<arg_key>")) return CB_TOOLFMT_HERMES;
+    if (has(src, n, "<tool_call>") && has(src, n, "<arg_key>")) return CB_TOOLFMT_GLM;
+    if (has(src, n, "<tool_call>")) return CB_TOOLFMT_HERMES;
     if (has(src, n, "[TOOL_CALLS]")) return CB_TOOLFMT_MISTRAL;
     if (has(src, n, "<|python_tag|>") || (has(src, n, "\"parameters\": ") && has(src, n, "<|start_header_id|>")))
         return CB_TOOLFMT_LLAMA3;
@@ -31,7 +32,7 @@ cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
 }
 
 const char *cb_tool_format_name(cb_tool_format f) {
-    static const char *names[] = {"none", "hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony"};
+    static const char *names[] = {"none", "hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "none";
 }
 
@@ -46,7 +47,8 @@ static markers markers_of(cb_tool_format f) {
     markers m = {{NULL, NULL, NULL}, 0};
     switch (f) {
     case CB_TOOLFMT_HERMES:
-    case CB_TOOLFMT_XML: m.s[0] = "<tool_call>", m.n = 1; break;
+    case CB_TOOLFMT_XML:
+    case CB_TOOLFMT_GLM: m.s[0] = "<tool_call>", m.n = 1; break;
     case CB_TOOLFMT_MISTRAL: m.s[0] = "[TOOL_CALLS]", m.n = 1; break;
     case CB_TOOLFMT_LLAMA3: m.s[0] = "<|python_tag|>", m.n = 1; break;
     case CB_TOOLFMT_HARMONY:
@@ -181,6 +183,52 @@ static int xml_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, 
     return emit_call(p, sink, NULL, NULL, name, name_n, p->scratch, w.len);
 }
 
+/* s[*i..n) starts with tag (then *i moves past it). */
+static int take(const char *s, size_t n, size_t *i, const char *tag) {
+    const size_t m = strlen(tag);
+    if (n - *i < m || memcmp(s + *i, tag, m)) return 0;
+    *i += m;
+    return 1;
+}
+
+/* GLM body: NAME (<arg_key>KEY</arg_key> <arg_value>VALUE</arg_value>)*,
+ * the values bare as the template writes them (strings as they are, the
+ * rest as JSON), arguments built as a JSON object in scratch. */
+static int glm_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    trim(&s, &n);
+    size_t i = 0;
+    while (i < n && s[i] != '\n' && s[i] != '<') i++;
+    size_t name_n = i;
+    while (name_n && (s[name_n - 1] == ' ' || s[name_n - 1] == '\t' || s[name_n - 1] == '\r')) name_n--;
+    if (name_n == 0 || name_n > CB_TOOL_NAME_BYTES || p->scratch_cap < name_n + 16) return 1;
+    char name[CB_TOOL_NAME_BYTES];
+    memcpy(name, s, name_n);
+    cb_jw w;
+    cb_jw_init(&w, p->scratch, p->scratch_cap);
+    cb_jw_begin_object(&w);
+    for (;;) {
+        while (i < n && is_ws(s[i])) i++;
+        if (i == n) break;
+        if (!take(s, n, &i, "<arg_key>")) return 1;
+        const size_t key = i, key_end = find_from(s, i, n, "</arg_key>");
+        if (key_end == (size_t)-1 || key_end == key || key_end - key > 255) return 1;
+        char keybuf[256];
+        memcpy(keybuf, s + key, key_end - key);
+        keybuf[key_end - key] = 0;
+        i = key_end + sizeof "</arg_key>" - 1;
+        while (i < n && is_ws(s[i])) i++;
+        if (!take(s, n, &i, "<arg_value>")) return 1;
+        const size_t end = find_from(s, i, n, "</arg_value>");
+        if (end == (size_t)-1) return 1;
+        cb_jw_key(&w, keybuf);
+        xml_value(p, &w, s + i, end - i);
+        i = end + sizeof "</arg_value>" - 1;
+    }
+    cb_jw_end_object(&w);
+    if (w.overflow) return 1;
+    return emit_call(p, sink, NULL, NULL, name, name_n, p->scratch, w.len);
+}
+
 /* Mistral's array form: every element a call. All or nothing: a bad element
  * makes the whole array content. */
 static int mistral_array(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
@@ -255,12 +303,14 @@ static int step_call(cb_tool_parser *p, const char *t, size_t len, int final, co
     const size_t body = p->call_start + p->marker_len;
     switch (p->fmt) {
     case CB_TOOLFMT_HERMES:
-    case CB_TOOLFMT_XML: {
+    case CB_TOOLFMT_XML:
+    case CB_TOOLFMT_GLM: {
         size_t at = find_resume(p, t, len, "</tool_call>");
         if (at == (size_t)-1) return CALL_MORE;
         *end = at + 12;
         return result(p->fmt == CB_TOOLFMT_HERMES ? hermes_call(p, sink, t + body, at - body)
-                                                  : xml_call(p, sink, t + body, at - body));
+                      : p->fmt == CB_TOOLFMT_XML  ? xml_call(p, sink, t + body, at - body)
+                                                  : glm_call(p, sink, t + body, at - body));
     }
     case CB_TOOLFMT_LLAMA3:
     case CB_TOOLFMT_MISTRAL: {
@@ -496,7 +546,7 @@ int cb_tool_constraint(cb_tool_format fmt, const char *json, const cb_json_tok *
                        char *prefix, size_t prefix_cap, char *schema, size_t schema_cap, char *suffix,
                        size_t suffix_cap) {
     int bad = 0;
-    if (fmt == CB_TOOLFMT_XML || fmt == CB_TOOLFMT_NONE || (fmt == CB_TOOLFMT_HARMONY && !name)) return -1;
+    if (cb_tool_format_builds_args(fmt) || fmt == CB_TOOLFMT_NONE || (fmt == CB_TOOLFMT_HARMONY && !name)) return -1;
     if (tools < 0 || t[tools].type != CB_JSON_ARRAY) return -1;
     cb_jw w;
     cb_jw_init(&w, schema, schema_cap);

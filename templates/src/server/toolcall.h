@@ -22,7 +22,13 @@ typedef enum {
     CB_TOOLFMT_MISTRAL,  /* [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] or [TOOL_CALLS]NAME[ARGS]{...} */
     CB_TOOLFMT_LLAMA3,   /* {"name": ..., "parameters": {...}} as the whole answer, or after <|python_tag|> */
     CB_TOOLFMT_HARMONY,  /* gpt-oss: ...to=functions.NAME ...<|message|>{args}<|call|> */
+    CB_TOOLFMT_GLM,      /* <tool_call>NAME<arg_key>K</arg_key><arg_value>v</arg_value>...</tool_call> (GLM-4.5..4.7) */
 } cb_tool_format;
+#define CB_TOOLFMT_LAST CB_TOOLFMT_GLM
+
+/* A format whose arguments the parser builds as JSON from the text (XML
+ * parameters, GLM's key/value pairs): escapes can make them longer. */
+static inline int cb_tool_format_builds_args(cb_tool_format f) { return f == CB_TOOLFMT_XML || f == CB_TOOLFMT_GLM; }
 
 #define CB_MAX_TOOL_CALLS 64     /* per answer; a call past them ends the answer */
 #define CB_TOOL_NAME_BYTES 256   /* longest function name */
