@@ -50,10 +50,8 @@ GPT_OSS_LAYER = {
 
 
 # GLM-4.5's tensors whose head dims convert reorders for its partial RoPE
-# (archs.glm4_moe): engine name -> heads it holds ("q": heads, "k": kv_heads,
-# "norm": one head's norm weights, shared by all).
-GLM_ROPE_ROWS = {"attn_q": "q", "attn_q_bias": "q", "attn_k": "k", "attn_k_bias": "k", "attn_q_norm": "norm",
-                 "attn_k_norm": "norm"}
+# (archs.glm4_moe): q, k, their biases, and one head's norm weights.
+GLM_ROPE_ROWS = ("attn_q", "attn_q_bias", "attn_k", "attn_k_bias", "attn_q_norm", "attn_k_norm")
 # DeepSeek-V3's tensors the converter reshapes: engine name -> the checkpoint's projection.
 DEEPSEEK_SPLIT = {"attn_q": "q_proj", "attn_q_b": "q_b_proj", "attn_kv_a": "kv_a_proj_with_mqa",
                   "attn_k_b": "kv_b_proj", "attn_v_b": "kv_b_proj"}
@@ -158,12 +156,9 @@ class TensorSource:
         """q, k (rows per head), their biases and norm weights with each
         head's dims in archs.glm4_moe.rope_order (the same order for q and
         k, so their products do not change)."""
-        from .archs.glm4_moe import rope_order
-        d = self.cfg["head_dim"]
-        order = np.array(rope_order(d, self.cfg["source"]["glm_rope_rotated"]))
-        array = self._take(f"{base}.{ATTENTION[rest]}", shape)
-        heads = 1 if GLM_ROPE_ROWS[rest] == "norm" else array.shape[0] // d
-        return np.ascontiguousarray(array.reshape(heads, d, *array.shape[1:])[:, order]).reshape(array.shape)
+        from .archs.glm4_moe import reorder_heads
+        return reorder_heads(self._take(f"{base}.{ATTENTION[rest]}", shape), self.cfg["head_dim"],
+                             self.cfg["source"]["glm_rope_rotated"])
 
     def deepseek_tensor(self, base: str, rest: str, shape):
         """MLA's tensors: q (or q_b) and kv_a with their rope rows reordered,

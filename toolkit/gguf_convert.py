@@ -408,6 +408,17 @@ def _blocks_and_layers(g: GGUFFile, m: _Meta) -> tuple[int, int]:
     return blocks, blocks - mtp
 
 
+def _routed_layers(g: GGUFFile, m: _Meta, layers: int, dense: int) -> list[int]:
+    """The layers with a router (ffn_gate_inp), checked to be those after
+    the leading_dense_block_count dense ones."""
+    for i in range(layers):
+        routed = f"blk.{i}.ffn_gate_inp.weight" in g.tensors
+        if routed != (i >= dense):
+            raise ModelError(f"{g.path}: layer {i} {'has' if routed else 'lacks'} a router (ffn_gate_inp) but "
+                             f"{m.arch}.leading_dense_block_count is {dense}")
+    return list(range(dense, layers))
+
+
 def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
     """llama.cpp's deepseek2 graph (DeepSeek-V3 / R1 / Kimi K2 files, and
     DeepSeek-V2-Lite's with the softmax router): its keys spelled as
@@ -466,15 +477,11 @@ def _deepseek2_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
         if log_mul:
             scaling["mscale"] = scaling["mscale_all_dim"] = log_mul / 0.1
         hf["rope_scaling"] = scaling
-    for i in range(layers):
-        routed = f"blk.{i}.ffn_gate_inp.weight" in g.tensors
-        if routed != (i >= hf["first_k_dense_replace"]):
-            raise ModelError(f"{path}: layer {i} {'has' if routed else 'lacks'} a router (ffn_gate_inp) but "
-                             f"{m.arch}.leading_dense_block_count is {hf['first_k_dense_replace']}")
-        if routed and not v2 and f"blk.{i}.exp_probs_b.bias" not in g.tensors:
+    for i in _routed_layers(g, m, layers, hf["first_k_dense_replace"]):
+        if not v2 and f"blk.{i}.exp_probs_b.bias" not in g.tensors:
             raise ModelError(f"{path}: tensor 'blk.{i}.exp_probs_b.bias' (the router's correction bias) is "
                              "missing; only DeepSeek-V3's bias-corrected (noaux_tc) routing is implemented")
-        if routed and v2 and f"blk.{i}.exp_probs_b.bias" in g.tensors:
+        if v2 and f"blk.{i}.exp_probs_b.bias" in g.tensors:
             raise ModelError(f"{path}: tensor 'blk.{i}.exp_probs_b.bias': a correction bias with the softmax router; "
                              "only DeepSeek-V3's sigmoid router takes one")
     cfg = deepseek_v3.model_fields(HFConfig(hf, str(path)), ctx, v2=v2)
@@ -519,11 +526,7 @@ def _glm4moe_config(g: GGUFFile, m: _Meta, ctx: int) -> dict:
           "max_position_embeddings": ctx, "tie_word_embeddings": "output.weight" not in g.tensors,
           "attention_bias": "blk.0.attn_q.bias" in g.tensors, "use_qk_norm": "blk.0.attn_q_norm.weight" in g.tensors,
           **_experts_keys(m), "n_group": m.get("expert_group_count", 1) or 1}
-    for i in range(layers):
-        routed = f"blk.{i}.ffn_gate_inp.weight" in g.tensors
-        if routed != (i >= hf["first_k_dense_replace"]):
-            raise ModelError(f"{path}: layer {i} {'has' if routed else 'lacks'} a router (ffn_gate_inp) but "
-                             f"{m.arch}.leading_dense_block_count is {hf['first_k_dense_replace']}")
+    _routed_layers(g, m, layers, hf["first_k_dense_replace"])
     cfg = glm4_moe.model_fields(HFConfig(hf, str(path)), ctx)
     if layers < blocks:
         cfg["source"]["skipped_mtp_blocks"] = list(range(layers, blocks))
@@ -675,14 +678,11 @@ def deinterleave_rope_rows(rows: np.ndarray, blocks: int, rope: int) -> np.ndarr
 GLM_VECTORS = ("attn_q_bias", "attn_k_bias", "attn_q_norm", "attn_k_norm")
 
 
-def glm_rope_rows(rows: np.ndarray, cfg: dict) -> np.ndarray:
-    """GLM's q or k rows (or a bias / norm weight as one-element rows), each
-    head's in archs.glm4_moe.rope_order, as the safetensors importer does."""
-    from .archs.glm4_moe import rope_order
-    d = cfg["head_dim"]
-    order = np.array(rope_order(d, cfg["source"]["glm_rope_rotated"]))
-    n = rows.shape[0]
-    return np.ascontiguousarray(rows.reshape(n // d, d, *rows.shape[1:])[:, order]).reshape(rows.shape)
+def _glm_rope_rows(rows: np.ndarray, cfg: dict) -> np.ndarray:
+    """GLM's q or k rows, or a bias / norm weight, each head's dims in
+    archs.glm4_moe.rope_order, as the safetensors importer has them."""
+    from .archs.glm4_moe import reorder_heads
+    return reorder_heads(rows, cfg["head_dim"], cfg["source"]["glm_rope_rotated"])
 
 
 def _split_kv_b(raw: np.ndarray, src: str, cfg: dict, role: str) -> np.ndarray:
@@ -712,14 +712,15 @@ def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None
         raw = raw[half * raw.size // 2:(half + 1) * raw.size // 2]
     role = name.rsplit(".", 1)[-1]
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    glm_vector = cfg["source"]["architecture"] == "glm4moe" and role in GLM_VECTORS
     if t.name.endswith("attn_kv_b.weight"):
         matrix = _split_kv_b(raw, src, cfg, role)
         if role == "attn_k_b":
             return Stored("f32", tuple(shape), matrix.astype("<f4").tobytes())
-    elif target == "f32" and (src != "f32" or (cfg["source"]["architecture"] == "glm4moe" and role in GLM_VECTORS)):
+    elif target == "f32" and (src != "f32" or glm_vector):
         data = quant.dequantize(raw, src, tuple(shape)).astype("<f4")  # an F16/BF16 vector or router, widened exactly
-        if cfg["source"]["architecture"] == "glm4moe" and role in GLM_VECTORS:
-            data = glm_rope_rows(data.reshape(-1, 1), cfg)
+        if glm_vector:
+            data = _glm_rope_rows(data.reshape(-1), cfg)
         return Stored("f32", tuple(shape), np.ascontiguousarray(data).reshape(shape).tobytes())
     else:
         matrix = raw.reshape(rows, -1)
@@ -728,7 +729,7 @@ def _tensor_bytes(g: GGUFFile, cfg: dict, name: str, shape, t: GGUFTensor | None
     if cfg["source"]["architecture"] == "deepseek2" and role in ("attn_q", "attn_q_b", "attn_kv_a"):
         matrix = deinterleave_rope_rows(matrix, cfg["heads"] if role != "attn_kv_a" else 1, cfg["head_dim"])
     if cfg["source"]["architecture"] == "glm4moe" and role in ("attn_q", "attn_k"):  # whole rows: any type
-        matrix = glm_rope_rows(matrix, cfg)
+        matrix = _glm_rope_rows(matrix, cfg)
     if target in quant.X4:
         base = quant.X4[target]
         blocks = np.ascontiguousarray(matrix).reshape(rows, shape[-1] // quant.QK, quant.BLOCK_BYTES[base])

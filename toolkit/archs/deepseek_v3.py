@@ -29,6 +29,19 @@ def _rope(hf: HFConfig, qk_head_dim: int) -> tuple[dict, float]:
     return rope, scale
 
 
+def sigmoid_router(hf: HFConfig, norm_default: bool) -> dict:
+    """DeepSeek-V3's router fields (GLM-4.5 has the same router): sigmoid
+    scores, the correction bias, groups, norm_topk_prob (its default the
+    model's), routed_scaling_factor."""
+    hf.require("scoring_func", [None, "sigmoid"], "the sigmoid router")
+    hf.require("topk_method", [None, "noaux_tc"], "group-limited top-k on the bias-corrected scores")
+    return {"router": "sigmoid_topk_renorm" if hf.get("norm_topk_prob", default=norm_default) else "sigmoid_topk",
+            "router_bias": True,
+            "router_groups": {"groups": hf.get("n_group", default=1) or 1,
+                              "topk_groups": hf.get("topk_group", default=1) or 1},
+            "routed_scaling_factor": float(hf.get("routed_scaling_factor", default=1.0))}
+
+
 def model_fields(hf: HFConfig, context_length: int | None, v2: bool = False) -> dict:
     """v2: DeepSeek-V2's softmax router (archs.deepseek_v2) in place of the
     sigmoid one."""
@@ -42,9 +55,6 @@ def model_fields(hf: HFConfig, context_length: int | None, v2: bool = False) -> 
         hf.require("topk_method", [None, "greedy", "group_limited_greedy"],
                    "top-k of the softmax scores (in the best groups or not)")
         hf.get("norm_topk_prob")  # transformers' DeepseekV2TopkRouter never renormalises
-    else:
-        hf.require("scoring_func", [None, "sigmoid"], "the sigmoid router")
-        hf.require("topk_method", [None, "noaux_tc"], "group-limited top-k on the bias-corrected scores")
     hf.require("mlp_bias", [None, False], "MLPs without biases")
     hf.require("moe_layer_freq", [None, 1], "every layer after first_k_dense_replace has experts")
     hf.require("pretraining_tp", [None, 1], "no tensor-parallel slicing of the projections")
@@ -68,19 +78,16 @@ def model_fields(hf: HFConfig, context_length: int | None, v2: bool = False) -> 
     dense = min(hf.get("first_k_dense_replace", default=0) or 0, n_layers)
     shared = hf.get("n_shared_experts", default=0) or 0
     expert_ffn = hf.get("moe_intermediate_size", required=True)
-    groups = hf.get("n_group", default=1) or 1
-    topk_groups = hf.get("topk_group", default=1) or 1
     dense_size = hf.get("intermediate_size", default=0)
-    scaling = float(hf.get("routed_scaling_factor", default=1.0))
     if v2:
+        groups, kept = hf.get("n_group", default=1) or 1, hf.get("topk_group", default=1) or 1
+        scaling = float(hf.get("routed_scaling_factor", default=1.0))
         grouped = (hf.get("topk_method") or "greedy") == "group_limited_greedy" and groups > 1
         router = {"router": "softmax_topk", "router_bias": False,
-                  "router_groups": {"groups": groups, "topk_groups": topk_groups} if grouped else None,
+                  "router_groups": {"groups": groups, "topk_groups": kept} if grouped else None,
                   "routed_scaling_factor": scaling if scaling != 1.0 else None}
     else:
-        router = {"router": "sigmoid_topk_renorm" if hf.get("norm_topk_prob", default=False) else "sigmoid_topk",
-                  "router_bias": True, "router_groups": {"groups": groups, "topk_groups": topk_groups},
-                  "routed_scaling_factor": scaling}
+        router = sigmoid_router(hf, norm_default=False)
     return {
         "layers": n_layers, "hidden_size": hidden, "heads": heads, "kv_heads": 1, "head_dim": rope,
         "vocab_size": hf.get("vocab_size", required=True), "norm_eps": hf.get("rms_norm_eps", required=True),

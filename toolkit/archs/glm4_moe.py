@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .common import HFConfig, base_fields
+from .deepseek_v3 import sigmoid_router
 
 ARCHITECTURE = "glm4_moe"
 
@@ -29,6 +30,16 @@ def rope_order(head_dim: int, rotated: int) -> list[int]:
     half, r2 = head_dim // 2, rotated // 2
     return [*range(r2), *range(rotated, rotated + half - r2), *range(r2, rotated),
             *range(rotated + half - r2, head_dim)]
+
+
+def reorder_heads(array, head_dim: int, rotated: int):
+    """array (NumPy) whose first axis is whole heads of head_dim (q or k
+    rows, a bias, one head's norm weights) with each head's dims in
+    rope_order."""
+    import numpy as np
+    order = np.array(rope_order(head_dim, rotated))
+    heads = array.reshape(array.shape[0] // head_dim, head_dim, *array.shape[1:])
+    return np.ascontiguousarray(heads[:, order]).reshape(array.shape)
 
 
 def model_fields(hf: HFConfig, context_length: int | None) -> dict:
@@ -56,20 +67,15 @@ def model_fields(hf: HFConfig, context_length: int | None) -> dict:
     hf.get("num_nextn_predict_layers"), hf.get("num_mtp_layers")  # not run
     for name in ("ep_size", "aux_loss_alpha", "seq_aux", "moe_layer_freq"):  # training only, or implied
         hf.get(name)
-    hf.require("topk_method", [None, "noaux_tc"], "group-limited top-k on the bias-corrected scores")
-    hf.require("scoring_func", [None, "sigmoid"], "the sigmoid router")
     layers = fields["layers"]
     dense = min(hf.get("first_k_dense_replace", default=1) or 0, layers)
     shared = hf.get("n_shared_experts", default=1) or 0
     expert_ffn = hf.get("moe_intermediate_size", required=True)
-    groups = hf.get("n_group", default=1) or 1
     dense_size = hf.get("intermediate_size", default=0)  # read, so understood, with no dense layer too
     fields.update({
         "experts": hf.get("n_routed_experts", "num_local_experts", required=True),
         "top_k": hf.get("num_experts_per_tok", required=True), "expert_ffn_size": expert_ffn,
-        "router": "sigmoid_topk_renorm" if hf.get("norm_topk_prob", default=True) else "sigmoid_topk",
-        "router_bias": True, "router_groups": {"groups": groups, "topk_groups": hf.get("topk_group", default=1) or 1},
-        "routed_scaling_factor": float(hf.get("routed_scaling_factor", default=1.0)),
+        **sigmoid_router(hf, norm_default=True),
         "shared_experts": 1 if shared else 0, "shared_expert_ffn_size": expert_ffn * shared,
         "dense_layers": list(range(dense)), "dense_ffn_size": dense_size if dense else 0,
         "source": {"glm_rope_rotated": rotated},
