@@ -802,6 +802,17 @@ BAD = {
     "shape-vs-metadata": (lambda d: d.__setitem__(slice(None), bytes(d).replace(
         b"qwen3moe.attention.head_count_kv\x04\x00\x00\x00\x02", b"qwen3moe.attention.head_count_kv\x04\x00\x00\x00\x01")),
         r"tensor 'blk.0.attn_k.weight' has shape \[256, 256\] .* where the metadata implies \[128, 256\]"),
+    # Counts that size everything else: refused at once, not looped over (a corrupt expert count hung it).
+    "expert-count": (lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"qwen3moe.expert_count\x04\x00\x00\x00\x08\x00\x00\x00", b"qwen3moe.expert_count\x04\x00\x00\x00\x08\x00\x00\x08")),
+        r"qwen3moe.expert_count is 134217736, but tensor 'blk.0.ffn_gate_inp.weight' routes to 8 experts"),
+    "block-count": (lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"qwen3moe.block_count\x04\x00\x00\x00\x02\x00\x00\x00", b"qwen3moe.block_count\x04\x00\x00\x00\x00\x00\x00\x40")),
+        r"qwen3moe.block_count is 1073741824, but the file has tensors for 2 blocks"),
+    # A merge that is not two tokens (its space overwritten): an error, not a traceback.
+    "merge-not-a-pair": (lambda d: d.__setitem__(slice(None), bytes(d).replace(
+        b"\x05\x00\x00\x00\x00\x00\x00\x00\xc4\xa0 \xc4\xa0", b"\x05\x00\x00\x00\x00\x00\x00\x00\xc4\xa0x\xc4\xa0", 1)),
+        r"merge 0 is 'ĠxĠ', expected two tokens"),
 }
 
 

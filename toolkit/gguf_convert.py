@@ -122,6 +122,22 @@ def _tensor(g: GGUFFile, name: str, required: bool = True) -> GGUFTensor | None:
     return t
 
 
+def _check_counts(g: GGUFFile, m: "_Meta") -> None:
+    """The layer and expert counts against the tensor table, before anything
+    is sized or looped by them: a corrupt count is an error naming it, not
+    hours spent listing the tensors it implies."""
+    blocks = [int(n.split(".")[1]) for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()]
+    layers = m.get("block_count", required=True)
+    if not isinstance(layers, int) or not 0 < layers <= (max(blocks) + 1 if blocks else 0):
+        raise ModelError(f"{g.path}: {m.arch}.block_count is {layers!r}, but the file has tensors for "
+                         f"{max(blocks) + 1 if blocks else 0} blocks (blk.0 ..)")
+    experts = m.get("expert_count", 0)
+    for n, t in g.tensors.items():
+        if n.endswith(".ffn_gate_inp.weight") and len(t.ne) >= 2 and t.ne[1] != experts:
+            raise ModelError(f"{g.path}: {m.arch}.expert_count is {experts!r}, but tensor '{n}' routes to "
+                             f"{t.ne[1]} experts (GGUF ne={list(t.ne)})")
+
+
 def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots: int) -> dict:
     """model-config.json's fields from the GGUF metadata (weights' types are
     added by plan_tensors)."""
@@ -133,6 +149,7 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
         raise ModelError(f"{path}: architecture '{arch}' (general.architecture) is not supported; supported: "
                          f"{', '.join(sorted(ARCHS))} ('llama' with experts: Mixtral)")
     m = _Meta(g, arch)
+    _check_counts(g, m)
     if arch in ARCH_CONFIGS:
         cfg = ARCH_CONFIGS[arch](g, m, min(m.get("context_length", 4096), context_length or 4096))
         common = _common_fields(g, arch)

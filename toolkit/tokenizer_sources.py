@@ -6,6 +6,7 @@ refused here, at convert time, with the reason."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from . import spm_model
@@ -110,7 +111,10 @@ def _byte_level(tokens: list[str], attrs: list[int], where: str) -> list[tuple[b
 def _merges(merges: list, index: dict[str, int], where: str) -> list[tuple[int, int, int, int]]:
     out = []
     for rank, m in enumerate(merges):
-        left, right = m.split(" ", 1) if isinstance(m, str) else m
+        pair = m.split(" ", 1) if isinstance(m, str) else m
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
+            raise TokenizerError(f"{where}: merge {rank} is {m!r}, expected two tokens (\"LEFT RIGHT\" or [LEFT, RIGHT])")
+        left, right = pair
         try:
             out.append((index[left], index[right], index[left + right], rank))
         except KeyError:
@@ -331,6 +335,13 @@ def from_gguf(path: Path) -> Vocab:
 
 # ---- SentencePiece ----
 
+def _byte_piece(piece: str, i: int, where: str) -> int:
+    """The byte a byte-typed piece spells as <0xXX>."""
+    if not re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):
+        raise TokenizerError(f"{where}: token {i} is typed a byte but is {piece!r}, expected <0xXX>")
+    return int(piece[3:5], 16)
+
+
 def _spm_vocab(pieces: list[tuple[str, float, int]], where: str, dummy_prefix: bool, byte_fallback: bool) -> Vocab:
     """SentencePiece BPE as merges: every split of a normal piece into two
     normal pieces, ranked by the merged piece's score (higher first)."""
@@ -338,7 +349,7 @@ def _spm_vocab(pieces: list[tuple[str, float, int]], where: str, dummy_prefix: b
     normal = {}
     for i, (piece, _, kind) in enumerate(pieces):
         if kind == spm_model.BYTE:
-            b = int(piece[3:5], 16)
+            b = _byte_piece(piece, i, where)
             byte_ids[b] = i
             tokens.append((piece.encode(), bytes([b]), ATTR_BYTE))
             continue
@@ -372,7 +383,7 @@ def _merged_pieces_vocab(tokens: list[str], attrs: list[int], merges: list, wher
     out, byte_ids = [], [NO_TOKEN] * 256
     for i, (piece, attr) in enumerate(zip(tokens, attrs)):
         if attr == ATTR_BYTE:
-            b = int(piece[3:5], 16)
+            b = _byte_piece(piece, i, where)
             byte_ids[b] = i
             out.append((piece.encode(), bytes([b]), ATTR_BYTE))
         else:
