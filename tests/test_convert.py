@@ -159,6 +159,47 @@ def test_errors_are_clear_and_leave_nothing_behind(tmp_path):
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hf-mixtral"]  # no staging left
 
 
+WRONG_TYPES = [  # (arch, field path, value, message); each raised a TypeError/ValueError/struct.error before
+    ("mixtral", ("num_hidden_layers",), 1.5, "field 'num_hidden_layers' is 1.5; expected an integer"),
+    ("mixtral", ("num_hidden_layers",), 2**63, "field 'num_hidden_layers' is 9223372036854775808; expected an integer "
+                                               "from 1 to 2147483647"),
+    ("mixtral", ("num_attention_heads",), 0, "field 'num_attention_heads' is 0; expected an integer from 1"),
+    ("mixtral", ("max_position_embeddings",), "4096", "field 'max_position_embeddings' is '4096'; expected an integer"),
+    ("mixtral", ("rope_theta",), None, "field 'rope_theta' is None; expected a finite number"),  # not our default
+    ("mixtral", ("sliding_window",), None, None),  # null as absent: no window, as Mixtral's configs write it
+    ("mixtral", ("rope_theta",), "x", "field 'rope_theta' is 'x'; expected a finite number"),
+    ("mixtral", ("model_type",), [], "field 'model_type' is \\[\\]; expected a string"),
+    ("mixtral", ("tie_word_embeddings",), "no", "field 'tie_word_embeddings' is 'no'; expected true or false"),
+    ("deepseek_v3", ("first_k_dense_replace",), "x", "field 'first_k_dense_replace' is 'x'; expected an integer"),
+    ("deepseek_v3", ("n_shared_experts",), 10**9, "shared_expert_ffn_size"),
+    ("deepseek_v3", ("rope_scaling", "beta_fast"), "x", "rope_scaling.beta_fast is 'x'; expected a finite number"),
+    ("gemma4", ("rope_parameters", "full_attention", "rope_type"), [],
+     "rope_parameters.full_attention.rope_type is \\[\\]; expected a string"),
+]
+
+
+@needs_testdata
+@pytest.mark.parametrize("arch,path,value,message", WRONG_TYPES, ids=lambda v: str(v)[:24])
+def test_a_config_field_of_the_wrong_type_is_an_error_naming_it(tmp_path, arch, path, value, message):
+    src = tmp_path / "hf"
+    src.mkdir()
+    cfg = json.loads((TINY / arch / "config.json").read_text())
+    where = cfg
+    for key in path[:-1]:
+        where = where[key]
+    where[path[-1]] = value
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "model.safetensors").symlink_to(TINY / arch / "model.safetensors")
+    out = tmp_path / "out"
+    if message is None:
+        convert(src, out, progress=False)
+        assert "sliding_window" not in json.loads((out / "model-config.json").read_text())["attention"]
+        return
+    with pytest.raises(ConfigError, match=message):
+        convert(src, out, progress=False)
+    assert not out.exists()
+
+
 @needs_testdata
 def test_cli_convert_with_progress_and_quantized_dtype(tmp_path):
     done = run_cli("convert", hf_copy("olmoe", tmp_path), tmp_path / "q8", "--dtype", "q8_0")

@@ -4,6 +4,7 @@ the engine from silently computing something else, and tensor naming."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -18,6 +19,57 @@ HARMLESS = {
 }
 
 
+# The types of the fields the importers read, checked as they are read, so a
+# wrong one is an error naming it rather than a traceback further on. null
+# reads as absent, except in a required field and where our default need not
+# be the architecture's. Counts that divide or size lists are at least 1.
+COUNTS = {
+    "decoder_sparse_step", "hidden_size", "moe_layer_freq", "n_group", "num_attention_heads", "num_experts_per_tok",
+    "num_hidden_layers", "num_key_value_heads", "num_global_key_value_heads", "vocab_size",
+}
+INTS = COUNTS | {
+    "first_k_dense_replace", "global_head_dim", "head_dim", "hidden_size_per_layer_input", "intermediate_size",
+    "kv_lora_rank", "max_position_embeddings", "max_window_layers", "moe_intermediate_size", "n_routed_experts",
+    "n_shared_experts", "num_experts", "num_kv_shared_layers", "num_local_experts", "num_mtp_layers",
+    "num_nextn_predict_layers", "original_max_position_embeddings", "pretraining_tp", "q_lora_rank", "qk_head_dim",
+    "qk_nope_head_dim", "qk_rope_head_dim", "shared_expert_intermediate_size", "sliding_window", "top_k_experts",
+    "topk_group", "v_head_dim",
+}
+NUMBERS = {
+    "attention_factor", "beta_fast", "beta_slow", "clip_qkv", "factor", "final_logit_softcapping", "mscale",
+    "mscale_all_dim", "partial_rotary_factor", "rms_norm_eps", "rope_theta", "routed_scaling_factor",
+    "swiglu_alpha", "swiglu_limit", "low_freq_factor", "high_freq_factor",
+}
+STRINGS = {"hidden_act", "hidden_activation", "model_type", "quant_method", "rope_type", "scoring_func", "topk_method"}
+BOOLS = {
+    "attention_bias", "attention_k_eq_v", "enable_moe_block", "mlp_bias", "norm_topk_prob", "qkv_bias",
+    "rope_interleave", "tie_word_embeddings", "truncate", "use_qk_norm", "use_sliding_window",
+}
+NULL_NOT_ABSENT = {"rope_theta"}
+
+
+def type_problem(name: str, value) -> str | None:
+    """What is wrong with value as field name, or None."""
+    if name in INTS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "an integer"
+        low = 1 if name in COUNTS else 0
+        if not low <= value < 2**31:
+            return f"an integer from {low} to {2**31 - 1}"
+    elif name in NUMBERS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return "a finite number"
+        if name in ("rope_theta", "beta_fast", "beta_slow") and value <= 0:  # powers and logarithms of them
+            return "a number > 0"
+    elif name in STRINGS:
+        if not isinstance(value, str):
+            return "a string"
+    elif name in BOOLS:
+        if not isinstance(value, bool) and value not in (0, 1):
+            return "true or false"
+    return None
+
+
 @dataclass
 class HFConfig:
     """config.json with a record of which fields the importer consumed."""
@@ -29,7 +81,13 @@ class HFConfig:
         for name in names:
             if name in self.data:
                 self.used.add(name)
-                return self.data[name]
+                value = self.data[name]
+                if value is None and not required and name not in NULL_NOT_ABSENT:
+                    return default
+                expected = type_problem(name, value)
+                if expected:
+                    raise ConfigError(f"{self.source}: field '{name}' is {value!r}; expected {expected}")
+                return value
         if required:
             raise ConfigError(f"{self.source}: missing field '{names[0]}'")
         return default

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from .common import HFConfig
+from .common import HFConfig, type_problem
 
 ARCHITECTURE = "gemma4"
 # Fields of transformers' Gemma4TextConfig that change nothing here: PLE's
@@ -37,11 +37,18 @@ def _rope(hf: HFConfig, kind: str, max_pos: int) -> dict:
     them by it); linear, llama3, yarn and dynamic take the whole head, as
     transformers' Gemma 4 runs them only with partial_rotary_factor 1."""
     from .rope import KEYS, REFUSED, dynamic_scaling, rope_fields
-    params = (hf.get("rope_parameters") or {}).get(kind)
+    outer = hf.get("rope_parameters") or {}
+    params = outer.get(kind) if isinstance(outer, dict) else None
     if not params:
         raise ConfigError(f"{hf.source}: rope_parameters.{kind} is missing (Gemma 4 has one RoPE per layer type)")
-    params = dict(params)
     field = f"rope_parameters.{kind}"
+    if not isinstance(params, dict):
+        raise ConfigError(f"{hf.source}: {field} is {params!r}; expected an object")
+    params = {k: v for k, v in params.items() if v is not None}  # null as absent
+    for key, value in params.items():
+        expected = type_problem(key, value)
+        if expected:
+            raise ConfigError(f"{hf.source}: {field}.{key} is {value!r}; expected {expected}")
     rope_type = params.get("rope_type", "default")
     partial = params.get("partial_rotary_factor", 1.0)
     if rope_type in REFUSED:

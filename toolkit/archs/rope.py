@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
-from .common import HFConfig
+from .common import HFConfig, type_problem
 
 SUPPORTED = ("default", "linear", "llama3", "yarn", "dynamic")
 # Each type's keys (transformers' _validate_*_rope_parameters), rope_type,
@@ -107,6 +107,10 @@ def rope_fields(hf: HFConfig, default_theta: float = 10000.0) -> dict:
     if unknown:
         raise ConfigError(f"{hf.source}: {field}.{unknown[0]} ({params[unknown[0]]!r}) is not a key of RoPE type "
                           f"'{kind}'; it takes {', '.join(sorted(KEYS[kind])) or 'none'}")
+    for key, value in (("rope_theta", theta), *params.items()):
+        expected = value is not None and type_problem(key, value)
+        if expected:
+            raise ConfigError(f"{hf.source}: {field}.{key} is {value!r}; expected {expected}")
     if kind == "default":
         return {"theta": float(theta), "scaling": None}
     max_pos = hf.data.get("max_position_embeddings")
