@@ -828,6 +828,28 @@ def test_a_bad_file_is_refused_naming_it_and_leaves_no_output(tmp_path, case):
     assert not out.exists() and not list(tmp_path.glob(".out*")), list(tmp_path.iterdir())
 
 
+WRONG_TYPES = {  # metadata the converter reads, stored as another type or out of range: each was a traceback
+    "head-count-0": ("qwen3moe.attention.head_count", 0, gguf.GGUFValueType.UINT32,
+                     r"metadata 'qwen3moe.attention.head_count' is 0; expected an integer >= 1 \(or one per layer\)"),
+    "theta-string": ("qwen3moe.rope.freq_base", "x", gguf.GGUFValueType.STRING,
+                     r"metadata 'qwen3moe.rope.freq_base' is 'x'; expected a finite number > 0"),
+    "template-float": ("tokenizer.chat_template", 1.5, gguf.GGUFValueType.FLOAT32,
+                       r"metadata 'tokenizer.chat_template' is 1.5; expected a string"),
+    "eos-past-vocab": ("tokenizer.ggml.eos_token_id", 2**40, gguf.GGUFValueType.UINT64,
+                       r"tokenizer.ggml.eos_token_id is 1099511627776; the vocabulary has 2048 tokens"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_TYPES))
+def test_a_metadata_value_of_the_wrong_type_is_refused_naming_the_key(tmp_path, case):
+    key, value, vtype, message = WRONG_TYPES[case]
+    bad = rewrite(Q8, tmp_path / "bad.gguf", extra={key: (value, vtype)})
+    out = tmp_path / "out"
+    with pytest.raises(ModelError, match=f"{re.escape(str(bad))}: {message}"):
+        convert_gguf(bad, out, progress=False)
+    assert not out.exists()
+
+
 SPLIT_SRC = DATA / "qwen3_moe" / "qwen3_moe-Q4_K_M.gguf"  # several types, so shards of mixed types
 
 

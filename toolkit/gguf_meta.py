@@ -12,6 +12,7 @@ every shard mapped, the tensor table theirs together."""
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 import struct
@@ -186,6 +187,78 @@ def split_count(meta: dict, path: Path) -> int:
     return count
 
 
+# The keys the converter reads, by the type it reads them as: a file that
+# stores one as another type is refused naming the key, rather than the
+# value surfacing as a traceback deep in the conversion. <arch>.KEY keys are
+# listed without the architecture; an int key may hold one value per layer.
+ARCH_INTS = {
+    "block_count", "context_length", "embedding_length", "feed_forward_length", "expert_count", "expert_used_count",
+    "expert_shared_count", "expert_feed_forward_length", "expert_shared_feed_forward_length", "expert_gating_func",
+    "expert_group_count", "expert_group_used_count", "leading_dense_block_count", "nextn_predict_layers",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.key_length_mla", "attention.value_length_mla", "attention.kv_lora_rank", "attention.q_lora_rank",
+    "attention.sliding_window", "rope.dimension_count", "rope.scaling.original_context_length",
+}
+ARCH_COUNTS = {"block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+               "expert_group_count", "rope.scaling.original_context_length"}  # divisors and sizes: at least 1
+ARCH_NUMBERS = {
+    "attention.clamp_kqv", "attention.layer_norm_rms_epsilon", "expert_weights_scale", "final_logit_softcapping",
+    "rope.freq_base", "rope.freq_base_swa", "rope.scaling.factor", "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
+}
+ARCH_POSITIVE = {"rope.freq_base", "rope.freq_base_swa", "rope.scaling.factor", "rope.scaling.yarn_beta_fast",
+                 "rope.scaling.yarn_beta_slow"}  # powers and logarithms of them are taken
+ARCH_STRINGS = {"rope.scaling.type"}
+ARCH_BOOLS = {"expert_weights_norm"}
+INTS = {"general.alignment", "general.file_type", "split.no", "split.count", "split.tensors.count",
+        "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id"}
+STRINGS = {"general.architecture", "tokenizer.chat_template", "tokenizer.ggml.model", "tokenizer.ggml.pre"}
+BOOLS = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_space_prefix"}
+STRING_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"}
+INT_ARRAYS = {"tokenizer.ggml.token_type"}
+NUMBER_ARRAYS = {"tokenizer.ggml.scores"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_metadata_types(path: Path, meta: dict) -> None:
+    """Refuses a metadata value of a type the converter does not read it as."""
+    arch = meta.get("general.architecture")
+    prefix = f"{arch}." if isinstance(arch, str) else None
+    for key, value in meta.items():
+        short = key[len(prefix):] if prefix and key.startswith(prefix) else None
+        expected = None
+        if key in INTS or short in ARCH_INTS:
+            low = 1 if short in ARCH_COUNTS else 0
+            values = value if isinstance(value, list) and short is not None and value else [value]
+            if not all(_is_int(v) and v >= low for v in values):
+                expected = f"an integer >= {low}" + (" (or one per layer)" if short is not None else "")
+        elif key in BOOLS or short in ARCH_BOOLS:
+            expected = None if isinstance(value, bool) else "true or false"
+        elif short in ARCH_NUMBERS:
+            expected = None if _is_number(value) and (value > 0 or short not in ARCH_POSITIVE) else \
+                "a finite number" + (" > 0" if short in ARCH_POSITIVE else "")
+        elif key in STRINGS or short in ARCH_STRINGS:
+            expected = None if isinstance(value, str) else "a string"
+        elif key in STRING_ARRAYS:
+            expected = None if isinstance(value, list) and all(isinstance(v, str) for v in value) else \
+                "an array of strings"
+        elif key in INT_ARRAYS:
+            expected = None if isinstance(value, list) and all(_is_int(v) for v in value) else "an array of integers"
+        elif key in NUMBER_ARRAYS:
+            expected = None if isinstance(value, list) and all(_is_number(v) for v in value) else \
+                "an array of finite numbers"
+        if expected:
+            shown = repr(value) if not isinstance(value, list) else f"an array of {len(value)} ({value[:4]!r} ..)"
+            raise ModelError(f"{path}: metadata '{key}' is {shown[:120]}; expected {expected}")
+
+
 def shard_paths(path: Path, meta: dict) -> list[Path]:
     """The files of the model path starts: [path] for a whole file, else
     every shard's name from path's (which must be the first shard)."""
@@ -242,6 +315,7 @@ class GGUFFile:
             self.meta, tensors, self.data_start = _parse(memoryview(first), self.path, True)
         except (ValueError, struct.error) as exc:
             raise ModelError(f"{self.path}: {exc}") from None
+        check_metadata_types(self.path, self.meta)
         self.paths = shard_paths(self.path, self.meta)
         count = len(self.paths)
         for no, shard in enumerate(self.paths[1:], start=1):
@@ -322,8 +396,10 @@ def read_gguf_metadata(path: Path) -> dict:
             try:
                 view = memoryview(mm)
                 try:
-                    return _parse(view, path, False)[0]
+                    meta = _parse(view, path, False)[0]
                 finally:
                     view.release()
             except (ValueError, struct.error) as exc:
                 raise ModelError(f"{path}: not a readable GGUF file: {exc}") from None
+    check_metadata_types(path, meta)
+    return meta

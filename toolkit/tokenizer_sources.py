@@ -293,6 +293,8 @@ def from_gguf(path: Path) -> Vocab:
     if tokens is None:
         raise TokenizerError(f"{where}: no tokenizer.ggml.tokens; this GGUF carries no vocabulary")
     types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise TokenizerError(f"{where}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     attrs = [GGUF_TYPES.get(t, ATTR_NORMAL) for t in types]
     if model == "gpt2":
         pre = get("tokenizer.ggml.pre", "default")
@@ -311,6 +313,8 @@ def from_gguf(path: Path) -> Vocab:
             v.flags.add("nfc")
     elif model == "llama":
         scores = get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        if len(scores) != len(tokens):
+            raise TokenizerError(f"{where}: tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
         pieces = [(t, s, {ATTR_NORMAL: spm_model.NORMAL, ATTR_SPECIAL: spm_model.CONTROL,
                           ATTR_USER: spm_model.USER_DEFINED, ATTR_UNUSED: spm_model.UNUSED,
                           ATTR_BYTE: spm_model.BYTE}[a]) for t, s, a in zip(tokens, scores, attrs)]
@@ -323,6 +327,11 @@ def from_gguf(path: Path) -> Vocab:
                              "(byte-level BPE), 'llama' (SentencePiece BPE) or 'gemma4'")
     v.added = [(i, ADDED_SPECIAL if a == ATTR_SPECIAL else 0) for i, a in enumerate(attrs)
                if a in (ATTR_SPECIAL, ATTR_USER) and tokens[i]]
+    for key in ("bos", "eos", "unknown"):
+        token = get(f"tokenizer.ggml.{key}_token_id")
+        if token is not None and token >= len(tokens):
+            raise TokenizerError(f"{where}: tokenizer.ggml.{key}_token_id is {token}; the vocabulary has {len(tokens)} "
+                                 "tokens")
     v.bos = get("tokenizer.ggml.bos_token_id", v.bos)
     v.eos = get("tokenizer.ggml.eos_token_id", v.eos)
     v.unk = get("tokenizer.ggml.unknown_token_id", v.unk)
