@@ -48,14 +48,30 @@ BOOLS = {
 NULL_NOT_ABSENT = {"rope_theta"}
 
 
+# Fields whose model-config counterpart the schema bounds: checked against
+# that bound as they are read, before any list is sized by them.
+SCHEMA_FIELDS = {
+    "num_hidden_layers": "layers", "hidden_size": "hidden_size", "num_attention_heads": "heads",
+    "num_key_value_heads": "kv_heads", "vocab_size": "vocab_size", "num_local_experts": "experts",
+    "num_experts": "experts", "n_routed_experts": "experts", "num_experts_per_tok": "top_k",
+}
+
+
+def _highest(name: str) -> int:
+    if name in SCHEMA_FIELDS:
+        from ..config import schema
+        return schema()["properties"][SCHEMA_FIELDS[name]].get("maximum", 2**31 - 1)
+    return 2**31 - 1
+
+
 def type_problem(name: str, value) -> str | None:
     """What is wrong with value as field name, or None."""
     if name in INTS:
         if isinstance(value, bool) or not isinstance(value, int):
             return "an integer"
-        low = 1 if name in COUNTS else 0
-        if not low <= value < 2**31:
-            return f"an integer from {low} to {2**31 - 1}"
+        low, high = (1 if name in COUNTS else 0), _highest(name)
+        if not low <= value <= high:
+            return f"an integer from {low} to {high}"
     elif name in NUMBERS:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return "a finite number"
