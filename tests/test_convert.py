@@ -3,6 +3,7 @@ made with transformers), every naming and storage variant, and clear errors
 that leave no partial output behind."""
 
 import json
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -162,7 +163,8 @@ def test_errors_are_clear_and_leave_nothing_behind(tmp_path):
 WRONG_TYPES = [  # (arch, field path, value, message); each raised a TypeError/ValueError/struct.error before
     ("mixtral", ("num_hidden_layers",), 1.5, "field 'num_hidden_layers' is 1.5; expected an integer"),
     ("mixtral", ("num_hidden_layers",), 2**63, "field 'num_hidden_layers' is 9223372036854775808; expected an integer "
-                                               "from 1 to 2147483647"),
+                                               "from 1 to 1024"),  # the schema's bound on layers
+    ("qwen3_moe", ("num_hidden_layers",), 10**9, "field 'num_hidden_layers' is 1000000000"),  # hung listing layers
     ("mixtral", ("num_attention_heads",), 0, "field 'num_attention_heads' is 0; expected an integer from 1"),
     ("mixtral", ("max_position_embeddings",), "4096", "field 'max_position_embeddings' is '4096'; expected an integer"),
     ("mixtral", ("rope_theta",), None, "field 'rope_theta' is None; expected a finite number"),  # not our default
@@ -198,6 +200,53 @@ def test_a_config_field_of_the_wrong_type_is_an_error_naming_it(tmp_path, arch, 
     with pytest.raises(ConfigError, match=message):
         convert(src, out, progress=False)
     assert not out.exists()
+
+
+def _edit_first(header, key, value):
+    name = next(k for k in header if k != "__metadata__")
+    if key is None:
+        header[name] = value
+    elif value is None:
+        del header[name][key]
+    else:
+        header[name][key] = value
+    return name
+
+
+BAD_HEADERS = {  # a header entry not as the format defines it: each raised a KeyError/TypeError/ValueError before
+    "entry-not-object": (lambda h: _edit_first(h, None, 7), "is 7"),
+    "dtype-missing": (lambda h: _edit_first(h, "dtype", None), "has dtype None"),
+    "dtype-object": (lambda h: _edit_first(h, "dtype", {}), "has dtype {}"),
+    "shape-string": (lambda h: _edit_first(h, "shape", [64, "F64"]), "has shape \\[64, 'F64'\\]"),
+    "offsets-reversed": (lambda h: _edit_first(h, "data_offsets", [10, 5]), "has data_offsets \\[10, 5\\]"),
+    "offsets-one": (lambda h: _edit_first(h, "data_offsets", [0]), "has data_offsets \\[0\\]"),
+}
+
+
+@needs_testdata
+@pytest.mark.parametrize("case", sorted(BAD_HEADERS))
+def test_a_malformed_safetensors_header_is_an_error_naming_the_tensor(tmp_path, case):
+    edit, message = BAD_HEADERS[case]
+    src = tmp_path / "hf"
+    src.mkdir()
+    shutil.copy(TINY / "mixtral" / "config.json", src / "config.json")
+    raw = (TINY / "mixtral" / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    name = edit(header)
+    text = json.dumps(header).encode()
+    (src / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    with pytest.raises(ModelError, match=f"model.safetensors: tensor '{re.escape(name)}' {message}; expected"):
+        convert(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@needs_testdata
+def test_a_shard_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    src = hf_copy("mixtral", tmp_path)
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "../x.safetensors"}}))
+    with pytest.raises(ModelError, match="'weight_map' must map tensor names to shard file names in its folder"):
+        convert(src, tmp_path / "out", progress=False)
 
 
 @needs_testdata

@@ -20,6 +20,30 @@ _PACKED = ("U8",)
 _MAX_HEADER = 100 << 20
 
 
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+def _check_entry(path: Path, name: str, info) -> None:
+    """A header entry as the format defines it: {"dtype": str, "shape":
+    [ints], "data_offsets": [begin, end]}, begin <= end."""
+    problem = None
+    if not isinstance(info, dict):
+        problem = f"is {info!r}"
+    elif not isinstance(info.get("dtype"), str):
+        problem = f"has dtype {info.get('dtype')!r}"
+    elif not isinstance(info.get("shape"), list) or not all(_is_count(d) for d in info["shape"]):
+        problem = f"has shape {info.get('shape')!r}"
+    else:
+        offsets = info.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            problem = f"has data_offsets {offsets!r}"
+    if problem:
+        raise ModelError(f"{path}: tensor '{name}' {problem[:100]}; expected {{\"dtype\": a string, \"shape\": "
+                         "[non-negative integers], \"data_offsets\": [begin, end]}")
+
+
 class SafetensorsFile:
     def __init__(self, path: Path):
         self.path = path
@@ -35,15 +59,18 @@ class SafetensorsFile:
                 header = json.loads(fh.read(n))
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             raise ModelError(f"{path}: cannot read safetensors header: {exc}") from None
+        if not isinstance(header, dict):
+            raise ModelError(f"{path}: the safetensors header is {type(header).__name__}; expected a JSON object")
         header.pop("__metadata__", None)
         self.data_start = 8 + n
         self.tensors: dict[str, dict] = {}
         for name, info in header.items():
+            _check_entry(path, name, info)
             begin, end = info["data_offsets"]
             if info["dtype"] not in _DTYPES:
                 raise ModelError(f"{path}: tensor '{name}' has dtype {info['dtype']}; expected F32, F16 or BF16 "
                                  "(or U8 for MXFP4 blocks and scales)")
-            expected = int(np.prod(info["shape"], dtype=np.int64)) * _DTYPES[info["dtype"]].itemsize
+            expected = int(np.prod(info["shape"], dtype=object)) * _DTYPES[info["dtype"]].itemsize
             if end - begin != expected:
                 raise ModelError(f"{path}: tensor '{name}' holds {end - begin} bytes, its shape "
                                  f"{info['shape']} needs {expected}")
@@ -88,13 +115,26 @@ class SafetensorsFile:
         return out.reshape(shape)
 
 
+def _weight_map(index: Path) -> dict[str, str]:
+    """model.safetensors.index.json's tensor -> shard file map; each shard a
+    file name in the index's folder."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError) as exc:
+        raise ModelError(f"{index}: cannot read: {exc}") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) and f and Path(f).name == f and f not in (".", "..") for f in weight_map.values()):
+        raise ModelError(f"{index}: 'weight_map' must map tensor names to shard file names in its folder")
+    return weight_map
+
+
 class Checkpoint:
     """All tensors of a checkpoint folder, by name."""
 
     def __init__(self, folder: Path):
         index = folder / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = _weight_map(index)
             files = sorted(set(weight_map.values()))
         else:
             files = sorted(p.name for p in folder.glob("*.safetensors"))
