@@ -96,6 +96,38 @@ def test_corrupt_file_is_a_clear_error(tmp_path, converted):
         Tokenizer(tmp_path)
 
 
+def _set(doc, path, value):
+    for key in path[:-1]:
+        doc = doc[key]
+    doc[path[-1]] = value
+
+
+MALFORMED_JSON = {  # (file, path, value, message): each raised MemoryError/AttributeError/TypeError before
+    "vocab-id-huge": ("tokenizer.json", ("model", "vocab", "hello"), 2**40,
+                      r"model.vocab gives 'hello' the id 1099511627776; expected an integer from 0 to 4194303"),
+    "added-content-null": ("tokenizer.json", ("added_tokens", 0, "content"), None, r"added_tokens\[0\] is \{"),
+    "merges-true": ("tokenizer.json", ("model", "merges"), True, r"model.merges is bool; expected an array"),
+    "pretokenizers-string": ("tokenizer.json", ("pre_tokenizer", "pretokenizers"), "x",
+                             r"a Sequence's components are 'x'; expected an array"),
+    "bos-token-list": ("tokenizer_config.json", ("bos_token",), ["<s>"],
+                       r"tokenizer_config.json's bos_token is \['<s>'\]; expected a string"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_JSON))
+def test_a_malformed_tokenizer_json_is_an_error_naming_the_part(tmp_path, case):
+    name, path, value, message = MALFORMED_JSON[case]
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        doc = json.loads((TOKENIZERS / "qwen3" / f).read_text())
+        if f == name:
+            _set(doc, path, value)
+        (src / f).write_text(json.dumps(doc))
+    with pytest.raises(TokenizerError, match=message):
+        convert_tokenizer(src, tmp_path / "out")
+
+
 @pytest.mark.parametrize("name", ["qwen3-json", "mistral-v1", "llama-bpe"])
 def test_bad_input_never_crashes(converted, name):
     tok = converted(name)

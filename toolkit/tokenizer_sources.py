@@ -134,26 +134,32 @@ def _byte_ids_bytelevel(index: dict[str, int], where: str) -> list[int]:
 
 # ---- Hugging Face tokenizer.json ----
 
-def _find(node, kind: str) -> list[dict]:
+def _find(node, kind: str, where: str) -> list[dict]:
     """Every component of a (possibly Sequence) normaliser/pre-tokeniser of this type."""
     if not node:
         return []
+    if not isinstance(node, dict):
+        raise TokenizerError(f"{where}: pre-tokenizer component {node!r:.80} is not an object")
     if node.get("type") == "Sequence":
         children = node.get("pretokenizers") or node.get("normalizers") or node.get("decoders") or []
-        return [c for child in children for c in _find(child, kind)]
+        if not isinstance(children, list):
+            raise TokenizerError(f"{where}: a Sequence's components are {children!r:.80}; expected an array")
+        return [c for child in children for c in _find(child, kind, where)]
     return [node] if node.get("type") == kind else []
 
 
 def _hf_pretok(j: dict, where: str) -> str:
     pre = j.get("pre_tokenizer")
-    splits = _find(pre, "Split")
-    levels = _find(pre, "ByteLevel")
+    splits = _find(pre, "Split", where)
+    levels = _find(pre, "ByteLevel", where)
     if not levels:
         raise TokenizerError(f"{where}: pre_tokenizer {json.dumps(pre)[:120]} is not byte-level; only byte-level "
                              "BPE tokenizer.json files are supported (SentencePiece: give tokenizer.model or a GGUF)")
     if any(lv.get("add_prefix_space") for lv in levels):
         raise TokenizerError(f"{where}: ByteLevel add_prefix_space=true is not supported")
-    patterns = [(s.get("pattern") or {}).get("Regex") for s in splits]
+    patterns = [s.get("pattern").get("Regex") if isinstance(s.get("pattern"), dict) else None for s in splits]
+    if any(p is not None and not isinstance(p, str) for p in patterns):
+        raise TokenizerError(f"{where}: a Split pattern's Regex is not a string: {json.dumps(splits)[:160]}")
     for kind, rules in (("deepseek_v3", DEEPSEEK_V3_SPLITS), ("deepseek_llm", DEEPSEEK_LLM_SPLITS)):
         if len(splits) == len(rules) and all(s.get("behavior") == "Isolated" and not s.get("invert") for s in splits) \
                 and all(p is not None and _same_rule(p, q) for p, q in zip(patterns, rules)):
@@ -161,7 +167,7 @@ def _hf_pretok(j: dict, where: str) -> str:
     if splits:
         if len(splits) > 1 or splits[0].get("behavior") != "Isolated" or splits[0].get("invert"):
             raise TokenizerError(f"{where}: unsupported Split pre-tokenizer {json.dumps(splits)[:160]}")
-        regex = splits[0]["pattern"].get("Regex", "")
+        regex = patterns[0] or ""
     elif levels[0].get("use_regex", True):
         regex = next(iter(REGEXES))
     else:
@@ -172,9 +178,60 @@ def _hf_pretok(j: dict, where: str) -> str:
     return REGEXES[regex]
 
 
-def _config_token(value) -> str | None:
+def _config_token(value, key: str, where: str) -> str | None:
+    """tokenizer_config.json's bos_token etc.: a string, an AddedToken object or null."""
     if isinstance(value, dict):
-        return value.get("content")
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise TokenizerError(f"{where}: tokenizer_config.json's {key} is {value!r:.80}; expected a string")
+    return value
+
+
+MAX_TOKEN_ID = 4194304  # model-config's vocab_size bound
+
+
+def _is_token_id(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_TOKEN_ID
+
+
+def _check_hf_json(j, where: str) -> None:
+    """tokenizer.json's parts the converter reads, shaped as the format
+    writes them: an error naming the part, not a traceback further on."""
+    def bad(what: str, expected: str):
+        raise TokenizerError(f"{where}: {what}; expected {expected}")
+    if not isinstance(j, dict):
+        bad(f"the file holds {type(j).__name__}", "a JSON object")
+    for key in ("model", "normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        if j.get(key) is not None and not isinstance(j[key], dict):
+            bad(f"'{key}' is {j[key]!r:.60}", "an object or null")
+    model = j.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") == "BPE":
+        if not isinstance(vocab, dict):
+            bad(f"model.vocab is {type(vocab).__name__}", "an object of token -> id")
+        wrong = next((t for t, i in vocab.items() if not _is_token_id(i)), None)
+        if wrong is not None:
+            bad(f"model.vocab gives {wrong!r} the id {vocab[wrong]!r}", f"an integer from 0 to {MAX_TOKEN_ID - 1}")
+        if not isinstance(model.get("merges", []), list):
+            bad(f"model.merges is {type(model['merges']).__name__}", "an array")
+    added = j.get("added_tokens", [])
+    if not isinstance(added, list):
+        bad(f"added_tokens is {type(added).__name__}", "an array")
+    for k, a in enumerate(added):
+        if not (isinstance(a, dict) and isinstance(a.get("content"), str) and _is_token_id(a.get("id"))):
+            bad(f"added_tokens[{k}] is {a!r:.80}", f'{{"id": 0..{MAX_TOKEN_ID - 1}, "content": a string, ...}}')
+
+
+def _read_json_object(path: Path, where: str) -> dict:
+    """A side file (tokenizer_config.json) as a JSON object, {} if absent."""
+    if not path.exists():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(value, dict):
+        raise TokenizerError(f"{path}: holds {type(value).__name__}; expected a JSON object")
     return value
 
 
@@ -184,6 +241,7 @@ def from_hf_json(path: Path) -> Vocab:
         j = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TokenizerError(f"{where}: cannot read: {exc}") from None
+    _check_hf_json(j, where)
     model = j.get("model") or {}
     if model.get("type") != "BPE":
         raise TokenizerError(f"{where}: model.type {model.get('type')!r} is not supported; expected 'BPE'",
@@ -210,7 +268,7 @@ def from_hf_json(path: Path) -> Vocab:
         tokens[a["id"]] = (raw, raw, ATTR_SPECIAL if a.get("special") else ATTR_USER)
         added_out.append((a["id"], ADDED_SPECIAL if a.get("special") else 0))
     cfg_path = path.with_name("tokenizer_config.json")
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    cfg = _read_json_object(cfg_path, where)
     index = {t: i for t, i in vocab.items()}
     v = Vocab(kind="bpe", pretok=pretok, tokens=tokens, merges=_merges(model.get("merges", []), index, where),
               added=added_out, byte_ids=_byte_ids_bytelevel(index, where), source=where)
@@ -220,7 +278,7 @@ def from_hf_json(path: Path) -> Vocab:
         v.flags.add("nfc")
     by_text = {a["content"]: a["id"] for a in added}
     for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
-        name = _config_token(cfg.get(key))
+        name = _config_token(cfg.get(key), key, where)
         if name is not None:
             setattr(v, attr, by_text.get(name, vocab.get(name)))
     post = j.get("post_processor") or {}
@@ -261,10 +319,10 @@ def _hf_sentencepiece_style(j: dict, path: Path, where: str) -> Vocab:
     v = _merged_pieces_vocab(texts, attrs, model.get("merges", []), where)
     v.added = [(a["id"], ADDED_SPECIAL if a.get("special") else 0) for a in added]
     cfg_path = path.with_name("tokenizer_config.json")
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    cfg = _read_json_object(cfg_path, where)
     by_text = {t: i for i, t in reversed(list(enumerate(texts)))}
     for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
-        name = _config_token(cfg.get(key))
+        name = _config_token(cfg.get(key), key, where)
         if name is not None:
             setattr(v, attr, by_text.get(name))
     post = j.get("post_processor") or {}
@@ -421,7 +479,5 @@ def from_spm_model(path: Path) -> Vocab:
     v.bos = m.bos_id if m.bos_id >= 0 else None
     v.eos = m.eos_id if m.eos_id >= 0 else None
     v.add_bos = True
-    cfg = path.with_name("tokenizer_config.json")
-    if cfg.exists():
-        v.chat_template = json.loads(cfg.read_text()).get("chat_template")
+    v.chat_template = _read_json_object(path.with_name("tokenizer_config.json"), where).get("chat_template")
     return v
