@@ -11,6 +11,7 @@ import pytest
 
 from colibri_build import Tokenizer
 from colibri_build._engine import EngineError
+from colibri_build.errors import ModelError
 from colibri_build.tokenizer import TokenizerError, convert_tokenizer
 from tokenizer_cases import TOKENIZERS, read_cases
 
@@ -125,6 +126,20 @@ def test_a_malformed_tokenizer_json_is_an_error_naming_the_part(tmp_path, case):
             _set(doc, path, value)
         (src / f).write_text(json.dumps(doc))
     with pytest.raises(TokenizerError, match=message):
+        convert_tokenizer(src, tmp_path / "out")
+
+
+def test_a_malformed_sentencepiece_model_is_an_error_naming_the_file(tmp_path):
+    """A piece's text stored as a float (protobuf wire type 5) raised an
+    AttributeError; a trainer_spec bos_id past the pieces was taken."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tokenizer.model").write_bytes(b"\x0a\x05\x0d\x00\x00\x80\x3f")
+    with pytest.raises(ModelError, match=r"tokenizer.model: not a SentencePiece model"):
+        convert_tokenizer(src, tmp_path / "out")
+    good = (TOKENIZERS / "mistral-v1" / "tokenizer.model.v1").read_bytes()
+    (src / "tokenizer.model").write_bytes(good + b"\x12\x05\xc8\x02\xa0\x8d\x06")  # TrainerSpec bos_id 100000
+    with pytest.raises(ModelError, match=r"trainer_spec bos_id is 100000; the model has 32000 pieces"):
         convert_tokenizer(src, tmp_path / "out")
 
 

@@ -99,8 +99,15 @@ def read_spm_model(path: Path) -> SpmModel:
                         model.remove_extra_whitespaces = bool(v)
                     elif n == 5:
                         model.escape_whitespaces = bool(v)
-    except (ValueError, UnicodeDecodeError, struct.error) as exc:
+    except (ValueError, UnicodeDecodeError, struct.error, TypeError, AttributeError) as exc:
+        # a field of another wire type than the schema's (a float where a message or text belongs)
         raise ModelError(f"{path}: not a SentencePiece model: {exc}") from None
     if not model.pieces:
         raise ModelError(f"{path}: no pieces; not a SentencePiece model")
+    for name in ("unk_id", "bos_id", "eos_id"):
+        value = getattr(model, name)
+        if not isinstance(value, int) or value >= len(model.pieces):
+            raise ModelError(f"{path}: trainer_spec {name} is {value!r}; the model has {len(model.pieces)} pieces")
+    if not all(isinstance(sc, float) and isinstance(k, int) for _, sc, k in model.pieces):
+        raise ModelError(f"{path}: a piece's score or type has another wire type; not a SentencePiece model")
     return model
