@@ -112,6 +112,10 @@ MALFORMED_JSON = {  # (file, path, value, message): each raised MemoryError/Attr
                              r"a Sequence's components are 'x'; expected an array"),
     "bos-token-list": ("tokenizer_config.json", ("bos_token",), ["<s>"],
                        r"tokenizer_config.json's bos_token is \['<s>'\]; expected a string"),
+    "template-number": ("tokenizer_config.json", ("chat_template",), 7,
+                        r"chat_template is 7; expected a string or a list of named templates"),
+    "template-list-entry": ("tokenizer_config.json", ("chat_template",), [{"name": "default"}],
+                            r"chat_template list holds \[\{'name': 'default'\}\]"),
 }
 
 

@@ -222,6 +222,21 @@ def _check_hf_json(j, where: str) -> None:
             bad(f"added_tokens[{k}] is {a!r:.80}", f'{{"id": 0..{MAX_TOKEN_ID - 1}, "content": a string, ...}}')
 
 
+def _config_template(cfg: dict, where: str) -> str | None:
+    """tokenizer_config.json's chat_template: its text, or of a list of named
+    templates the one named "default"."""
+    template = cfg.get("chat_template")
+    if isinstance(template, list):
+        if not all(isinstance(t, dict) and isinstance(t.get("template"), str) for t in template):
+            raise TokenizerError(f"{where}: tokenizer_config.json's chat_template list holds {template!r:.80}; "
+                                 'expected {"name": ..., "template": a string} entries')
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is not None and not isinstance(template, str):
+        raise TokenizerError(f"{where}: tokenizer_config.json's chat_template is {template!r:.80}; expected a "
+                             "string or a list of named templates")
+    return template
+
+
 def _read_json_object(path: Path, where: str) -> dict:
     """A side file (tokenizer_config.json) as a JSON object, {} if absent."""
     if not path.exists():
@@ -282,11 +297,9 @@ def from_hf_json(path: Path) -> Vocab:
         if name is not None:
             setattr(v, attr, by_text.get(name, vocab.get(name)))
     post = j.get("post_processor") or {}
-    single = post.get("single") or []
+    single = post.get("single") if isinstance(post.get("single"), list) else []
     v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
-    template = cfg.get("chat_template")
-    if isinstance(template, list):  # named templates: the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    template = _config_template(cfg, where)
     jinja = path.with_name("chat_template.jinja")
     v.chat_template = jinja.read_text() if jinja.exists() else template
     return v
@@ -326,11 +339,9 @@ def _hf_sentencepiece_style(j: dict, path: Path, where: str) -> Vocab:
         if name is not None:
             setattr(v, attr, by_text.get(name))
     post = j.get("post_processor") or {}
-    single = post.get("single") or []
+    single = post.get("single") if isinstance(post.get("single"), list) else []
     v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
-    template = cfg.get("chat_template")
-    if isinstance(template, list):
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    template = _config_template(cfg, where)
     jinja = path.with_name("chat_template.jinja")
     v.chat_template = jinja.read_text() if jinja.exists() else template
     return v
@@ -479,5 +490,5 @@ def from_spm_model(path: Path) -> Vocab:
     v.bos = m.bos_id if m.bos_id >= 0 else None
     v.eos = m.eos_id if m.eos_id >= 0 else None
     v.add_bos = True
-    v.chat_template = _read_json_object(path.with_name("tokenizer_config.json"), where).get("chat_template")
+    v.chat_template = _config_template(_read_json_object(path.with_name("tokenizer_config.json"), where), where)
     return v
