@@ -127,10 +127,11 @@ def _check_counts(g: GGUFFile, m: "_Meta") -> None:
     is sized or looped by them: a corrupt count is an error naming it, not
     hours spent listing the tensors it implies."""
     blocks = [int(n.split(".")[1]) for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()]
-    layers = m.get("block_count", required=True)
-    if not isinstance(layers, int) or not 0 < layers <= (max(blocks) + 1 if blocks else 0):
-        raise ModelError(f"{g.path}: {m.arch}.block_count is {layers!r}, but the file has tensors for "
-                         f"{max(blocks) + 1 if blocks else 0} blocks (blk.0 ..)")
+    have = max(blocks) + 1 if blocks else 0
+    layers = m.get("block_count", required=True)  # an integer >= 1: check_metadata_types saw to it
+    if layers > have:
+        raise ModelError(f"{g.path}: {m.arch}.block_count is {layers!r}, but the file has tensors for {have} "
+                         "blocks (blk.0 ..)")
     experts = m.get("expert_count", 0)
     for n, t in g.tensors.items():
         if n.endswith(".ffn_gate_inp.weight") and len(t.ne) >= 2 and t.ne[1] != experts:
