@@ -262,10 +262,12 @@ cdef class Tokenizer:
 
 
 cdef class Engine:
-    """Engine(model_dir, threads=0, kv_cache="f32"): a model folder loaded in-process
-    (kv_cache "f16" keeps the KV cache in float16; "auto" as the server does
-    unless told: f16, f32 for f32 weights; "f16-llama" a float16 cache
-    attended, and GELU rounded, as llama.cpp's CPU backend does: its answers).
+    """Engine(model_dir, threads=0, kv_cache=None): a model folder loaded in-process
+    (kv_cache "f32" a float32 KV cache, transformers' numbers; "f16" keeps it
+    in float16; "f16-llama" a float16 cache attended, and GELU rounded, as
+    llama.cpp's CPU backend does: its answers; "auto" as the server does unless
+    told: the model config's kv_cache, else f16, f32 for f32 weights; None: the
+    model config's kv_cache (f16-llama for a GGUF conversion), else f32).
 
     forward(token_ids) -> float32 logits [len(token_ids), vocab]
     generate(prompt, max_tokens) -> generated text (greedy)
@@ -285,14 +287,15 @@ cdef class Engine:
     # calls forward.
     cdef object _lock
 
-    def __cinit__(self, model_dir, int threads=0, kv_cache="f32"):
+    def __cinit__(self, model_dir, int threads=0, kv_cache=None):
         cdef char err[1024]
         err[0] = 0
         self._lock = threading.RLock()
-        if kv_cache not in ("f32", "f16", "auto", "f16-llama"):
-            raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32', 'f16', 'auto' or 'f16-llama'")
+        modes = ("f32", "f16", "auto", "f16-llama", None)  # enum cb_kv_type's order; None: CB_KV_MODEL_OR_F32
+        if kv_cache not in modes:
+            raise EngineError(f"kv_cache: got {kv_cache!r}, expected 'f32', 'f16', 'auto', 'f16-llama' or None")
         path = str(model_dir).encode()
-        self.e = cb_engine_open(path, threads, 1, ("f32", "f16", "auto", "f16-llama").index(kv_cache), err, sizeof(err))
+        self.e = cb_engine_open(path, threads, 1, modes.index(kv_cache), err, sizeof(err))
         if self.e == NULL:
             raise EngineError(err.decode(errors="replace"))
         self.max_batch = cb_engine_max_batch(self.e)

@@ -20,13 +20,13 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from colibri_build import Engine, quant  # noqa: E402
+from colibri_build import Engine, memory, quant  # noqa: E402
 from colibri_build.gguf_convert import convert_gguf, converted_for_build  # noqa: E402
 from colibri_build.errors import ModelError  # noqa: E402
 from colibri_build.gguf_meta import GGML_TYPES, GGUFFile  # noqa: E402
 from colibri_build.weights import (DTYPE_IDS, DTYPE_NAMES, check_matches_config, expected_shapes,  # noqa: E402
                                    load_tensors, read_header, write_weights)
-from conftest import run_cli  # noqa: E402
+from conftest import RunningServer, run_cli  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "testdata" / "gguf"
 ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gemma4", "gpt_oss", "deepseek_v3")
@@ -329,7 +329,26 @@ def test_same_answers_as_llama_cpp(converted, arch, name):
     check_same_answers(load_engine(converted(arch, name), "f16-llama"), refs(arch), name)
 
 
-# With a float32 KV cache (the in-process default, the engine's exact
+def test_a_gguf_conversion_attends_as_llama_cpp_unless_told(converted):
+    """convert writes kv_cache "f16-llama" into a GGUF model's config, so the
+    server's default (no --kv-cache: CB_KV_AUTO) and Engine's (kv_cache=None)
+    give llama.cpp's answers (the test above) on its files; a mode asked for
+    still wins, and the memory budget counts the mode served."""
+    model = converted("qwen3_moe", "qwen3_moe-Q8_0.gguf")
+    assert json.loads((model / "model-config.json").read_text())["kv_cache"] == "f16-llama"
+    ids = refs("qwen3_moe")["prompt"] + refs("qwen3_moe")["teacher_forced_path"]
+    want = Engine(model, threads=1, kv_cache="f16-llama").forward(ids)
+    for kv in (None, "auto"):
+        engine = Engine(model, threads=1, kv_cache=kv)
+        assert engine.kv_cache == "f16-llama" and np.array_equal(engine.forward(ids), want), kv
+    for kv in ("f16", "f32"):
+        engine = Engine(model, threads=1, kv_cache=kv)
+        assert engine.kv_cache == kv and not np.array_equal(engine.forward(ids), want), kv
+    assert memory.budget(model, 2, 1, 64)["kv_cache"] == "f16-llama"
+    assert memory.budget(model, 2, 1, 64, "f16")["kv_cache"] == "f16"
+
+
+# With a float32 KV cache (the engine's exact
 # attention) the answers stay near llama.cpp's but not within 0.25 nats on
 # every file: the engine rounds activations to 8 bits as llama.cpp does
 # (q8_0 per 32, q8_K per 256 for K-quant rows), not the query and the V sums
@@ -414,7 +433,7 @@ def test_k_quant_files_as_f32_twins_give_llama_cpps_answers(converted, tmp_path,
     llama.cpp's 8-bit activations split those (qwen2_moe-Q4_K_M has two, at
     0.030 and 0.056, where this twin scores 14/16)."""
     twin = f32_twin(converted(arch, name), tmp_path / "twin")
-    check_same_answers(Engine(twin, threads=1), refs(arch), name, tie=None if name in TWIN_15_OF_16 else 0.1,
+    check_same_answers(Engine(twin, threads=1, kv_cache="f32"), refs(arch), name, tie=None if name in TWIN_15_OF_16 else 0.1,
                        top1=TWIN_TOP1_OFF.get(name, 0.25))
 
 
@@ -537,7 +556,7 @@ def test_gemma4_gpt_oss_and_deepseek_files_compute_what_transformers_computes_on
     ids = r["prompt"] + r["teacher_forced_path"]
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
-    got = Engine(twin, threads=1).forward(ids)
+    got = Engine(twin, threads=1, kv_cache="f32").forward(ids)
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"{name}: max error {err:.2e} relative to the largest logit")
     assert err < 1e-4, f"max error {err:.2e} relative to the largest logit"
@@ -580,12 +599,12 @@ def test_a_deepseek2_file_with_the_softmax_router_computes_what_deepseek_v2_comp
     ids = r["prompt"] + r["teacher_forced_path"]
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
-    engine = Engine(twin, threads=1)
+    engine = Engine(twin, threads=1, kv_cache="f32")
     got = engine.forward(ids)
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"deepseek2 softmax ({gating}): max error {err:.2e} relative to the largest logit")
     assert err < 1e-4
-    v3 = Engine(f32_twin(convert_gguf(src, tmp_path / "v3", progress=False), tmp_path / "v3twin"), threads=1)
+    v3 = Engine(f32_twin(convert_gguf(src, tmp_path / "v3", progress=False), tmp_path / "v3twin"), threads=1, kv_cache="f32")
     v3.forward(ids)
     assert (v3.last_routing != engine.last_routing).any(), "the softmax router chose as the sigmoid one did"
     grouped = rewrite(src, tmp_path / "v2g.gguf", extra={**keys, "deepseek2.expert_group_count": (4, U32_),
@@ -657,7 +676,7 @@ def test_a_deepseek2_file_with_kv_b_unsplit_computes_what_transformers_computes(
     ids = r["prompt"] + r["teacher_forced_path"]
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
-    got = Engine(f32_twin(out, tmp_path / "twin"), threads=1).forward(ids)
+    got = Engine(f32_twin(out, tmp_path / "twin"), threads=1, kv_cache="f32").forward(ids)
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"deepseek2 with kv_b unsplit: max error {err:.2e} relative to the largest logit")
     assert err < 1e-4
@@ -713,9 +732,9 @@ def test_a_llama_family_file_with_scaled_rope_computes_what_transformers_compute
     ids = r["prompt"] + r["teacher_forced_path"]
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
-    got = Engine(twin, threads=1).forward(ids)
+    got = Engine(twin, threads=1, kv_cache="f32").forward(ids)
     plain = Engine(f32_twin(convert_gguf(DATA / arch / name, tmp_path / "plain", progress=False),
-                            tmp_path / "plain-twin"), threads=1).forward(ids)
+                            tmp_path / "plain-twin"), threads=1, kv_cache="f32").forward(ids)
     scale = np.abs(want).max()
     err = np.abs(got - want).max() / scale
     print(f"{case}: max error {err:.2e}, unscaled {np.abs(plain - want).max() / scale:.2e}, relative to the largest")
@@ -939,13 +958,14 @@ def test_a_deepseek2_file_reads_as_its_config_json_does(tmp_path):
     """The model-config from the GGUF keys = the safetensors importer's from
     the model's config.json (refs.json), weights and source aside: the same
     MLA sizes, YaRN and its mscale (from yarn_log_multiplier), groups,
-    routed scaling, dense layer."""
+    routed scaling, dense layer (and the GGUF's own kv_cache mode)."""
     from colibri_build.convert import model_config as hf_model_config
     from colibri_build.gguf_convert import model_config
     (tmp_path / "config.json").write_text(json.dumps(refs("deepseek_v3")["model"]["hf_config_json"]))
     want = hf_model_config(tmp_path, "f32", "m", None, 8)[0]
     with GGUFFile(DATA / "deepseek_v3" / "deepseek_v3-Q8_0.gguf") as g:
         ours = model_config(g, "m", None, 8)
+    assert ours.pop("kv_cache") == "f16-llama" and "kv_cache" not in want
     for cfg in (ours, want):
         for key in ("weights", "source", "tokenizer"):
             cfg.pop(key, None)
@@ -1005,6 +1025,12 @@ def test_model_gguf_target_converts_and_builds_in_one_step(tmp_path):
     assert exe.is_file()
     model = tmp_path / "build" / "models" / "olmoe-Q8_0"
     assert json.loads((model / "model-config.json").read_text())["source"]["format"] == "gguf"
+    for args, kv in (((), "f16-llama"), (("--kv-cache", "f16"), "f16")):  # the model's own mode unless told
+        server = RunningServer(exe, model, "--threads", "1", *args)
+        try:
+            assert re.search(rf"KV cache {kv} [\d.]+ MiB", server.startup), server.startup
+        finally:
+            server.stop()
     stamp = (model / "weights.cbw").stat().st_mtime_ns
     assert converted_for_build(src, tmp_path / "build") == model  # the same file: not converted again
     assert (model / "weights.cbw").stat().st_mtime_ns == stamp

@@ -246,7 +246,9 @@ def refusals(tmp_path: Path, tiny_model: Path) -> list[tuple[Path, str]]:
                                                                   "lowercase hex digits"),
             ("rope", lambda c: c.update(rope=5), "field 'rope': got 5, expected an object"),
             ("router", lambda c: c.update(router="sigmoid"), "field 'router': got \"sigmoid\", expected one of "
-                                                              "\"softmax_topk_renorm\" \"softmax_topk\"")]:
+                                                              "\"softmax_topk_renorm\" \"softmax_topk\""),
+            ("kv", lambda c: c.update(kv_cache="auto"), "field 'kv_cache': got \"auto\", expected one of \"f32\" "
+                                                        "\"f16\" \"f16-llama\"")]:
         folder = model_copy(tiny_model, tmp_path / name)
         edit_config(folder, change)
         cases.append((folder, "model-config.json: " + message))

@@ -221,6 +221,8 @@ def model_config(g: GGUFFile, name: str, context_length: int | None, batch_slots
 def _common_fields(g: GGUFFile, arch: str) -> dict:
     return {
         "weights": {"file": "weights.cbw", "dtype": "f32"},
+        # llama.cpp's rounding of attention and GELU: its answers on its own files (docs/models.md)
+        "kv_cache": "f16-llama",
         "tokenizer": {"kind": "none", "bos_id": g.meta.get("tokenizer.ggml.bos_token_id"),
                       "eos_id": g.meta.get("tokenizer.ggml.eos_token_id")},
         "source": {"format": "gguf", "file": str(g.path.resolve()), "architecture": arch,

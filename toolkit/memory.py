@@ -210,18 +210,22 @@ def arena_bytes_per_thread(d: dict, widest_head: int = 0) -> int:
     return (score_floats(d) + widest_head + _ATTN_LONG_RUNS * _ATTN_BLOCK * attn_chunk_parts(d, widest_head, True)) * _F32
 
 
-def default_kv(d: dict) -> str:
-    """The server's KV cache type unless told (CB_KV_AUTO in engine.h): f16,
-    f32 for f32 weights."""
+def default_kv(d: dict, cfg: dict | None = None) -> str:
+    """The server's KV cache type unless told (CB_KV_AUTO in engine.h): the
+    model config's kv_cache, else f16, f32 for f32 weights."""
+    if cfg and cfg.get("kv_cache"):
+        return cfg["kv_cache"]
     return "f32" if d["weight_dtype"] == 0 else "f16"
 
 
 def budget(model: Path, threads: int, slots: int, max_batch: int, kv: str = "auto", cfg: dict | None = None) -> dict:
     """What cb_engine_memory() reports for the model served with these
     threads, slots, batch and KV cache type ("auto": the server's default)."""
+    if cfg is None:
+        cfg = json.loads((model / "model-config.json").read_text())
     w = weight_bytes(model, cfg)
     d, layers = w["dims"], w["layers"]
-    kv = default_kv(d) if kv == "auto" else kv
+    kv = default_kv(d, cfg) if kv == "auto" else kv
     full, sliding = kv_split_per_slot(d, kv, layers, max_batch)
     per_slot = full + sliding
     arena = arena_bytes(d, threads, max_batch, per_slot * slots, layers, slots, kv)

@@ -413,6 +413,9 @@ cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, enu
         goto fail;
     }
     e->rope_scaling = cfg->rope_scaling;
+    if ((kv == CB_KV_AUTO || kv == CB_KV_MODEL_OR_F32) && cfg->kv_cache != CB_KV_AUTO)
+        kv = (enum cb_kv_type)cfg->kv_cache; /* the model's own (model-config.json's kv_cache) */
+    if (kv == CB_KV_MODEL_OR_F32) kv = CB_KV_F32;
     free(cfg);
     e->dims = e->w.header->dims;
 #if CB_SPECIALISED

@@ -36,8 +36,10 @@ typedef struct {
  * does (the query rounded to float16, V summed in a float16 accumulator in
  * position order: attn_split.c), and GELU through float16 as ggml's table
  * gives it (moe.c), for llama.cpp's answers on its GGUF files; slower where
- * attention is (docs/models.md has the figures). */
-enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1, CB_KV_AUTO = 2, CB_KV_F16_LLAMA = 3 };
+ * attention is (docs/models.md has the figures). A model config's kv_cache
+ * (a GGUF conversion writes f16-llama) is what AUTO takes when it names
+ * one; MODEL_OR_F32 (the Python Engine's default) takes it too, else f32. */
+enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1, CB_KV_AUTO = 2, CB_KV_F16_LLAMA = 3, CB_KV_MODEL_OR_F32 = 4 };
 
 /* Opens the model folder: reads model-config.json, maps (does not read) the
  * weights file it names, refuses a header whose shape differs from the

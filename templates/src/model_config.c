@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "server/json.h"
 
 #define MAX_CONFIG_BYTES (16u << 20) /* configs are a few KiB; a bigger file is not one */
@@ -31,6 +32,7 @@ static const char *const DTYPES[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", NUL
 _Static_assert(sizeof DTYPES / sizeof DTYPES[0] == CB_DTYPE_COUNT, "a name for every dtype id");
 static const char *const QK_NORMS[] = {"none", "per_head", "whole"};
 static const char *const TOKENIZERS[] = {"none", "bytes", "bpe", "spm"};
+static const char *const KV_CACHES[] = {"f32", "f16", NULL, "f16-llama"}; /* enum cb_kv_type; AUTO is no name */
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static void fail(reader *r, const char *field, const char *what, int tok) {
@@ -311,6 +313,7 @@ int cb_model_config_parse(cb_model_config *c, const char *text, size_t len, cons
                 fail(&r, "weights.sha256", "64 lowercase hex digits", member(&r, w, "sha256", "", 0));
             }
         }
+        c->kv_cache = choice(&r, root, "kv_cache", "kv_cache", 0, CB_KV_AUTO, KV_CACHES, COUNT(KV_CACHES));
         const int tok = object(&r, root, "tokenizer", "tokenizer", 1);
         if (tok >= 0) {
             c->tok_kind = choice(&r, tok, "kind", "tokenizer.kind", 1, 0, TOKENIZERS, COUNT(TOKENIZERS));

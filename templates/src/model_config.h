@@ -33,6 +33,7 @@ typedef struct {
     cb_dims dims;             /* as the weights header records them */
     uint32_t tok_kind, bos_id, eos_id; /* enum cb_tokenizer_kind; CB_NO_TOKEN if null or absent */
     cb_rope_scaling rope_scaling;
+    uint32_t kv_cache;        /* enum cb_kv_type: "kv_cache", the model's default; CB_KV_AUTO when absent */
 } cb_model_config;
 
 /* Reads and checks model_dir/model-config.json: valid JSON, an object, every
