@@ -23,7 +23,9 @@ def test_c_quantizer_matches_numpy_bit_for_bit(dtype, scale):
     x = rows(512, scale)
     x[32:64] = 0  # an all-zero block
     c_bytes = kernels.quantize(x, dtype)
-    np_bytes = (quant.quantize_q8_0(x) if dtype == "q8_0" else quant.quantize_q4_0(x)).ravel()
+    # The C q8_0 quantizer is the engine's activation rounding; convert's
+    # q8_0 weights are ggml's reference rounding (quantize_q8_0).
+    np_bytes = (quant.quantize_q8_0_activation(x) if dtype == "q8_0" else quant.quantize_q4_0(x)).ravel()
     np.testing.assert_array_equal(c_bytes, np_bytes)
 
 
@@ -32,9 +34,16 @@ def test_engine_activation_quantizer_matches_reference_bit_for_bit(scale):
     x = rows(4096, scale)
     x[32:64] = 0  # an all-zero block
     # Halves after scaling: amax 127 makes the scale exactly 1, so x.5 ties
-    # must round away from zero as roundf does (not to even).
+    # round to even as llama.cpp's x86 quantizer does (not away from zero as
+    # ggml's reference and convert's weights do).
     x[64:96] = np.float32([127.0] + [k + 0.5 for k in range(-15, 16)]) * np.float32(scale)
-    np.testing.assert_array_equal(kernels.quantize(x, "q8_0", engine=True), kernels.quantize(x, "q8_0"))
+    engine = kernels.quantize(x, "q8_0", engine=True)
+    np.testing.assert_array_equal(engine, kernels.quantize(x, "q8_0"))
+    np.testing.assert_array_equal(engine, quant.quantize_q8_0_activation(x).ravel())
+    if scale == 1.0:
+        ties = engine.reshape(-1, 34)[2, 3:].view(np.int8)
+        assert list(ties) == [k + k % 2 for k in range(-15, 16)]  # k + 0.5 to the even one of k, k + 1
+        assert not np.array_equal(engine, quant.quantize_q8_0(x).ravel())  # the weights' rounding differs here
 
 
 # Worst error per block, as a fraction of the block's largest magnitude: half a
@@ -67,7 +76,7 @@ def test_dot_products(dtype, n):
     raw = np.frombuffer(quant.encode(w, dtype), np.uint8)
     exact = float(quant.dequantize(raw, dtype, w.shape).astype(np.float64) @ x.astype(np.float64))
     if dtype in ("q8_0", "q4_0"):  # the activation is quantized to q8_0 as well
-        xq = quant.dequantize(quant.quantize_q8_0(x).ravel(), "q8_0", x.shape)
+        xq = quant.dequantize(quant.quantize_q8_0_activation(x).ravel(), "q8_0", x.shape)
         exact = float(quant.dequantize(raw, dtype, w.shape).astype(np.float64) @ xq.astype(np.float64))
     simd, scalar = kernels.dot(dtype, raw, x), kernels.dot(dtype, raw, x, scalar=True)
     tol = 1e-5 * np.sqrt(n) * (np.abs(w) @ np.abs(x)) / n + 1e-6

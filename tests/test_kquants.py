@@ -94,21 +94,24 @@ def test_encoding_floats_to_a_ggml_type_is_refused_not_mislabelled():
 
 def q8_activation(x):
     """x rounded as the engine rounds activations (q8_0), and each block's step."""
-    blocks = quant.quantize_q8_0(x).reshape(-1, 34)
+    blocks = quant.quantize_q8_0_activation(x).reshape(-1, 34)
     return quant.dequantize(blocks.ravel(), "q8_0", x.shape), blocks[:, :2].copy().view("<f2").astype(np.float64).ravel()
 
 
 def q8_k_activation(x):
-    """x rounded as the engine rounds the K types' activations (q8_k: per 256
-    a float32 step amax / 127, x / step rounded half away from zero), the
-    step of each 32, and the blocks' int8 values and per-16 sums."""
+    """x rounded as the engine rounds the K types' activations (q8_k as
+    ggml's reference: per 256 iscale = -127 / the first value of largest
+    magnitude, x * iscale rounded to nearest even, at most 127, the step
+    d = 1 / iscale), the size of the step of each 32, and the blocks' d,
+    int8 values and per-16 sums."""
     v = x.astype(np.float32).reshape(-1, 256)
-    d = (np.abs(v).max(axis=1) / np.float32(127)).astype(np.float32)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0).astype(np.float32)
-    scaled = (v * inv[:, None]).astype(np.float64)
-    q = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)
+    top = v[np.arange(len(v)), np.abs(v).argmax(axis=1)]  # argmax: the first of equal magnitudes
+    with np.errstate(divide="ignore"):
+        iscale = np.where(top != 0, np.float32(-127) / top, np.float32(0)).astype(np.float32)
+        d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    q = np.minimum(np.rint((v * iscale[:, None]).astype(np.float32)), 127)
     xq = (q.astype(np.float32) * d[:, None]).reshape(x.shape)
-    return xq, np.repeat(d.astype(np.float64), 8), d, q.astype(np.int8), q.reshape(-1, 16, 16).sum(axis=2)
+    return xq, np.repeat(np.abs(d).astype(np.float64), 8), d, q.astype(np.int8), q.reshape(-1, 16, 16).sum(axis=2)
 
 
 def activation(dtype, x):
@@ -124,12 +127,13 @@ def test_q8_k_activation_quantizer():
     x[256:512] = 0
     x[512:768] = np.round(rng.standard_normal(256) * 127) / 127 * 3  # values on the grid and halfway
     x[520] = -3.0
+    x[100], x[800] = 50.0, -50.0  # each block's largest: a positive max gives iscale and d < 0
     raw = kernels.quantize(x, "q8_k").reshape(4, 292)
     _, _, d, q, sums = q8_k_activation(x)
     np.testing.assert_array_equal(raw[:, :4].copy().view("<f4").ravel(), d)
     np.testing.assert_array_equal(raw[:, 4:260].view(np.int8), q)
     np.testing.assert_array_equal(raw[:, 260:].copy().view("<i2"), sums)
-    assert d[1] == 0 and not q[1].any()
+    assert d[1] == 0 and not q[1].any() and d[0] < 0 < d[3]
     # The engine's own (SIMD where the build has one) gives the same bytes.
     np.testing.assert_array_equal(kernels.quantize(x, "q8_k", engine=True), kernels.quantize(x, "q8_k"))
 

@@ -124,6 +124,22 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     return out.reshape(*x.shape[:-1], x.shape[-1] // QK, 34)
 
 
+def quantize_q8_0_activation(x: np.ndarray) -> np.ndarray:
+    """The engine's activation rounding (cb_quantize_row_q8_0, llama.cpp's
+    x86 form): the step amax / 127 in fp16, x times float32 127 / amax
+    rounded to nearest even. Weights use quantize_q8_0 (ggml's reference)."""
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, QK)
+    amax = np.abs(blocks).max(axis=1)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    inv[~np.isfinite(inv)] = 0
+    q = np.rint((blocks * inv[:, None]).astype(np.float32)).astype(np.int8)
+    out = np.empty((blocks.shape[0], 34), np.uint8)
+    out[:, :2] = (amax / np.float32(127)).astype(np.float32).astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // QK, 34)
+
+
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     """[..., n] float32 -> q4_0 blocks as raw bytes [..., n/32, 18]."""
     blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, QK)

@@ -796,24 +796,19 @@ void cb_dot_bf16_tokens_avx2(const uint16_t *w, const float *const *x, int n_tok
     dot_half_tokens(w, x, n_tok, n, out, 1);
 }
 
-/* The reference quantizer (quants.c), 8 lanes at a time, bit for bit: the
- * same float operations, roundf's halves away from zero rebuilt from a
- * truncation (v - trunc(v) is exact), F16C's round-to-nearest-even scale. */
+/* The activation quantizer (quants.c), 8 lanes at a time, bit for bit: the
+ * same float operations, the rounding to nearest even in the instruction
+ * (not MXCSR's mode), F16C's round-to-nearest-even step. */
 void cb_quantize_row_q8_0_avx2(const float *x, cb_block_q8_0 *y, int n) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
     for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
         __m256 v[4];
         for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
-        const float d = cb_q8_0_amax_avx(x) / 127.0f, id = d ? 1.0f / d : 0.0f;
-        y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        const float amax = cb_q8_0_amax_avx(x), id = cb_q8_0_inv_step(amax);
+        y[b].d = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
         __m256i q[4];
         for (int i = 0; i < 4; i++) {
             const __m256 s = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
-            const __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(s, t));
-            const __m256 away = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
-                                              _mm256_or_ps(one, _mm256_and_ps(sign, s)));
-            q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, away));
+            q[i] = _mm256_cvttps_epi32(_mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         }
         /* int32 -> int8; the packs work per 128-bit lane, so put the dwords back in order. */
         __m256i q16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));

@@ -345,21 +345,17 @@ void cb_exp_shifted_avx512(float *x, int n, float shift, float scale) {
 }
 
 /* The activation quantizer, avx2.c's operations on zmm: |x|'s maximum as
- * there (q8_0_x86.h), the rounding (half away from zero) and the int8
+ * there (q8_0_x86.h), the rounding (to nearest even) and the int8
  * narrowing 16 lanes at a time. */
 void cb_quantize_row_q8_0_avx512(const float *x, cb_block_q8_0 *y, int n) {
-    const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
         const __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
-        const float d = cb_q8_0_amax_avx(x) / 127.0f, id = d ? 1.0f / d : 0.0f;
-        y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        const float amax = cb_q8_0_amax_avx(x), id = cb_q8_0_inv_step(amax);
+        y[b].d = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
         for (int i = 0; i < 2; i++) {
             const __m512 s = _mm512_mul_ps(v[i], _mm512_set1_ps(id));
-            const __m512 t = _mm512_roundscale_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            const __m512 frac = _mm512_andnot_ps(sign, _mm512_sub_ps(s, t));
-            const __m512 away = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(frac, half, _CMP_GE_OQ),
-                                                    _mm512_or_ps(one, _mm512_and_ps(sign, s)));
-            _mm_storeu_si128((__m128i *)(y[b].qs + 16 * i), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(t, away))));
+            const __m512 t = _mm512_roundscale_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm_storeu_si128((__m128i *)(y[b].qs + 16 * i), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
         }
     }
 }

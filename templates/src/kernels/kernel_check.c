@@ -815,9 +815,9 @@ static int check_quantizer_k(int *cases) {
     for (int r = 0; r < 400; r++) {
         const float scale = (float)(1 << (r % 24)) / 4096.0f;
         for (int i = 0; i < 2 * CB_QK_K; i++) row[i] = uniform() * scale;
-        if (r % 4 == 1) /* amax 127: id = 1, so k + 0.5 are exact ties */
+        if (r % 4 == 1) /* |max| 127: iscale = -+1, so k + 0.5 are exact ties (either sign of max) */
             for (int i = 0; i < 2 * CB_QK_K; i++)
-                row[i] = i % CB_QK_K == 7 ? -127.0f : (float)((int)(uniform() * 126)) + 0.5f;
+                row[i] = i % CB_QK_K == 7 ? (r % 8 == 1 ? -127.0f : 127.0f) : (float)((int)(uniform() * 126)) + 0.5f;
         if (r % 4 == 2) row[3] = -0.0f, row[CB_QK_K + 5] = 0.0f;
         if (r % 4 == 3) memset(row + CB_QK_K, 0, sizeof(float) * CB_QK_K);
         memset(got, 0xA5, sizeof got);

@@ -6,6 +6,8 @@
 #ifndef CB_KERNELS_H
 #define CB_KERNELS_H
 
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -137,6 +139,27 @@ typedef struct {
     int16_t bsums[CB_QK_K / 16];
 } cb_block_q8_k;
 _Static_assert(sizeof(cb_block_q8_k) == 292, "q8_k block: float, 256 int8, 16 int16");
+/* Activations are rounded to 8 bits as llama.cpp's x86 builds round them
+ * (their answers are the parity references): q8_0 with the step amax / 127
+ * in fp16 and each x times 127 / amax rounded to nearest, ties to even
+ * (ggml-cpu's AVX quantize_row_q8_0, not ggml's reference form with
+ * 1 / (amax / 127) and halves away from zero, which convert's q8_0
+ * weights follow); q8_k as ggml's reference: the step 1 / iscale with
+ * iscale = -127 / (the value of largest magnitude), ties to even. The two
+ * forms give other bytes at a half, or where the two scales differ in
+ * their last bit; traced on a DeepSeek-V3 IQ4_XS file, one such byte chose
+ * another expert group than llama.cpp (docs/models.md). */
+/* x (|x| < 2^31) rounded to the nearest integer, ties to even: rintf in
+ * the default rounding mode, which the engine never changes. Not the
+ * x + 1.5 * 2^23 trick: GCC fuses a product feeding it into an fma, which
+ * rounds the exact product instead of the float one. */
+static inline int32_t cb_nearest_int(float x) { return (int32_t)rintf(x); }
+/* 127 / amax, or 0 where it is not a finite number (an all-zero block; a
+ * block too small for fp16's step, whose values all dequantize to 0). */
+static inline float cb_q8_0_inv_step(float amax) {
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    return id <= FLT_MAX ? id : 0.0f;
+}
 void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n);
 /* The engine's q8_k activation quantizer: the reference's bytes, faster
  * where the family has one (AVX2: kquants_avx2.c). */

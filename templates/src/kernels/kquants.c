@@ -245,13 +245,20 @@ static float dot_mxfp4(const void *w, const cb_block_q8_0 *x, int n) {
  * integer sums of scale * q * x and of min * x (from the per-16 sums), then
  * cb_kq_step. ---- */
 
+/* kernels.h: the value of largest magnitude (the first such) sets
+ * iscale = -127 / max, so d = 1 / iscale is negative where it is positive. */
 void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n) {
     for (int b = 0; b < n / CB_QK_K; b++, x += CB_QK_K) {
-        float amax = 0;
-        for (int j = 0; j < CB_QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-        y[b].d = d;
-        for (int j = 0; j < CB_QK_K; j++) y[b].qs[j] = (int8_t)roundf(x[j] * id);
+        float amax = 0, max = 0;
+        for (int j = 0; j < CB_QK_K; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+        if (!(fabsf(iscale) <= FLT_MAX)) iscale = 0.0f; /* too small a block: all zeros */
+        y[b].d = iscale != 0.0f ? 1.0f / iscale : 0.0f;
+        for (int j = 0; j < CB_QK_K; j++) {
+            const int32_t v = cb_nearest_int(x[j] * iscale);
+            y[b].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
         for (int g = 0; g < CB_QK_K / 16; g++) {
             int sum = 0;
             for (int j = 0; j < 16; j++) sum += y[b].qs[16 * g + j];

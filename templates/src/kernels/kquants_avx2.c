@@ -5,6 +5,7 @@
  * most 63, signed ones at most 127 in magnitude, |x| <= 127) and whose
  * float steps they repeat: the reference's bits. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -690,29 +691,38 @@ static float dot_iq4_xs(const void *w, const cb_block_q8_k *x, int n) {
 }
 
 /* cb_quantize_row_q8_k's bytes (the engine's q8_k activations): amax by
- * max (exact), each q rounded half away from zero as roundf (the q8_0
- * quantizer's way, kernels/avx2.c), the per-16 sums exact in int32. The
- * scalar form's roundf is a libm call on x86 (17 ticks an element). */
+ * max (exact), the first value of that magnitude found by a compare, each
+ * q rounded to nearest even in the instruction, the per-16 sums exact in
+ * int32. */
 void cb_quantize_row_q8_k_avx2(const float *x, cb_block_q8_k *y, int n) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int b = 0; b < n / CB_QK_K; b++, x += CB_QK_K) {
         __m256 m = _mm256_setzero_ps();
         for (int i = 0; i < CB_QK_K / 8; i++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)));
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float d = _mm_cvtss_f32(m4) / 127.0f, id = d ? 1.0f / d : 0.0f;
-        y[b].d = d;
+        const float amax = _mm_cvtss_f32(m4);
+        float max = 0.0f;
+        if (amax != 0.0f)
+            for (int i = 0; i < CB_QK_K / 8; i++) {
+                const __m256 v = _mm256_loadu_ps(x + 8 * i);
+                const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+                if (hit) {
+                    max = x[8 * i + __builtin_ctz((unsigned)hit)];
+                    break;
+                }
+            }
+        float iscale = max != 0.0f ? -127.0f / max : 0.0f;
+        if (!(fabsf(iscale) <= FLT_MAX)) iscale = 0.0f;
+        y[b].d = iscale != 0.0f ? 1.0f / iscale : 0.0f;
         __m256i sums[16];
         for (int g = 0; g < CB_QK_K / 32; g++) {
             __m256i q[4];
             for (int i = 0; i < 4; i++) {
-                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * i), _mm256_set1_ps(id));
-                const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-                const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
-                const __m256 away = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
-                                                  _mm256_or_ps(one, _mm256_and_ps(sign, v)));
-                q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, away));
+                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * i), _mm256_set1_ps(iscale));
+                q[i] = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+                                        _mm256_set1_epi32(127));
             }
             sums[2 * g] = _mm256_add_epi32(q[0], q[1]);
             sums[2 * g + 1] = _mm256_add_epi32(q[2], q[3]);

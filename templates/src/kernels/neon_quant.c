@@ -168,8 +168,8 @@ void cb_gemm_q8_0x4_dotprod(const void *group, const cb_block_q8_0 *const *x, in
 }
 #endif
 
-/* The engine's activation quantizer: cb_quantize_row_q8_0's bytes. FCVTAS
- * rounds half away from zero like roundf; FMAXNM skips a NaN like fmaxf. */
+/* The engine's activation quantizer: cb_quantize_row_q8_0's bytes. FCVTNS
+ * rounds to nearest even whatever FPCR says; FMAXNM skips a NaN like fmaxf. */
 void cb_quantize_row_q8_0_neon(const float *x, cb_block_q8_0 *y, int n) {
     for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
         float32x4_t v[8], m = vdupq_n_f32(0);
@@ -177,12 +177,12 @@ void cb_quantize_row_q8_0_neon(const float *x, cb_block_q8_0 *y, int n) {
             v[i] = vld1q_f32(x + 4 * i);
             m = vmaxnmq_f32(m, vabsq_f32(v[i]));
         }
-        const float d = vmaxnmvq_f32(m) / 127.0f, id = d ? 1.0f / d : 0.0f;
-        y[b].d = cb_float_to_half(d);
+        const float amax = vmaxnmvq_f32(m), id = cb_q8_0_inv_step(amax);
+        y[b].d = cb_float_to_half(amax / 127.0f);
         int16x8_t h[4];
         for (int i = 0; i < 4; i++)
-            h[i] = vcombine_s16(vqmovn_s32(vcvtaq_s32_f32(vmulq_n_f32(v[2 * i], id))),
-                                vqmovn_s32(vcvtaq_s32_f32(vmulq_n_f32(v[2 * i + 1], id))));
+            h[i] = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(v[2 * i], id))),
+                                vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(v[2 * i + 1], id))));
         vst1q_s8(y[b].qs, vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1])));
         vst1q_s8(y[b].qs + 16, vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3])));
     }

@@ -43,13 +43,14 @@ cb_half cb_float_to_half(float f) {
     return (cb_half)(sign | half);
 }
 
+/* The activation quantizer (kernels.h: llama.cpp's x86 rounding). */
 void cb_quantize_row_q8_0(const float *x, cb_block_q8_0 *y, int n) {
     for (int b = 0; b < n / CB_QK; b++, x += CB_QK) {
         float amax = 0;
         for (int j = 0; j < CB_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-        y[b].d = cb_float_to_half(d);
-        for (int j = 0; j < CB_QK; j++) y[b].qs[j] = (int8_t)roundf(x[j] * id);
+        const float id = cb_q8_0_inv_step(amax);
+        y[b].d = cb_float_to_half(amax / 127.0f);
+        for (int j = 0; j < CB_QK; j++) y[b].qs[j] = (int8_t)cb_nearest_int(x[j] * id);
     }
 }
 
