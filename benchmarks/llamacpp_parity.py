@@ -12,7 +12,12 @@ equal up to the first reference margin under 0.3 nats.
 
     benchmarks/llamacpp_build.sh        # llama-quantize and llama-server
     python benchmarks/llamacpp_parity.py [--types Q2_K,Q3_K_M,...] [--kv f32,f16,f16-llama]
-        [--archs mixtral,qwen3_moe,gpt_oss] [--workdir DIR]
+        [--archs mixtral,qwen3_moe,gpt_oss] [--workdir DIR] [--shipped] [--prefix N]
+
+--shipped holds the folder's own files (no quantizing) to the same bars
+against this machine's llama-server; --prefix N puts N seeded random
+tokens before the prompt, so that llama.cpp runs it as one micro-batch of
+64 or more tokens (its tiled float32 flash attention, engine.h).
 
 Prints per file and mode the largest top-1 difference (nats), the argmax
 count held, and FAIL where a bar is missed; then per mode the files, the
@@ -121,6 +126,8 @@ def main() -> None:
     ap.add_argument("--kv", default="f32,f16,f16-llama")
     ap.add_argument("--archs", default="")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/colibri-llamacpp-parity"))
+    ap.add_argument("--shipped", action="store_true", help="the folder's own files instead of --types")
+    ap.add_argument("--prefix", type=int, default=0, help="random tokens before the prompt")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     modes = args.kv.split(",")
@@ -133,17 +140,22 @@ def main() -> None:
         source, again = (f16, []) if f16.exists() else (refs_file.parent / f"{arch}-Q8_0.gguf", ["--allow-requantize"])
         if (args.archs and arch not in args.archs.split(",")) or not source.exists():
             continue
-        prompt, path = r["prompt"], r["teacher_forced_path"]
-        for kind in args.types.split(","):
-            gguf, ref_file = args.workdir / f"{arch}-{kind}.gguf", args.workdir / f"{arch}-{kind}.json"
-            if not gguf.exists():
+        prefix = [int(t) for t in np.random.default_rng(7).integers(10, 1000, args.prefix)]
+        prompt, path = prefix + r["prompt"], r["teacher_forced_path"]
+        kinds = [n[len(arch) + 1:-5] for n, f in r["files"].items() if f["included"] and (refs_file.parent / n).exists()] \
+            if args.shipped else args.types.split(",")
+        for kind in kinds:
+            gguf = (refs_file.parent if args.shipped else args.workdir) / f"{arch}-{kind}.gguf"
+            tag = f"{'shipped-' if args.shipped else ''}{arch}-{kind}"
+            ref_file = args.workdir / f"{tag}{f'-prefix{args.prefix}' if args.prefix else ''}.json"
+            if not args.shipped and not gguf.exists():
                 subprocess.run([str(llama_bin("llama-quantize")), *again, str(source), str(gguf), kind, "2"], check=True,
                                capture_output=True)
                 ref_file.unlink(missing_ok=True)
             if not ref_file.exists():
                 ref_file.write_text(json.dumps(references(gguf, prompt, path)))
             ref = json.loads(ref_file.read_text())
-            model = args.workdir / f"{arch}-{kind}"
+            model = args.workdir / tag
             if not model.exists():
                 convert_gguf(gguf, model, progress=False)
             line = f"{arch}-{kind}".ljust(22)

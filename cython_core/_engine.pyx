@@ -31,7 +31,8 @@ cdef extern from "engine.h" nogil:
     ctypedef struct cb_engine:
         pass
     ctypedef struct cb_batch_item:
-        int32_t token, slot, pos, want_logits, rope_len
+        int32_t token, slot, pos, want_logits, rope_len, llama_ubatch
+    int32_t cb_llama_ubatch(int32_t offset, int32_t n)
     cb_engine *cb_engine_open(const char *model_dir, int n_threads, int n_slots, int kv, char *err, size_t err_len)
     size_t cb_engine_kv_bytes(const cb_engine *e)
     const char *cb_engine_kv_name(const cb_engine *e)
@@ -395,7 +396,9 @@ cdef class Engine:
         the ones an earlier call ran at positions 0..start-1. With dynamic NTK
         RoPE the call is one transformers call: every token is rotated for
         the sequence length start + len(token_ids). chunk: tokens a step
-        (1..max_batch; 0: max_batch, or the logit rows with all_logits)."""
+        (1..max_batch; 0: max_batch, or the logit rows with all_logits).
+        In f16-llama a call is one llama.cpp prompt: 64 tokens or more
+        attend as its tiled flash attention, fewer as its decode (engine.h)."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int32).ravel()
         if chunk < 0 or chunk > self.max_batch:
             raise ValueError(f"chunk: got {chunk}, expected 0..{self.max_batch}")
@@ -433,6 +436,7 @@ cdef class Engine:
                 self.items[i].pos = start + done + i
                 self.items[i].want_logits = 1 if all_logits or done + i == n - 1 else 0
                 self.items[i].rope_len = start + n  # dynamic NTK RoPE: one transformers call over them
+                self.items[i].llama_ubatch = cb_llama_ubatch(done + i, n)  # f16-llama: one llama.cpp prompt
             with nogil:
                 rc = cb_engine_forward(e, self.items, chunk, err, sizeof(err))
             if rc != 0:
@@ -486,6 +490,7 @@ cdef class Engine:
             self.items[0].pos = pos
             self.items[0].want_logits = 1
             self.items[0].rope_len = 0  # a call of its own: pos + 1
+            self.items[0].llama_ubatch = 1
             with nogil:
                 rc = cb_engine_forward(e, self.items, 1, err, sizeof(err))
             if rc != 0:

@@ -349,6 +349,26 @@ def test_a_gguf_conversion_attends_as_llama_cpp_unless_told(converted):
     assert memory.budget(model, 2, 1, 64, "f16")["kv_cache"] == "f16"
 
 
+def test_f16_llama_attends_a_long_prompt_as_llama_cpps_tiled_flash_attention(converted):
+    """llama.cpp's CPU flash attention takes a micro-batch of 64 or more
+    queries the tiled float32 way and fewer (decode, short prompts) through
+    its float16 accumulator; f16-llama follows it (engine.h cb_llama_ubatch):
+    a 63-token prompt gives the bits of feeding the same tokens one at a
+    time, a 64-token one does not. Measured 2026-12-05 (112-token prompts
+    of the 24 files, llama-server 0.3.36 beside, /work/bench/longprompt.py):
+    the largest top-1 differences summed 2.81 nats with the float16
+    accumulator for every query, 2.17 following the tiles."""
+    model = converted("qwen3_moe", "qwen3_moe-Q8_0.gguf")
+    ids = [int(t) for t in np.random.default_rng(5).integers(10, 1000, 64)]
+    engine = Engine(model, threads=1, kv_cache="f16-llama")
+    for n, same in ((63, True), (64, False)):
+        whole = engine.forward(ids[:n], all_logits=False)[0]
+        for p in range(n):
+            one = engine.forward([ids[p]], start=p, all_logits=False)[0]
+        assert np.array_equal(whole, one) == same, n
+        assert np.abs(whole - one).max() < 0.05 * np.abs(one).max()  # near: float16 rounding apart
+
+
 # With a float32 KV cache (the engine's exact
 # attention) the answers stay near llama.cpp's but not within 0.25 nats on
 # every file: the engine rounds activations to 8 bits as llama.cpp does

@@ -102,6 +102,30 @@ def test_turns_of_a_conversation_reuse_the_cache_and_answer_the_same(server_exe,
         stop_checked(plain_srv)
 
 
+def test_f16_llama_reuses_only_positions_attended_the_same_way(exe, tiny_model, tiny_config):
+    """f16-llama attends a prompt of 64 tokens or more as llama.cpp's tiled
+    flash attention does, a shorter one and generated tokens through its
+    float16 accumulator (engine.h): a prompt that grows past 64 reuses none of
+    a short one's rows, and a longer one none of the answer's; each answer is
+    still the bits a server without the cache gives."""
+    ids = [(7 * i + 3) % tiny_config["vocab_size"] for i in range(120)]
+    cached_srv = RunningServer(exe, tiny_model, "--threads", "2", "--kv-cache", "f16-llama")
+    plain_srv = RunningServer(exe, tiny_model, "--threads", "2", "--kv-cache", "f16-llama", "--no-prefix-cache")
+    try:
+        prompt, expect_cached = ids[:40], []
+        for turn, more in enumerate((0, 40, 10)):
+            prompt = prompt + ids[40:40 + more] if turn else prompt
+            got, ref = completion(cached_srv, prompt), completion(plain_srv, prompt)
+            assert got["answer"] == ref["answer"], f"turn {turn + 1}"
+            expect_cached.append(got["cached"])
+            prompt = prompt + got["answer"]["trace"]["completion_tokens"]
+        # 40 (short) -> 88 (tiled from position 0): nothing; 88 -> 106: the 88 prompt positions, not the answer
+        assert expect_cached == [0, 0, 88], expect_cached
+    finally:
+        stop_checked(cached_srv)
+        stop_checked(plain_srv)
+
+
 def test_streamed_usage_reports_cached_tokens(exe, tiny_model, tiny_config):
     """stream_options.include_usage: the last chunk's usage carries
     cached_tokens, and the streamed text and logprobs are the plain ones."""

@@ -50,7 +50,7 @@ def assert_split_invariant(engine: Engine, ids: list[int], seed: int) -> None:
         bad = np.flatnonzero((got != whole).any(axis=1))
         assert bad.size == 0, f"trial {trial}: positions {bad[:8].tolist()} differ with pieces {pieces}"
     # A prefix reused, the rest fed after it: the continuation of a conversation.
-    for reuse in (1, 63, 64, 65, len(ids) - 1):
+    for reuse in sorted({1, 63, 64, 65, len(ids) - 1} & set(range(1, len(ids)))):
         engine.forward(ids[:reuse])
         assert np.array_equal(engine.forward(ids[reuse:], all_logits=False, start=reuse)[0], whole[-1]), reuse
 
@@ -64,7 +64,10 @@ def test_positions_do_not_depend_on_how_the_prompt_is_cut(workdir, arch, dtype, 
         run_cli("synth", "--arch", arch, "--dtype", dtype, "--seed", "11", "--hidden-size", "128", folder)
     engine = Engine(folder, threads=2, kv_cache=kv)
     rng = random.Random(5)
-    ids = [rng.randrange(engine.dims["vocab_size"]) for _ in range(200)]
+    # f16-llama attends a call of 64 tokens or more as llama.cpp's tiled flash
+    # attention does, a shorter one (and decode) through its float16
+    # accumulator (engine.h): its cuts keep the bits under 64 tokens.
+    ids = [rng.randrange(engine.dims["vocab_size"]) for _ in range(63 if kv == "f16-llama" else 200)]
     assert_split_invariant(engine, ids, seed=len(arch) + len(dtype))
 
 

@@ -31,17 +31,18 @@ static cb_kv_span item_span(cb_engine *e, int layer, const cb_batch_item *it, in
     const int hd = (int)ld->head_dim;
     const int start = ld->window && it->pos + 1 > (int)ld->window ? it->pos + 1 - (int)ld->window : 0;
     return (cb_kv_span){cache_head(e, e->k_cache, it->slot, layer, kvh), cache_head(e, e->v_cache, it->slot, layer, kvh),
-                        (size_t)hd, hd, hd, (int)kv_rows(e, layer), start, it->pos + 1 - start};
+                        (size_t)hd, hd, hd, (int)kv_rows(e, layer), start, it->pos + 1 - start, cb_llama_attn(e, it)};
 }
 
 /* Items split into runs: up to CB_ATTN_BLOCK consecutive items of one slot
- * at consecutive positions (a prompt chunk), which can attend together. */
-static int find_runs(const cb_batch_item *items, int n, int32_t *runs) {
+ * at consecutive positions (a prompt chunk), which can attend together:
+ * the same way in f16-llama (cb_llama_attn). */
+static int find_runs(const cb_engine *e, const cb_batch_item *items, int n, int32_t *runs) {
     int n_runs = 0;
     for (int i = 0; i < n;) {
         int m = 1;
         while (m < CB_ATTN_BLOCK && i + m < n && items[i + m].slot == items[i].slot &&
-               items[i + m].pos == items[i].pos + m)
+               items[i + m].pos == items[i].pos + m && cb_llama_attn(e, &items[i + m]) == cb_llama_attn(e, &items[i]))
             m++;
         runs[n_runs++] = i;
         i += m;
@@ -155,8 +156,9 @@ static void attend_task(void *p, int task, int worker) {
             int split = 0;
             for (int sp = 0; sp < t->n_split; sp++) split |= t->split_run[sp] == r;
             if (split) continue;
-            /* llama.cpp's float16 attention takes every query through chunk partials (attn_split.c) */
-            const int llama = e->llama_numerics;
+            /* llama.cpp's float16 attention takes every query through chunk partials (attn_split.c);
+             * a run's items agree on it (find_runs) */
+            const int llama = cb_llama_attn(e, it);
             if (llama || cb_attn_chunks(e, item_span(e, t->layer, &t->items[i0 + m - 1], kvh).n) > 1) {
                 /* Some query past one chunk. A whole run past one, from
                  * position 0 (no window), goes chunk by chunk for its four
@@ -318,7 +320,7 @@ static void place_qkv_token(cb_engine *e, void *p, int i) {
     cb_rope_rows(e, t->layer, i, it->pos, &cos_p, &sin_p);
     cb_rope_neox(q, (int)d->n_heads, hd, cos_p, sin_p);
     cb_rope_neox(k, nkv, hd, cos_p, sin_p);
-    if (e->llama_numerics) cb_round_to_half(q, q_dim); /* scored in float16 against the cache (attn_split.c) */
+    if (cb_llama_attn(e, it)) cb_round_to_half(q, q_dim); /* scored in float16 against the cache (attn_split.c) */
     const size_t at = (size_t)(it->pos % (int)kv_rows(e, t->layer)) * hd; /* a sliding layer's ring row */
     for (int h = 0; h < nkv; h++) {
         uint8_t *kc = cache_head(e, e->k_cache, it->slot, t->layer, h);
@@ -355,7 +357,7 @@ void cb_attention_layer(cb_engine *e, int layer, const cb_batch_item *items, int
     cb_parallel_matmul(e, qkv, L->desc->k_eq_v ? 2 : 3, &xa, n);
     layer_tokens tokens = {layer, items};
     cb_for_tokens(e, n, place_qkv_token, &tokens);
-    const int n_runs = find_runs(items, n, e->attn_runs);
+    const int n_runs = find_runs(e, items, n, e->attn_runs);
     const int per = heads_per_job(d, L->desc, n_runs, cb_threadpool_size(e->pool));
     int whole = 1; /* every run a whole CB_ATTN_BLOCK (a prompt's chunk): runs go to jobs in blocks */
     for (int r = 0; r < n_runs; r++) whole &= e->attn_runs[r + 1] - e->attn_runs[r] == CB_ATTN_BLOCK;

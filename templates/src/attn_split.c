@@ -130,7 +130,7 @@ void cb_attn_partial(const cb_engine *e, const cb_kv_span *s, const float *q, si
     const size_t row = s->stride * kv_element(e);
     scores_of(e, q, q_stride, heads, s->k + r0 * row, s->stride, n1, s->kd, scale, scores, (size_t)ch);
     if (n1 < len) scores_of(e, q, q_stride, heads, s->k, s->stride, len - n1, s->kd, scale, scores + n1, (size_t)ch);
-    if (e->llama_numerics) {
+    if (s->llama) {
         online_partial(e, s, scores, (size_t)ch, heads, r0, n1, len, part, part_stride);
         return;
     }
@@ -203,7 +203,7 @@ static void partial_stair(const cb_engine *e, const cb_kv_span *s, const float *
                           float *scores, float *part, size_t part_stride) {
     const int ch = e->attn_chunk, p0 = c * ch, len = s->n - p0;
     const size_t row = s->stride * kv_element(e);
-    if (e->llama_numerics) {
+    if (s->llama) {
         cb_attn_scores4_f16(q, q_stride, (const cb_half *)(s->k + p0 * row), s->stride, len, s->kd, scale, scores, (size_t)ch, 1);
         const cb_half *v = (const cb_half *)(s->v + p0 * row);
         for (int j = 0; j < CB_ATTN_BLOCK; j++) online_begin(scores + (size_t)j * ch, len + j, part + j * part_stride, s->vd);

@@ -189,7 +189,9 @@ static int prompt_span(cb_engine *e, int slot, int from, int to, char *err, size
     if (!items) return snprintf(err, err_len, "out of memory"), -1;
     for (int at = from; at < to; at += step) {
         const int n = to - at < step ? to - at : step;
-        for (int i = 0; i < n; i++) items[i] = (cb_batch_item){(7 * (at + i) + 1) % (int)d->vocab, slot, at + i, at + i == to - 1, 0};
+        for (int i = 0; i < n; i++) /* one prompt from..to-1, as llama-server would run it (f16-llama) */
+            items[i] = (cb_batch_item){(7 * (at + i) + 1) % (int)d->vocab, slot, at + i, at + i == to - 1, 0,
+                                       cb_llama_ubatch(at + i - from, to - from)};
         if (cb_engine_forward(e, items, n, err, err_len)) return free(items), -1;
     }
     free(items);

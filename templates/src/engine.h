@@ -24,7 +24,25 @@ typedef struct {
     int32_t pos;
     int32_t want_logits;
     int32_t rope_len;
+    /* f16-llama only: the tokens llama.cpp's server would run this token's
+     * attention with (its micro-batch, cb_llama_ubatch; 0 or 1: one token).
+     * From CB_LLAMA_TILED_MIN its CPU flash attention goes a tiled float32
+     * way, which the plain f16 cache's numbers follow; below it (decode, a
+     * short prompt) the float16 accumulation F16_LLAMA copies. */
+    int32_t llama_ubatch;
 } cb_batch_item;
+
+/* llama-server's micro-batch (-ub, default 512) and the query rows from
+ * which ggml's CPU flash attention tiles (GGML_FA_TILE_Q) in llama.cpp
+ * 0.3.36. */
+#define CB_LLAMA_UBATCH 512
+#define CB_LLAMA_TILED_MIN 64
+/* The size of the micro-batch holding token offset of a prompt of n tokens
+ * run from its first: n cut into CB_LLAMA_UBATCH from the start. */
+static inline int32_t cb_llama_ubatch(int32_t offset, int32_t n) {
+    const int32_t first = offset / CB_LLAMA_UBATCH * CB_LLAMA_UBATCH;
+    return n - first < CB_LLAMA_UBATCH ? n - first : CB_LLAMA_UBATCH;
+}
 
 /* What the KV cache holds: float32 (transformers' numbers) or float16 (half
  * the memory and half the bytes each attention step reads). AUTO: float16,
@@ -34,8 +52,9 @@ typedef struct {
  * (1e-2, or greedy agreement) hold with them. */
 /* F16_LLAMA: a float16 cache attended as llama.cpp's CPU flash attention
  * does (the query rounded to float16, V summed in a float16 accumulator in
- * position order: attn_split.c), and GELU through float16 as ggml's table
- * gives it (moe.c), for llama.cpp's answers on its GGUF files; slower where
+ * position order: attn_split.c) where it does so (a token's llama_ubatch
+ * under CB_LLAMA_TILED_MIN), and GELU through float16 as ggml's table gives
+ * it (moe.c), for llama.cpp's answers on its GGUF files; slower where that
  * attention is (docs/models.md has the figures). A model config's kv_cache
  * (a GGUF conversion writes f16-llama) is what AUTO takes when it names
  * one; MODEL_OR_F32 (the Python Engine's default) takes it too, else f32. */

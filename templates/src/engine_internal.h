@@ -209,6 +209,11 @@ static inline float *cb_worker_scores(const cb_engine *e, int worker) {
     return e->scores + (size_t)worker * CB_ATTN_BLOCK * e->score_row;
 }
 static inline int cb_attn_chunks(const cb_engine *e, int n) { return (n + e->attn_chunk - 1) / e->attn_chunk; }
+/* f16-llama: whether item's attention is llama.cpp's float16 accumulation
+ * (decode, short prompts), not its tiled float32 one (engine.h). */
+static inline int cb_llama_attn(const cb_engine *e, const cb_batch_item *it) {
+    return e->llama_numerics && it->llama_ubatch < CB_LLAMA_TILED_MIN;
+}
 /* The cached rows a query attends: positions start .. start+n-1 in rows
  * (start + p) % rows, stride elements apart; kd elements scored, the first
  * vd mixed (MLA: the latent of the same rows). */
@@ -216,6 +221,7 @@ typedef struct {
     const uint8_t *k, *v;
     size_t stride;
     int kd, vd, rows, start, n;
+    int llama; /* cb_llama_attn of the query's item: its chunks' partials as llama.cpp's float16 ones */
 } cb_kv_span;
 /* Chunk c's partial of heads (1, or CB_ATTN_BLOCK sharing the rows)
  * queries q + j * q_stride: part + j * part_stride gets [vd] o, then m, s.

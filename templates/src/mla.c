@@ -113,11 +113,11 @@ typedef struct {
 
 /* A slot's cached rows of a layer as one query's positions 0..n-1: the
  * whole row scored, its latent mixed. */
-static cb_kv_span latent_span(const cb_engine *e, int slot, int layer, int n) {
+static cb_kv_span latent_span(const cb_engine *e, const cb_batch_item *it, int layer) {
     const cb_dims *d = CB_DIMS(e);
     const int r = (int)d->kv_lora_rank, c = r + (int)d->head_dim;
-    const uint8_t *rows = latent_rows(e, slot, layer);
-    return (cb_kv_span){rows, rows, (size_t)c, c, r, (int)d->context_len, 0, n};
+    const uint8_t *rows = latent_rows(e, it->slot, layer);
+    return (cb_kv_span){rows, rows, (size_t)c, c, r, (int)d->context_len, 0, it->pos + 1, cb_llama_attn(e, it)};
 }
 
 /* Jobs are (item, per_job heads): each head's softmax(q . rows * scale)
@@ -139,7 +139,7 @@ static void mla_attend_task(void *p, int task, int worker) {
             while (job >= t->split_first[sp + 1]) sp++;
             const int local = job - t->split_first[sp], h = local % groups * t->per_job;
             const cb_batch_item *it = &t->items[t->split_item[sp]];
-            const cb_kv_span span = latent_span(e, it->slot, t->layer, it->pos + 1);
+            const cb_kv_span span = latent_span(e, it, t->layer);
             cb_attn_split_chunk(e, &span, e->mla_q + ((size_t)t->split_item[sp] * nh + h) * c, (size_t)c, t->per_job, h, sp,
                                 local / groups, scale, worker);
             continue;
@@ -148,11 +148,11 @@ static void mla_attend_task(void *p, int task, int worker) {
         const uint8_t *rows = latent_rows(e, t->items[i].slot, t->layer);
         const float *q = e->mla_q + (size_t)i * nh * c + (size_t)h0 * c;
         float *out = e->attn + (size_t)i * nh * r + (size_t)h0 * r;
-        if (cb_attn_chunks(e, n) > 1 || e->llama_numerics) { /* a float16 cache: llama.cpp's attention (attn_split.c) */
+        if (cb_attn_chunks(e, n) > 1 || cb_llama_attn(e, &t->items[i])) { /* llama.cpp's float16 attention (attn_split.c) */
             int split = 0;
             for (int sp = 0; sp < t->n_split; sp++) split |= t->split_item[sp] == i;
             if (!split) {
-                const cb_kv_span span = latent_span(e, t->items[i].slot, t->layer, n);
+                const cb_kv_span span = latent_span(e, &t->items[i], t->layer);
                 cb_attn_long(e, &span, q, (size_t)c, t->per_job, scale, NULL, out, (size_t)r, worker);
             }
             continue;
@@ -215,7 +215,8 @@ void cb_mla_layer(cb_engine *e, int layer, const cb_batch_item *items, int n) {
     /* Each head's q_nope into latent space: mla_q[i][h][0:r] = W_UK,h^T q_nope. */
     const cb_act qn = cb_activations(e, e->q, nh * qk, n, nh * qk, e->xq, e->xq_stride);
     head_matmul(e, &L->wk_b, nh, &qn, qk, n, e->mla_q, nh * c, c);
-    if (e->llama_numerics) cb_round_to_half(e->mla_q, n * nh * c); /* scored in float16 against the cache (attn_split.c) */
+    for (int i = 0; i < n; i++) /* scored in float16 against the cache (attn_split.c) */
+        if (cb_llama_attn(e, &items[i])) cb_round_to_half(e->mla_q + (size_t)i * nh * c, nh * c);
     int per_job = 1;
 #ifdef cb_attn_scores4
     if (nh % CB_ATTN_BLOCK == 0) per_job = CB_ATTN_BLOCK;

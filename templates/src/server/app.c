@@ -37,6 +37,7 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->n_cors_origins = opt->n_cors_origins;
     cb_reasoning_init(a);
     a->prefix_cache = !opt->no_prefix_cache;
+    a->llama_attn = !strcmp(cb_engine_kv_name(engine), "f16-llama");
     const size_t ctx = a->dims->context_len, L = a->dims->n_layers, B = (size_t)cb_engine_max_batch(engine);
     a->slots = alloc_zeroed((size_t)a->n_slots, sizeof *a->slots, &mem);
     a->batch = alloc_zeroed(B, sizeof *a->batch, &mem);
@@ -1121,7 +1122,7 @@ int cb_app_step(cb_app *a) {
             if (!st->req || st->held_done) continue;
             const int n_prompt = st->req->n_prompt, prefilling = st->n_fed < n_prompt;
             if (pass == 0 && !prefilling) {
-                a->batch[n] = (cb_batch_item){st->next_token, s, st->n_fed, 1, n_prompt};
+                a->batch[n] = (cb_batch_item){st->next_token, s, st->n_fed, 1, n_prompt, 1};
                 a->batch_slot[n++] = s;
             } else if (pass == 1 && prefilling) {
                 int take = n_prompt - st->n_fed;
@@ -1130,7 +1131,9 @@ int cb_app_step(cb_app *a) {
                 for (int i = 0; i < take; i++) {
                     int pos = st->n_fed + i;
                     /* rope_len: dynamic NTK RoPE rotates the whole prompt for its length */
-                    a->batch[n] = (cb_batch_item){st->req->prompt[pos], s, pos, pos == n_prompt - 1, n_prompt};
+                    /* llama_ubatch: the whole prompt's, reused prefix or not (prefix_cache.c) */
+                    a->batch[n] = (cb_batch_item){st->req->prompt[pos], s, pos, pos == n_prompt - 1, n_prompt,
+                                                  cb_llama_ubatch(pos, n_prompt)};
                     a->batch_slot[n++] = s;
                 }
             }

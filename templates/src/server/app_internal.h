@@ -107,6 +107,7 @@ typedef struct {
      * its request is done, for the next request that starts the same way. */
     int32_t *kv_tokens;          /* [context]: the token at each position */
     int kv_len;                  /* positions 0..kv_len-1 hold their K and V (while free) */
+    int kv_prompt_len;           /* f16-llama: the prompt length those rows were run for (cb_llama_ubatch) */
     uint64_t used_at;            /* admission number of its latest request: least recently used first */
     int cached;                  /* prompt tokens this request took from the cache */
     /* A request with tools (buffers allocated only for a model whose
@@ -174,6 +175,7 @@ struct cb_app {
     const char *const *cors_origins; /* --cors-origin values ("*": any); NULL: no CORS */
     int n_cors_origins;
     int prefix_cache;            /* reuse a free slot's cached prefix (off: --no-prefix-cache) */
+    int llama_attn;              /* the engine's KV cache is f16-llama: attention by micro-batch (engine.h) */
     /* tool_choice "required"/named: the call's JSON Schema as cb_tool_constraint
      * writes it, and its tokens for cb_con_compile (a model with a known format) */
     char *tool_schema;           /* [CB_TOOL_SCHEMA_BYTES] */

@@ -6,8 +6,11 @@
  * Reuse is exact: a position's K and V rows, and every later number, are
  * the same bits whichever forward step computed them, a prompt chunk of any
  * length or a decode step (tests/test_prefix_engine.py), so an answer is
- * the same with the cache or without it. The last prompt token is always
- * computed, as its logits give the first token.
+ * the same with the cache or without it. f16-llama attends a prompt token
+ * by the micro-batch llama.cpp would run it in (engine.h), which depends on
+ * the prompt's length, and a generated token as a decode step: there only
+ * positions that the new prompt attends the same way are reused. The last
+ * prompt token is always computed, as its logits give the first token.
  *
  * Which free slot a request takes: the one whose cache it continues (the
  * common prefix is all of the prompt the cache can give, or at least half
@@ -27,11 +30,17 @@
  * ring: the engine would refuse to continue there), nor when the cached
  * keys' rotation is not the one q would give them (dynamic NTK RoPE: a
  * prompt or text past max_position_embeddings rotates with its length). */
+static int tiled(int pos, int n_prompt) {
+    return pos < n_prompt && cb_llama_ubatch(pos, n_prompt) >= CB_LLAMA_TILED_MIN;
+}
+
 static int common_prefix(const cb_app *a, int s, const cb_request *q) {
     const cb_slot *st = &a->slots[s];
     const int most = st->kv_len < q->n_prompt - 1 ? st->kv_len : q->n_prompt - 1;
     int n = 0;
-    while (n < most && st->kv_tokens[n] == q->prompt[n]) n++;
+    while (n < most && st->kv_tokens[n] == q->prompt[n] &&
+           (!a->llama_attn || tiled(n, st->kv_prompt_len) == tiled(n, q->n_prompt)))
+        n++;
     if (n > 0 && !cb_engine_rope_reusable(a->engine, s, n, q->n_prompt)) return 0;
     return n > 0 && !cb_engine_slot_holds(a->engine, s, n) ? 0 : n;
 }
@@ -82,6 +91,7 @@ void cb_prefix_keep(cb_app *a, int s) {
     memcpy(st->kv_tokens, q->prompt, sizeof(int32_t) * (size_t)from_prompt);
     memcpy(st->kv_tokens + from_prompt, st->generated, sizeof(int32_t) * (size_t)(st->n_fed - from_prompt));
     st->kv_len = a->prefix_cache ? st->n_fed : 0;
+    st->kv_prompt_len = q->n_prompt;
 }
 
 void cb_prefix_forget(cb_app *a, int s) { a->slots[s].kv_len = 0; }
