@@ -330,6 +330,24 @@ def test_same_answers_as_llama_cpp(converted, arch, name):
     check_same_answers(load_engine(converted(arch, name), "f16-llama"), refs(arch), name)
 
 
+def test_a_builds_conversion_from_before_kv_cache_is_made_again(tmp_path):
+    """A build's cached conversion of a GGUF file without kv_cache (made
+    before conversions named it) would serve with another KV cache mode:
+    it is converted again, once."""
+    src = tmp_path / "olmoe-Q8_0.gguf"
+    shutil.copy(DATA / "olmoe" / "olmoe-Q8_0.gguf", src)
+    model = converted_for_build(src, tmp_path / "build")
+    config = model / "model-config.json"
+    old = json.loads(config.read_text())
+    assert old.pop("kv_cache") == "f16-llama"
+    config.write_text(json.dumps(old))
+    assert converted_for_build(src, tmp_path / "build") == model
+    stamp = (model / "weights.cbw").stat().st_mtime_ns
+    assert json.loads(config.read_text())["kv_cache"] == "f16-llama"
+    assert converted_for_build(src, tmp_path / "build") == model  # now current: kept
+    assert (model / "weights.cbw").stat().st_mtime_ns == stamp
+
+
 def test_a_gguf_conversion_attends_as_llama_cpp_unless_told(converted):
     """convert writes kv_cache "f16-llama" into a GGUF model's config, so the
     server's default (no --kv-cache: CB_KV_AUTO) and Engine's (kv_cache=None)

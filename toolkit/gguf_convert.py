@@ -844,13 +844,15 @@ def model_name(path: Path) -> str:
 def converted_for_build(path: Path, build_dir: Path) -> Path:
     """The model folder a build of GGUF file path uses: build_dir/models/<name>,
     converted now unless an earlier conversion of the same file (path, size,
-    modification time; every file of a split model) is there."""
+    modification time; every file of a split model) is there, made since
+    conversions name their KV cache mode (kv_cache: f16-llama)."""
     path = Path(path)
     out = Path(build_dir) / "models" / model_name(path)
     try:
-        source = json.loads((out / "model-config.json").read_text(encoding="utf-8")).get("source", {})
+        cfg = json.loads((out / "model-config.json").read_text(encoding="utf-8"))
+        source = cfg.get("source", {})
         if (source.get("format"), source.get("file"), source.get("bytes"), source.get("mtime_ns")) == \
-                ("gguf", str(path.resolve()), *source_stamp(path)):
+                ("gguf", str(path.resolve()), *source_stamp(path)) and cfg.get("kv_cache"):
             return out
     except (OSError, ValueError, AttributeError, ModelError):
         pass
