@@ -110,6 +110,14 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), (bits >> 16) | np.uint32(0x40), rounded).astype(np.uint16)
 
 
+def _q8_0_bytes(d: np.ndarray, q: np.ndarray, shape: tuple) -> np.ndarray:
+    """Blocks' float32 steps d and int8 values q as q8_0 bytes [..., n/32, 34]."""
+    out = np.empty((len(d), 34), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(*shape[:-1], shape[-1] // QK, 34)
+
+
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     """[..., n] float32 -> [..., n/32] q8_0 blocks as raw bytes [..., n/32, 34]."""
     blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, QK)
@@ -118,10 +126,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
     q = _round_half_away(blocks * inv[:, None]).astype(np.int8)
-    out = np.empty((blocks.shape[0], 34), np.uint8)
-    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = q.view(np.uint8)
-    return out.reshape(*x.shape[:-1], x.shape[-1] // QK, 34)
+    return _q8_0_bytes(d, q, x.shape)
 
 
 def quantize_q8_0_activation(x: np.ndarray) -> np.ndarray:
@@ -134,10 +139,7 @@ def quantize_q8_0_activation(x: np.ndarray) -> np.ndarray:
         inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     inv[~np.isfinite(inv)] = 0
     q = np.rint((blocks * inv[:, None]).astype(np.float32)).astype(np.int8)
-    out = np.empty((blocks.shape[0], 34), np.uint8)
-    out[:, :2] = (amax / np.float32(127)).astype(np.float32).astype("<f2").view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = q.view(np.uint8)
-    return out.reshape(*x.shape[:-1], x.shape[-1] // QK, 34)
+    return _q8_0_bytes((amax / np.float32(127)).astype(np.float32), q, x.shape)
 
 
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:

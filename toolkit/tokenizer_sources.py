@@ -250,6 +250,23 @@ def _read_json_object(path: Path, where: str) -> dict:
     return value
 
 
+def _hf_side_files(v: Vocab, j: dict, path: Path, where: str, token_id) -> None:
+    """What tokenizer.json's neighbours add: tokenizer_config.json's
+    bos/eos/unk tokens (token_id: text -> id or None), add_bos_token (else
+    the post-processor's), its chat template unless chat_template.jinja."""
+    cfg = _read_json_object(path.with_name("tokenizer_config.json"), where)
+    for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
+        name = _config_token(cfg.get(key), key, where)
+        if name is not None:
+            setattr(v, attr, token_id(name))
+    post = j.get("post_processor") or {}
+    single = post.get("single") if isinstance(post.get("single"), list) else []
+    v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
+    template = _config_template(cfg, where)
+    jinja = path.with_name("chat_template.jinja")
+    v.chat_template = jinja.read_text() if jinja.exists() else template
+
+
 def from_hf_json(path: Path) -> Vocab:
     where = str(path)
     try:
@@ -282,8 +299,6 @@ def from_hf_json(path: Path) -> Vocab:
         raw = a["content"].encode()
         tokens[a["id"]] = (raw, raw, ATTR_SPECIAL if a.get("special") else ATTR_USER)
         added_out.append((a["id"], ADDED_SPECIAL if a.get("special") else 0))
-    cfg_path = path.with_name("tokenizer_config.json")
-    cfg = _read_json_object(cfg_path, where)
     index = {t: i for t, i in vocab.items()}
     v = Vocab(kind="bpe", pretok=pretok, tokens=tokens, merges=_merges(model.get("merges", []), index, where),
               added=added_out, byte_ids=_byte_ids_bytelevel(index, where), source=where)
@@ -292,16 +307,7 @@ def from_hf_json(path: Path) -> Vocab:
     if norm:
         v.flags.add("nfc")
     by_text = {a["content"]: a["id"] for a in added}
-    for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
-        name = _config_token(cfg.get(key), key, where)
-        if name is not None:
-            setattr(v, attr, by_text.get(name, vocab.get(name)))
-    post = j.get("post_processor") or {}
-    single = post.get("single") if isinstance(post.get("single"), list) else []
-    v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
-    template = _config_template(cfg, where)
-    jinja = path.with_name("chat_template.jinja")
-    v.chat_template = jinja.read_text() if jinja.exists() else template
+    _hf_side_files(v, j, path, where, lambda name: by_text.get(name, vocab.get(name)))
     return v
 
 
@@ -331,19 +337,8 @@ def _hf_sentencepiece_style(j: dict, path: Path, where: str) -> Vocab:
         texts[a["id"]], attrs[a["id"]] = a["content"], ATTR_SPECIAL if a.get("special") else ATTR_USER
     v = _merged_pieces_vocab(texts, attrs, model.get("merges", []), where)
     v.added = [(a["id"], ADDED_SPECIAL if a.get("special") else 0) for a in added]
-    cfg_path = path.with_name("tokenizer_config.json")
-    cfg = _read_json_object(cfg_path, where)
     by_text = {t: i for i, t in reversed(list(enumerate(texts)))}
-    for attr, key in (("bos", "bos_token"), ("eos", "eos_token"), ("unk", "unk_token")):
-        name = _config_token(cfg.get(key), key, where)
-        if name is not None:
-            setattr(v, attr, by_text.get(name))
-    post = j.get("post_processor") or {}
-    single = post.get("single") if isinstance(post.get("single"), list) else []
-    v.add_bos = bool(cfg.get("add_bos_token", bool(single and "SpecialToken" in single[0])))
-    template = _config_template(cfg, where)
-    jinja = path.with_name("chat_template.jinja")
-    v.chat_template = jinja.read_text() if jinja.exists() else template
+    _hf_side_files(v, j, path, where, by_text.get)
     return v
 
 

@@ -54,8 +54,8 @@ static inline int32_t cb_llama_ubatch(int32_t offset, int32_t n) {
  * does (the query rounded to float16, V summed in a float16 accumulator in
  * position order: attn_split.c) where it does so (a token's llama_ubatch
  * under CB_LLAMA_TILED_MIN), and GELU through float16 as ggml's table gives
- * it (moe.c), for llama.cpp's answers on its GGUF files; slower where that
- * attention is (docs/models.md has the figures). A model config's kv_cache
+ * it (moe.c), for llama.cpp's answers on its GGUF files (docs/models.md
+ * has what it costs). A model config's kv_cache
  * (a GGUF conversion writes f16-llama) is what AUTO takes when it names
  * one; MODEL_OR_F32 (the Python Engine's default) takes it too, else f32. */
 enum cb_kv_type { CB_KV_F32 = 0, CB_KV_F16 = 1, CB_KV_AUTO = 2, CB_KV_F16_LLAMA = 3, CB_KV_MODEL_OR_F32 = 4 };

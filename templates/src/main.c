@@ -43,7 +43,7 @@ static void usage(FILE *out) {
             "                            reads (default: the model config's kv_cache, else f16, f32 for f32\n"
             "                            weights: their parity bound); f16-llama (a GGUF conversion's default):\n"
             "                            f16 attended (and GELU rounded) as llama.cpp's CPU backend does: its\n"
-            "                            answers on its GGUF files; slower where attention is\n"
+            "                            answers on its GGUF files\n"
             "  --no-prefix-cache         compute every prompt whole: never start a request after the tokens a free\n"
             "                            slot's KV cache holds from its last request (the answer is the same)\n"
             "  --max-memory SIZE         RAM to fit in (512M, 8G, 8GiB or bytes; K/M/G/T are powers of 1024):\n"

@@ -160,6 +160,12 @@ static inline float cb_q8_0_inv_step(float amax) {
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     return id <= FLT_MAX ? id : 0.0f;
 }
+/* -127 / max (max: the value of largest magnitude), or 0 where it is not a
+ * finite number (an all-zero block, or one too small to scale). */
+static inline float cb_q8_k_iscale(float max) {
+    const float iscale = max != 0.0f ? -127.0f / max : 0.0f;
+    return fabsf(iscale) <= FLT_MAX ? iscale : 0.0f;
+}
 void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n);
 /* The engine's q8_k activation quantizer: the reference's bytes, faster
  * where the family has one (AVX2: kquants_avx2.c). */

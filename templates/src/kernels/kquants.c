@@ -252,8 +252,7 @@ void cb_quantize_row_q8_k(const float *x, cb_block_q8_k *y, int n) {
         float amax = 0, max = 0;
         for (int j = 0; j < CB_QK_K; j++)
             if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
-        float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
-        if (!(fabsf(iscale) <= FLT_MAX)) iscale = 0.0f; /* too small a block: all zeros */
+        const float iscale = cb_q8_k_iscale(max);
         y[b].d = iscale != 0.0f ? 1.0f / iscale : 0.0f;
         for (int j = 0; j < CB_QK_K; j++) {
             const int32_t v = cb_nearest_int(x[j] * iscale);

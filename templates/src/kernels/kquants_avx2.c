@@ -5,7 +5,6 @@
  * most 63, signed ones at most 127 in magnitude, |x| <= 127) and whose
  * float steps they repeat: the reference's bits. */
 #include <immintrin.h>
-#include <math.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -713,8 +712,7 @@ void cb_quantize_row_q8_k_avx2(const float *x, cb_block_q8_k *y, int n) {
                     break;
                 }
             }
-        float iscale = max != 0.0f ? -127.0f / max : 0.0f;
-        if (!(fabsf(iscale) <= FLT_MAX)) iscale = 0.0f;
+        const float iscale = cb_q8_k_iscale(max);
         y[b].d = iscale != 0.0f ? 1.0f / iscale : 0.0f;
         __m256i sums[16];
         for (int g = 0; g < CB_QK_K / 32; g++) {
