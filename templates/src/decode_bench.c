@@ -138,7 +138,7 @@ static int batch_bench(const char *model, int pairs, int threads, int batch) {
     int pos = 0;
     for (int p = -WARMUP; p < pairs; p++, pos++) {
         if (pos > max_pos) pos = 0; /* the slots start again (their rings too: position 0 needs nothing) */
-        for (int b = 0; b < batch; b++) items[b] = (cb_batch_item){token[b], b, pos, 1};
+        for (int b = 0; b < batch; b++) items[b] = (cb_batch_item){.token = token[b], .slot = b, .pos = pos, .want_logits = 1};
         uint64_t start = cb_now_ns();
         if (cb_engine_forward(e, items, batch, err, sizeof err)) {
             fprintf(stderr, "colibri-decode-bench: %s\n", err);
@@ -242,7 +242,7 @@ static int phases_bench(const char *model, int reps, int threads, int prompt) {
         uint64_t start = cb_now_ns();
         if (prompt_span(e, 0, 0, P, err, sizeof err)) goto fail;
         const double prefill = seconds_since(start);
-        const cb_batch_item at_p = {3, 0, P, 1, 0}; /* its rings and caches set, then its attention alone */
+        const cb_batch_item at_p = {.token = 3, .slot = 0, .pos = P, .want_logits = 1}; /* its rings and caches set, then its attention alone */
         if (cb_engine_forward(e, &at_p, 1, err, sizeof err)) goto fail;
         start = cb_now_ns();
         for (int l = 0; l < L; l++) {
@@ -269,7 +269,8 @@ static int phases_bench(const char *model, int reps, int threads, int prompt) {
         /* Slots 1.. at position D (their prompts below), slot 0 next after its own. */
         cb_batch_item items[8];
         for (int b = 0; b < slots; b++)
-            items[b] = (cb_batch_item){(5 + 11 * b) % (int)d->vocab, (b + 1) % slots, b + 1 < slots ? D : P + 1, 1, 0};
+            items[b] = (cb_batch_item){.token = (5 + 11 * b) % (int)d->vocab, .slot = (b + 1) % slots,
+                                        .pos = b + 1 < slots ? D : P + 1, .want_logits = 1};
         start = cb_now_ns();
         if (cb_engine_forward(e, items, 1, err, sizeof err)) goto fail;
         const double one = seconds_since(start);
@@ -346,7 +347,7 @@ int main(int argc, char **argv) {
      * model that say nothing about decode. Then decode on, paired. */
     cb_batch_item items[16];
     const int prompt = d->context_len > 32 + WARMUP ? 16 : 1;
-    for (int i = 0; i < prompt; i++) items[i] = (cb_batch_item){(7 * i) % (int)d->vocab, 0, i, i == prompt - 1};
+    for (int i = 0; i < prompt; i++) items[i] = (cb_batch_item){.token = (7 * i) % (int)d->vocab, .slot = 0, .pos = i, .want_logits = i == prompt - 1};
     if (cb_engine_forward(e, items, prompt, err, sizeof err)) {
         fprintf(stderr, "colibri-decode-bench: %s\n", err);
         return 1;
@@ -355,7 +356,8 @@ int main(int argc, char **argv) {
     int token = 3 % (int)d->vocab;
     double decode_seconds = 0;
     for (int p = -WARMUP; p < pairs; p++) {
-        const cb_batch_item one = {token, 0, prompt + (p + WARMUP) % ((int)d->context_len - prompt), 1};
+        const cb_batch_item one = {.token = token, .slot = 0, .pos = prompt + (p + WARMUP) % ((int)d->context_len - prompt),
+                                   .want_logits = 1};
         /* Back at the prompt's end after the whole context: the prompt again
          * (untimed), whose keys a sliding layer's ring no longer holds. */
         if (one.pos == prompt && p > -WARMUP && cb_engine_forward(e, items, prompt, err, sizeof err)) {
