@@ -200,6 +200,45 @@ def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_
         server.stop()
 
 
+@pytest.mark.parametrize("template", ["deepseek-ai-DeepSeek-V3.1.jinja", "moonshotai-Kimi-K2.jinja"])
+def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, template):
+    """The same weights with DeepSeek V3.1's or Kimi K2's template (calls in
+    a section of special tokens, the name outside the JSON): a named
+    tool_choice constrains the output to one such call, which comes back
+    as an OpenAI tool call, streamed and not; "required" gets a 400 that
+    says to name the function."""
+    openai = pytest.importorskip("openai")
+    jsonschema = pytest.importorskip("jsonschema")
+    from colibri_build.convert import convert
+    hf = tmp_path / "hf"
+    shutil.copytree(tool_server.hf, hf)
+    cfg = json.loads((hf / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (TESTDATA / "chat_templates" / template).read_text()
+    (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
+    model = convert(hf, tmp_path / "model", dtype="f32", progress=False)
+    server = RunningServer(tool_server.exe, model, "--threads", "1")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+        name = tool_server.model_name
+        choice = {"type": "function", "function": {"name": "get_time"}}
+        schema = next(t["function"].get("parameters", {"type": "object"}) for t in tm.TOOLS
+                      if t["function"]["name"] == "get_time")
+        reply = client.chat.completions.create(model=name, messages=tm.AGENT_1, tools=tm.TOOLS, tool_choice=choice,
+                                               max_tokens=200).choices[0]
+        assert reply.finish_reason == "tool_calls", reply
+        (call,) = reply.message.tool_calls
+        assert call.function.name == "get_time" and not reply.message.content
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+        content, calls, finish, _ = streamed(client, name, tm.AGENT_1, tool_choice=choice, max_tokens=200)
+        assert finish == "tool_calls" and not content
+        assert [(c["name"], c["arguments"]) for c in calls] == [("get_time", call.function.arguments)]
+        got = server.post("/v1/chat/completions", {"messages": tm.AGENT_1, "tools": tm.TOOLS,
+                                                    "tool_choice": "required", "max_tokens": 2})
+        assert got.status_code == 400 and "name the function" in got.json()["error"]["message"], got.text
+    finally:
+        server.stop()
+
+
 def test_langchain_agent_loop(tool_server):
     pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage, ToolMessage

@@ -27,6 +27,11 @@ W_ARGS = '{"city": "Paris"}'
 T = '{"name": "get_time", "arguments": {"zone": "Europe/Paris", "fmt": "%H:%M"}}'
 T_ARGS = '{"zone": "Europe/Paris", "fmt": "%H:%M"}'
 
+DS_BEGIN, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL, DS_SEP, DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+KI_BEGIN, KI_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KI_CALL, KI_SEP, KI_CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+
 # (format, text, content, [(name, arguments)])
 CORPUS = [
     ("hermes", "Hello world.\n", "Hello world.\n", []),
@@ -88,6 +93,37 @@ CORPUS = [
      []),
     ("llama3-json", '{"a": 1} is JSON', '{"a": 1} is JSON', []),
     ("llama3-json", '{"name": "f", "parameters": {', '{"name": "f", "parameters": {', []),
+    # DeepSeek V3.1: a section of calls, NAME<｜tool▁sep｜>ARGS each; V3 / R1: TYPE, NAME and a ```json fence
+    ("deepseek", f"{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}{W_ARGS}{DS_CALL_END}{DS_END}", "", [("get_weather", W_ARGS)]),
+    ("deepseek", f"Let me check both.\n\n{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}{W_ARGS}{DS_CALL_END}\n"
+     f"{DS_CALL}get_time{DS_SEP}{T_ARGS}{DS_CALL_END}{DS_END}", "Let me check both.",
+     [("get_weather", W_ARGS), ("get_time", T_ARGS)]),
+    ("deepseek", f"{DS_BEGIN}{DS_CALL}function{DS_SEP}get_weather\n```json\n{W_ARGS}\n```{DS_CALL_END}{DS_END}", "",
+     [("get_weather", W_ARGS)]),
+    ("deepseek", f"{DS_CALL}say{DS_SEP}" + '{"text": "Grüße 🦙 \\"q\\""}' + DS_CALL_END, "",
+     [("say", '{"text": "Grüße 🦙 \\"q\\""}')]),
+    ("deepseek", f"{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}{W_ARGS}{DS_CALL_END}{DS_END} Done.", " Done.",
+     [("get_weather", W_ARGS)]),
+    # malformed: the whole section is content
+    ("deepseek", f"{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}" + '{"city": "Par' + DS_END,
+     f"{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}" + '{"city": "Par' + DS_END, []),
+    ("deepseek", f"{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}{W_ARGS}{DS_CALL_END}{DS_CALL}bad name{DS_SEP}{{}}"
+     f"{DS_CALL_END}{DS_END}",
+     f"{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}{W_ARGS}{DS_CALL_END}{DS_CALL}bad name{DS_SEP}{{}}{DS_CALL_END}{DS_END}",
+     []),
+    ("deepseek", f"{DS_BEGIN}{DS_CALL}f{DS_SEP}[1]{DS_CALL_END}{DS_END}", f"{DS_BEGIN}{DS_CALL}f{DS_SEP}[1]{DS_CALL_END}"
+     f"{DS_END}", []),
+    ("deepseek", "No tools: <｜tool", "No tools: <｜tool", []),
+    # Kimi K2: functions.NAME:INDEX, then the arguments
+    ("kimi-k2", f"{KI_BEGIN}{KI_CALL}functions.get_weather:0{KI_SEP}{W_ARGS}{KI_CALL_END}{KI_END}", "",
+     [("get_weather", W_ARGS)]),
+    ("kimi-k2", f"Checking.{KI_BEGIN}{KI_CALL}functions.get_weather:0{KI_SEP}{W_ARGS}{KI_CALL_END}"
+     f"{KI_CALL}functions.get_time:1{KI_SEP}{T_ARGS}{KI_CALL_END}{KI_END}", "Checking.",
+     [("get_weather", W_ARGS), ("get_time", T_ARGS)]),
+    ("kimi-k2", f"{KI_BEGIN}{KI_CALL}now{KI_SEP}{{}}{KI_CALL_END}{KI_END}", "", [("now", "{}")]),
+    ("kimi-k2", f"{KI_BEGIN}{KI_CALL}functions.f:0{KI_SEP}{{oops{KI_CALL_END}{KI_END}",
+     f"{KI_BEGIN}{KI_CALL}functions.f:0{KI_SEP}{{oops{KI_CALL_END}{KI_END}", []),
+    ("kimi-k2", f"{KI_BEGIN}{KI_END}", f"{KI_BEGIN}{KI_END}", []),
     ("harmony",
      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
      "to=functions.get_weather <|constrain|>json<|message|>" + W_ARGS,
@@ -144,7 +180,8 @@ def test_every_format_whole_and_in_random_chunks(driver, tmp_path):
         assert got["status"] == 0
         for call in got["calls"]:
             json.loads(call["arguments"])  # arguments are always a JSON object's text
-    assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm"}
+    assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm",
+                                           "deepseek", "kimi-k2"}
 
 
 def test_text_that_may_start_a_call_is_held_until_known(driver, tmp_path):
@@ -177,6 +214,7 @@ def test_random_bytes_and_mutations_never_crash(driver, tmp_path):
     alphabet = ['<tool_call>', '</tool_call>', '[TOOL_CALLS]', '[ARGS]', '<|python_tag|>', '{', '}', '[', ']', '"',
                 '\\', ' ', '\n', 'name', ':', ',', '<function=', '<parameter=', '</parameter>', '</function>',
                 ' to=functions.', '<|message|>', '<|call|>', '<arg_key>', '</arg_key>', '<arg_value>',
+                DS_BEGIN, DS_END, DS_CALL, DS_SEP, DS_CALL_END, KI_BEGIN, KI_END, KI_CALL, KI_SEP, KI_CALL_END,
                 '</arg_value>', 'é', '🦙', 'x']
     cases = []
     for k in range(300):
@@ -200,10 +238,9 @@ EXPECTED_FORMATS = {
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral", "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3-json",
     "openai-gpt-oss-120b.jinja": "harmony",
     "GLM-4.6.jinja": "glm",
+    "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek", "moonshotai-Kimi-K2.jinja": "kimi-k2",
     # formats not parsed: tools are refused with a 400 naming the reason
-    "LFM2-8B-A1B.jinja": "none", "MiniMax-M2.jinja": "none",
-    "deepseek-ai-DeepSeek-V3.1.jinja": "none", "google-gemma-4-31B-it.jinja": "none",
-    "moonshotai-Kimi-K2.jinja": "none",
+    "LFM2-8B-A1B.jinja": "none", "MiniMax-M2.jinja": "none", "google-gemma-4-31B-it.jinja": "none",
 }
 
 
@@ -250,6 +287,14 @@ def test_constraint_triples_accept_exactly_the_calls(driver, tmp_path):
     t = triple("harmony", "get_time")
     assert t["prefix"].endswith("to=functions.get_time <|constrain|>json<|message|>") and t["schema"] == {
         "type": "object"}
+    for fmt in ["deepseek", "kimi-k2"]:  # the name in the prefix: a named function only
+        assert triple(fmt, None) is None
+        t = triple(fmt, "get_weather")
+        jsonschema.validate({"city": "Paris"}, t["schema"])
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({}, t["schema"])
+        got = parse(driver, tmp_path, [{"format": fmt, "text": t["prefix"] + W_ARGS + t["suffix"], "cuts": []}])[0]
+        assert got["calls"] == [{"name": "get_weather", "arguments": W_ARGS}] and got["content"] == "", (fmt, t)
     assert triple("harmony", None) is None and triple("qwen3-coder-xml", "get_time") is None
     assert triple("glm", "get_time") is None and triple("glm", None) is None
     assert triple("hermes", "missing") is None

@@ -205,7 +205,7 @@ static int chat_request(reader *r, cb_chat_request *q, int n_messages, int allow
 static int force_tool_call(reader *r, cb_request *q, int tools, int choice) {
     const cb_json_tok *t = r->t;
     cb_app *a = r->a;
-    char name[CB_TOOL_NAME_BYTES + 1] = "", prefix[CB_TOOL_NAME_BYTES + 96], suffix[32], err[384];
+    char name[CB_TOOL_NAME_BYTES + 1] = "", prefix[CB_TOOL_NAME_BYTES + 96], suffix[64], err[384];
     if (choice >= 0) {
         int fn = cb_json_find(r->body, t, choice, "function");
         int nm = fn >= 0 && t[fn].type == CB_JSON_OBJECT ? cb_json_find(r->body, t, fn, "name") : -1;
@@ -228,9 +228,9 @@ static int force_tool_call(reader *r, cb_request *q, int tools, int choice) {
                                                 : cb_tool_format_builds_args(a->tool_format)
                                                 ? "this model's tool calls (XML parameters or GLM's key/value pairs) "
                                                   "cannot be constrained; send \"auto\""
-                                                : a->tool_format == CB_TOOLFMT_HARMONY
-                                                ? "\"required\" cannot be constrained in gpt-oss's format; name "
-                                                  "the function"
+                                                : cb_tool_format_names_outside(a->tool_format)
+                                                ? "\"required\" cannot be constrained in this model's format (the "
+                                                  "name is outside the JSON arguments); name the function"
                                                 : "the tools' parameters are too big to constrain");
     const int n = cb_json_parse(a->tool_schema, strlen(a->tool_schema), a->tool_toks, CB_TOOL_SCHEMA_TOKENS, NULL);
     if (n < 1) return fail(r, "'tools': the tools' parameters are too big to constrain");

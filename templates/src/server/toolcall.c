@@ -17,8 +17,9 @@ static int has(const char *src, size_t n, const char *needle) {
  * the "functions." namespace; Qwen3-Coder's XML when it writes <function=
  * and <parameter=; GLM's when it writes <tool_call> and <arg_key>; Hermes
  * for <tool_call> without; Mistral for [TOOL_CALLS]; Llama 3.1 for
- * <|python_tag|> or a "parameters" key beside Llama 3's header tokens.
- * Anything else (DeepSeek, Kimi, MiniMax, Gemma, LFM2...) is unknown. */
+ * <|python_tag|> or a "parameters" key beside Llama 3's header tokens;
+ * DeepSeek's and Kimi K2's by their section tokens. Anything else (MiniMax,
+ * Gemma, LFM2...) is unknown. */
 cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (!src) return CB_TOOLFMT_NONE;
     if (has(src, n, "<|channel|>") && has(src, n, "functions.")) return CB_TOOLFMT_HARMONY;
@@ -28,15 +29,33 @@ cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (has(src, n, "[TOOL_CALLS]")) return CB_TOOLFMT_MISTRAL;
     if (has(src, n, "<|python_tag|>") || (has(src, n, "\"parameters\": ") && has(src, n, "<|start_header_id|>")))
         return CB_TOOLFMT_LLAMA3;
+    if (has(src, n, "<｜tool▁calls▁begin｜>")) return CB_TOOLFMT_DEEPSEEK;
+    if (has(src, n, "<|tool_calls_section_begin|>")) return CB_TOOLFMT_KIMI;
     return CB_TOOLFMT_NONE;
 }
 
 const char *cb_tool_format_name(cb_tool_format f) {
-    static const char *names[] = {"none", "hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm"};
+    static const char *names[] = {"none",    "hermes", "qwen3-coder-xml", "mistral", "llama3-json",
+                                  "harmony", "glm",    "deepseek",        "kimi-k2"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "none";
 }
 
 /* ---- markers that start a call ---- */
+
+/* The special tokens of a format whose calls come in a section: each call
+ * call_begin, the name, sep, the arguments, call_end. */
+typedef struct {
+    const char *begin, *end, *call_begin, *sep, *call_end;
+} section_tags;
+
+static const section_tags deepseek_tags = {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                                           "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"};
+static const section_tags kimi_tags = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                       "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+
+static const section_tags *section_of(cb_tool_format f) {
+    return f == CB_TOOLFMT_DEEPSEEK ? &deepseek_tags : &kimi_tags;
+}
 
 typedef struct {
     const char *s[3];
@@ -51,6 +70,10 @@ static markers markers_of(cb_tool_format f) {
     case CB_TOOLFMT_GLM: m.s[0] = "<tool_call>", m.n = 1; break;
     case CB_TOOLFMT_MISTRAL: m.s[0] = "[TOOL_CALLS]", m.n = 1; break;
     case CB_TOOLFMT_LLAMA3: m.s[0] = "<|python_tag|>", m.n = 1; break;
+    case CB_TOOLFMT_DEEPSEEK:
+    case CB_TOOLFMT_KIMI: /* the section, or a call without one */
+        m.s[0] = section_of(f)->begin, m.s[1] = section_of(f)->call_begin, m.n = 2;
+        break;
     case CB_TOOLFMT_HARMONY:
         /* the recipient after the channel, in the header, or (right after
          * the generation prompt "<|start|>assistant") first */
@@ -247,6 +270,82 @@ static int mistral_array(cb_tool_parser *p, const cb_tool_sink *sink, const char
     return 0;
 }
 
+/* A name as these formats write it: no spaces or tags. */
+static int plain_name(const char *s, size_t n) {
+    if (n == 0 || n > CB_TOOL_NAME_BYTES) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (is_ws(s[i]) || s[i] == '<' || s[i] == '>' || s[i] == '{') return 0;
+    return 1;
+}
+
+/* One call's body (between call_begin and call_end) -> its name and
+ * arguments; 0 when it is no call. DeepSeek V3.1: NAME sep {...}; V3 and
+ * R1: TYPE sep NAME, a newline and the arguments in a ```json fence. Kimi:
+ * functions.NAME:INDEX sep {...}. */
+static int section_call_parts(cb_tool_parser *p, const char *s, size_t n, const char **name, size_t *name_n,
+                              const char **args, size_t *args_n) {
+    const section_tags *g = section_of(p->fmt);
+    const size_t sep = find_from(s, 0, n, g->sep);
+    if (sep == (size_t)-1) return 0;
+    const char *left = s, *right = s + sep + strlen(g->sep);
+    size_t left_n = sep, right_n = n - sep - strlen(g->sep);
+    trim(&left, &left_n);
+    if (p->fmt == CB_TOOLFMT_KIMI) {
+        if (left_n > 10 && !memcmp(left, "functions.", 10)) left += 10, left_n -= 10;
+        size_t k = left_n;
+        while (k && left[k - 1] >= '0' && left[k - 1] <= '9') k--;
+        if (k < left_n && k && left[k - 1] == ':') left_n = k - 1;
+    } else if (right_n && right[0] != '{' && !is_ws(right[0])) { /* V3 / R1: TYPE sep NAME\n```json ... ``` */
+        size_t nl = 0;
+        while (nl < right_n && right[nl] != '\n') nl++;
+        left = right, left_n = nl;
+        right += nl, right_n -= nl;
+        trim(&right, &right_n);
+        if (right_n >= 3 && !memcmp(right, "```", 3)) {
+            right += 3, right_n -= 3;
+            if (right_n >= 4 && !memcmp(right, "json", 4)) right += 4, right_n -= 4;
+            if (right_n < 3 || memcmp(right + right_n - 3, "```", 3)) return 0;
+            right_n -= 3;
+        }
+        trim(&left, &left_n);
+    }
+    trim(&right, &right_n);
+    if (!plain_name(left, left_n)) return 0;
+    if (parse_json(p, right, right_n) < 0 || p->toks[0].type != CB_JSON_OBJECT) return 0;
+    *name = left, *name_n = left_n, *args = right, *args_n = right_n;
+    return 1;
+}
+
+/* A section s[0..n) (from its begin tag, or from a call's when the model
+ * wrote none) up to its end tag: every call, checked first and then handed
+ * out, so a bad one makes the whole section content. */
+static int section_calls(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    const section_tags *g = section_of(p->fmt);
+    for (int emit = 0; emit < 2; emit++) {
+        size_t i = 0;
+        int calls = 0;
+        take(s, n, &i, g->begin);
+        for (;;) {
+            while (i < n && is_ws(s[i])) i++;
+            if (i == n) break;
+            if (!take(s, n, &i, g->call_begin)) return 1;
+            const size_t end = find_from(s, i, n, g->call_end);
+            if (end == (size_t)-1) return 1;
+            const char *name, *args;
+            size_t name_n, args_n;
+            if (!section_call_parts(p, s + i, end - i, &name, &name_n, &args, &args_n)) return 1;
+            if (emit && !p->done) {
+                const int r = emit_call(p, sink, NULL, NULL, name, name_n, args, args_n);
+                if (r) return r;
+            }
+            calls++;
+            i = end + strlen(g->call_end);
+        }
+        if (!calls) return 1;
+    }
+    return 0;
+}
+
 /* ---- the bracket scanner: where a JSON object or array ends ---- */
 
 /* Scans t[p->search..len) for the end of the value starting at p->part:
@@ -370,6 +469,20 @@ static int step_call(cb_tool_parser *p, const char *t, size_t len, int final, co
         if (v[0] == '[') return result(mistral_array(p, sink, v, vn));
         if (parse_json(p, v, vn) < 0) return CALL_BAD;
         return result(object_call(p, sink, v, 0, p->fmt == CB_TOOLFMT_LLAMA3 ? "parameters" : "arguments"));
+    }
+    case CB_TOOLFMT_DEEPSEEK:
+    case CB_TOOLFMT_KIMI: {
+        /* the whole section: its end tag, or the end of the text */
+        const char *close = section_of(p->fmt)->end;
+        size_t at = find_resume(p, t, len, close);
+        size_t stop = at;
+        if (at == (size_t)-1) {
+            if (!final) return CALL_MORE;
+            stop = *end = len;
+        } else {
+            *end = at + strlen(close);
+        }
+        return result(section_calls(p, sink, t + p->call_start, stop - p->call_start));
     }
     case CB_TOOLFMT_HARMONY: {
         if (p->stage == 0) { /* the name, then the header up to <|message|> */
@@ -546,11 +659,12 @@ int cb_tool_constraint(cb_tool_format fmt, const char *json, const cb_json_tok *
                        char *prefix, size_t prefix_cap, char *schema, size_t schema_cap, char *suffix,
                        size_t suffix_cap) {
     int bad = 0;
-    if (cb_tool_format_builds_args(fmt) || fmt == CB_TOOLFMT_NONE || (fmt == CB_TOOLFMT_HARMONY && !name)) return -1;
+    if (cb_tool_format_builds_args(fmt) || fmt == CB_TOOLFMT_NONE || (cb_tool_format_names_outside(fmt) && !name))
+        return -1;
     if (tools < 0 || t[tools].type != CB_JSON_ARRAY) return -1;
     cb_jw w;
     cb_jw_init(&w, schema, schema_cap);
-    if (fmt == CB_TOOLFMT_HARMONY) {
+    if (cb_tool_format_names_outside(fmt)) { /* the name in the prefix, the arguments' schema */
         int fn = tool_function(json, t, tools, name);
         if (fn < 0) return -1;
         int params = cb_json_find(json, t, fn, "parameters");
@@ -558,9 +672,17 @@ int cb_tool_constraint(cb_tool_format fmt, const char *json, const cb_json_tok *
             cb_jw_raw(&w, json + t[params].start, (size_t)(t[params].end - t[params].start));
         else
             cb_jw_raw(&w, "{\"type\":\"object\"}", 17);
-        int n = snprintf(prefix, prefix_cap, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
+        const section_tags *g = section_of(fmt);
+        int n = fmt == CB_TOOLFMT_HARMONY
+                    ? snprintf(prefix, prefix_cap, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>",
+                               name)
+                : fmt == CB_TOOLFMT_KIMI ? snprintf(prefix, prefix_cap, "%s%sfunctions.%s:0%s", g->begin, g->call_begin,
+                                                    name, g->sep)
+                                         : snprintf(prefix, prefix_cap, "%s%s%s%s", g->begin, g->call_begin, name, g->sep);
         if (n < 0 || (size_t)n >= prefix_cap) bad = 1;
-        put(suffix, suffix_cap, "", &bad);
+        n = fmt == CB_TOOLFMT_HARMONY ? snprintf(suffix, suffix_cap, "%s", "")
+                                      : snprintf(suffix, suffix_cap, "%s%s", g->call_end, g->end);
+        if (n < 0 || (size_t)n >= suffix_cap) bad = 1;
         return bad || w.overflow ? -1 : 0;
     }
     const char *key = fmt == CB_TOOLFMT_LLAMA3 ? "parameters" : "arguments";

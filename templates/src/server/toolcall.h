@@ -23,12 +23,23 @@ typedef enum {
     CB_TOOLFMT_LLAMA3,   /* {"name": ..., "parameters": {...}} as the whole answer, or after <|python_tag|> */
     CB_TOOLFMT_HARMONY,  /* gpt-oss: ...to=functions.NAME ...<|message|>{args}<|call|> */
     CB_TOOLFMT_GLM,      /* <tool_call>NAME<arg_key>K</arg_key><arg_value>v</arg_value>...</tool_call> (GLM-4.5..4.7) */
+    CB_TOOLFMT_DEEPSEEK, /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+                          * <｜tool▁calls▁end｜> (DeepSeek V3.1; V3 and R1 write function<｜tool▁sep｜>NAME and
+                          * the arguments in a ```json fence) */
+    CB_TOOLFMT_KIMI,     /* <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>
+                          * {...}<|tool_call_end|>...<|tool_calls_section_end|> (Kimi K2) */
 } cb_tool_format;
-#define CB_TOOLFMT_LAST CB_TOOLFMT_GLM
+#define CB_TOOLFMT_LAST CB_TOOLFMT_KIMI
 
 /* A format whose arguments the parser builds as JSON from the text (XML
  * parameters, GLM's key/value pairs): escapes can make them longer. */
 static inline int cb_tool_format_builds_args(cb_tool_format f) { return f == CB_TOOLFMT_XML || f == CB_TOOLFMT_GLM; }
+/* A format that writes the function's name outside the JSON value (gpt-oss,
+ * DeepSeek, Kimi): tool_choice "required" cannot be constrained, a named
+ * function can. */
+static inline int cb_tool_format_names_outside(cb_tool_format f) {
+    return f == CB_TOOLFMT_HARMONY || f == CB_TOOLFMT_DEEPSEEK || f == CB_TOOLFMT_KIMI;
+}
 
 #define CB_MAX_TOOL_CALLS 64     /* per answer; a call past them ends the answer */
 #define CB_TOOL_NAME_BYTES 256   /* longest function name */
@@ -78,9 +89,8 @@ int cb_tool_parser_feed(cb_tool_parser *p, const char *text, size_t len, int fin
  * or for harmony the arguments), and the literal suffix, as constrain.h
  * takes them. tools: the request's "tools" array, toks[tools] of json.
  * Returns 0, or -1 when fmt cannot be constrained so (Qwen3-Coder's XML is
- * no JSON; harmony needs a name), the name is no tool's, or a buffer is too
- * small. Not called yet: "required" and named functions are refused until
- * constrained decoding is merged (request.c). */
+ * no JSON; cb_tool_format_names_outside's formats need a name), the name is
+ * no tool's, or a buffer is too small. */
 int cb_tool_constraint(cb_tool_format fmt, const char *json, const cb_json_tok *toks, int tools, const char *name,
                        char *prefix, size_t prefix_cap, char *schema, size_t schema_cap, char *suffix,
                        size_t suffix_cap);
