@@ -177,14 +177,14 @@ def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
 
 
 def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_path):
-    """The same weights with MiniMax-M2's template (its calls are not
-    parsed), served by the same executable: tools get a 400 saying why;
+    """The same weights with LFM2's template (its Python-style calls are
+    not parsed), served by the same executable: tools get a 400 saying why;
     with tool_choice "none" they are only shown to the model."""
     from colibri_build.convert import convert
     hf = tmp_path / "hf"
     shutil.copytree(tool_server.hf, hf)
     cfg = json.loads((hf / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = (TESTDATA / "chat_templates" / "MiniMax-M2.jinja").read_text()
+    cfg["chat_template"] = (TESTDATA / "chat_templates" / "LFM2-8B-A1B.jinja").read_text()
     (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
     server = RunningServer(tool_server.exe, convert(hf, tmp_path / "ds", dtype="f32", progress=False))
     try:
@@ -235,6 +235,28 @@ def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, 
         got = server.post("/v1/chat/completions", {"messages": tm.AGENT_1, "tools": tm.TOOLS,
                                                     "tool_choice": "required", "max_tokens": 2})
         assert got.status_code == 400 and "name the function" in got.json()["error"]["message"], got.text
+    finally:
+        server.stop()
+
+
+def test_minimax_template_takes_tools(tool_server, tmp_path):
+    """MiniMax-M2's template (XML invokes, parsed; arguments built from
+    key/value pairs, so not constrainable): tools are accepted and shown to
+    the model; "required" gets a 400 saying why."""
+    from colibri_build.convert import convert
+    hf = tmp_path / "hf"
+    shutil.copytree(tool_server.hf, hf)
+    cfg = json.loads((hf / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (TESTDATA / "chat_templates" / "MiniMax-M2.jinja").read_text()
+    (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
+    server = RunningServer(tool_server.exe, convert(hf, tmp_path / "model", dtype="f32", progress=False))
+    try:
+        body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 4}
+        got = server.post("/v1/chat/completions", body)
+        assert got.status_code == 200, got.text
+        assert "get_weather" in server.post("/apply-template", body).json()["prompt"]
+        forced = server.post("/v1/chat/completions", {**body, "tool_choice": "required"})
+        assert forced.status_code == 400 and "cannot be constrained" in forced.json()["error"]["message"], forced.text
     finally:
         server.stop()
 

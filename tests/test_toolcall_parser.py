@@ -124,6 +124,21 @@ CORPUS = [
     ("kimi-k2", f"{KI_BEGIN}{KI_CALL}functions.f:0{KI_SEP}{{oops{KI_CALL_END}{KI_END}",
      f"{KI_BEGIN}{KI_CALL}functions.f:0{KI_SEP}{{oops{KI_CALL_END}{KI_END}", []),
     ("kimi-k2", f"{KI_BEGIN}{KI_END}", f"{KI_BEGIN}{KI_END}", []),
+    # MiniMax-M2: invokes in a block, values bare as GLM's
+    ("minimax-xml", '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+     '<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>', "",
+     [("get_weather", '{"city":"Paris","days":3}')]),
+    ("minimax-xml", 'Both.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Grüße "q" 🦙'
+     '</parameter>\n</invoke>\n<invoke name="get_time">\n<parameter name="opts">{"fmt": [1, true]}</parameter>\n'
+     '</invoke>\n</minimax:tool_call>', "Both.",
+     [("get_weather", '{"city":"Grüße \\"q\\" 🦙"}'), ("get_time", '{"opts":{"fmt": [1, true]}}')]),
+    ("minimax-xml", '<minimax:tool_call><invoke name="now"></invoke></minimax:tool_call>', "", [("now", "{}")]),
+    ("minimax-xml", '<minimax:tool_call>\n<invoke name="a"></invoke>\n<invoke name="b">\n<parameter name="x">1'
+     '</invoke>\n</minimax:tool_call>',
+     '<minimax:tool_call>\n<invoke name="a"></invoke>\n<invoke name="b">\n<parameter name="x">1</invoke>\n'
+     '</minimax:tool_call>', []),
+    ("minimax-xml", '<minimax:tool_call>\n<invoke name=get_weather>\n</invoke>\n</minimax:tool_call>',
+     '<minimax:tool_call>\n<invoke name=get_weather>\n</invoke>\n</minimax:tool_call>', []),
     ("harmony",
      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
      "to=functions.get_weather <|constrain|>json<|message|>" + W_ARGS,
@@ -181,7 +196,7 @@ def test_every_format_whole_and_in_random_chunks(driver, tmp_path):
         for call in got["calls"]:
             json.loads(call["arguments"])  # arguments are always a JSON object's text
     assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm",
-                                           "deepseek", "kimi-k2"}
+                                           "deepseek", "kimi-k2", "minimax-xml"}
 
 
 def test_text_that_may_start_a_call_is_held_until_known(driver, tmp_path):
@@ -215,6 +230,8 @@ def test_random_bytes_and_mutations_never_crash(driver, tmp_path):
                 '\\', ' ', '\n', 'name', ':', ',', '<function=', '<parameter=', '</parameter>', '</function>',
                 ' to=functions.', '<|message|>', '<|call|>', '<arg_key>', '</arg_key>', '<arg_value>',
                 DS_BEGIN, DS_END, DS_CALL, DS_SEP, DS_CALL_END, KI_BEGIN, KI_END, KI_CALL, KI_SEP, KI_CALL_END,
+                '<minimax:tool_call>', '</minimax:tool_call>', '<invoke name="', '">', '</invoke>',
+                '<parameter name="', '</parameter>',
                 '</arg_value>', 'é', '🦙', 'x']
     cases = []
     for k in range(300):
@@ -239,8 +256,9 @@ EXPECTED_FORMATS = {
     "openai-gpt-oss-120b.jinja": "harmony",
     "GLM-4.6.jinja": "glm",
     "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek", "moonshotai-Kimi-K2.jinja": "kimi-k2",
+    "MiniMax-M2.jinja": "minimax-xml",
     # formats not parsed: tools are refused with a 400 naming the reason
-    "LFM2-8B-A1B.jinja": "none", "MiniMax-M2.jinja": "none", "google-gemma-4-31B-it.jinja": "none",
+    "LFM2-8B-A1B.jinja": "none", "google-gemma-4-31B-it.jinja": "none",
 }
 
 
@@ -297,4 +315,5 @@ def test_constraint_triples_accept_exactly_the_calls(driver, tmp_path):
         assert got["calls"] == [{"name": "get_weather", "arguments": W_ARGS}] and got["content"] == "", (fmt, t)
     assert triple("harmony", None) is None and triple("qwen3-coder-xml", "get_time") is None
     assert triple("glm", "get_time") is None and triple("glm", None) is None
+    assert triple("minimax-xml", "get_time") is None and triple("minimax-xml", None) is None
     assert triple("hermes", "missing") is None

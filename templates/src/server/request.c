@@ -226,7 +226,7 @@ static int force_tool_call(reader *r, cb_request *q, int tools, int choice) {
         return fail(r, "'tool_choice': %s", choice >= 0 && !cb_tool_format_builds_args(a->tool_format)
                                                 ? "no tool in 'tools' has that name, or its 'parameters' are too big"
                                                 : cb_tool_format_builds_args(a->tool_format)
-                                                ? "this model's tool calls (XML parameters or GLM's key/value pairs) "
+                                                ? "this model's tool calls (XML parameters or key/value pairs) "
                                                   "cannot be constrained; send \"auto\""
                                                 : cb_tool_format_names_outside(a->tool_format)
                                                 ? "\"required\" cannot be constrained in this model's format (the "

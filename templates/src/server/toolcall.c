@@ -18,8 +18,8 @@ static int has(const char *src, size_t n, const char *needle) {
  * and <parameter=; GLM's when it writes <tool_call> and <arg_key>; Hermes
  * for <tool_call> without; Mistral for [TOOL_CALLS]; Llama 3.1 for
  * <|python_tag|> or a "parameters" key beside Llama 3's header tokens;
- * DeepSeek's and Kimi K2's by their section tokens. Anything else (MiniMax,
- * Gemma, LFM2...) is unknown. */
+ * DeepSeek's, Kimi K2's and MiniMax-M2's by their section tags. Anything
+ * else (Gemma 4, LFM2...) is unknown. */
 cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (!src) return CB_TOOLFMT_NONE;
     if (has(src, n, "<|channel|>") && has(src, n, "functions.")) return CB_TOOLFMT_HARMONY;
@@ -31,12 +31,13 @@ cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
         return CB_TOOLFMT_LLAMA3;
     if (has(src, n, "<｜tool▁calls▁begin｜>")) return CB_TOOLFMT_DEEPSEEK;
     if (has(src, n, "<|tool_calls_section_begin|>")) return CB_TOOLFMT_KIMI;
+    if (has(src, n, "<minimax:tool_call>")) return CB_TOOLFMT_MINIMAX;
     return CB_TOOLFMT_NONE;
 }
 
 const char *cb_tool_format_name(cb_tool_format f) {
     static const char *names[] = {"none",    "hermes", "qwen3-coder-xml", "mistral", "llama3-json",
-                                  "harmony", "glm",    "deepseek",        "kimi-k2"};
+                                  "harmony", "glm",    "deepseek",        "kimi-k2", "minimax-xml"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "none";
 }
 
@@ -68,6 +69,7 @@ static markers markers_of(cb_tool_format f) {
     case CB_TOOLFMT_HERMES:
     case CB_TOOLFMT_XML:
     case CB_TOOLFMT_GLM: m.s[0] = "<tool_call>", m.n = 1; break;
+    case CB_TOOLFMT_MINIMAX: m.s[0] = "<minimax:tool_call>", m.n = 1; break;
     case CB_TOOLFMT_MISTRAL: m.s[0] = "[TOOL_CALLS]", m.n = 1; break;
     case CB_TOOLFMT_LLAMA3: m.s[0] = "<|python_tag|>", m.n = 1; break;
     case CB_TOOLFMT_DEEPSEEK:
@@ -252,6 +254,58 @@ static int glm_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, 
     return emit_call(p, sink, NULL, NULL, name, name_n, p->scratch, w.len);
 }
 
+/* s[*i..n) as NAME"> (a name or key in double quotes, the tag closed
+ * after it): its bytes in out (NUL-ended), *i past the '>'. */
+static int quoted_name(const char *s, size_t n, size_t *i, char *out, size_t cap) {
+    size_t k = *i;
+    while (k < n && s[k] != '"' && s[k] != '<' && s[k] != '>' && s[k] != '\n') k++;
+    if (k + 1 >= n || s[k] != '"' || s[k + 1] != '>' || k == *i || k - *i >= cap) return 0;
+    memcpy(out, s + *i, k - *i);
+    out[k - *i] = 0;
+    *i = k + 2;
+    return 1;
+}
+
+/* MiniMax-M2 body: (<invoke name="NAME"> (<parameter name="K">VALUE
+ * </parameter>)* </invoke>)+, the values as GLM's; every call checked (its
+ * arguments built) first, then handed out, so a bad one makes the block
+ * content. */
+static int minimax_calls(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    for (int emit = 0; emit < 2; emit++) {
+        size_t i = 0;
+        int calls = 0;
+        for (;;) {
+            while (i < n && is_ws(s[i])) i++;
+            if (i == n) break;
+            char name[CB_TOOL_NAME_BYTES + 1];
+            if (!take(s, n, &i, "<invoke name=\"") || !quoted_name(s, n, &i, name, sizeof name)) return 1;
+            cb_jw w;
+            cb_jw_init(&w, p->scratch, p->scratch_cap);
+            cb_jw_begin_object(&w);
+            for (;;) {
+                while (i < n && is_ws(s[i])) i++;
+                if (take(s, n, &i, "</invoke>")) break;
+                char key[256];
+                if (!take(s, n, &i, "<parameter name=\"") || !quoted_name(s, n, &i, key, sizeof key)) return 1;
+                const size_t end = find_from(s, i, n, "</parameter>");
+                if (end == (size_t)-1) return 1;
+                cb_jw_key(&w, key);
+                xml_value(p, &w, s + i, end - i);
+                i = end + sizeof "</parameter>" - 1;
+            }
+            cb_jw_end_object(&w);
+            if (w.overflow) return 1;
+            if (emit && !p->done) {
+                const int r = emit_call(p, sink, NULL, NULL, name, strlen(name), p->scratch, w.len);
+                if (r) return r;
+            }
+            calls++;
+        }
+        if (!calls) return 1;
+    }
+    return 0;
+}
+
 /* Mistral's array form: every element a call. All or nothing: a bad element
  * makes the whole array content. */
 static int mistral_array(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
@@ -401,6 +455,12 @@ static int step_call(cb_tool_parser *p, const char *t, size_t len, int final, co
                      size_t *end) {
     const size_t body = p->call_start + p->marker_len;
     switch (p->fmt) {
+    case CB_TOOLFMT_MINIMAX: {
+        size_t at = find_resume(p, t, len, "</minimax:tool_call>");
+        if (at == (size_t)-1) return CALL_MORE;
+        *end = at + sizeof "</minimax:tool_call>" - 1;
+        return result(minimax_calls(p, sink, t + body, at - body));
+    }
     case CB_TOOLFMT_HERMES:
     case CB_TOOLFMT_XML:
     case CB_TOOLFMT_GLM: {

@@ -28,12 +28,16 @@ typedef enum {
                           * the arguments in a ```json fence) */
     CB_TOOLFMT_KIMI,     /* <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>
                           * {...}<|tool_call_end|>...<|tool_calls_section_end|> (Kimi K2) */
+    CB_TOOLFMT_MINIMAX,  /* <minimax:tool_call><invoke name="NAME"><parameter name="K">v</parameter>...</invoke>...
+                          * </minimax:tool_call> (MiniMax-M2) */
 } cb_tool_format;
-#define CB_TOOLFMT_LAST CB_TOOLFMT_KIMI
+#define CB_TOOLFMT_LAST CB_TOOLFMT_MINIMAX
 
 /* A format whose arguments the parser builds as JSON from the text (XML
  * parameters, GLM's key/value pairs): escapes can make them longer. */
-static inline int cb_tool_format_builds_args(cb_tool_format f) { return f == CB_TOOLFMT_XML || f == CB_TOOLFMT_GLM; }
+static inline int cb_tool_format_builds_args(cb_tool_format f) {
+    return f == CB_TOOLFMT_XML || f == CB_TOOLFMT_GLM || f == CB_TOOLFMT_MINIMAX;
+}
 /* A format that writes the function's name outside the JSON value (gpt-oss,
  * DeepSeek, Kimi): tool_choice "required" cannot be constrained, a named
  * function can. */
