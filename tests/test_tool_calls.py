@@ -176,17 +176,25 @@ def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
         assert fragment in error["message"] and error["type"] == "invalid_request_error"
 
 
-def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_path):
-    """The same weights with LFM2's template (its Python-style calls are
-    not parsed), served by the same executable: tools get a 400 saying why;
-    with tool_choice "none" they are only shown to the model."""
+def served_with_template(tool_server, tmp_path, template: str) -> RunningServer:
+    """The tool model's weights with another real chat template
+    (testdata/chat_templates/TEMPLATE), converted and served by the same
+    executable."""
     from colibri_build.convert import convert
     hf = tmp_path / "hf"
     shutil.copytree(tool_server.hf, hf)
     cfg = json.loads((hf / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = (TESTDATA / "chat_templates" / "LFM2-8B-A1B.jinja").read_text()
+    cfg["chat_template"] = (TESTDATA / "chat_templates" / template).read_text()
     (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
-    server = RunningServer(tool_server.exe, convert(hf, tmp_path / "ds", dtype="f32", progress=False))
+    return RunningServer(tool_server.exe, convert(hf, tmp_path / "model", dtype="f32", progress=False),
+                         "--threads", "1")
+
+
+def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_path):
+    """The same weights with LFM2's template (its Python-style calls are
+    not parsed), served by the same executable: tools get a 400 saying why;
+    with tool_choice "none" they are only shown to the model."""
+    server = served_with_template(tool_server, tmp_path, "LFM2-8B-A1B.jinja")
     try:
         body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 2}
         got = server.post("/v1/chat/completions", body)
@@ -209,14 +217,7 @@ def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, 
     says to name the function."""
     openai = pytest.importorskip("openai")
     jsonschema = pytest.importorskip("jsonschema")
-    from colibri_build.convert import convert
-    hf = tmp_path / "hf"
-    shutil.copytree(tool_server.hf, hf)
-    cfg = json.loads((hf / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = (TESTDATA / "chat_templates" / template).read_text()
-    (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
-    model = convert(hf, tmp_path / "model", dtype="f32", progress=False)
-    server = RunningServer(tool_server.exe, model, "--threads", "1")
+    server = served_with_template(tool_server, tmp_path, template)
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
         name = tool_server.model_name
@@ -243,13 +244,7 @@ def test_minimax_template_takes_tools(tool_server, tmp_path):
     """MiniMax-M2's template (XML invokes, parsed; arguments built from
     key/value pairs, so not constrainable): tools are accepted and shown to
     the model; "required" gets a 400 saying why."""
-    from colibri_build.convert import convert
-    hf = tmp_path / "hf"
-    shutil.copytree(tool_server.hf, hf)
-    cfg = json.loads((hf / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = (TESTDATA / "chat_templates" / "MiniMax-M2.jinja").read_text()
-    (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
-    server = RunningServer(tool_server.exe, convert(hf, tmp_path / "model", dtype="f32", progress=False))
+    server = served_with_template(tool_server, tmp_path, "MiniMax-M2.jinja")
     try:
         body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 4}
         got = server.post("/v1/chat/completions", body)
