@@ -240,11 +240,12 @@ def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, 
         server.stop()
 
 
-def test_minimax_template_takes_tools(tool_server, tmp_path):
-    """MiniMax-M2's template (XML invokes, parsed; arguments built from
-    key/value pairs, so not constrainable): tools are accepted and shown to
-    the model; "required" gets a 400 saying why."""
-    server = served_with_template(tool_server, tmp_path, "MiniMax-M2.jinja")
+@pytest.mark.parametrize("template", ["MiniMax-M2.jinja", "google-gemma-4-31B-it.jinja"])
+def test_minimax_and_gemma4_templates_take_tools(tool_server, tmp_path, template):
+    """MiniMax-M2's and Gemma 4's templates (calls parsed, their arguments
+    built from key/value text, so not constrainable): tools are accepted
+    and shown to the model; "required" gets a 400 saying why."""
+    server = served_with_template(tool_server, tmp_path, template)
     try:
         body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 4}
         got = server.post("/v1/chat/completions", body)

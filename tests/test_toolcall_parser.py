@@ -139,6 +139,17 @@ CORPUS = [
      '</minimax:tool_call>', []),
     ("minimax-xml", '<minimax:tool_call>\n<invoke name=get_weather>\n</invoke>\n</minimax:tool_call>',
      '<minimax:tool_call>\n<invoke name=get_weather>\n</invoke>\n</minimax:tool_call>', []),
+    # Gemma 4: call:NAME{key:value,...}, strings between <|"|> marks, keys bare
+    ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>', "",
+     [("get_weather", '{"city":"Paris","days":3}')]),
+    ("gemma4", 'Both.<|tool_call>call:get_weather{city:<|"|>Grüße "q", {🦙}<|"|>}<tool_call|>'
+     '<|tool_call>call:get_time{opts:{fmt:[1,true,None]},zone:<|"|>Europe/Paris<|"|>}<tool_call|>', "Both.",
+     [("get_weather", '{"city":"Grüße \\"q\\", {🦙}"}'),
+      ("get_time", '{"opts":{"fmt":[1,true,null]},"zone":"Europe/Paris"}')]),
+    ("gemma4", "<|tool_call>call:now{}<tool_call|>", "", [("now", "{}")]),
+    ("gemma4", '<|tool_call>call:f{x:<|"|>open}<tool_call|>', '<|tool_call>call:f{x:<|"|>open}<tool_call|>', []),
+    ("gemma4", "<|tool_call>call:f{x:1}} <tool_call|>", "<|tool_call>call:f{x:1}} <tool_call|>", []),
+    ("gemma4", "<|tool_call>f{x:1}<tool_call|>", "<|tool_call>f{x:1}<tool_call|>", []),
     ("harmony",
      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
      "to=functions.get_weather <|constrain|>json<|message|>" + W_ARGS,
@@ -196,7 +207,7 @@ def test_every_format_whole_and_in_random_chunks(driver, tmp_path):
         for call in got["calls"]:
             json.loads(call["arguments"])  # arguments are always a JSON object's text
     assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm",
-                                           "deepseek", "kimi-k2", "minimax-xml"}
+                                           "deepseek", "kimi-k2", "minimax-xml", "gemma4"}
 
 
 def test_text_that_may_start_a_call_is_held_until_known(driver, tmp_path):
@@ -231,7 +242,7 @@ def test_random_bytes_and_mutations_never_crash(driver, tmp_path):
                 ' to=functions.', '<|message|>', '<|call|>', '<arg_key>', '</arg_key>', '<arg_value>',
                 DS_BEGIN, DS_END, DS_CALL, DS_SEP, DS_CALL_END, KI_BEGIN, KI_END, KI_CALL, KI_SEP, KI_CALL_END,
                 '<minimax:tool_call>', '</minimax:tool_call>', '<invoke name="', '">', '</invoke>',
-                '<parameter name="', '</parameter>',
+                '<parameter name="', '</parameter>', '<|tool_call>call:', '<tool_call|>', '<|"|>', 'None',
                 '</arg_value>', 'é', '🦙', 'x']
     cases = []
     for k in range(300):
@@ -256,9 +267,9 @@ EXPECTED_FORMATS = {
     "openai-gpt-oss-120b.jinja": "harmony",
     "GLM-4.6.jinja": "glm",
     "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek", "moonshotai-Kimi-K2.jinja": "kimi-k2",
-    "MiniMax-M2.jinja": "minimax-xml",
+    "MiniMax-M2.jinja": "minimax-xml", "google-gemma-4-31B-it.jinja": "gemma4",
     # formats not parsed: tools are refused with a 400 naming the reason
-    "LFM2-8B-A1B.jinja": "none", "google-gemma-4-31B-it.jinja": "none",
+    "LFM2-8B-A1B.jinja": "none",
 }
 
 
@@ -316,4 +327,5 @@ def test_constraint_triples_accept_exactly_the_calls(driver, tmp_path):
     assert triple("harmony", None) is None and triple("qwen3-coder-xml", "get_time") is None
     assert triple("glm", "get_time") is None and triple("glm", None) is None
     assert triple("minimax-xml", "get_time") is None and triple("minimax-xml", None) is None
+    assert triple("gemma4", "get_time") is None and triple("gemma4", None) is None
     assert triple("hermes", "missing") is None

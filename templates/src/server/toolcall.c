@@ -18,8 +18,8 @@ static int has(const char *src, size_t n, const char *needle) {
  * and <parameter=; GLM's when it writes <tool_call> and <arg_key>; Hermes
  * for <tool_call> without; Mistral for [TOOL_CALLS]; Llama 3.1 for
  * <|python_tag|> or a "parameters" key beside Llama 3's header tokens;
- * DeepSeek's, Kimi K2's and MiniMax-M2's by their section tags. Anything
- * else (Gemma 4, LFM2...) is unknown. */
+ * DeepSeek's, Kimi K2's, MiniMax-M2's and Gemma 4's by their call tags.
+ * Anything else (LFM2...) is unknown. */
 cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (!src) return CB_TOOLFMT_NONE;
     if (has(src, n, "<|channel|>") && has(src, n, "functions.")) return CB_TOOLFMT_HARMONY;
@@ -32,12 +32,13 @@ cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (has(src, n, "<｜tool▁calls▁begin｜>")) return CB_TOOLFMT_DEEPSEEK;
     if (has(src, n, "<|tool_calls_section_begin|>")) return CB_TOOLFMT_KIMI;
     if (has(src, n, "<minimax:tool_call>")) return CB_TOOLFMT_MINIMAX;
+    if (has(src, n, "<|tool_call>call:")) return CB_TOOLFMT_GEMMA4;
     return CB_TOOLFMT_NONE;
 }
 
 const char *cb_tool_format_name(cb_tool_format f) {
     static const char *names[] = {"none",    "hermes", "qwen3-coder-xml", "mistral", "llama3-json",
-                                  "harmony", "glm",    "deepseek",        "kimi-k2", "minimax-xml"};
+                                  "harmony", "glm",    "deepseek",        "kimi-k2", "minimax-xml", "gemma4"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "none";
 }
 
@@ -70,6 +71,7 @@ static markers markers_of(cb_tool_format f) {
     case CB_TOOLFMT_XML:
     case CB_TOOLFMT_GLM: m.s[0] = "<tool_call>", m.n = 1; break;
     case CB_TOOLFMT_MINIMAX: m.s[0] = "<minimax:tool_call>", m.n = 1; break;
+    case CB_TOOLFMT_GEMMA4: m.s[0] = "<|tool_call>", m.n = 1; break;
     case CB_TOOLFMT_MISTRAL: m.s[0] = "[TOOL_CALLS]", m.n = 1; break;
     case CB_TOOLFMT_LLAMA3: m.s[0] = "<|python_tag|>", m.n = 1; break;
     case CB_TOOLFMT_DEEPSEEK:
@@ -306,6 +308,101 @@ static int minimax_calls(cb_tool_parser *p, const cb_tool_sink *sink, const char
     return 0;
 }
 
+/* Gemma 4's values, as its template's format_argument writes them, to
+ * JSON: strings between <|"|> marks (raw text), {key:value,...} with bare
+ * (or marked) keys, [a,b], and bare scalars up to the next , } or ]
+ * (true, false, null, None, numbers; other bare text as a string). 0 when
+ * s[*i..n) holds no such value. */
+#define GEMMA_QUOTE "<|\"|>"
+enum { GEMMA_MAX_DEPTH = 32 };
+static int gemma_value(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, int depth);
+
+static int gemma_string(const char *s, size_t n, size_t *i, const char **v, size_t *vn) {
+    size_t at = *i;
+    if (!take(s, n, &at, GEMMA_QUOTE)) return 0;
+    const size_t end = find_from(s, at, n, GEMMA_QUOTE);
+    if (end == (size_t)-1) return 0;
+    *v = s + at, *vn = end - at;
+    *i = end + sizeof GEMMA_QUOTE - 1;
+    return 1;
+}
+
+static int gemma_object(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, int depth) {
+    if (depth > GEMMA_MAX_DEPTH || !take(s, n, i, "{")) return 0;
+    cb_jw_begin_object(w);
+    for (int first = 1;; first = 0) {
+        while (*i < n && is_ws(s[*i])) (*i)++;
+        if (take(s, n, i, "}")) break;
+        if (!first && !take(s, n, i, ",")) return 0;
+        while (*i < n && is_ws(s[*i])) (*i)++;
+        char key[256];
+        const char *k;
+        size_t kn;
+        if (!gemma_string(s, n, i, &k, &kn)) {
+            k = s + *i;
+            while (*i < n && s[*i] != ':' && s[*i] != ',' && s[*i] != '{' && s[*i] != '}' && s[*i] != '<') (*i)++;
+            kn = (size_t)(s + *i - k);
+            while (kn && is_ws(k[kn - 1])) kn--;
+        }
+        if (kn == 0 || kn >= sizeof key || !take(s, n, i, ":")) return 0;
+        memcpy(key, k, kn);
+        key[kn] = 0;
+        cb_jw_key(w, key);
+        if (!gemma_value(p, w, s, n, i, depth + 1)) return 0;
+    }
+    cb_jw_end_object(w);
+    return 1;
+}
+
+static int gemma_value(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, int depth) {
+    while (*i < n && is_ws(s[*i])) (*i)++;
+    if (*i >= n || depth > GEMMA_MAX_DEPTH) return 0;
+    const char *v;
+    size_t vn;
+    if (gemma_string(s, n, i, &v, &vn)) {
+        cb_jw_str_n(w, v, vn);
+        return 1;
+    }
+    if (s[*i] == '{') return gemma_object(p, w, s, n, i, depth);
+    if (s[*i] == '[') {
+        (*i)++;
+        cb_jw_begin_array(w);
+        for (int first = 1;; first = 0) {
+            while (*i < n && is_ws(s[*i])) (*i)++;
+            if (take(s, n, i, "]")) break;
+            if (!first && !take(s, n, i, ",")) return 0;
+            if (!gemma_value(p, w, s, n, i, depth + 1)) return 0;
+        }
+        cb_jw_end_array(w);
+        return 1;
+    }
+    v = s + *i;
+    while (*i < n && s[*i] != ',' && s[*i] != '}' && s[*i] != ']' && s[*i] != '<') (*i)++;
+    vn = (size_t)(s + *i - v);
+    trim(&v, &vn);
+    if (vn == 0) return 0;
+    if (vn == 4 && !memcmp(v, "None", 4)) cb_jw_null(w);
+    else xml_value(p, w, v, vn);
+    return 1;
+}
+
+/* Gemma 4 body: call:NAME{...}. */
+static int gemma_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    trim(&s, &n);
+    size_t i = 0;
+    if (!take(s, n, &i, "call:")) return 1;
+    const size_t name_at = i;
+    while (i < n && s[i] != '{' && !is_ws(s[i]) && s[i] != '<') i++;
+    const size_t name_n = i - name_at;
+    if (name_n == 0 || name_n > CB_TOOL_NAME_BYTES) return 1;
+    char name[CB_TOOL_NAME_BYTES];
+    memcpy(name, s + name_at, name_n);
+    cb_jw w;
+    cb_jw_init(&w, p->scratch, p->scratch_cap);
+    if (!gemma_object(p, &w, s, n, &i, 0) || i != n || w.overflow) return 1;
+    return emit_call(p, sink, NULL, NULL, name, name_n, p->scratch, w.len);
+}
+
 /* Mistral's array form: every element a call. All or nothing: a bad element
  * makes the whole array content. */
 static int mistral_array(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
@@ -455,6 +552,12 @@ static int step_call(cb_tool_parser *p, const char *t, size_t len, int final, co
                      size_t *end) {
     const size_t body = p->call_start + p->marker_len;
     switch (p->fmt) {
+    case CB_TOOLFMT_GEMMA4: {
+        size_t at = find_resume(p, t, len, "<tool_call|>");
+        if (at == (size_t)-1) return CALL_MORE;
+        *end = at + sizeof "<tool_call|>" - 1;
+        return result(gemma_call(p, sink, t + body, at - body));
+    }
     case CB_TOOLFMT_MINIMAX: {
         size_t at = find_resume(p, t, len, "</minimax:tool_call>");
         if (at == (size_t)-1) return CALL_MORE;
