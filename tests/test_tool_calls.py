@@ -176,25 +176,28 @@ def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
         assert fragment in error["message"] and error["type"] == "invalid_request_error"
 
 
-def served_with_template(tool_server, tmp_path, template: str) -> RunningServer:
-    """The tool model's weights with another real chat template
-    (testdata/chat_templates/TEMPLATE), converted and served by the same
-    executable."""
+def served_with_template(tool_server, tmp_path, template: str, text: str | None = None) -> RunningServer:
+    """The tool model's weights with another chat template (a real one,
+    testdata/chat_templates/TEMPLATE, or text), converted and served by the
+    same executable."""
     from colibri_build.convert import convert
     hf = tmp_path / "hf"
     shutil.copytree(tool_server.hf, hf)
     cfg = json.loads((hf / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = (TESTDATA / "chat_templates" / template).read_text()
+    cfg["chat_template"] = text if text is not None else (TESTDATA / "chat_templates" / template).read_text()
     (hf / "tokenizer_config.json").write_text(json.dumps(cfg))
     return RunningServer(tool_server.exe, convert(hf, tmp_path / "model", dtype="f32", progress=False),
                          "--threads", "1")
 
 
 def test_a_template_of_an_unknown_format_refuses_tools_by_name(tool_server, tmp_path):
-    """The same weights with LFM2's template (its Python-style calls are
-    not parsed), served by the same executable: tools get a 400 saying why;
+    """The same weights with a template that shows the tools but writes
+    calls in no format the server knows (Qwen3's, its <tool_call> tags
+    renamed), served by the same executable: tools get a 400 saying why;
     with tool_choice "none" they are only shown to the model."""
-    server = served_with_template(tool_server, tmp_path, "LFM2-8B-A1B.jinja")
+    qwen3 = json.loads((tool_server.hf / "tokenizer_config.json").read_text())["chat_template"]
+    assert "<tool_call>" in qwen3
+    server = served_with_template(tool_server, tmp_path, "", qwen3.replace("tool_call>", "invoke>"))
     try:
         body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 2}
         got = server.post("/v1/chat/completions", body)
@@ -240,11 +243,12 @@ def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, 
         server.stop()
 
 
-@pytest.mark.parametrize("template", ["MiniMax-M2.jinja", "google-gemma-4-31B-it.jinja"])
-def test_minimax_and_gemma4_templates_take_tools(tool_server, tmp_path, template):
-    """MiniMax-M2's and Gemma 4's templates (calls parsed, their arguments
-    built from key/value text, so not constrainable): tools are accepted
-    and shown to the model; "required" gets a 400 saying why."""
+@pytest.mark.parametrize("template", ["MiniMax-M2.jinja", "google-gemma-4-31B-it.jinja", "LFM2-8B-A1B.jinja"])
+def test_templates_whose_arguments_are_built_take_tools(tool_server, tmp_path, template):
+    """MiniMax-M2's, Gemma 4's and LFM2's templates (calls parsed, their
+    arguments built as JSON from XML, key:value or Python text, so not
+    constrainable): tools are accepted and shown to the model; "required"
+    gets a 400 saying why."""
     server = served_with_template(tool_server, tmp_path, template)
     try:
         body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 4}

@@ -150,6 +150,19 @@ CORPUS = [
     ("gemma4", '<|tool_call>call:f{x:<|"|>open}<tool_call|>', '<|tool_call>call:f{x:<|"|>open}<tool_call|>', []),
     ("gemma4", "<|tool_call>call:f{x:1}} <tool_call|>", "<|tool_call>call:f{x:1}} <tool_call|>", []),
     ("gemma4", "<|tool_call>f{x:1}<tool_call|>", "<|tool_call>f{x:1}<tool_call|>", []),
+    # LFM2: a Python list of calls with keyword arguments as Python literals
+    ("pythonic", '<|tool_call_start|>[get_weather(city="Paris", days=3)]<|tool_call_end|>', "",
+     [("get_weather", '{"city":"Paris","days":3}')]),
+    ("pythonic", "Both.<|tool_call_start|>[get_weather(city='Grüße \\'q\\' \\u00e9\\n🦙'), "
+     "get_time(opts={'fmt': [1, True, None], 'n': -2.5e3}, pair=(1, 'a'),)]<|tool_call_end|>", "Both.",
+     [("get_weather", '{"city":"Grüße \'q\' é\\n🦙"}'),
+      ("get_time", '{"opts":{"fmt":[1,true,null],"n":-2.5e3},"pair":[1,"a"]}')]),
+    ("pythonic", "<|tool_call_start|>[now()]<|tool_call_end|>", "", [("now", "{}")]),
+    ("pythonic", "<|tool_call_start|>[f(1)]<|tool_call_end|>", "<|tool_call_start|>[f(1)]<|tool_call_end|>", []),
+    ("pythonic", "<|tool_call_start|>[f(x='open)]<|tool_call_end|>",
+     "<|tool_call_start|>[f(x='open)]<|tool_call_end|>", []),
+    ("pythonic", "<|tool_call_start|>[f(x=os.remove)]<|tool_call_end|>",
+     "<|tool_call_start|>[f(x=os.remove)]<|tool_call_end|>", []),
     ("harmony",
      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
      "to=functions.get_weather <|constrain|>json<|message|>" + W_ARGS,
@@ -207,7 +220,7 @@ def test_every_format_whole_and_in_random_chunks(driver, tmp_path):
         for call in got["calls"]:
             json.loads(call["arguments"])  # arguments are always a JSON object's text
     assert {fmt for fmt, *_ in CORPUS} == {"hermes", "qwen3-coder-xml", "mistral", "llama3-json", "harmony", "glm",
-                                           "deepseek", "kimi-k2", "minimax-xml", "gemma4"}
+                                           "deepseek", "kimi-k2", "minimax-xml", "gemma4", "pythonic"}
 
 
 def test_text_that_may_start_a_call_is_held_until_known(driver, tmp_path):
@@ -243,6 +256,7 @@ def test_random_bytes_and_mutations_never_crash(driver, tmp_path):
                 DS_BEGIN, DS_END, DS_CALL, DS_SEP, DS_CALL_END, KI_BEGIN, KI_END, KI_CALL, KI_SEP, KI_CALL_END,
                 '<minimax:tool_call>', '</minimax:tool_call>', '<invoke name="', '">', '</invoke>',
                 '<parameter name="', '</parameter>', '<|tool_call>call:', '<tool_call|>', '<|"|>', 'None',
+                '<|tool_call_start|>', '<|tool_call_end|>', '(', ')', '=', "'", 'True',
                 '</arg_value>', 'é', '🦙', 'x']
     cases = []
     for k in range(300):
@@ -267,9 +281,7 @@ EXPECTED_FORMATS = {
     "openai-gpt-oss-120b.jinja": "harmony",
     "GLM-4.6.jinja": "glm",
     "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek", "moonshotai-Kimi-K2.jinja": "kimi-k2",
-    "MiniMax-M2.jinja": "minimax-xml", "google-gemma-4-31B-it.jinja": "gemma4",
-    # formats not parsed: tools are refused with a 400 naming the reason
-    "LFM2-8B-A1B.jinja": "none",
+    "MiniMax-M2.jinja": "minimax-xml", "google-gemma-4-31B-it.jinja": "gemma4", "LFM2-8B-A1B.jinja": "pythonic",
 }
 
 
@@ -328,4 +340,5 @@ def test_constraint_triples_accept_exactly_the_calls(driver, tmp_path):
     assert triple("glm", "get_time") is None and triple("glm", None) is None
     assert triple("minimax-xml", "get_time") is None and triple("minimax-xml", None) is None
     assert triple("gemma4", "get_time") is None and triple("gemma4", None) is None
+    assert triple("pythonic", "get_time") is None and triple("pythonic", None) is None
     assert triple("hermes", "missing") is None

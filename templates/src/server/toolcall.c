@@ -18,8 +18,9 @@ static int has(const char *src, size_t n, const char *needle) {
  * and <parameter=; GLM's when it writes <tool_call> and <arg_key>; Hermes
  * for <tool_call> without; Mistral for [TOOL_CALLS]; Llama 3.1 for
  * <|python_tag|> or a "parameters" key beside Llama 3's header tokens;
- * DeepSeek's, Kimi K2's, MiniMax-M2's and Gemma 4's by their call tags.
- * Anything else (LFM2...) is unknown. */
+ * DeepSeek's, Kimi K2's, MiniMax-M2's and Gemma 4's by their call tags;
+ * LFM2's Python-style calls by its tool list's tag. Anything else is
+ * unknown. */
 cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (!src) return CB_TOOLFMT_NONE;
     if (has(src, n, "<|channel|>") && has(src, n, "functions.")) return CB_TOOLFMT_HARMONY;
@@ -33,12 +34,13 @@ cb_tool_format cb_tool_format_detect(const char *src, size_t n) {
     if (has(src, n, "<|tool_calls_section_begin|>")) return CB_TOOLFMT_KIMI;
     if (has(src, n, "<minimax:tool_call>")) return CB_TOOLFMT_MINIMAX;
     if (has(src, n, "<|tool_call>call:")) return CB_TOOLFMT_GEMMA4;
+    if (has(src, n, "<|tool_list_start|>")) return CB_TOOLFMT_PYTHONIC;
     return CB_TOOLFMT_NONE;
 }
 
 const char *cb_tool_format_name(cb_tool_format f) {
     static const char *names[] = {"none",    "hermes", "qwen3-coder-xml", "mistral", "llama3-json",
-                                  "harmony", "glm",    "deepseek",        "kimi-k2", "minimax-xml", "gemma4"};
+                                  "harmony", "glm",    "deepseek",        "kimi-k2", "minimax-xml", "gemma4", "pythonic"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "none";
 }
 
@@ -72,6 +74,7 @@ static markers markers_of(cb_tool_format f) {
     case CB_TOOLFMT_GLM: m.s[0] = "<tool_call>", m.n = 1; break;
     case CB_TOOLFMT_MINIMAX: m.s[0] = "<minimax:tool_call>", m.n = 1; break;
     case CB_TOOLFMT_GEMMA4: m.s[0] = "<|tool_call>", m.n = 1; break;
+    case CB_TOOLFMT_PYTHONIC: m.s[0] = "<|tool_call_start|>", m.n = 1; break;
     case CB_TOOLFMT_MISTRAL: m.s[0] = "[TOOL_CALLS]", m.n = 1; break;
     case CB_TOOLFMT_LLAMA3: m.s[0] = "<|python_tag|>", m.n = 1; break;
     case CB_TOOLFMT_DEEPSEEK:
@@ -109,6 +112,14 @@ static int parse_json(cb_tool_parser *p, const char *s, size_t n) {
 static void trim(const char **s, size_t *n) {
     while (*n && is_ws(**s)) (*s)++, (*n)--;
     while (*n && is_ws((*s)[*n - 1])) (*n)--;
+}
+
+/* A name as these formats write it: no spaces or tags. */
+static int plain_name(const char *s, size_t n) {
+    if (n == 0 || n > CB_TOOL_NAME_BYTES) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (is_ws(s[i]) || s[i] == '<' || s[i] == '>' || s[i] == '{') return 0;
+    return 1;
 }
 
 /* Emits one call: name (unescaped from the JSON string token name_tok of
@@ -403,6 +414,176 @@ static int gemma_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s
     return emit_call(p, sink, NULL, NULL, name, name_n, p->scratch, w.len);
 }
 
+/* ---- Python-style calls: [NAME(key=value, ...), ...] ---- */
+
+/* A Python string literal at s[*i] ('...' or "...", backslash escapes)
+ * decoded into tmp[0..cap): its length, or -1. */
+static long py_string(const char *s, size_t n, size_t *i, char *tmp, size_t cap) {
+    const char q = s[*i];
+    size_t k = *i + 1, len = 0;
+    while (k < n && s[k] != q) {
+        if (len + 4 > cap || s[k] == '\n') return -1;
+        if (s[k] != '\\') {
+            tmp[len++] = s[k++];
+            continue;
+        }
+        if (++k >= n) return -1;
+        const char c = s[k++];
+        unsigned cp = 0;
+        int hex = c == 'x' ? 2 : c == 'u' ? 4 : c == 'U' ? 8 : 0;
+        if (!hex) {
+            const char *from = "ntr0abfv", *to = "\n\t\r\0\a\b\f\v";
+            const char *e = c ? strchr(from, c) : NULL;
+            if (e) tmp[len++] = to[e - from];
+            else if (c == '\\' || c == '\'' || c == '"') tmp[len++] = c;
+            else tmp[len++] = '\\', tmp[len++] = c; /* Python keeps an unknown escape */
+            continue;
+        }
+        for (; hex; hex--, k++) {
+            if (k >= n) return -1;
+            const char h = s[k];
+            const int d = h >= '0' && h <= '9' ? h - '0' : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (h | 0x20) - 'a' + 10 : -1;
+            if (d < 0) return -1;
+            cp = cp * 16 + (unsigned)d;
+        }
+        if (cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return -1;
+        if (cp < 0x80) tmp[len++] = (char)cp;
+        else if (cp < 0x800) tmp[len++] = (char)(0xC0 | cp >> 6), tmp[len++] = (char)(0x80 | (cp & 0x3F));
+        else if (cp < 0x10000)
+            tmp[len++] = (char)(0xE0 | cp >> 12), tmp[len++] = (char)(0x80 | (cp >> 6 & 0x3F)),
+            tmp[len++] = (char)(0x80 | (cp & 0x3F));
+        else
+            tmp[len++] = (char)(0xF0 | cp >> 18), tmp[len++] = (char)(0x80 | (cp >> 12 & 0x3F)),
+            tmp[len++] = (char)(0x80 | (cp >> 6 & 0x3F)), tmp[len++] = (char)(0x80 | (cp & 0x3F));
+    }
+    if (k >= n) return -1;
+    *i = k + 1;
+    return (long)len;
+}
+
+static void skip_ws(const char *s, size_t n, size_t *i) {
+    while (*i < n && is_ws(s[*i])) (*i)++;
+}
+
+/* A Python literal (string, number, True/False/None, list, tuple, dict)
+ * at s[*i] as JSON. */
+static int py_value(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, char *tmp, size_t cap,
+                    int depth) {
+    skip_ws(s, n, i);
+    if (*i >= n || depth > GEMMA_MAX_DEPTH) return 0;
+    const char c = s[*i];
+    if (c == '\'' || c == '"') {
+        const long len = py_string(s, n, i, tmp, cap);
+        if (len < 0) return 0;
+        cb_jw_str_n(w, tmp, (size_t)len);
+        return 1;
+    }
+    if (c == '[' || c == '(' || c == '{') {
+        const char close = c == '[' ? ']' : c == '(' ? ')' : '}';
+        (*i)++;
+        if (c == '{') cb_jw_begin_object(w);
+        else cb_jw_begin_array(w);
+        for (int first = 1;; first = 0) {
+            skip_ws(s, n, i);
+            if (*i < n && s[*i] == close) break;
+            if (!first) {
+                if (*i >= n || s[*i] != ',') return 0;
+                (*i)++;
+                skip_ws(s, n, i);
+                if (*i < n && s[*i] == close) break; /* a trailing comma */
+            }
+            if (c == '{') { /* a string key */
+                if (*i >= n || (s[*i] != '\'' && s[*i] != '"')) return 0;
+                const long kn = py_string(s, n, i, tmp, cap);
+                char key[256];
+                if (kn < 0 || kn >= (long)sizeof key || memchr(tmp, 0, (size_t)kn)) return 0;
+                memcpy(key, tmp, (size_t)kn);
+                key[kn] = 0;
+                skip_ws(s, n, i);
+                if (*i >= n || s[*i] != ':') return 0;
+                (*i)++;
+                cb_jw_key(w, key);
+            }
+            if (!py_value(p, w, s, n, i, tmp, cap, depth + 1)) return 0;
+        }
+        (*i)++;
+        if (c == '{') cb_jw_end_object(w);
+        else cb_jw_end_array(w);
+        return 1;
+    }
+    const char *v = s + *i;
+    while (*i < n && s[*i] != ',' && s[*i] != ')' && s[*i] != ']' && s[*i] != '}' && !is_ws(s[*i])) (*i)++;
+    const size_t vn = (size_t)(s + *i - v);
+    if (vn == 4 && !memcmp(v, "True", 4)) cb_jw_bool(w, 1);
+    else if (vn == 5 && !memcmp(v, "False", 5)) cb_jw_bool(w, 0);
+    else if (vn == 4 && !memcmp(v, "None", 4)) cb_jw_null(w);
+    else if (vn && parse_json(p, v, vn) > 0 && p->toks[0].type == CB_JSON_NUMBER) cb_jw_raw(w, v, vn);
+    else return 0;
+    return 1;
+}
+
+/* [NAME(key=value, ...), ...]: every call checked (its arguments built)
+ * first, then handed out. Strings are decoded through scratch's upper
+ * half, the arguments written in its lower half. */
+static int pythonic_calls(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
+    trim(&s, &n);
+    const size_t half = p->scratch_cap / 2;
+    char *tmp = p->scratch + half;
+    if (n < 2 || s[0] != '[' || s[n - 1] != ']') return 1;
+    for (int emit = 0; emit < 2; emit++) {
+        size_t i = 1;
+        int calls = 0;
+        for (;;) {
+            skip_ws(s, n - 1, &i);
+            if (i == n - 1) break;
+            if (calls) {
+                if (s[i] != ',') return 1;
+                i++;
+                skip_ws(s, n - 1, &i);
+            }
+            const size_t name_at = i;
+            while (i < n - 1 && s[i] != '(' && !is_ws(s[i])) i++;
+            const size_t name_n = i - name_at;
+            if (!plain_name(s + name_at, name_n) || i >= n - 1 || s[i] != '(') return 1;
+            i++;
+            cb_jw w;
+            cb_jw_init(&w, p->scratch, half);
+            cb_jw_begin_object(&w);
+            for (int first = 1;; first = 0) {
+                skip_ws(s, n - 1, &i);
+                if (i < n - 1 && s[i] == ')') break;
+                if (!first) {
+                    if (i >= n - 1 || s[i] != ',') return 1;
+                    i++;
+                    skip_ws(s, n - 1, &i);
+                    if (i < n - 1 && s[i] == ')') break;
+                }
+                const size_t key = i;
+                while (i < n - 1 && (s[i] == '_' || (s[i] >= '0' && s[i] <= '9') || ((s[i] | 0x20) >= 'a' && (s[i] | 0x20) <= 'z'))) i++;
+                if (i == key || i - key > 255) return 1;
+                char keybuf[256];
+                memcpy(keybuf, s + key, i - key);
+                keybuf[i - key] = 0;
+                skip_ws(s, n - 1, &i);
+                if (i >= n - 1 || s[i] != '=') return 1;
+                i++;
+                cb_jw_key(&w, keybuf);
+                if (!py_value(p, &w, s, n - 1, &i, tmp, p->scratch_cap - half, 0)) return 1;
+            }
+            i++;
+            cb_jw_end_object(&w);
+            if (w.overflow) return 1;
+            if (emit && !p->done) {
+                const int r = emit_call(p, sink, NULL, NULL, s + name_at, name_n, p->scratch, w.len);
+                if (r) return r;
+            }
+            calls++;
+        }
+        if (!calls) return 1;
+    }
+    return 0;
+}
+
 /* Mistral's array form: every element a call. All or nothing: a bad element
  * makes the whole array content. */
 static int mistral_array(cb_tool_parser *p, const cb_tool_sink *sink, const char *s, size_t n) {
@@ -419,14 +600,6 @@ static int mistral_array(cb_tool_parser *p, const cb_tool_sink *sink, const char
         if (r) return r < 0 ? -1 : (k == 0 ? 1 : 0);
     }
     return 0;
-}
-
-/* A name as these formats write it: no spaces or tags. */
-static int plain_name(const char *s, size_t n) {
-    if (n == 0 || n > CB_TOOL_NAME_BYTES) return 0;
-    for (size_t i = 0; i < n; i++)
-        if (is_ws(s[i]) || s[i] == '<' || s[i] == '>' || s[i] == '{') return 0;
-    return 1;
 }
 
 /* One call's body (between call_begin and call_end) -> its name and
@@ -552,6 +725,12 @@ static int step_call(cb_tool_parser *p, const char *t, size_t len, int final, co
                      size_t *end) {
     const size_t body = p->call_start + p->marker_len;
     switch (p->fmt) {
+    case CB_TOOLFMT_PYTHONIC: {
+        size_t at = find_resume(p, t, len, "<|tool_call_end|>");
+        if (at == (size_t)-1) return CALL_MORE;
+        *end = at + sizeof "<|tool_call_end|>" - 1;
+        return result(pythonic_calls(p, sink, t + body, at - body));
+    }
     case CB_TOOLFMT_GEMMA4: {
         size_t at = find_resume(p, t, len, "<tool_call|>");
         if (at == (size_t)-1) return CALL_MORE;

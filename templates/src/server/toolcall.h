@@ -31,13 +31,15 @@ typedef enum {
     CB_TOOLFMT_MINIMAX,  /* <minimax:tool_call><invoke name="NAME"><parameter name="K">v</parameter>...</invoke>...
                           * </minimax:tool_call> (MiniMax-M2) */
     CB_TOOLFMT_GEMMA4,   /* <|tool_call>call:NAME{key:value,...}<tool_call|>, strings in <|"|> (Gemma 4) */
+    CB_TOOLFMT_PYTHONIC, /* <|tool_call_start|>[NAME(key=value, ...), ...]<|tool_call_end|>, Python literals (LFM2) */
 } cb_tool_format;
-#define CB_TOOLFMT_LAST CB_TOOLFMT_GEMMA4
+#define CB_TOOLFMT_LAST CB_TOOLFMT_PYTHONIC
 
 /* A format whose arguments the parser builds as JSON from the text (XML
  * parameters, GLM's key/value pairs): escapes can make them longer. */
 static inline int cb_tool_format_builds_args(cb_tool_format f) {
-    return f == CB_TOOLFMT_XML || f == CB_TOOLFMT_GLM || f == CB_TOOLFMT_MINIMAX || f == CB_TOOLFMT_GEMMA4;
+    return f == CB_TOOLFMT_XML || f == CB_TOOLFMT_GLM || f == CB_TOOLFMT_MINIMAX || f == CB_TOOLFMT_GEMMA4 ||
+           f == CB_TOOLFMT_PYTHONIC;
 }
 /* A format that writes the function's name outside the JSON value (gpt-oss,
  * DeepSeek, Kimi): tool_choice "required" cannot be constrained, a named
