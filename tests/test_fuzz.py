@@ -29,6 +29,12 @@ SEEDS = [
     b'Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": [1, "}"]}}\n</tool_call>[TOOL_CALLS]g[ARGS]{}',
     b'<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}<|call|>'
     b'<tool_call>\n<function=f>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>',
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+    "<|tool_calls_section_end|>".encode(),
+    b'<minimax:tool_call>\n<invoke name="f">\n<parameter name="k">v</parameter>\n</invoke>\n</minimax:tool_call>'
+    b'<|tool_call>call:f{k:<|"|>v<|"|>,n:[1,{a:true}]}<tool_call|>'
+    b"<|tool_call_start|>[f(a='x\\n', b=(1, None), c={'k': [True]})]<|tool_call_end|>",
 ]
 
 
