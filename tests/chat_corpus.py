@@ -5,6 +5,7 @@ developer role, prefill, content as text parts, long and unicode text."""
 from __future__ import annotations
 
 import copy
+import json
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city. Use °C; 天气.",
@@ -73,13 +74,23 @@ WITH_TOOLS = {"tool_round", "tool_round_answered", "tool_string_arguments", "par
 
 def joined(messages: list[dict]) -> list[dict]:
     """messages as the server hands them to the template: text parts joined,
-    null content as ""."""
+    null content as "", a tool call's arguments given as a JSON object's
+    text as that object (as vLLM does)."""
     out = copy.deepcopy(messages)
     for m in out:
         if isinstance(m.get("content"), list):
             m["content"] = "".join(p["text"] for p in m["content"])
         elif "content" in m and m["content"] is None:
             m["content"] = ""
+        for call in m.get("tool_calls") or [] if m.get("role") == "assistant" else []:
+            args = call.get("function", {}).get("arguments")
+            if isinstance(args, str):
+                try:
+                    parsed = json.loads(args)
+                except ValueError:
+                    continue
+                if isinstance(parsed, dict):
+                    call["function"]["arguments"] = parsed
     return out
 
 

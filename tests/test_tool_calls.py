@@ -243,18 +243,26 @@ def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, 
         server.stop()
 
 
-@pytest.mark.parametrize("template", ["MiniMax-M2.jinja", "google-gemma-4-31B-it.jinja", "LFM2-8B-A1B.jinja"])
-def test_templates_whose_arguments_are_built_take_tools(tool_server, tmp_path, template):
+@pytest.mark.parametrize("template,past_call", [
+    ("MiniMax-M2.jinja", '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>'),
+    ("google-gemma-4-31B-it.jinja", '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
+    ("LFM2-8B-A1B.jinja", None)])
+def test_templates_whose_arguments_are_built_take_tools(tool_server, tmp_path, template, past_call):
     """MiniMax-M2's, Gemma 4's and LFM2's templates (calls parsed, their
     arguments built as JSON from XML, key:value or Python text, so not
     constrainable): tools are accepted and shown to the model; "required"
-    gets a 400 saying why."""
+    gets a 400 saying why. A past call in the history, its arguments a
+    JSON string as OpenAI's clients send them back, is rendered as the
+    template writes an arguments object (LFM2's writes none)."""
     server = served_with_template(tool_server, tmp_path, template)
     try:
         body = {"messages": tm.AGENT_1, "tools": tm.TOOLS, "max_tokens": 4}
         got = server.post("/v1/chat/completions", body)
         assert got.status_code == 200, got.text
         assert "get_weather" in server.post("/apply-template", body).json()["prompt"]
+        history = server.post("/apply-template", {**body, "messages": tm.AGENT_2})
+        assert history.status_code == 200, history.text
+        assert past_call is None or past_call in history.json()["prompt"], history.json()["prompt"]
         forced = server.post("/v1/chat/completions", {**body, "tool_choice": "required"})
         assert forced.status_code == 400 and "cannot be constrained" in forced.json()["error"]["message"], forced.text
     finally:

@@ -2802,6 +2802,25 @@ int cb_jinja_set_json_keys(cb_jrender *r, const char *json, const cb_json_tok *t
     return 0;
 }
 
+/* An assistant message's tool_calls[k].function.arguments given as a
+ * string of a JSON object (how OpenAI's API sends them back) as that object,
+ * which is what templates iterate or pass to tojson. */
+static void arguments_as_objects(cb_jrender *r, jv m) {
+    jv *calls = dict_find(m.u.d, "tool_calls", 10);
+    if (!calls || calls->t != V_LIST) return;
+    for (size_t k = 0; k < calls->u.l->n; k++) {
+        jv call = calls->u.l->v[k];
+        jv *fn = call.t == V_DICT ? dict_find(call.u.d, "function", 8) : NULL;
+        jv *args = fn && fn->t == V_DICT ? dict_find(fn->u.d, "arguments", 9) : NULL;
+        if (!args || args->t != V_STR) continue;
+        const int n_toks = cb_json_parse(args->u.s, args->n, NULL, 0, NULL);
+        if (n_toks < 1) continue;
+        cb_json_tok *t = rtake(r, (size_t)n_toks * sizeof *t);
+        if (cb_json_parse(args->u.s, args->n, t, n_toks, NULL) < 1 || t[0].type != CB_JSON_OBJECT) continue;
+        *args = from_json(r, args->u.s, t, 0);
+    }
+}
+
 int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *toks, int arr, int developer_as_system,
                           const char *append_last) {
     GUARD();
@@ -2834,6 +2853,7 @@ int cb_jinja_set_messages(cb_jrender *r, const char *json, const cb_json_tok *to
             if (all_text) *content = obuf_str(&o);
         }
         if (developer_as_system && role && str_eq(*role, "developer", 9)) *role = mk_str("system", 6);
+        if (role && str_eq(*role, "assistant", 9)) arguments_as_objects(r, m);
         jv *found = NULL;
         for (int k = 0; k < 3 && !found; k++) {
             jv *v = dict_find(m.u.d, reasoning[k], strlen(reasoning[k]));

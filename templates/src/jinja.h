@@ -47,7 +47,8 @@ int cb_jinja_set_json_keys(cb_jrender *r, const char *json, const cb_json_tok *t
  * transformers hands them to the template: reasoning under
  * `reasoning_content` and `thinking`; and, as the server's own choices
  * (vLLM's too), content given as text parts joined into one string, null
- * content (and an assistant message's absent content) as "", and the
+ * content (and an assistant message's absent content) as "", a tool call's
+ * arguments given as a JSON object's text as that object, and the
  * developer role renamed system when
  * developer_as_system. append_last (or NULL) is
  * added to the final message's content (transformers' continue marker);
