@@ -76,7 +76,7 @@ def tokenizations(tokens, rng):
     def cut(pieces, how):
         out = []
         for p in pieces:
-            if p.startswith("<|") or len(p) < 2:
+            if p.startswith("<|") or p in ("<think>", "</think>", "<channel|>") or len(p) < 2:
                 out.append(p)
             elif how == "chars":
                 out.extend(p)
@@ -105,4 +105,32 @@ def test_other_templates_are_not_split(driver):
     """A template without harmony channels keeps the markup as text."""
     tokens = [C, "analysis", M, "x", E]
     got = run(driver, QWEN3, tokens, False, False)
-    assert got["split"] == 0 and got["reasoning"] is None and got["content"] == "".join(tokens)
+    assert got["reasoning"] is None and got["content"] == "".join(tokens)
+
+
+GEMMA4 = TESTDATA / "chat_templates" / "google-gemma-4-31B-it.jinja"
+GCALL = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+# (template, tokens, tools, reasoning, content, calls): thinking blocks of <think> templates and of Gemma 4's
+# <|channel>thought\n...<channel|> (its channel's name dropped)
+THINKING = [
+    (QWEN3, ["<think>", "\nPlan.\n", "</think>", "\n\nHello!"], False, "Plan.\n", "Hello!", []),
+    (QWEN3, ["Hi", "<think>", "x"], False, None, "Hi<think>x", []),
+    (GEMMA4, ["<|channel>", "thought\n", "The user greets.", "<channel|>", "Hello! 🦙"], False, "The user greets.",
+     "Hello! 🦙", []),
+    (GEMMA4, ["<|channel>", "thought", "\nNeed the weather.\n", "<channel|>", GCALL], True, "Need the weather.\n", "",
+     [("get_weather", '{"city":"Paris"}')]),
+    (GEMMA4, ["Hello", "<|channel>", "thought\nno"], False, None, "Hello<|channel>thought\nno", []),
+]
+
+
+@pytest.mark.parametrize("case", range(len(THINKING)))
+def test_thinking_blocks_split_in_any_tokenization(driver, case):
+    template, tokens, tools, reasoning, content, calls = THINKING[case]
+    if not template.exists():
+        pytest.skip("testdata is missing")
+    for pieces in tokenizations(tokens, random.Random(case)):
+        for stream in (False, True):
+            got = run(driver, template, pieces, tools, stream)
+            where = f"stream={stream} pieces={pieces}"
+            assert (got["reasoning"], got["content"]) == (reasoning, content), where
+            assert [(c["name"], c["arguments"]) for c in got["calls"]] == calls, where

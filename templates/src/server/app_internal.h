@@ -96,6 +96,7 @@ typedef struct {
     int held_done;               /* finished, kept until the other prompts of its list finish */
     int think_state;             /* CB_THINK_* */
     int think_fresh;             /* at the start of a region: its opening newlines are dropped */
+    int think_in_label;          /* in the channel's name after think_open (think_label): dropped */
     int had_reasoning;           /* a thinking block was entered */
     size_t reasoning_end;        /* text[0..reasoning_end): reasoning, once its block closed */
     /* gpt-oss (reasoning.c): inside a message header, its text kept aside */
@@ -169,6 +170,7 @@ struct cb_app {
     const char *err_param, *err_code;
     char err_param_text[256];    /* a param built for one refusal (err_param points here) */
     int32_t think_open, think_close; /* the template's thinking markers as tokens; -1: none */
+    int think_label;                 /* Gemma 4: a channel's name follows think_open, up to a newline */
     int harmony;                 /* gpt-oss channels are split (reasoning.c) */
     int32_t harmony_tok[5];      /* <|start|> <|channel|> <|message|> <|end|> <|constrain|> */
     const cb_slot **list;        /* [n_slots]: the slots of a finished list of prompts, in order */

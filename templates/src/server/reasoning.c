@@ -1,7 +1,9 @@
 /* Thinking text as reasoning_content (chat completions only), where the
  * model's chat template marks it: a template whose source holds both
  * "<think>" and "</think>", each one token of the vocabulary (Qwen3,
- * DeepSeek-R1 style). The rule, by generated token:
+ * DeepSeek-R1 style), or Gemma 4's "<|channel>" and "<channel|>" (its
+ * thinking is "<|channel>thought\n...<channel|>": the channel's name, up
+ * to its newline, is dropped). The rule, by generated token:
  *   - the answer starts inside a thinking block when the prompt's last
  *     marker is <think> (a template that opens the block in the generation
  *     prompt, or an assistant prefill that does); otherwise a first token
@@ -65,11 +67,15 @@ void cb_reasoning_init(cb_app *a) {
     a->think_open = a->think_close = -1;
     harmony_init(a, t);
     if (a->harmony) return;
-    if (!t->chat_tpl || t->n_chat != 1 || !holds(t->chat[0], t->chat_len[0], "<think>") ||
-        !holds(t->chat[0], t->chat_len[0], "</think>"))
-        return;
-    const int32_t open = single_token(t, "<think>"), close = single_token(t, "</think>");
-    if (open >= 0 && close >= 0 && open != close) a->think_open = open, a->think_close = close;
+    a->think_label = 0;
+    if (!t->chat_tpl || t->n_chat != 1) return;
+    const char *src = t->chat[0];
+    const size_t n = t->chat_len[0];
+    const int gemma = !(holds(src, n, "<think>") && holds(src, n, "</think>"));
+    if (gemma && !(holds(src, n, "<|channel>") && holds(src, n, "<channel|>"))) return;
+    const int32_t open = single_token(t, gemma ? "<|channel>" : "<think>");
+    const int32_t close = single_token(t, gemma ? "<channel|>" : "</think>");
+    if (open >= 0 && close >= 0 && open != close) a->think_open = open, a->think_close = close, a->think_label = gemma;
 }
 
 void cb_reasoning_request(const cb_app *a, cb_request *q) {
@@ -93,6 +99,7 @@ void cb_reasoning_slot(const cb_app *a, cb_slot *st) {
     st->harmony_hdr_len = 0;
     st->had_reasoning = st->think_state == CB_THINK_REASONING;
     st->think_fresh = 1;
+    st->think_in_label = 0;
     st->reasoning_end = 0;
 }
 
@@ -188,6 +195,7 @@ void cb_reasoning_switch(cb_app *a, cb_slot *st, int32_t token) {
     if (token == a->think_open) {
         st->think_state = CB_THINK_REASONING;
         st->had_reasoning = 1;
+        st->think_in_label = a->think_label;
     } else {
         st->think_state = CB_THINK_CONTENT;
         st->reasoning_end = st->text_len;
@@ -198,6 +206,12 @@ void cb_reasoning_switch(cb_app *a, cb_slot *st, int32_t token) {
 size_t cb_reasoning_skip(cb_slot *st, const char *text, size_t n) {
     if (st->think_state == CB_THINK_NONE) return 0;
     size_t skip = 0;
+    if (st->think_in_label) { /* the channel's name and its newline */
+        while (skip < n && text[skip] != '\n') skip++;
+        if (skip == n) return n;
+        st->think_in_label = 0;
+        skip++;
+    }
     while (st->think_fresh && skip < n && text[skip] == '\n') skip++;
     if (skip < n) st->think_fresh = 0;
     return skip;

@@ -1,12 +1,12 @@
-/* Test driver of gpt-oss channel splitting (reasoning.c) with the tool-call
- * parser (toolcall.c), built and run by tests/test_harmony_split.py (with
- * ASan/UBSan):
+/* Test driver of gpt-oss channel splitting and thinking blocks
+ * (reasoning.c) with the tool-call parser (toolcall.c), built and run by
+ * tests/test_harmony_split.py (with ASan/UBSan):
  *   test_harmony TEMPLATE TOOLS STREAM TOKEN...
  * TEMPLATE: the chat template file (its format decides whether channels are
  * split); TOOLS 1: the request has tools; STREAM 1: streamed. Each TOKEN is
- * one generated token: a harmony marker ("<|channel|>", ...) is that
- * special token, anything else a text token; <|return|> and <|call|> end
- * the answer. The tokens go through the same steps as take_token() and
+ * one generated token: a harmony marker ("<|channel|>", ...) or thinking
+ * marker ("<think>", Gemma 4's "<|channel>", ...) is that special token,
+ * anything else a text token; <|return|> and <|call|> end the answer. The tokens go through the same steps as take_token() and
  * release() in app.c (non-streamed: text[] and write_message_text's split;
  * streamed: each release's key as cb_stream_delta picks it). Prints
  * {"split", "reasoning" (null: none), "content", "calls": [{"name", "arguments"}]}. */
@@ -17,8 +17,9 @@
 #include "app_internal.h"
 
 static const char *const SPECIALS[] = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>",
-                                       "<|return|>", "<|call|>"};
-enum { N_SPECIALS = 7, TEXT_ID = 1000 };
+                                       "<|return|>", "<|call|>",    "<think>",     "</think>", "<|channel>",
+                                       "<channel|>"};
+enum { N_SPECIALS = 11, TEXT_ID = 1000 };
 
 static cb_tokenizer tok;
 static char **args;
