@@ -217,7 +217,7 @@ def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, 
     a section of special tokens, the name outside the JSON): a named
     tool_choice constrains the output to one such call, which comes back
     as an OpenAI tool call, streamed and not; "required" gets a 400 that
-    says to name the function."""
+    says to name the function, unless the request has a single tool."""
     openai = pytest.importorskip("openai")
     jsonschema = pytest.importorskip("jsonschema")
     server = served_with_template(tool_server, tmp_path, template)
@@ -239,6 +239,12 @@ def test_deepseek_and_kimi_calls_come_back_as_tool_calls(tool_server, tmp_path, 
         got = server.post("/v1/chat/completions", {"messages": tm.AGENT_1, "tools": tm.TOOLS,
                                                     "tool_choice": "required", "max_tokens": 2})
         assert got.status_code == 400 and "name the function" in got.json()["error"]["message"], got.text
+        # "required" with a single tool is that tool by name
+        only = [t for t in tm.TOOLS if t["function"]["name"] == "get_time"]
+        forced = client.chat.completions.create(model=name, messages=tm.AGENT_1, tools=only, tool_choice="required",
+                                                max_tokens=200).choices[0]
+        assert forced.finish_reason == "tool_calls" and [c.function.name for c in forced.message.tool_calls] == [
+            "get_time"]
     finally:
         server.stop()
 

@@ -328,8 +328,14 @@ def test_constraint_triples_accept_exactly_the_calls(driver, tmp_path):
     t = triple("harmony", "get_time")
     assert t["prefix"].endswith("to=functions.get_time <|constrain|>json<|message|>") and t["schema"] == {
         "type": "object"}
-    for fmt in ["deepseek", "kimi-k2"]:  # the name in the prefix: a named function only
+    one = tmp_path / "one_tool.json"
+    one.write_text(json.dumps(TOOLS[:1]))
+    for fmt in ["deepseek", "kimi-k2", "harmony"]:  # the name in the prefix: "required" needs a single tool
         assert triple(fmt, None) is None
+        out = subprocess.run([str(driver), "constraint", fmt, "-", str(one)], capture_output=True, text=True,
+                             check=True).stdout
+        assert json.loads(out) == triple(fmt, "get_weather"), fmt
+    for fmt in ["deepseek", "kimi-k2"]:
         t = triple(fmt, "get_weather")
         jsonschema.validate({"city": "Paris"}, t["schema"])
         with pytest.raises(jsonschema.ValidationError):

@@ -229,8 +229,9 @@ static int force_tool_call(reader *r, cb_request *q, int tools, int choice) {
                                                 ? "this model's tool calls (XML parameters or key/value pairs) "
                                                   "cannot be constrained; send \"auto\""
                                                 : cb_tool_format_names_outside(a->tool_format)
-                                                ? "\"required\" cannot be constrained in this model's format (the "
-                                                  "name is outside the JSON arguments); name the function"
+                                                ? "\"required\" with several tools cannot be constrained in this "
+                                                  "model's format (the name is outside the JSON arguments); name the "
+                                                  "function"
                                                 : "the tools' parameters are too big to constrain");
     const int n = cb_json_parse(a->tool_schema, strlen(a->tool_schema), a->tool_toks, CB_TOOL_SCHEMA_TOKENS, NULL);
     if (n < 1) return fail(r, "'tools': the tools' parameters are too big to constrain");

@@ -1001,9 +1001,15 @@ int cb_tool_constraint(cb_tool_format fmt, const char *json, const cb_json_tok *
                        char *prefix, size_t prefix_cap, char *schema, size_t schema_cap, char *suffix,
                        size_t suffix_cap) {
     int bad = 0;
-    if (cb_tool_format_builds_args(fmt) || fmt == CB_TOOLFMT_NONE || (cb_tool_format_names_outside(fmt) && !name))
-        return -1;
+    if (cb_tool_format_builds_args(fmt) || fmt == CB_TOOLFMT_NONE) return -1;
     if (tools < 0 || t[tools].type != CB_JSON_ARRAY) return -1;
+    char only[CB_TOOL_NAME_BYTES + 1];
+    if (cb_tool_format_names_outside(fmt) && !name) { /* "required" with one tool is that tool by name */
+        const int fn = t[tools].size == 1 ? tool_function(json, t, tools, NULL) : -1;
+        const int nm = fn >= 0 ? cb_json_find(json, t, fn, "name") : -1;
+        if (nm < 0 || cb_json_unescape(json, &t[nm], only, sizeof only) <= 0) return -1;
+        name = only;
+    }
     cb_jw w;
     cb_jw_init(&w, schema, schema_cap);
     if (cb_tool_format_names_outside(fmt)) { /* the name in the prefix, the arguments' schema */

@@ -42,8 +42,8 @@ static inline int cb_tool_format_builds_args(cb_tool_format f) {
            f == CB_TOOLFMT_PYTHONIC;
 }
 /* A format that writes the function's name outside the JSON value (gpt-oss,
- * DeepSeek, Kimi): tool_choice "required" cannot be constrained, a named
- * function can. */
+ * DeepSeek, Kimi): tool_choice "required" cannot be constrained unless the
+ * request has one tool; a named function can. */
 static inline int cb_tool_format_names_outside(cb_tool_format f) {
     return f == CB_TOOLFMT_HARMONY || f == CB_TOOLFMT_DEEPSEEK || f == CB_TOOLFMT_KIMI;
 }
@@ -96,8 +96,8 @@ int cb_tool_parser_feed(cb_tool_parser *p, const char *text, size_t len, int fin
  * or for harmony the arguments), and the literal suffix, as constrain.h
  * takes them. tools: the request's "tools" array, toks[tools] of json.
  * Returns 0, or -1 when fmt cannot be constrained so (Qwen3-Coder's XML is
- * no JSON; cb_tool_format_names_outside's formats need a name), the name is
- * no tool's, or a buffer is too small. */
+ * no JSON; cb_tool_format_names_outside's formats need a name, or a single
+ * tool), the name is no tool's, or a buffer is too small. */
 int cb_tool_constraint(cb_tool_format fmt, const char *json, const cb_json_tok *toks, int tools, const char *name,
                        char *prefix, size_t prefix_cap, char *schema, size_t schema_cap, char *suffix,
                        size_t suffix_cap);
