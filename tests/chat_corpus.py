@@ -82,7 +82,8 @@ def joined(messages: list[dict]) -> list[dict]:
             m["content"] = "".join(p["text"] for p in m["content"])
         elif "content" in m and m["content"] is None:
             m["content"] = ""
-        for call in m.get("tool_calls") or [] if m.get("role") == "assistant" else []:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        for call in calls or []:
             args = call.get("function", {}).get("arguments")
             if isinstance(args, str):
                 try:

@@ -114,6 +114,13 @@ static void trim(const char **s, size_t *n) {
     while (*n && is_ws((*s)[*n - 1])) (*n)--;
 }
 
+static void skip_ws(const char *s, size_t n, size_t *i) {
+    while (*i < n && is_ws(s[*i])) (*i)++;
+}
+
+/* How deep a value the parser turns into JSON nests (Gemma 4's, Python's). */
+enum { MAX_VALUE_DEPTH = 32 };
+
 /* A name as these formats write it: no spaces or tags. */
 static int plain_name(const char *s, size_t n) {
     if (n == 0 || n > CB_TOOL_NAME_BYTES) return 0;
@@ -288,7 +295,7 @@ static int minimax_calls(cb_tool_parser *p, const cb_tool_sink *sink, const char
         size_t i = 0;
         int calls = 0;
         for (;;) {
-            while (i < n && is_ws(s[i])) i++;
+            skip_ws(s, n, &i);
             if (i == n) break;
             char name[CB_TOOL_NAME_BYTES + 1];
             if (!take(s, n, &i, "<invoke name=\"") || !quoted_name(s, n, &i, name, sizeof name)) return 1;
@@ -296,7 +303,7 @@ static int minimax_calls(cb_tool_parser *p, const cb_tool_sink *sink, const char
             cb_jw_init(&w, p->scratch, p->scratch_cap);
             cb_jw_begin_object(&w);
             for (;;) {
-                while (i < n && is_ws(s[i])) i++;
+                skip_ws(s, n, &i);
                 if (take(s, n, &i, "</invoke>")) break;
                 char key[256];
                 if (!take(s, n, &i, "<parameter name=\"") || !quoted_name(s, n, &i, key, sizeof key)) return 1;
@@ -325,7 +332,7 @@ static int minimax_calls(cb_tool_parser *p, const cb_tool_sink *sink, const char
  * (true, false, null, None, numbers; other bare text as a string). 0 when
  * s[*i..n) holds no such value. */
 #define GEMMA_QUOTE "<|\"|>"
-enum { GEMMA_MAX_DEPTH = 32 };
+
 static int gemma_value(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, int depth);
 
 static int gemma_string(const char *s, size_t n, size_t *i, const char **v, size_t *vn) {
@@ -339,13 +346,13 @@ static int gemma_string(const char *s, size_t n, size_t *i, const char **v, size
 }
 
 static int gemma_object(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, int depth) {
-    if (depth > GEMMA_MAX_DEPTH || !take(s, n, i, "{")) return 0;
+    if (depth > MAX_VALUE_DEPTH || !take(s, n, i, "{")) return 0;
     cb_jw_begin_object(w);
     for (int first = 1;; first = 0) {
-        while (*i < n && is_ws(s[*i])) (*i)++;
+        skip_ws(s, n, i);
         if (take(s, n, i, "}")) break;
         if (!first && !take(s, n, i, ",")) return 0;
-        while (*i < n && is_ws(s[*i])) (*i)++;
+        skip_ws(s, n, i);
         char key[256];
         const char *k;
         size_t kn;
@@ -366,8 +373,8 @@ static int gemma_object(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, si
 }
 
 static int gemma_value(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, int depth) {
-    while (*i < n && is_ws(s[*i])) (*i)++;
-    if (*i >= n || depth > GEMMA_MAX_DEPTH) return 0;
+    skip_ws(s, n, i);
+    if (*i >= n || depth > MAX_VALUE_DEPTH) return 0;
     const char *v;
     size_t vn;
     if (gemma_string(s, n, i, &v, &vn)) {
@@ -379,7 +386,7 @@ static int gemma_value(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, siz
         (*i)++;
         cb_jw_begin_array(w);
         for (int first = 1;; first = 0) {
-            while (*i < n && is_ws(s[*i])) (*i)++;
+            skip_ws(s, n, i);
             if (take(s, n, i, "]")) break;
             if (!first && !take(s, n, i, ",")) return 0;
             if (!gemma_value(p, w, s, n, i, depth + 1)) return 0;
@@ -403,15 +410,13 @@ static int gemma_call(cb_tool_parser *p, const cb_tool_sink *sink, const char *s
     size_t i = 0;
     if (!take(s, n, &i, "call:")) return 1;
     const size_t name_at = i;
-    while (i < n && s[i] != '{' && !is_ws(s[i]) && s[i] != '<') i++;
+    while (i < n && s[i] != '{') i++;
     const size_t name_n = i - name_at;
-    if (name_n == 0 || name_n > CB_TOOL_NAME_BYTES) return 1;
-    char name[CB_TOOL_NAME_BYTES];
-    memcpy(name, s + name_at, name_n);
+    if (!plain_name(s + name_at, name_n)) return 1;
     cb_jw w;
     cb_jw_init(&w, p->scratch, p->scratch_cap);
     if (!gemma_object(p, &w, s, n, &i, 0) || i != n || w.overflow) return 1;
-    return emit_call(p, sink, NULL, NULL, name, name_n, p->scratch, w.len);
+    return emit_call(p, sink, NULL, NULL, s + name_at, name_n, p->scratch, w.len);
 }
 
 /* ---- Python-style calls: [NAME(key=value, ...), ...] ---- */
@@ -461,16 +466,12 @@ static long py_string(const char *s, size_t n, size_t *i, char *tmp, size_t cap)
     return (long)len;
 }
 
-static void skip_ws(const char *s, size_t n, size_t *i) {
-    while (*i < n && is_ws(s[*i])) (*i)++;
-}
-
 /* A Python literal (string, number, True/False/None, list, tuple, dict)
  * at s[*i] as JSON. */
 static int py_value(cb_tool_parser *p, cb_jw *w, const char *s, size_t n, size_t *i, char *tmp, size_t cap,
                     int depth) {
     skip_ws(s, n, i);
-    if (*i >= n || depth > GEMMA_MAX_DEPTH) return 0;
+    if (*i >= n || depth > MAX_VALUE_DEPTH) return 0;
     const char c = s[*i];
     if (c == '\'' || c == '"') {
         const long len = py_string(s, n, i, tmp, cap);

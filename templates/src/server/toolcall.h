@@ -36,7 +36,8 @@ typedef enum {
 #define CB_TOOLFMT_LAST CB_TOOLFMT_PYTHONIC
 
 /* A format whose arguments the parser builds as JSON from the text (XML
- * parameters, GLM's key/value pairs): escapes can make them longer. */
+ * parameters, GLM's key/value pairs, Gemma 4's and Python's values):
+ * escapes can make them longer. */
 static inline int cb_tool_format_builds_args(cb_tool_format f) {
     return f == CB_TOOLFMT_XML || f == CB_TOOLFMT_GLM || f == CB_TOOLFMT_MINIMAX || f == CB_TOOLFMT_GEMMA4 ||
            f == CB_TOOLFMT_PYTHONIC;
