@@ -210,3 +210,23 @@ def sse_events(response) -> list:
         payload = line[6:].decode()
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
+
+
+def responses_events(server, body) -> list[tuple[str, dict]]:
+    """A /v1/responses stream's (event name, payload) pairs, checked for the
+    framing every event has: an `event:` line naming the payload's type,
+    sequence numbers 0, 1, 2 ..., no [DONE]."""
+    out, name = [], None
+    with requests.post(server.url + "/v1/responses", json={**body, "stream": True}, stream=True,
+                       timeout=60) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        for line in reply.iter_lines():
+            if line.startswith(b"event: "):
+                name = line[7:].decode()
+            elif line.startswith(b"data: "):
+                payload = json.loads(line[6:])
+                assert payload["type"] == name and payload["sequence_number"] == len(out)
+                out.append((name, payload))
+            else:
+                assert not line, line
+    return out

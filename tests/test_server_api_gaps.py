@@ -1,7 +1,7 @@
 """The smaller API gaps of issue 19, against the built server and with the
 real openai client: logit_bias, prompt lists, /v1/models/{id} and the
 context length, context overflow as context_length_exceeded, CORS, thinking
-text as reasoning_content, BOS only where the tokenizer adds one, and a
+text as reasoning_content (and a reasoning item of /v1/responses), BOS only where the tokenizer adds one, and a
 stream cut by shutdown."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from colibri_build import Engine, Tokenizer
-from conftest import RunningServer, build_server, run_cli, sse_events, stop_checked
+from conftest import RunningServer, build_server, responses_events, run_cli, sse_events, stop_checked
 from tokenizer_cases import TOKENIZERS
 
 pytestmark = pytest.mark.slow
@@ -369,6 +369,17 @@ def test_thinking_text_is_reasoning_content(qwen, qwen_model):
                                          logit_bias={str(close): bias})
     assert got.choices[0].message.reasoning_content == message["reasoning_content"]
     assert got.choices[0].message.content == message["content"]
+    # /v1/responses: a reasoning item, then the message; streamed, the same texts
+    asked = {"input": body["messages"], "max_output_tokens": 12, "logit_bias": {str(close): bias}}
+    response = qwen.post("/v1/responses", asked).json()
+    want = [("reasoning", message["reasoning_content"])] + [("message", message["content"])] * bool(message["content"])
+    assert [(o["type"], o["content"][0]["text"]) for o in response["output"]] == want
+    assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == k + 1  # the block and its </think>
+    events = responses_events(qwen, asked)
+    for kind, text in want:
+        delta = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        assert "".join(p["delta"] for n, p in events if n == delta) == text
+    assert [(o["type"], o["content"][0]["text"]) for o in events[-1][1]["response"]["output"]] == want
 
 
 def test_a_first_think_token_opens_reasoning_and_no_think_is_content(qwen, qwen_model):

@@ -176,6 +176,80 @@ def test_requests_the_server_cannot_honour_get_clear_400s(tool_server):
         assert fragment in error["message"] and error["type"] == "invalid_request_error"
 
 
+# ---- the same through /v1/responses ----
+
+FLAT_TOOLS = [{"type": "function", **t["function"]} for t in tm.TOOLS]  # the Responses API's tool shape
+
+
+def test_responses_agent_loop_with_the_openai_sdk(client, tool_server):
+    """client.responses.create in an agent loop as OpenAI's docs write it:
+    the output items go back as input, each function_call followed by its
+    function_call_output. The prompts are the ones the model was trained on
+    (else its calls and answer would differ): two calls, then the answer."""
+    name = tool_server.model_name
+    items: list = [{"role": "user", "content": tm.ASK}]
+    made = []
+    for _ in range(3):
+        reply = client.responses.create(model=name, input=items, tools=FLAT_TOOLS)
+        assert reply.status == "completed" and reply.tool_choice == "auto"
+        calls = [o for o in reply.output if o.type == "function_call"]
+        items += [o.model_dump(exclude_none=True) for o in reply.output]
+        if not calls:
+            break
+        for call in calls:
+            assert call.call_id.startswith("call_") and call.id.startswith("fc_") and call.status == "completed"
+            made.append((call.name, json.loads(call.arguments)))
+            items.append({"type": "function_call_output", "call_id": call.call_id,
+                          "output": tm.TOOL_RESULTS[call.name]})
+    assert made == [("get_weather", tm.PARIS), ("get_time", tm.ZONE)]
+    assert reply.output_text == tm.FINAL and [o.type for o in reply.output] == ["message"]
+
+
+def test_responses_stream_content_then_parallel_calls(client, tool_server):
+    """Text before two calls: a message item, then a function_call item per
+    call, streamed as OpenAI does and read back by the SDK's stream helper
+    (which checks that the items' ids agree from start to end); the plain
+    answer holds the same items."""
+    name = tool_server.model_name
+    plain = client.responses.create(model=name, input=tm.ASK_TWO, tools=FLAT_TOOLS)
+    assert [o.type for o in plain.output] == ["message", "function_call", "function_call"]
+    assert plain.output[0].content[0].text == tm.TWO_CONTENT
+    want = [("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"})]
+    assert [(o.name, json.loads(o.arguments)) for o in plain.output[1:]] == want
+    with client.responses.stream(model=name, input=tm.ASK_TWO, tools=FLAT_TOOLS) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [(o.type, o.status) for o in final.output] == [(o.type, o.status) for o in plain.output]
+    assert final.output[0].content[0].text == tm.TWO_CONTENT
+    assert [(o.name, o.arguments) for o in final.output[1:]] == [(o.name, o.arguments) for o in plain.output[1:]]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == tm.TWO_CONTENT  # the calls' text never leaks into the message
+    args = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert args == [o.arguments for o in plain.output[1:]]
+    # parallel_tool_calls false: the answer ends at its first call
+    one = client.responses.create(model=name, input=tm.ASK_TWO, tools=FLAT_TOOLS, parallel_tool_calls=False)
+    assert [(o.name, json.loads(o.arguments)) for o in one.output if o.type == "function_call"] == want[:1]
+
+
+def test_responses_tool_choice_required_and_named(client, tool_server):
+    jsonschema = pytest.importorskip("jsonschema")
+    name = tool_server.model_name
+    schemas = {t["name"]: t["parameters"] for t in FLAT_TOOLS}
+    hello = client.responses.create(model=name, input=tm.GREETING, tools=FLAT_TOOLS)
+    assert hello.output_text == tm.GREETING_ANSWER and [o.type for o in hello.output] == ["message"]
+    for text, choice, want in [(tm.GREETING, "required", None),
+                               (tm.ASK, {"type": "function", "name": "get_time"}, "get_time")]:
+        reply = client.responses.create(model=name, input=text, tools=FLAT_TOOLS, tool_choice=choice,
+                                        max_output_tokens=120)
+        (call,) = [o for o in reply.output if o.type == "function_call"]
+        assert call.name in schemas and (want is None or call.name == want)
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+        assert reply.tool_choice == choice if want is None else reply.tool_choice.name == want
+    got = tool_server.post("/v1/responses", {"input": tm.ASK, "tools": FLAT_TOOLS,
+                                             "tool_choice": {"type": "function", "name": "no_such_tool"}})
+    assert got.status_code == 400 and "no tool in 'tools' has that name" in got.json()["error"]["message"]
+
+
 def served_with_template(tool_server, tmp_path, template: str, text: str | None = None) -> RunningServer:
     """The tool model's weights with another chat template (a real one,
     testdata/chat_templates/TEMPLATE, or text), converted and served by the
@@ -275,12 +349,15 @@ def test_templates_whose_arguments_are_built_take_tools(tool_server, tmp_path, t
         server.stop()
 
 
-def test_langchain_agent_loop(tool_server):
+@pytest.mark.parametrize("responses_api", [False, True], ids=["chat", "responses"])
+def test_langchain_agent_loop(tool_server, responses_api):
+    """ChatOpenAI with bind_tools, on /v1/chat/completions and (its
+    use_responses_api) on /v1/responses."""
     pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_openai import ChatOpenAI
     llm = ChatOpenAI(model=tool_server.model_name, base_url=tool_server.url + "/v1", api_key="none",
-                     temperature=0, max_retries=0).bind_tools(tm.TOOLS)
+                     temperature=0, max_retries=0, use_responses_api=responses_api).bind_tools(tm.TOOLS)
     messages, made = [HumanMessage(tm.ASK)], []
     for _ in range(3):
         ai = llm.invoke(messages)
@@ -291,7 +368,7 @@ def test_langchain_agent_loop(tool_server):
             made.append((call["name"], call["args"]))
             messages.append(ToolMessage(content=tm.TOOL_RESULTS[call["name"]], tool_call_id=call["id"]))
     assert made == [("get_weather", tm.PARIS), ("get_time", tm.ZONE)]
-    assert messages[-1].content == tm.FINAL
+    assert messages[-1].text == tm.FINAL
 
 
 def test_litellm_completion_with_tools(tool_server, monkeypatch):

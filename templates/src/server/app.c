@@ -48,6 +48,10 @@ cb_app *cb_app_create(cb_engine *engine, const cb_app_options *opt) {
     a->scratch = alloc_zeroed(a->scratch_cap, 1, &mem);
     a->messages = alloc_zeroed(CB_MAX_MESSAGES, sizeof *a->messages, &mem);
     a->response = alloc_zeroed(CB_RESPONSE_BYTES, 1, &mem);
+    /* a Responses body as a chat request: the same text, a few dozen bytes
+     * more per message and tool */
+    a->translated_cap = (2u << 20) + (64u << 10);
+    a->translated = alloc_zeroed(a->translated_cap, 1, &mem);
     a->text_cap = a->scratch_cap + (1u << 16);
     a->text = alloc_zeroed(a->text_cap, 1, &mem);
     a->ids = alloc_zeroed(a->scratch_cap, sizeof(int32_t), &mem);
@@ -153,6 +157,7 @@ void cb_app_destroy(cb_app *a) {
     free(a->tool_toks);
     free(a->ids);
     free(a->response);
+    free(a->translated);
     cb_sampler_free(&a->sampler);
     cb_con_vocab_free(&a->con_vocab);
     cb_metrics_free(&a->metrics);
@@ -200,7 +205,7 @@ static void log_request(const cb_app *a, const cb_request *q, const cb_slot *st,
     snprintf(line, sizeof line,
              "colibri-server: request id=%s endpoint=%s status=%d outcome=%s tokens_in=%d tokens_out=%d "
              "queue_ms=%.1f prompt_ms=%.1f decode_ms=%.1f\n",
-             id, ep == CB_EP_CHAT ? "chat" : "completions", status, outcome, in, out, queue_ms, prompt_ms, decode_ms);
+             id, ep == CB_EP_CHAT ? "chat" : ep == CB_EP_RESPONSES ? "responses" : "completions", status, outcome, in, out, queue_ms, prompt_ms, decode_ms);
     fputs(line, stderr);
 }
 
@@ -340,6 +345,7 @@ static void admit(cb_app *a, int s, cb_request *q, int reuse) {
     st->held_len = st->text_len = st->stream_text_len = 0;
     st->tool_content_len = st->tool_calls_len = 0;
     st->n_calls = 0;
+    st->n_resp_items = st->reasoning_tokens = 0;
     /* the parser's JSON tokens: a->toks, free once requests are read (the
      * event loop reads a request and runs a step, never both at once) */
     if (q->tool_format)
@@ -426,7 +432,8 @@ static void handle_generate(cb_app *a, cb_conn *c, cb_endpoint ep, const char *b
     }
     cb_request *q = &a->pool[a->pool_free[--a->n_pool_free]];
     char err[512];
-    int status = cb_request_read(a, q, ep, body, len, err, sizeof err);
+    int status = ep == CB_EP_RESPONSES ? cb_responses_read(a, q, body, len, err, sizeof err)
+                                       : cb_request_read(a, q, ep, body, len, err, sizeof err);
     if (status) {
         pool_put(a, q);
         cb_respond_error_ex(a, c, status, "invalid_request_error", a->err_param, a->err_code, err);
@@ -455,6 +462,10 @@ static void handle_chat(cb_app *a, cb_conn *c, const char *body, size_t len) {
 
 static void handle_completions(cb_app *a, cb_conn *c, const char *body, size_t len) {
     handle_generate(a, c, CB_EP_COMPLETION, body, len);
+}
+
+static void handle_responses(cb_app *a, cb_conn *c, const char *body, size_t len) {
+    handle_generate(a, c, CB_EP_RESPONSES, body, len);
 }
 
 /* ---- routing ---- */
@@ -618,6 +629,7 @@ static const struct {
     {"GET", "/v1/models", handle_models, AUTH_API},
     {"POST", "/v1/chat/completions", handle_chat, AUTH_API},
     {"POST", "/v1/completions", handle_completions, AUTH_API},
+    {"POST", "/v1/responses", handle_responses, AUTH_API},
     {"POST", "/tokenize", handle_tokenize, AUTH_API},
     {"POST", "/detokenize", handle_detokenize, AUTH_API},
     {"POST", "/apply-template", handle_apply_template, AUTH_API},
@@ -767,7 +779,7 @@ void cb_app_cancel_all(cb_app *a) {
         cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
         /* A stream cannot change its status any more: an error event, then [DONE]. */
         if (c && st->req->stream) { /* (a list's other prompts find the stream ended: ERR_STATE) */
-            if (cb_stream_error(a, c, "the server shut down before the answer was complete") == CB_CONN_ERR_FULL)
+            if (cb_stream_error(a, c, st, "the server shut down before the answer was complete") == CB_CONN_ERR_FULL)
                 cb_conn_close(c);
         } else if (c) cb_respond_error(a, c, 503, NULL, "the server shut down before the answer was complete");
         release_slot(a, s, 503, "shutdown");
@@ -892,6 +904,11 @@ static int release_text(cb_app *a, int s, size_t n, int token, int always) {
     cb_slot *st = &a->slots[s];
     const cb_request *q = st->req;
     const size_t skip = cb_reasoning_skip(st, st->held, n);
+    if (!q->stream || q->endpoint == CB_EP_RESPONSES) { /* a Responses stream ends with the whole text */
+        size_t room = st->text_cap - st->text_len, take = n - skip < room ? n - skip : room;
+        memcpy(st->text + st->text_len, st->held + skip, take);
+        st->text_len += take;
+    }
     if (q->stream) {
         cb_conn *c = cb_netloop_conn(a->loop, q->conn);
         st->stream_text_len += n - skip;
@@ -903,10 +920,6 @@ static int release_text(cb_app *a, int s, size_t n, int token, int always) {
             release_slot(a, s, 499, r != CB_CONN_ERR_STATE ? "slow-client" : "closed");
             return -1;
         }
-    } else {
-        size_t room = st->text_cap - st->text_len, take = n - skip < room ? n - skip : room;
-        memcpy(st->text + st->text_len, st->held + skip, take);
-        st->text_len += take;
     }
     memmove(st->held, st->held + n, st->held_len - n);
     st->held_len -= n;
@@ -922,9 +935,24 @@ typedef struct {
     int token;           /* this token's logprobs still to send (streams), or -1 */
 } tool_out;
 
+/* A Responses answer's items in order: content joins the message before
+ * it, or begins one after a call. */
+static void record_item(cb_slot *st, int kind, uint32_t off, uint32_t len) {
+    cb_resp_item *last = st->n_resp_items ? &st->resp_items[st->n_resp_items - 1] : NULL;
+    if (kind == CB_RESP_ITEM_MESSAGE && last && last->kind == CB_RESP_ITEM_MESSAGE) last->len += len;
+    else if (st->n_resp_items < CB_RESP_MAX_ITEMS) st->resp_items[st->n_resp_items++] = (cb_resp_item){(uint8_t)kind, off, len};
+}
+
 static int tool_content(void *ctx, const char *s, size_t n) {
     tool_out *o = ctx;
     cb_slot *st = o->st;
+    if (st->req->endpoint == CB_EP_RESPONSES) { /* kept in both modes: the stream's last event has it all */
+        if (n > st->text_cap - st->tool_content_len) return -1;
+        memcpy(st->tool_content + st->tool_content_len, s, n);
+        st->tool_content_len += n;
+        if (n) record_item(st, CB_RESP_ITEM_MESSAGE, (uint32_t)(st->tool_content_len - n), (uint32_t)n);
+        if (!o->c) return 0;
+    }
     if (o->c) {
         int r = cb_stream_content(o->a, o->c, st, s, n, o->token);
         o->token = -1;
@@ -940,7 +968,8 @@ static int tool_call(void *ctx, int index, const char *name, size_t name_n, cons
     tool_out *o = ctx;
     cb_slot *st = o->st;
     st->n_calls = index + 1;
-    if (o->c) return cb_stream_tool_call(o->a, o->c, st, index, name, name_n, args, args_n) == CB_CONN_OK ? 0 : -1;
+    const int keep = st->req->endpoint == CB_EP_RESPONSES; /* the stream's items refer to it */
+    if (o->c && !keep) return cb_stream_tool_call(o->a, o->c, st, index, name, name_n, args, args_n) == CB_CONN_OK ? 0 : -1;
     if (name_n + args_n > st->tool_calls_cap - st->tool_calls_len) return -1;
     cb_tool_call_span *c = &st->calls[index];
     c->name_off = (uint32_t)st->tool_calls_len, c->name_len = (uint32_t)name_n;
@@ -949,6 +978,8 @@ static int tool_call(void *ctx, int index, const char *name, size_t name_n, cons
     c->args_off = (uint32_t)st->tool_calls_len, c->args_len = (uint32_t)args_n;
     memcpy(st->tool_calls + st->tool_calls_len, args, args_n);
     st->tool_calls_len += args_n;
+    if (keep) record_item(st, CB_RESP_ITEM_CALL, (uint32_t)index, 0);
+    if (o->c) return cb_stream_tool_call(o->a, o->c, st, index, name, name_n, args, args_n) == CB_CONN_OK ? 0 : -1;
     return 0;
 }
 
@@ -1036,6 +1067,7 @@ static void take_token(cb_app *a, int s, const float *logits, uint64_t now) {
                                 st->top_ids + (size_t)i * CB_MAX_TOP_LOGPROBS,
                                 st->top_lp + (size_t)i * CB_MAX_TOP_LOGPROBS);
     st->generated[st->n_generated++] = token;
+    st->reasoning_tokens += st->think_state == CB_THINK_REASONING;
     st->next_token = token;
     a->metrics.generated_tokens++;
     if (i == 0) st->first_token_ns = now;
@@ -1082,7 +1114,7 @@ static void fail_slot(cb_app *a, int s, const char *message, const char *outcome
     fprintf(stderr, "colibri-server: request failed: %s\n", message);
     cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
     if (c && st->req->stream) {
-        if (cb_stream_error(a, c, message) != CB_CONN_OK) cb_conn_close(c);
+        if (cb_stream_error(a, c, st, message) != CB_CONN_OK) cb_conn_close(c);
     } else if (c) {
         cb_respond_error(a, c, 500, NULL, message);
     }

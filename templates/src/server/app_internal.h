@@ -26,7 +26,26 @@
 #define CB_DEFAULT_SEED 0        /* seed of a request that sends none */
 #define CB_MAX_LOGIT_BIAS 300    /* logit_bias entries per request (OpenAI's limit) */
 
-typedef enum { CB_EP_CHAT, CB_EP_COMPLETION } cb_endpoint;
+typedef enum { CB_EP_CHAT, CB_EP_COMPLETION, CB_EP_RESPONSES } cb_endpoint;
+
+/* /v1/responses: what its answer repeats of the request (responses.c). */
+enum { CB_RESP_TEXT, CB_RESP_JSON_OBJECT, CB_RESP_JSON_SCHEMA };
+enum { CB_RESP_CHOICE_AUTO, CB_RESP_CHOICE_NONE, CB_RESP_CHOICE_REQUIRED, CB_RESP_CHOICE_NAMED };
+typedef struct {
+    int max_output;              /* max_output_tokens as sent; 0: none */
+    uint8_t format;              /* CB_RESP_TEXT... */
+    uint8_t tool_choice;         /* CB_RESP_CHOICE_... */
+    char tool_name[CB_TOOL_NAME_BYTES + 1];
+} cb_resp_echo;
+
+/* An output item of a /v1/responses answer with tools, in order: a message
+ * (tool_content[off, off + len)) or a call (calls[off]). */
+enum { CB_RESP_ITEM_MESSAGE = 1, CB_RESP_ITEM_CALL };
+typedef struct {
+    uint8_t kind;
+    uint32_t off, len;
+} cb_resp_item;
+#define CB_RESP_MAX_ITEMS (2 * CB_MAX_TOOL_CALLS + 1)
 
 /* A validated request, waiting in the queue or running in a slot. */
 typedef struct {
@@ -55,6 +74,7 @@ typedef struct {
     int parallel_tools;          /* parallel_tool_calls: 0 ends the answer after its first call */
     int constrained;             /* the output must match con (response_format) */
     cb_con_schema con;
+    cb_resp_echo resp;           /* /v1/responses only */
 } cb_request;
 
 /* A tool call of a non-streamed answer: its name and arguments in the
@@ -124,6 +144,12 @@ typedef struct {
     char *tool_scratch;          /* [tool_scratch_cap]: the parser's built arguments */
     size_t tool_scratch_cap;
     cb_con_state con;            /* the constrained output so far (req->constrained) */
+    /* /v1/responses: the items of an answer with tools, and a stream's
+     * place: its next event's sequence_number, items begun, the open one */
+    cb_resp_item resp_items[CB_RESP_MAX_ITEMS];
+    int n_resp_items;
+    int resp_seq, resp_begun, resp_open;
+    int reasoning_tokens;        /* tokens generated inside the thinking block */
 } cb_slot;
 
 struct cb_app {
@@ -156,6 +182,8 @@ struct cb_app {
     size_t chat_work_cap;
     int32_t *ids;                /* /tokenize and /detokenize [scratch_cap] */
     char *response;              /* [CB_RESPONSE_BYTES] */
+    char *translated;            /* a /v1/responses body as a chat request [translated_cap] */
+    size_t translated_cap;
     int step_tokens;             /* most tokens a step carries while some decode (0: no limit) */
     cb_sampler sampler;
     cb_con_vocab con_vocab;      /* token masks for constrained requests; vocab 0 without a tokenizer */
@@ -194,6 +222,9 @@ int cb_request_parse_object(cb_app *a, const char *body, size_t len, char *err, 
 int cb_request_template(cb_app *a, const char *body, size_t len, cb_chat_request *q, char *err, size_t err_len);
 int cb_request_read(cb_app *a, cb_request *r, cb_endpoint ep, const char *body, size_t len, char *err,
                     size_t err_len);
+/* responses.c: a /v1/responses body into r (through the chat request it
+ * means): 0, or an HTTP status with a message in err. */
+int cb_responses_read(cb_app *a, cb_request *r, const char *body, size_t len, char *err, size_t err_len);
 /* Prompt `choice` of a list (after cb_request_read() read the body and
  * prompt 0 into first): q gets first's settings and that prompt. */
 int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, const char *body, int choice,
@@ -252,16 +283,32 @@ void cb_respond_final_list(cb_app *a, cb_conn *c, const cb_slot *const *sts, int
 /* A list's prompt finished while others run: its last chunk, no [DONE]. */
 int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st);
 /* Stream pieces; each returns CB_CONN_OK or the netloop error. */
-int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token);
-int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st);
+int cb_stream_delta(cb_app *a, cb_conn *c, cb_slot *st, const char *text, size_t len, int token);
+int cb_stream_finish(cb_app *a, cb_conn *c, cb_slot *st);
 /* A content delta without the opening role; token >= 0 carries that
  * token's logprobs (when asked for), -1 none. */
-int cb_stream_content(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token);
+int cb_stream_content(cb_app *a, cb_conn *c, cb_slot *st, const char *text, size_t len, int token);
 /* A tool call as OpenAI streams it: a delta with its index, id, type and
  * name (arguments ""), then one with the arguments. */
-int cb_stream_tool_call(cb_app *a, cb_conn *c, const cb_slot *st, int index, const char *name, size_t name_len,
+int cb_stream_tool_call(cb_app *a, cb_conn *c, cb_slot *st, int index, const char *name, size_t name_len,
                         const char *args, size_t args_len);
 /* Ends a started stream with an OpenAI-shaped error event (server_error). */
-int cb_stream_error(cb_app *a, cb_conn *c, const char *message);
+int cb_stream_error(cb_app *a, cb_conn *c, cb_slot *st, const char *message);
+/* Pieces the Responses answer shares: the server's timings, expert
+ * activations, the trace, a call's id. */
+void cb_write_timings(cb_jw *w, const cb_slot *st);
+void cb_write_expert_activations(cb_app *a, cb_jw *w, const cb_slot *st);
+void cb_write_trace(cb_app *a, cb_jw *w, const cb_slot *st);
+void cb_tool_call_id(const cb_request *q, int index, char out[16]);
+
+/* responses.c: the answer of /v1/responses and its stream events. */
+void cb_responses_final(cb_app *a, cb_conn *c, const cb_slot *st);
+/* Text released: the opening (token < 0, no text), or a delta of the
+ * reasoning or the message (by the slot's thinking state). */
+int cb_responses_stream_text(cb_app *a, cb_conn *c, cb_slot *st, const char *text, size_t len, int token);
+/* Call `index` (kept in the slot) as a function_call item. */
+int cb_responses_stream_call(cb_app *a, cb_conn *c, cb_slot *st, int index);
+int cb_responses_stream_finish(cb_app *a, cb_conn *c, cb_slot *st);
+int cb_responses_stream_error(cb_app *a, cb_conn *c, cb_slot *st, const char *message);
 
 #endif

@@ -91,7 +91,7 @@ void cb_reasoning_request(const cb_app *a, cb_request *q) {
 }
 
 void cb_reasoning_slot(const cb_app *a, cb_slot *st) {
-    const int split = (a->think_open >= 0 || a->harmony) && st->req->endpoint == CB_EP_CHAT;
+    const int split = (a->think_open >= 0 || a->harmony) && st->req->endpoint != CB_EP_COMPLETION;
     st->think_state = !split ? CB_THINK_NONE
                       : a->harmony ? CB_THINK_CONTENT
                       : st->req->reasoning ? CB_THINK_REASONING : CB_THINK_START;

@@ -1,4 +1,5 @@
-/* Reading a /v1/chat/completions or /v1/completions body into a cb_request:
+/* Reading a /v1/chat/completions or /v1/completions body into a cb_request
+ * (and /v1/responses, as the chat request responses.c rewrites it into):
  * every field OpenAI defines is either honoured, ignored because it does
  * not change the answer (user, metadata...), or refused by name; unknown
  * fields are ignored. Errors name the field and what was expected. */
@@ -67,6 +68,9 @@ static int read_bool(reader *r, const char *name, int *out) {
 
 /* Parameters that would change the answer in ways this server does not
  * implement: refused together, by name. */
+/* /v1/responses reads its body as the chat request it means (responses.c). */
+static int chat_like(cb_endpoint ep) { return ep != CB_EP_COMPLETION; }
+
 static int refuse_unsupported(reader *r, cb_endpoint ep) {
     static const char *never[] = {"functions", "function_call", "audio", "modalities", "prediction", "suffix"};
     char names[256] = "";
@@ -353,7 +357,7 @@ static int check_prompt_length(reader *r, int n, int ctx) {
  * end of the context). */
 static int check_context(reader *r, const cb_request *q, int64_t asked, int ctx) {
     if (asked <= 0 || q->n_prompt + asked <= ctx) return 0;
-    const int chat = q->endpoint == CB_EP_CHAT;
+    const int chat = chat_like(q->endpoint);
     return fail_code(r, chat ? "messages" : "prompt", "context_length_exceeded",
                      "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
                      "the %s, %lld in the completion). Please reduce the length of the %s or completion.",
@@ -577,7 +581,7 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     }
     if ((status = read_bool(r, "colibri_trace", &q->trace))) return status;
     if ((status = read_bool(r, "ignore_eos", &q->ignore_eos))) return status;
-    if (ep == CB_EP_CHAT) {
+    if (chat_like(ep)) {
         if ((status = read_bool(r, "logprobs", &q->logprobs))) return status;
         x = 0;
         if ((status = read_int(r, "top_logprobs", 0, CB_MAX_TOP_LOGPROBS, &x))) return status;
@@ -596,9 +600,9 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     if ((status = read_logit_bias(r, q))) return status;
     if ((status = read_response_format(r, q))) return status;
     q->tool_format = CB_TOOLFMT_NONE;
-    if (ep == CB_EP_CHAT && (status = read_tools(r, q))) return status;
-    status = ep == CB_EP_CHAT ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);
+    if (chat_like(ep) && (status = read_tools(r, q))) return status;
+    status = chat_like(ep) ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);
     if (!status) status = check_context(r, q, asked, ctx);
-    if (!status && ep == CB_EP_CHAT) cb_reasoning_request(a, q);
+    if (!status && chat_like(ep)) cb_reasoning_request(a, q);
     return status;
 }

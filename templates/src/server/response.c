@@ -74,6 +74,10 @@ static void write_usage(cb_jw *w, const cb_slot *st) {
     cb_jw_int(w, st->cached + st->req->group_cached);
     cb_jw_end_object(w);
     cb_jw_end_object(w);
+    cb_write_timings(w, st);
+}
+
+void cb_write_timings(cb_jw *w, const cb_slot *st) {
     /* Measured in the server, so a client's own overhead is not in them:
      * queue wait, prompt (admission to the first token), and generation
      * (first token to last, n_generated - 1 steps). */
@@ -111,7 +115,7 @@ static void write_usage(cb_jw *w, const cb_slot *st) {
     cb_jw_end_object(w);
 }
 
-static void write_expert_activations(cb_app *a, cb_jw *w, const cb_slot *st) {
+void cb_write_expert_activations(cb_app *a, cb_jw *w, const cb_slot *st) {
     const int L = (int)a->dims->n_layers, E = (int)a->dims->n_experts;
     cb_jw_key(w, "expert_activations");
     cb_jw_begin_array(w);
@@ -135,7 +139,7 @@ static void write_expert_activations(cb_app *a, cb_jw *w, const cb_slot *st) {
     cb_jw_end_array(w);
 }
 
-static void write_trace(cb_app *a, cb_jw *w, const cb_slot *st) {
+void cb_write_trace(cb_app *a, cb_jw *w, const cb_slot *st) {
     const int L = (int)a->dims->n_layers, k = (int)a->dims->top_k;
     const cb_request *q = st->req;
     cb_jw_key(w, "colibri_trace");
@@ -260,7 +264,7 @@ static void write_legacy_logprobs(cb_app *a, cb_jw *w, const cb_slot *st, int fr
 
 /* A call's id: "call_" and 9 letters or digits (Mistral's templates want
  * exactly 9 and take the bare 9), unique per request and index. */
-static void tool_call_id(const cb_request *q, int index, char out[16]) {
+void cb_tool_call_id(const cb_request *q, int index, char out[16]) {
     static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     uint64_t x = q->request_no * 0x9E3779B97F4A7C15ull + (uint64_t)index * 0xBF58476D1CE4E5B9ull +
                  (uint64_t)q->created;
@@ -274,7 +278,7 @@ static void tool_call_id(const cb_request *q, int index, char out[16]) {
 static void write_tool_head(cb_jw *w, const cb_request *q, int index, const char *name, size_t name_len,
                             const char *args, size_t args_len) {
     char id[16];
-    tool_call_id(q, index, id);
+    cb_tool_call_id(q, index, id);
     cb_jw_key(w, "index");
     cb_jw_int(w, index);
     cb_jw_key(w, "id");
@@ -350,7 +354,10 @@ static void write_choice(cb_app *a, cb_jw *w, const cb_slot *st) {
     cb_jw_end_object(w);
 }
 
-void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) { cb_respond_final_list(a, c, &st, 1, st); }
+void cb_respond_final(cb_app *a, cb_conn *c, const cb_slot *st) {
+    if (st->req->endpoint == CB_EP_RESPONSES) cb_responses_final(a, c, st);
+    else cb_respond_final_list(a, c, &st, 1, st);
+}
 
 void cb_respond_final_list(cb_app *a, cb_conn *c, const cb_slot *const *sts, int n, const cb_slot *st) {
     const cb_request *q = st->req;
@@ -363,8 +370,8 @@ void cb_respond_final_list(cb_app *a, cb_conn *c, const cb_slot *const *sts, int
     for (int i = 0; i < n; i++) write_choice(a, &w, sts[i]);
     cb_jw_end_array(&w);
     write_usage(&w, st);
-    write_expert_activations(a, &w, st);
-    if (q->trace) write_trace(a, &w, sts[0]);
+    cb_write_expert_activations(a, &w, st);
+    if (q->trace) cb_write_trace(a, &w, sts[0]);
     cb_jw_end_object(&w);
     cb_respond_json(a, c, 200, &w);
 }
@@ -405,8 +412,9 @@ static void end_choice_chunk(cb_jw *w, const char *finish_reason) {
     cb_jw_end_array(w);
 }
 
-int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token) {
+int cb_stream_delta(cb_app *a, cb_conn *c, cb_slot *st, const char *text, size_t len, int token) {
     const cb_request *q = st->req;
+    if (q->endpoint == CB_EP_RESPONSES) return cb_responses_stream_text(a, c, st, text, len, token);
     cb_jw w;
     begin_choice_chunk(a, &w, q);
     if (q->endpoint == CB_EP_CHAT) {
@@ -439,7 +447,8 @@ int cb_stream_delta(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, 
     return send_event(a, c, &w);
 }
 
-int cb_stream_content(cb_app *a, cb_conn *c, const cb_slot *st, const char *text, size_t len, int token) {
+int cb_stream_content(cb_app *a, cb_conn *c, cb_slot *st, const char *text, size_t len, int token) {
+    if (st->req->endpoint == CB_EP_RESPONSES) return cb_responses_stream_text(a, c, st, text, len, 0);
     cb_jw w;
     begin_choice_chunk(a, &w, st->req);
     cb_jw_key(&w, "delta");
@@ -457,8 +466,9 @@ int cb_stream_content(cb_app *a, cb_conn *c, const cb_slot *st, const char *text
     return send_event(a, c, &w);
 }
 
-int cb_stream_tool_call(cb_app *a, cb_conn *c, const cb_slot *st, int index, const char *name, size_t name_len,
+int cb_stream_tool_call(cb_app *a, cb_conn *c, cb_slot *st, int index, const char *name, size_t name_len,
                         const char *args, size_t args_len) {
+    if (st->req->endpoint == CB_EP_RESPONSES) return cb_responses_stream_call(a, c, st, index);
     /* OpenAI's shape: the head (arguments ""), then argument fragments; a
      * call is complete when it is parsed, so its arguments are one fragment */
     for (int part = 0; part < 2; part++) {
@@ -508,14 +518,15 @@ int cb_stream_finish_choice(cb_app *a, cb_conn *c, const cb_slot *st) {
     cb_jw_key(&w, "logprobs");
     cb_jw_null(&w);
     end_choice_chunk(&w, st->finish_reason);
-    write_expert_activations(a, &w, st);
-    if (q->trace) write_trace(a, &w, st);
+    cb_write_expert_activations(a, &w, st);
+    if (q->trace) cb_write_trace(a, &w, st);
     cb_jw_end_object(&w);
     return send_event(a, c, &w);
 }
 
-int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
+int cb_stream_finish(cb_app *a, cb_conn *c, cb_slot *st) {
     const cb_request *q = st->req;
+    if (q->endpoint == CB_EP_RESPONSES) return cb_responses_stream_finish(a, c, st);
     cb_jw w;
     int r = cb_stream_finish_choice(a, c, st);
     if (r == CB_CONN_OK && q->include_usage) {
@@ -535,7 +546,8 @@ int cb_stream_finish(cb_app *a, cb_conn *c, const cb_slot *st) {
     return r;
 }
 
-int cb_stream_error(cb_app *a, cb_conn *c, const char *message) {
+int cb_stream_error(cb_app *a, cb_conn *c, cb_slot *st, const char *message) {
+    if (st->req->endpoint == CB_EP_RESPONSES) return cb_responses_stream_error(a, c, st, message);
     cb_jw w;
     begin_event(a, &w);
     cb_jw_openai_error(&w, message, "server_error");
