@@ -138,6 +138,14 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(server, body, field):
     assert field in error["message"] and error["type"] == "invalid_request_error"
 
 
+def test_a_stored_response_is_a_404_saying_none_are_kept(server, client):
+    for method in ("get", "delete"):
+        got = getattr(requests, method)(server.url + "/v1/responses/resp_1", timeout=10)
+        assert got.status_code == 404 and "keeps no responses" in got.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_1")
+
+
 def test_the_context_limit_is_worded_for_the_input(server, tiny_config):
     ctx = tiny_config["context_length"]
     got = server.post("/v1/responses", {"input": "Hello", "max_output_tokens": ctx})

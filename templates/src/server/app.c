@@ -741,7 +741,11 @@ void cb_app_on_request(void *app, cb_conn *c, const cb_http_request *req, const 
         }
         return;
     }
+    static const char stored[] = "/v1/responses/"; /* GET, DELETE, cancel of a stored response */
     if (path_known) respond_not_allowed(a, c, req);
+    else if (req->path_len > sizeof stored - 1 && !memcmp(req->path, stored, sizeof stored - 1))
+        cb_respond_error(a, c, 404, NULL, "no such response: this server keeps no responses (a response is "
+                                          "answered once; send the whole conversation in 'input')");
     else cb_respond_error(a, c, 404, NULL, "no such endpoint");
 }
 
