@@ -93,6 +93,21 @@ def test_the_openai_sdk_reads_responses_streamed_and_not(server, client):
     assert [(o.type, o.status) for o in last.response.output] == [(o.type, o.status) for o in plain.output]
 
 
+def test_text_format_constrains_the_output_for_the_sdks_parse(client):
+    """responses.parse with a pydantic model sends text.format json_schema
+    (strict); the output is that schema's JSON, parsed by the SDK."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        name: str
+        population: int
+
+    reply = client.responses.parse(model="tiny", input="A city", text_format=City, max_output_tokens=60)
+    assert reply.status == "completed" and isinstance(reply.output_parsed, City)
+    assert City.model_validate_json(reply.output_text) == reply.output_parsed
+    assert reply.text.format.type == "json_schema"
+
+
 def test_stream_events_name_one_item_from_start_to_end(server):
     events = responses_events(server, {"input": "Hello", "max_output_tokens": 7})
     names = [n for n, _ in events]
