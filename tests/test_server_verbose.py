@@ -30,10 +30,12 @@ def test_verbose_logs_a_line_per_request_matching_its_answer(native_server_dist,
     assert bad.status_code == 400
     done = server.post("/v1/completions", {"prompt": "Hi there", "max_tokens": 64, "seed": 3, "temperature": 1.0})
     assert done.status_code == 200
+    response = server.post("/v1/responses", {"input": "Hello", "max_output_tokens": 4})
+    assert response.status_code == 200
     stop_checked(server)
     lines = _lines(server.stderr)
-    assert len(lines) == 3, server.stderr[-3000:]
-    first, refused, third = lines
+    assert len(lines) == 4, server.stderr[-3000:]
+    first, refused, third, fourth = lines
     body, t = ok.json(), ok.json()["timings"]
     assert first["id"] == "1" and first["endpoint"] == "chat" and first["status"] == "200"
     assert first["outcome"] == body["choices"][0]["finish_reason"] == "length"
@@ -47,6 +49,8 @@ def test_verbose_logs_a_line_per_request_matching_its_answer(native_server_dist,
     assert third["id"] == "2" and third["endpoint"] == "completions"
     assert third["outcome"] == body3["choices"][0]["finish_reason"]
     assert int(third["tokens_out"]) == body3["usage"]["completion_tokens"]
+    assert fourth["id"] == "3" and fourth["endpoint"] == "responses" and fourth["outcome"] == "length"
+    assert int(fourth["tokens_out"]) == response.json()["usage"]["output_tokens"] == 4
 
 
 def test_without_verbose_no_request_lines(native_server_dist, tiny_model, start_server):

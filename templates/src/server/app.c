@@ -205,7 +205,8 @@ static void log_request(const cb_app *a, const cb_request *q, const cb_slot *st,
     snprintf(line, sizeof line,
              "colibri-server: request id=%s endpoint=%s status=%d outcome=%s tokens_in=%d tokens_out=%d "
              "queue_ms=%.1f prompt_ms=%.1f decode_ms=%.1f\n",
-             id, ep == CB_EP_CHAT ? "chat" : ep == CB_EP_RESPONSES ? "responses" : "completions", status, outcome, in, out, queue_ms, prompt_ms, decode_ms);
+             id, ep == CB_EP_CHAT ? "chat" : ep == CB_EP_RESPONSES ? "responses" : "completions", status, outcome,
+             in, out, queue_ms, prompt_ms, decode_ms);
     fputs(line, stderr);
 }
 
@@ -944,7 +945,8 @@ typedef struct {
 static void record_item(cb_slot *st, int kind, uint32_t off, uint32_t len) {
     cb_resp_item *last = st->n_resp_items ? &st->resp_items[st->n_resp_items - 1] : NULL;
     if (kind == CB_RESP_ITEM_MESSAGE && last && last->kind == CB_RESP_ITEM_MESSAGE) last->len += len;
-    else if (st->n_resp_items < CB_RESP_MAX_ITEMS) st->resp_items[st->n_resp_items++] = (cb_resp_item){(uint8_t)kind, off, len};
+    else if (st->n_resp_items < CB_RESP_MAX_ITEMS)
+        st->resp_items[st->n_resp_items++] = (cb_resp_item){(uint8_t)kind, off, len};
 }
 
 static int tool_content(void *ctx, const char *s, size_t n) {
@@ -973,7 +975,8 @@ static int tool_call(void *ctx, int index, const char *name, size_t name_n, cons
     cb_slot *st = o->st;
     st->n_calls = index + 1;
     const int keep = st->req->endpoint == CB_EP_RESPONSES; /* the stream's items refer to it */
-    if (o->c && !keep) return cb_stream_tool_call(o->a, o->c, st, index, name, name_n, args, args_n) == CB_CONN_OK ? 0 : -1;
+    if (o->c && !keep)
+        return cb_stream_tool_call(o->a, o->c, st, index, name, name_n, args, args_n) == CB_CONN_OK ? 0 : -1;
     if (name_n + args_n > st->tool_calls_cap - st->tool_calls_len) return -1;
     cb_tool_call_span *c = &st->calls[index];
     c->name_off = (uint32_t)st->tool_calls_len, c->name_len = (uint32_t)name_n;

@@ -145,7 +145,8 @@ static int write_messages(tr *r, int input) {
     for (int i = 0, e = input + 1; i < t[input].size; i++, e = t[e].next) {
         if (t[e].type != CB_JSON_OBJECT) return fail(r, "input", "'input[%d]' must be an object", i);
         int type = field(r, e, "type"), role = field(r, e, "role");
-        if (type >= 0 && t[type].type != CB_JSON_STRING) return fail(r, "input", "'input[%d].type' must be a string", i);
+        if (type >= 0 && t[type].type != CB_JSON_STRING)
+            return fail(r, "input", "'input[%d].type' must be a string", i);
         const int message = type < 0 || is_str(r, type, "message"), call = is_str(r, type, "function_call");
         const int asst = call || (message && is_str(r, role, "assistant"));
         if (assistant && (!asst || message)) { /* the open turn ends: calls join the message before them */
@@ -163,7 +164,8 @@ static int write_messages(tr *r, int input) {
             if (reasoning >= 0) {
                 int c = field(r, reasoning, "content");
                 if (c < 0 || (t[c].type == CB_JSON_ARRAY && t[c].size == 0)) c = field(r, reasoning, "summary");
-                snprintf(where, sizeof where, "input[%d].%s", reasoning_at, c == field(r, reasoning, "content") ? "content" : "summary");
+                snprintf(where, sizeof where, "input[%d].%s", reasoning_at,
+                         c == field(r, reasoning, "content") ? "content" : "summary");
                 if (c >= 0 && (status = content_text(r, c, where, &len))) return status;
                 cb_jw_key(w, "reasoning_content");
                 cb_jw_str_n(w, r->text, c >= 0 ? len : 0);
@@ -176,7 +178,8 @@ static int write_messages(tr *r, int input) {
         reasoning = -1;
         if (message) {
             if (role < 0 || t[role].type != CB_JSON_STRING)
-                return fail(r, "input", "'input[%d].role' must be \"user\", \"assistant\", \"system\" or \"developer\"", i);
+                return fail(r, "input", "'input[%d].role' must be \"user\", \"assistant\", \"system\" or "
+                            "\"developer\"", i);
             int content = field(r, e, "content");
             if (content < 0) return fail(r, "input", "'input[%d].content' is required", i);
             snprintf(where, sizeof where, "input[%d].content", i);
@@ -312,9 +315,11 @@ static int write_tool_choice(tr *r, int v, cb_request *q) {
 /* text.format as the chat API's response_format. */
 static int write_format(tr *r, cb_request *q) {
     const cb_json_tok *t = r->t;
-    int text = field(r, 0, "text"), format = text >= 0 && t[text].type == CB_JSON_OBJECT ? field(r, text, "format") : -1;
+    int text = field(r, 0, "text");
+    int format = text >= 0 && t[text].type == CB_JSON_OBJECT ? field(r, text, "format") : -1;
     q->resp.format = CB_RESP_TEXT;
-    if (text >= 0 && t[text].type != CB_JSON_OBJECT) return fail(r, "text", "'text' must be an object like {\"format\": ...}");
+    if (text >= 0 && t[text].type != CB_JSON_OBJECT)
+        return fail(r, "text", "'text' must be an object like {\"format\": ...}");
     if (format < 0) return 0;
     int type = t[format].type == CB_JSON_OBJECT ? field(r, format, "type") : -1;
     if (is_str(r, type, "text")) return 0;
@@ -346,7 +351,8 @@ static int write_kwargs(tr *r) {
     int effort = reasoning >= 0 && t[reasoning].type == CB_JSON_OBJECT ? field(r, reasoning, "effort") : -1;
     if (reasoning >= 0 && t[reasoning].type != CB_JSON_OBJECT)
         return fail(r, "reasoning", "'reasoning' must be an object like {\"effort\": \"low\"}");
-    if (effort >= 0 && t[effort].type != CB_JSON_STRING) return fail(r, "reasoning.effort", "'reasoning.effort' must be a string");
+    if (effort >= 0 && t[effort].type != CB_JSON_STRING)
+        return fail(r, "reasoning.effort", "'reasoning.effort' must be a string");
     if (kwargs >= 0 && t[kwargs].type != CB_JSON_OBJECT) {
         cb_jw_key(&r->w, "chat_template_kwargs"); /* refused by the chat reader, by name */
         raw(r, kwargs);
@@ -383,9 +389,9 @@ static int refuse(tr *r) {
         if (is_str(r, e, "message.output_text.logprobs")) ADD("include: message.output_text.logprobs");
 #undef ADD
     if (used)
-        return fail(r, NULL, "unsupported parameters: %s (this server keeps no responses and sends no log-probabilities "
-                    "here: send the whole conversation in 'input'; log-probabilities are on /v1/chat/completions)",
-                    names);
+        return fail(r, NULL, "unsupported parameters: %s (this server keeps no responses and sends no "
+                    "log-probabilities here: send the whole conversation in 'input'; log-probabilities are on "
+                    "/v1/chat/completions)", names);
     return 0;
 }
 
@@ -441,7 +447,8 @@ int cb_responses_read(cb_app *a, cb_request *q, const char *body, size_t len, ch
     cb_jw_init(&rd.w, a->translated, a->translated_cap);
     status = translate(&rd, q);
     if (!status && rd.w.overflow) {
-        snprintf(err, err_len, "the request is too large to read (over %zu bytes as a chat request)", a->translated_cap);
+        snprintf(err, err_len, "the request is too large to read (over %zu bytes as a chat request)",
+                 a->translated_cap);
         status = 413;
     }
     if (status) {
@@ -492,8 +499,11 @@ static int item_at(const cb_slot *st, int k, item *it) {
         n = st->n_resp_items;
         if (k < n) {
             const cb_resp_item *r = &st->resp_items[k];
-            if (r->kind == CB_RESP_ITEM_MESSAGE) it->kind = OPEN_MESSAGE, it->text = st->tool_content + r->off, it->len = r->len;
-            else it->kind = ITEM_CALL, it->call = (int)r->off;
+            if (r->kind == CB_RESP_ITEM_MESSAGE) {
+                it->kind = OPEN_MESSAGE, it->text = st->tool_content + r->off, it->len = r->len;
+            } else {
+                it->kind = ITEM_CALL, it->call = (int)r->off;
+            }
             return 1;
         }
     } else {
