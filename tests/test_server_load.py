@@ -40,7 +40,8 @@ def answer(server, body) -> dict:
 
 def test_concurrent_clients_get_their_solo_answers(server_exe, tiny_model, tiny_config):
     """slots x 2 clients at once (the queue holds the rest): every answer is
-    bit-identical (tokens, logits, experts) to the same request run alone."""
+    bit-identical (tokens, logits, experts) to the same request run alone,
+    a third of them asked through /v1/responses (streamed or not)."""
     srv = RunningServer(server_exe, tiny_model, "--threads", "2")
     try:
         n = tiny_config["batch_slots"] * 2
@@ -50,6 +51,15 @@ def test_concurrent_clients_get_their_solo_answers(server_exe, tiny_model, tiny_
         def run(i):
             body = request_body(i)
             messages = body.pop("messages")
+            if i % 3 == 2:  # the same request as a Responses one
+                asked = dict(model=tiny_config["name"], input=messages, max_output_tokens=body.pop("max_tokens"),
+                             temperature=body.pop("temperature", None), top_p=body.pop("top_p", None))
+                if i % 2:
+                    done = list(client.responses.create(**asked, stream=True, extra_body=body))[-1].response
+                else:
+                    done = client.responses.create(**asked, extra_body=body)
+                return {"text": done.output_text, "trace": done.model_extra["colibri_trace"],
+                        "experts": done.model_extra["expert_activations"]}
             done = client.chat.completions.create(model=tiny_config["name"], messages=messages,
                                                   extra_body=body)
             return {"text": done.choices[0].message.content, "trace": done.model_extra["colibri_trace"],
