@@ -4,7 +4,9 @@ converted and served by a built colibri-server, used through the clients
 agents are built on: the openai SDK (non-streamed and streamed tool calls,
 parallel calls, content before a call, a whole loop), LangChain's
 ChatOpenAI.bind_tools in an agent loop of two calls and an answer, and
-LiteLLM's completion with tools."""
+LiteLLM's completion with tools; and the same through /v1/responses (the
+SDK's responses.create and stream helper, LangChain's use_responses_api,
+litellm.responses)."""
 
 from __future__ import annotations
 
@@ -381,3 +383,12 @@ def test_litellm_completion_with_tools(tool_server, monkeypatch):
     assert choice.finish_reason == "tool_calls"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
         [("get_weather", tm.PARIS)]
+    # litellm.responses: /v1/responses, plain and streamed
+    asked = dict(model="openai/" + tool_server.model_name, api_base=tool_server.url + "/v1", api_key="none",
+                 tools=FLAT_TOOLS)
+    reply = litellm.responses(input=tm.ASK, **asked)
+    assert [(o.type, o.name, json.loads(o.arguments)) for o in reply.output] == \
+        [("function_call", "get_weather", tm.PARIS)]
+    events = list(litellm.responses(input=tm.GREETING, stream=True, **asked))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output[0].content[0].text == tm.GREETING_ANSWER
