@@ -1,5 +1,5 @@
 """The smaller API gaps of issue 19, against the built server and with the
-real openai client: logit_bias, prompt lists, /v1/models/{id} and the
+real openai client: logit_bias, prompt lists and n, /v1/models/{id} and the
 context length, context overflow as context_length_exceeded, CORS, thinking
 text as reasoning_content (and a reasoning item of /v1/responses), BOS only where the tokenizer adds one, and a
 stream cut by shutdown."""
@@ -149,13 +149,53 @@ def test_prompt_list_gives_one_choice_per_prompt(server, client, tiny_config):
         mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
         assert "".join(c["text"] for c in mine) == a["choices"][0]["text"]
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == [a["choices"][0]["finish_reason"]]
-    assert events[-2]["choices"] == [] and events[-2]["usage"] == listed["usage"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # cached_tokens: what the cache holds by then
+    assert events[-2]["choices"] == []
+    assert [events[-2]["usage"][k] for k in counts] == [listed["usage"][k] for k in counts]
     # The openai client, and a list of one prompt.
     done = client.completions.create(model=tiny_config["name"], prompt=PROMPTS, max_tokens=6, temperature=0.9,
                                      seed=4, logit_bias={"101": 2})
     assert [c.text for c in done.choices] == [c["text"] for c in listed["choices"]]
     one = completion(server, {**body, "prompt": ["Hello"]})
     assert one["choices"] == [alone[0]["choices"][0]]
+
+
+def test_n_samples_one_prompt_in_as_many_slots(server, client, tiny_config):
+    """n choices of one prompt, each in its own slot: choice 0 is the request
+    alone (its seed), the others sample their own random streams (greedy:
+    all the same); usage counts the prompt once; a stream carries the same
+    choices by index; the openai client reads them; /v1/completions too."""
+    body = {"messages": HELLO, "max_tokens": 8, "temperature": 1.0, "seed": 11}
+    alone = server.post("/v1/chat/completions", body).json()
+    many = server.post("/v1/chat/completions", {**body, "n": 3}).json()
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+    texts = [c["message"]["content"] for c in many["choices"]]
+    assert texts[0] == alone["choices"][0]["message"]["content"] and len(set(texts)) == 3
+    assert many["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
+    assert all(c["finish_reason"] == "length" for c in many["choices"])
+    assert many["usage"]["completion_tokens"] == 3 * 8
+    assert server.post("/v1/chat/completions", {**body, "n": 3}).json()["choices"] == many["choices"]
+    greedy = {"messages": HELLO, "max_tokens": 8}
+    want = server.post("/v1/chat/completions", greedy).json()["choices"][0]["message"]["content"]
+    assert [c["message"]["content"] for c in server.post("/v1/chat/completions", {**greedy, "n": 2}).json()[
+        "choices"]] == [want, want]
+    with requests.post(server.url + "/v1/chat/completions", json={**body, "n": 3, "stream": True,
+                                                                  "stream_options": {"include_usage": True}},
+                       stream=True, timeout=60) as reply:
+        events = sse_events(reply)
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # cached_tokens: what the cache holds by then
+    assert events[-1] == "[DONE]" and [events[-2]["usage"][k] for k in counts] == [many["usage"][k] for k in counts]
+    chunks = [e["choices"][0] for e in events[:-1] if e["choices"]]
+    assert ["".join(c["delta"].get("content") or "" for c in chunks if c["index"] == i) for i in range(3)] == texts
+    got = client.chat.completions.create(model=tiny_config["name"], messages=HELLO, max_tokens=8, temperature=1.0,
+                                         seed=11, n=3)
+    assert [c.message.content for c in got.choices] == texts
+    plain = completion(server, {"prompt": "Hello", "max_tokens": 6, "temperature": 1.0, "n": 2})
+    assert [c["index"] for c in plain["choices"]] == [0, 1]
+    assert plain["choices"][0] == completion(server, {"prompt": "Hello", "max_tokens": 6,
+                                                      "temperature": 1.0})["choices"][0]
+    err = error_of(server.post("/v1/completions", {"prompt": PROMPTS, "max_tokens": 2, "n": 2}))
+    assert err["param"] == "n" and "with a list of prompts" in err["message"]
 
 
 def test_a_prompt_list_waits_for_enough_slots(server):

@@ -857,8 +857,9 @@ static void finish_list_prompt(cb_app *a, int s) {
         if (t == s || !o->req || o->req->conn != q->conn || o->req->request_no != q->request_no || o->held_done)
             continue;
         running++;
-        o->req->group_prompt += q->n_prompt, o->req->group_completion += st->n_generated;
-        o->req->group_cached += st->cached;
+        /* n samples of one prompt count it once, as OpenAI's usage does */
+        if (q->n_samples == 1) o->req->group_prompt += q->n_prompt, o->req->group_cached += st->cached;
+        o->req->group_completion += st->n_generated;
         if (!q->stream)
             for (size_t i = 0; i < LE; i++) o->expert_counts[i] += st->expert_counts[i];
     }

@@ -69,6 +69,7 @@ typedef struct {
     float bias[CB_MAX_LOGIT_BIAS];
     int reasoning;               /* the output starts inside the template's thinking block */
     int choice, n_choices;       /* a list of prompts: this one's index, and how many (1: no list) */
+    int n_samples;               /* n: the choices are samples of one prompt (1: not) */
     int group_prompt, group_completion, group_cached; /* tokens of the list's prompts that finished before this one */
     cb_tool_format tool_format;  /* parse the output for tool calls (CB_TOOLFMT_NONE: no) */
     int parallel_tools;          /* parallel_tool_calls: 0 ends the answer after its first call */

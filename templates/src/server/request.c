@@ -66,11 +66,11 @@ static int read_bool(reader *r, const char *name, int *out) {
     return 0;
 }
 
-/* Parameters that would change the answer in ways this server does not
- * implement: refused together, by name. */
 /* /v1/responses reads its body as the chat request it means (responses.c). */
 static int chat_like(cb_endpoint ep) { return ep != CB_EP_COMPLETION; }
 
+/* Parameters that would change the answer in ways this server does not
+ * implement: refused together, by name. */
 static int refuse_unsupported(reader *r, cb_endpoint ep) {
     static const char *never[] = {"functions", "function_call", "audio", "modalities", "prediction", "suffix"};
     char names[256] = "";
@@ -89,10 +89,30 @@ static int refuse_unsupported(reader *r, cb_endpoint ep) {
     if (ep == CB_EP_COMPLETION && v >= 0 && (cb_json_get_bool(&r->t[v], &flag) != 0 || flag)) ADD("echo");
 #undef ADD
     if (used) return fail(r, "unsupported parameters: %s", names);
-    v = field(r, "n");
-    if (v >= 0 && (cb_json_get_int64(r->body, &r->t[v], &x) != 0 || x != 1))
-        return fail(r, "'n': only n=1 is supported");
     return 0;
+}
+
+/* n: choices of one prompt, each in its own slot (a list of prompts' way),
+ * so at most the slot count. */
+static int read_n(reader *r, cb_request *q) {
+    int64_t n = 1;
+    int status = read_int(r, "n", 1, INT32_MAX, &n);
+    if (status) return status;
+    if (n > r->a->n_slots)
+        return fail_code(r, "n", NULL, "'n' is %lld; this server runs at most %d choices (its slots) in one request",
+                         (long long)n, r->a->n_slots);
+    q->n_samples = (int)n;
+    return 0;
+}
+
+/* Choice i > 0 of n samples its own random stream; choice 0 the seed's, as
+ * the request alone. */
+static uint64_t choice_seed(uint64_t seed, int choice) {
+    if (choice == 0) return seed;
+    uint64_t x = seed + (uint64_t)choice * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
 }
 
 static int read_stop(reader *r, cb_request *q) {
@@ -526,7 +546,13 @@ int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, co
     q->sampling.bias_ids = q->bias_id, q->sampling.bias = q->bias;
     q->choice = choice;
     const int ctx = (int)a->dims->context_len;
-    int status = read_prompt(&rd, q, ctx);
+    int status = 0;
+    if (first->n_samples > 1) { /* n: the same prompt, another random stream */
+        memcpy(q->prompt, first->prompt, (size_t)first->n_prompt * sizeof *q->prompt);
+        q->sampling.seed = choice_seed(first->sampling.seed, choice);
+        return 0;
+    }
+    status = read_prompt(&rd, q, ctx);
     if (!status) status = check_context(&rd, q, first->max_tokens < ctx ? first->max_tokens : 0, ctx);
     return status;
 }
@@ -547,7 +573,7 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     q->endpoint = ep;
     q->stream = q->include_usage = q->trace = q->ignore_eos = q->logprobs = q->top_logprobs = 0;
     q->max_tokens = ctx;
-    if ((status = refuse_unsupported(r, ep))) return status;
+    if ((status = refuse_unsupported(r, ep)) || (status = read_n(r, q))) return status;
 
     int64_t x, asked = 0;
     const char *len_fields[] = {"max_tokens", "max_completion_tokens"};
@@ -603,6 +629,12 @@ int cb_request_read(cb_app *a, cb_request *q, cb_endpoint ep, const char *body, 
     if (chat_like(ep) && (status = read_tools(r, q))) return status;
     status = chat_like(ep) ? read_messages(r, q, ctx) : read_prompt(r, q, ctx);
     if (!status) status = check_context(r, q, asked, ctx);
+    if (!status && q->n_samples > 1) {
+        if (q->n_choices > 1)
+            return fail_code(r, "n", NULL, "'n' above 1 with a list of prompts is not supported: send one prompt, "
+                             "or the list with n = 1");
+        q->n_choices = q->n_samples;
+    }
     if (!status && chat_like(ep)) cb_reasoning_request(a, q);
     return status;
 }
