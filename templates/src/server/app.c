@@ -782,7 +782,7 @@ void cb_app_cancel_all(cb_app *a) {
         cb_slot *st = &a->slots[s];
         if (!st->req) continue;
         cb_conn *c = cb_netloop_conn(a->loop, st->req->conn);
-        /* A stream cannot change its status any more: an error event, then [DONE]. */
+        /* A stream cannot change its status any more: an error event (cb_stream_error). */
         if (c && st->req->stream) { /* (a list's other prompts find the stream ended: ERR_STATE) */
             if (cb_stream_error(a, c, st, "the server shut down before the answer was complete") == CB_CONN_ERR_FULL)
                 cb_conn_close(c);

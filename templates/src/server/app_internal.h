@@ -227,7 +227,8 @@ int cb_request_read(cb_app *a, cb_request *r, cb_endpoint ep, const char *body, 
  * means): 0, or an HTTP status with a message in err. */
 int cb_responses_read(cb_app *a, cb_request *r, const char *body, size_t len, char *err, size_t err_len);
 /* Prompt `choice` of a list (after cb_request_read() read the body and
- * prompt 0 into first): q gets first's settings and that prompt. */
+ * prompt 0 into first): q gets first's settings and that prompt; with n,
+ * first's prompt and the choice's own seed. */
 int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, const char *body, int choice,
                            char *err, size_t err_len);
 
@@ -293,7 +294,8 @@ int cb_stream_content(cb_app *a, cb_conn *c, cb_slot *st, const char *text, size
  * name (arguments ""), then one with the arguments. */
 int cb_stream_tool_call(cb_app *a, cb_conn *c, cb_slot *st, int index, const char *name, size_t name_len,
                         const char *args, size_t args_len);
-/* Ends a started stream with an OpenAI-shaped error event (server_error). */
+/* Ends a started stream with an OpenAI-shaped error event (server_error),
+ * then [DONE]; a Responses stream with response.failed. */
 int cb_stream_error(cb_app *a, cb_conn *c, cb_slot *st, const char *message);
 /* Pieces the Responses answer shares: the server's timings, expert
  * activations, the trace, a call's id. */

@@ -1,4 +1,5 @@
-/* Thinking text as reasoning_content (chat completions only), where the
+/* Thinking text as reasoning_content (chat completions, and /v1/responses
+ * as a reasoning item; not /v1/completions), where the
  * model's chat template marks it: a template whose source holds both
  * "<think>" and "</think>", each one token of the vocabulary (Qwen3,
  * DeepSeek-R1 style), or Gemma 4's "<|channel>" and "<channel|>" (its

@@ -545,14 +545,13 @@ int cb_request_next_prompt(cb_app *a, cb_request *q, const cb_request *first, co
     q->prompt = prompt;
     q->sampling.bias_ids = q->bias_id, q->sampling.bias = q->bias;
     q->choice = choice;
-    const int ctx = (int)a->dims->context_len;
-    int status = 0;
     if (first->n_samples > 1) { /* n: the same prompt, another random stream */
         memcpy(q->prompt, first->prompt, (size_t)first->n_prompt * sizeof *q->prompt);
         q->sampling.seed = choice_seed(first->sampling.seed, choice);
         return 0;
     }
-    status = read_prompt(&rd, q, ctx);
+    const int ctx = (int)a->dims->context_len;
+    int status = read_prompt(&rd, q, ctx);
     if (!status) status = check_context(&rd, q, first->max_tokens < ctx ? first->max_tokens : 0, ctx);
     return status;
 }

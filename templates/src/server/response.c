@@ -1,5 +1,6 @@
 /* Writing answers in OpenAI's shapes: chat.completion, text_completion and
- * their stream chunks (server-sent events), plus Colibri's additions:
+ * their stream chunks (server-sent events; /v1/responses' own shapes are
+ * written by responses.c, called from here), plus Colibri's additions:
  * expert_activations always, colibri_trace on request. All JSON is built in
  * the app's preallocated response buffer. */
 #include <stdio.h>

@@ -468,15 +468,16 @@ int cb_responses_read(cb_app *a, cb_request *q, const char *body, size_t len, ch
 
 /* ---- the answer ---- */
 
-enum { OPEN_NONE, OPEN_REASONING, OPEN_MESSAGE };
+/* An output item's kind; a stream's open item (cb_slot.resp_open) is one
+ * of the first three. */
+enum { ITEM_NONE, ITEM_REASONING, ITEM_MESSAGE, ITEM_CALL };
 
 typedef struct {
-    int kind;                    /* OPEN_REASONING, OPEN_MESSAGE, or CB_RESP_ITEM_CALL + 10 */
-    const char *text;
+    int kind;
+    const char *text;            /* reasoning, message: the text so far */
     size_t len;
     int call;                    /* a call's index */
 } item;
-#define ITEM_CALL (CB_RESP_ITEM_CALL + 10)
 
 /* The thinking block's text (empty without one). */
 static size_t reasoning_len(const cb_slot *st) {
@@ -491,7 +492,7 @@ static int item_at(const cb_slot *st, int k, item *it) {
     const size_t rlen = reasoning_len(st);
     memset(it, 0, sizeof *it);
     if (rlen && k-- == 0) {
-        it->kind = OPEN_REASONING, it->text = st->text, it->len = rlen;
+        it->kind = ITEM_REASONING, it->text = st->text, it->len = rlen;
         return 1;
     }
     int n;
@@ -500,7 +501,7 @@ static int item_at(const cb_slot *st, int k, item *it) {
         if (k < n) {
             const cb_resp_item *r = &st->resp_items[k];
             if (r->kind == CB_RESP_ITEM_MESSAGE) {
-                it->kind = OPEN_MESSAGE, it->text = st->tool_content + r->off, it->len = r->len;
+                it->kind = ITEM_MESSAGE, it->text = st->tool_content + r->off, it->len = r->len;
             } else {
                 it->kind = ITEM_CALL, it->call = (int)r->off;
             }
@@ -510,30 +511,30 @@ static int item_at(const cb_slot *st, int k, item *it) {
         const size_t from = st->had_reasoning ? rlen : 0;
         n = st->text_len > from;
         if (k < n) {
-            it->kind = OPEN_MESSAGE, it->text = st->text + from, it->len = st->text_len - from;
+            it->kind = ITEM_MESSAGE, it->text = st->text + from, it->len = st->text_len - from;
             return 1;
         }
     }
     if (k == n && n == 0 && !rlen) {
-        it->kind = OPEN_MESSAGE, it->text = "", it->len = 0;
+        it->kind = ITEM_MESSAGE, it->text = "", it->len = 0;
         return 1;
     }
     return 0;
 }
 
 static void item_id(const cb_request *q, const item *it, int index, char out[48]) {
-    if (it->kind == OPEN_REASONING) snprintf(out, 48, "rs_%llu", (unsigned long long)q->request_no);
-    else if (it->kind == OPEN_MESSAGE) snprintf(out, 48, "msg_%llu_%d", (unsigned long long)q->request_no, index);
+    if (it->kind == ITEM_REASONING) snprintf(out, 48, "rs_%llu", (unsigned long long)q->request_no);
+    else if (it->kind == ITEM_MESSAGE) snprintf(out, 48, "msg_%llu_%d", (unsigned long long)q->request_no, index);
     else snprintf(out, 48, "fc_%llu_%d", (unsigned long long)q->request_no, it->call);
 }
 
 static void write_part(cb_jw *w, const item *it, int with_text) {
     cb_jw_begin_object(w);
     cb_jw_key(w, "type");
-    cb_jw_str(w, it->kind == OPEN_REASONING ? "reasoning_text" : "output_text");
+    cb_jw_str(w, it->kind == ITEM_REASONING ? "reasoning_text" : "output_text");
     cb_jw_key(w, "text");
     cb_jw_str_n(w, it->text, with_text ? it->len : 0);
-    if (it->kind == OPEN_MESSAGE) {
+    if (it->kind == ITEM_MESSAGE) {
         cb_jw_key(w, "annotations");
         cb_jw_begin_array(w);
         cb_jw_end_array(w);
@@ -565,8 +566,8 @@ static void write_item(const cb_slot *st, cb_jw *w, const item *it, int index, i
         cb_jw_key(w, "arguments");
         cb_jw_str_n(w, st->tool_calls + c->args_off, done ? c->args_len : 0);
     } else {
-        cb_jw_str(w, it->kind == OPEN_REASONING ? "reasoning" : "message");
-        if (it->kind == OPEN_REASONING) {
+        cb_jw_str(w, it->kind == ITEM_REASONING ? "reasoning" : "message");
+        if (it->kind == ITEM_REASONING) {
             cb_jw_key(w, "summary");
             cb_jw_begin_array(w);
             cb_jw_end_array(w);
@@ -796,12 +797,12 @@ static int item_done(cb_app *a, cb_conn *c, cb_slot *st, const item *it, const c
     cb_jw w;
     int r;
     if (it->kind != ITEM_CALL) {
-        const char *type = it->kind == OPEN_REASONING ? "response.reasoning_text.done" : "response.output_text.done";
+        const char *type = it->kind == ITEM_REASONING ? "response.reasoning_text.done" : "response.output_text.done";
         begin_event(a, st, &w, type);
         item_place(&w, st->req, it, index, 1);
         cb_jw_key(&w, "text");
         cb_jw_str_n(&w, it->text, it->len);
-        if (it->kind == OPEN_MESSAGE) {
+        if (it->kind == ITEM_MESSAGE) {
             cb_jw_key(&w, "logprobs");
             cb_jw_begin_array(&w);
             cb_jw_end_array(&w);
@@ -818,18 +819,18 @@ static int item_done(cb_app *a, cb_conn *c, cb_slot *st, const item *it, const c
     cb_jw_int(&w, index);
     cb_jw_key(&w, "item");
     write_item(st, &w, it, index, 1, status);
-    st->resp_open = OPEN_NONE;
+    st->resp_open = ITEM_NONE;
     return send_event(a, c, &w, "response.output_item.done");
 }
 
 static int close_open(cb_app *a, cb_conn *c, cb_slot *st, const char *status) {
-    if (st->resp_open == OPEN_NONE) return CB_CONN_OK;
+    if (st->resp_open == ITEM_NONE) return CB_CONN_OK;
     item it;
     open_item(st, &it);
     return item_done(a, c, st, &it, status);
 }
 
-/* Text of the reasoning (kind OPEN_REASONING) or a message as a delta of
+/* Text of the reasoning (kind ITEM_REASONING) or a message as a delta of
  * the open item, which begins here when another (or none) is open. */
 static int text_delta(cb_app *a, cb_conn *c, cb_slot *st, int kind, const char *text, size_t len) {
     int r;
@@ -843,13 +844,13 @@ static int text_delta(cb_app *a, cb_conn *c, cb_slot *st, int kind, const char *
     }
     item it;
     open_item(st, &it);
-    const char *type = kind == OPEN_REASONING ? "response.reasoning_text.delta" : "response.output_text.delta";
+    const char *type = kind == ITEM_REASONING ? "response.reasoning_text.delta" : "response.output_text.delta";
     cb_jw w;
     begin_event(a, st, &w, type);
     item_place(&w, st->req, &it, st->resp_begun - 1, 1);
     cb_jw_key(&w, "delta");
     cb_jw_str_n(&w, text, len);
-    if (kind == OPEN_MESSAGE) {
+    if (kind == ITEM_MESSAGE) {
         cb_jw_key(&w, "logprobs");
         cb_jw_begin_array(&w);
         cb_jw_end_array(&w);
@@ -859,12 +860,12 @@ static int text_delta(cb_app *a, cb_conn *c, cb_slot *st, int kind, const char *
 
 int cb_responses_stream_text(cb_app *a, cb_conn *c, cb_slot *st, const char *text, size_t len, int token) {
     if (token < 0 && !len) { /* the opening */
-        st->resp_seq = st->resp_begun = 0, st->resp_open = OPEN_NONE;
+        st->resp_seq = st->resp_begun = 0, st->resp_open = ITEM_NONE;
         int r = lifecycle(a, c, st, "response.created", "in_progress", NULL);
         return r != CB_CONN_OK ? r : lifecycle(a, c, st, "response.in_progress", "in_progress", NULL);
     }
     if (!len) return CB_CONN_OK;
-    return text_delta(a, c, st, st->think_state == CB_THINK_REASONING ? OPEN_REASONING : OPEN_MESSAGE, text, len);
+    return text_delta(a, c, st, st->think_state == CB_THINK_REASONING ? ITEM_REASONING : ITEM_MESSAGE, text, len);
 }
 
 int cb_responses_stream_call(cb_app *a, cb_conn *c, cb_slot *st, int index) {
@@ -898,7 +899,7 @@ int cb_responses_stream_finish(cb_app *a, cb_conn *c, cb_slot *st) {
     if (r == CB_CONN_OK && st->resp_begun == 0) { /* nothing said: an empty message, as the answer has */
         item it;
         item_at(st, 0, &it);
-        st->resp_open = OPEN_MESSAGE;
+        st->resp_open = ITEM_MESSAGE;
         r = item_added(a, c, st, &it);
         if (r == CB_CONN_OK) r = item_done(a, c, st, &it, cut ? "incomplete" : "completed");
     }
